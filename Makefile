@@ -1,0 +1,26 @@
+# The two commands of the README: `make demo` and `make test`. Both set everything up first.
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+# torch is pinned for CPU installs: an unpinned torch pulls a multi-GB CUDA build (GPU: docs/deploy.md).
+TORCH  ?= torch==2.13.0
+PYTEST_ARGS ?=
+
+.PHONY: install demo test bench clean
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	$(PY) -m gristmill.demo
+
+test: install
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) demo-out .pytest_cache

@@ -1,0 +1,47 @@
+"""The ``gristmill`` command. Each part registers its own subcommands; heavy imports (Ray,
+torch) happen inside the handlers, so ``gristmill manifest show`` starts in a blink."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+# Each module has `register(subparsers)`; its handlers return an exit code.
+COMMAND_MODULES = ("manifests.cli", "pipeline.cli", "loader.cli", "trainer.cli", "audit.cli")
+
+
+class UsageError(Exception):
+    """A user-facing error: printed as one line, exit code 2, no traceback."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gristmill", description=__doc__.split("\n")[0])
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name != name:  # a real missing dependency: say so
+                raise
+            continue  # that part of gristmill is not built yet
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(name)s: %(message)s",
+                        datefmt="%H:%M:%S")
+    from manifests.errors import ManifestError
+
+    try:
+        return int(args.handler(args) or 0)
+    except (UsageError, ManifestError, FileNotFoundError) as e:
+        print(f"gristmill {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,76 @@
+"""Assemble a dataset version in a local staging directory: shards, document index, manifest.
+
+The pipeline's pack/publish steps and the tests both build datasets through this one class,
+so there is a single writer of the format.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+
+import numpy as np
+import pyarrow as pa
+
+from .doc_index import write_doc_index
+from .hashing import sha256_file, sha256_json
+from .manifest import SCHEMA_VERSION, EvalSet, FileRef, Input, Manifest, Shard, Tokenizer, token_dtype_for
+from .shards import rows_from_table, read_table, write_shard
+
+DOC_INDEX_FILE = "doc_index.parquet"
+TOKENIZER_FILE = "tokenizer.json"
+
+
+class DatasetBuilder:
+    def __init__(self, staging_dir: str, *, dataset: str, seq_len: int, tokenizer_json: str, vocab_size: int, eos_id: int):
+        self.dir = staging_dir
+        os.makedirs(os.path.join(staging_dir, "shards"), exist_ok=True)
+        self.dataset, self.seq_len = dataset, seq_len
+        self.dtype = token_dtype_for(vocab_size)
+        shutil.copyfile(tokenizer_json, os.path.join(staging_dir, TOKENIZER_FILE))
+        sha, _ = sha256_file(os.path.join(staging_dir, TOKENIZER_FILE))
+        self.tokenizer = Tokenizer(TOKENIZER_FILE, sha, vocab_size, eos_id)
+        self.shards: list[Shard] = []
+        self.doc_index: FileRef | None = None
+
+    def shard_path(self, split: str, number: int) -> str:
+        return f"shards/{split}-{number:05d}.arrow"
+
+    def add_shard(self, split: str, rows: np.ndarray, number: int | None = None) -> Shard:
+        """Write one shard of ``(n, seq_len + 1)`` tokens; returns its manifest entry."""
+        if rows.shape[1] != self.seq_len + 1:
+            raise ValueError(f"rows are {rows.shape[1]} tokens wide; this dataset packs seq_len + 1 = {self.seq_len + 1}")
+        number = sum(s.split == split for s in self.shards) if number is None else number
+        rel = self.shard_path(split, number)
+        stats = write_shard(os.path.join(self.dir, rel), rows.astype(self.dtype, copy=False))
+        shard = self.register_shard(rel, split)
+        assert shard.sha256 == stats.sha256
+        return shard
+
+    def register_shard(self, rel: str, split: str) -> Shard:
+        """Add an already-written shard file (e.g. by a Ray worker) to the manifest."""
+        path = os.path.join(self.dir, rel)
+        sha, size = sha256_file(path)
+        rows = rows_from_table(read_table(path))
+        raw = write_shard(None, rows, compressed=False)
+        shard = Shard(rel, split, sha, size, int(rows.shape[0]), int(rows.size), raw.sha256, raw.bytes)
+        self.shards.append(shard)
+        return shard
+
+    # The document index's `shard` column is the position in this list: keep insertion order.
+    def set_doc_index(self, table: pa.Table) -> FileRef:
+        path = os.path.join(self.dir, DOC_INDEX_FILE)
+        write_doc_index(path, table)
+        sha, size = sha256_file(path)
+        self.doc_index = FileRef(DOC_INDEX_FILE, sha, size)
+        return self.doc_index
+
+    def manifest(self, *, inputs: list[Input], config: dict, code_version: str, stats: dict,
+                 eval_sets: list[EvalSet] = ()) -> Manifest:
+        if self.doc_index is None:
+            raise ValueError("set_doc_index() must be called before manifest()")
+        return Manifest(
+            dataset=self.dataset, tokenizer=self.tokenizer, seq_len=self.seq_len, token_dtype=self.dtype,
+            shards=tuple(self.shards), doc_index=self.doc_index, inputs=tuple(inputs), config=config,
+            config_sha256=sha256_json(config), code_version=code_version, stats=stats,
+            eval_sets=tuple(eval_sets), schema_version=SCHEMA_VERSION,
+        )

@@ -1,0 +1,37 @@
+"""Content hashing: the one place gristmill turns bytes and JSON into sha256 identities."""
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, BinaryIO
+
+import fsspec
+
+CHUNK = 8 << 20
+
+
+def canonical_json(obj: Any) -> bytes:
+    """Sorted keys, no whitespace, UTF-8: equal content always gives equal bytes."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_json(obj: Any) -> str:
+    return sha256_bytes(canonical_json(obj))
+
+
+def sha256_stream(f: BinaryIO) -> tuple[str, int]:
+    h, n = hashlib.sha256(), 0
+    while chunk := f.read(CHUNK):
+        h.update(chunk)
+        n += len(chunk)
+    return h.hexdigest(), n
+
+
+def sha256_file(url: str, **storage_options) -> tuple[str, int]:
+    """(sha256, size) of any fsspec URL, streamed so memory stays flat."""
+    with fsspec.open(url, "rb", **storage_options) as f:
+        return sha256_stream(f)

@@ -1,0 +1,246 @@
+"""The manifest: one dataset version, named by the sha256 of its canonical JSON.
+
+Everything downstream (loader, trainer, audit) trusts only what a manifest's hash pins.
+The hashed part excludes the fields that name *where* or *when* a version was published
+(``version``, ``created_at``) and the hash itself, so publishing the same content twice
+gives the same hash. See docs/format.md for the exact schema.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import posixpath
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from .errors import HashMismatchError, ManifestError, MissingFieldError, SchemaVersionError, UnsafePathError
+from .hashing import canonical_json, sha256_bytes
+
+SCHEMA_VERSION = 1
+UNHASHED_FIELDS = ("version", "created_at", "sha256")
+SPLITS = ("train", "validation")
+
+
+def safe_relpath(path: str, what: str) -> str:
+    """A path inside the dataset version directory; absolute or escaping paths are refused."""
+    if not isinstance(path, str) or not path:
+        raise UnsafePathError(f"{what}: path must be a non-empty string, got {path!r}")
+    if path.startswith(("/", "\\")) or "://" in path or (len(path) > 1 and path[1] == ":"):
+        raise UnsafePathError(f"{what}: path {path!r} is absolute; manifest paths are relative to the dataset version directory")
+    norm = posixpath.normpath(path.replace("\\", "/"))
+    if norm == ".." or norm.startswith("../") or "/../" in f"/{norm}/":
+        raise UnsafePathError(f"{what}: path {path!r} escapes the dataset version directory")
+    return norm
+
+
+def _require(d: dict, keys: tuple[str, ...], where: str) -> None:
+    if not isinstance(d, dict):
+        raise ManifestError(f"{where}: expected an object, got {type(d).__name__}")
+    missing = [k for k in keys if k not in d]
+    if missing:
+        raise MissingFieldError(f"{where}: missing field(s) {', '.join(missing)}")
+
+
+def _sha(value: Any, where: str) -> str:
+    if not (isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)):
+        raise ManifestError(f"{where}: not a lowercase hex sha256: {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class FileRef:
+    """A file the manifest pins: relative path (inside the version dir) or input URI, sha256, size."""
+
+    path: str
+    sha256: str
+    bytes: int
+
+    @classmethod
+    def from_dict(cls, d: dict, where: str, *, relative: bool = True) -> "FileRef":
+        _require(d, ("path", "sha256", "bytes"), where)
+        path = safe_relpath(d["path"], where) if relative else d["path"]
+        return cls(path=path, sha256=_sha(d["sha256"], where), bytes=int(d["bytes"]))
+
+
+@dataclass(frozen=True)
+class Shard:
+    """A token shard: ``rows`` packed sequences of ``seq_len + 1`` tokens each.
+
+    ``sha256``/``bytes`` pin the published (zstd) file; ``raw_sha256``/``raw_bytes`` pin the
+    uncompressed cache form the loader memory-maps, so a cached copy can be re-verified too.
+    """
+
+    path: str
+    split: str
+    sha256: str
+    bytes: int
+    rows: int
+    tokens: int
+    raw_sha256: str
+    raw_bytes: int
+
+    @classmethod
+    def from_dict(cls, d: dict, where: str) -> "Shard":
+        _require(d, ("path", "split", "sha256", "bytes", "rows", "tokens", "raw_sha256", "raw_bytes"), where)
+        if d["split"] not in SPLITS:
+            raise ManifestError(f"{where}: split must be one of {SPLITS}, got {d['split']!r}")
+        return cls(
+            path=safe_relpath(d["path"], where),
+            split=d["split"],
+            sha256=_sha(d["sha256"], where),
+            bytes=int(d["bytes"]),
+            rows=int(d["rows"]),
+            tokens=int(d["tokens"]),
+            raw_sha256=_sha(d["raw_sha256"], where),
+            raw_bytes=int(d["raw_bytes"]),
+        )
+
+
+@dataclass(frozen=True)
+class Tokenizer:
+    path: str  # tokenizer.json inside the version dir
+    sha256: str
+    vocab_size: int
+    eos_id: int
+
+    @classmethod
+    def from_dict(cls, d: dict, where: str = "tokenizer") -> "Tokenizer":
+        _require(d, ("path", "sha256", "vocab_size", "eos_id"), where)
+        return cls(safe_relpath(d["path"], where), _sha(d["sha256"], where), int(d["vocab_size"]), int(d["eos_id"]))
+
+
+@dataclass(frozen=True)
+class Input:
+    uri: str
+    bytes: int
+    sha256: str
+
+    @classmethod
+    def from_dict(cls, d: dict, where: str) -> "Input":
+        _require(d, ("uri", "bytes", "sha256"), where)
+        return cls(str(d["uri"]), int(d["bytes"]), _sha(d["sha256"], where))
+
+
+@dataclass(frozen=True)
+class EvalSet:
+    """An evaluation set the dataset was decontaminated against (name, file, content hash)."""
+
+    name: str
+    uri: str
+    sha256: str
+    items: int
+
+    @classmethod
+    def from_dict(cls, d: dict, where: str) -> "EvalSet":
+        _require(d, ("name", "uri", "sha256", "items"), where)
+        return cls(str(d["name"]), str(d["uri"]), _sha(d["sha256"], where), int(d["items"]))
+
+
+REQUIRED = (
+    "schema_version", "dataset", "tokenizer", "seq_len", "token_dtype", "shards",
+    "doc_index", "inputs", "config", "config_sha256", "code_version", "stats",
+)
+
+
+@dataclass(frozen=True)
+class Manifest:
+    dataset: str
+    tokenizer: Tokenizer
+    seq_len: int
+    token_dtype: str
+    shards: tuple[Shard, ...]
+    doc_index: FileRef
+    inputs: tuple[Input, ...]
+    config: dict
+    config_sha256: str
+    code_version: str
+    stats: dict
+    eval_sets: tuple[EvalSet, ...] = ()
+    schema_version: int = SCHEMA_VERSION
+    version: int | None = None
+    created_at: str | None = None
+
+    # -- identity -------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["shards"] = [asdict(s) for s in self.shards]
+        d["inputs"] = [asdict(i) for i in self.inputs]
+        d["eval_sets"] = [asdict(e) for e in self.eval_sets]
+        return d
+
+    @property
+    def sha256(self) -> str:
+        return content_sha256(self.to_dict())
+
+    @property
+    def row_tokens(self) -> int:
+        """Tokens stored per row: ``seq_len`` inputs plus one so every position has a label."""
+        return self.seq_len + 1
+
+    def shards_of(self, split: str) -> tuple[Shard, ...]:
+        return tuple(s for s in self.shards if s.split == split)
+
+    def to_json(self) -> str:
+        d = self.to_dict()
+        d["sha256"] = self.sha256
+        return json.dumps(d, sort_keys=True, indent=1, ensure_ascii=False) + "\n"
+
+    def published(self, version: int) -> "Manifest":
+        now = _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
+        return replace(self, version=version, created_at=now)
+
+    # -- parsing --------------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, d: dict, *, expected_sha256: str | None = None) -> "Manifest":
+        if not isinstance(d, dict):
+            raise ManifestError(f"manifest: expected a JSON object, got {type(d).__name__}")
+        if "schema_version" in d and d["schema_version"] != SCHEMA_VERSION:
+            raise SchemaVersionError(
+                f"manifest: unknown schema_version {d['schema_version']!r}; this gristmill reads version {SCHEMA_VERSION}"
+            )
+        _require(d, REQUIRED, "manifest")
+        if d["token_dtype"] not in ("uint16", "uint32"):
+            raise ManifestError(f"manifest: token_dtype must be uint16 or uint32, got {d['token_dtype']!r}")
+        m = cls(
+            dataset=str(d["dataset"]),
+            tokenizer=Tokenizer.from_dict(d["tokenizer"]),
+            seq_len=int(d["seq_len"]),
+            token_dtype=d["token_dtype"],
+            shards=tuple(Shard.from_dict(s, f"shards[{i}]") for i, s in enumerate(d["shards"])),
+            doc_index=FileRef.from_dict(d["doc_index"], "doc_index"),
+            inputs=tuple(Input.from_dict(x, f"inputs[{i}]") for i, x in enumerate(d["inputs"])),
+            config=d["config"],
+            config_sha256=_sha(d["config_sha256"], "config_sha256"),
+            code_version=str(d["code_version"]),
+            stats=d["stats"],
+            eval_sets=tuple(EvalSet.from_dict(e, f"eval_sets[{i}]") for i, e in enumerate(d.get("eval_sets", []))),
+            schema_version=int(d["schema_version"]),
+            version=d.get("version"),
+            created_at=d.get("created_at"),
+        )
+        paths = [s.path for s in m.shards]
+        if len(set(paths)) != len(paths):
+            raise ManifestError("manifest: two shards share a path")
+        recorded = d.get("sha256")
+        if recorded is not None and recorded != m.sha256:
+            raise HashMismatchError("manifest.json (its content was edited after publishing)", recorded, m.sha256)
+        if expected_sha256 is not None and expected_sha256 != m.sha256:
+            raise HashMismatchError(f"manifest of {m.dataset!r} (hash pinned by the caller)", expected_sha256, m.sha256)
+        return m
+
+    @classmethod
+    def from_json(cls, text: str | bytes, *, expected_sha256: str | None = None) -> "Manifest":
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ManifestError(f"manifest: not valid JSON: {e}") from e
+        return cls.from_dict(d, expected_sha256=expected_sha256)
+
+
+def content_sha256(d: dict) -> str:
+    """sha256 of the canonical JSON of a manifest dict, minus the unhashed fields."""
+    return sha256_bytes(canonical_json({k: v for k, v in d.items() if k not in UNHASHED_FIELDS}))
+
+
+def token_dtype_for(vocab_size: int) -> str:
+    return "uint16" if vocab_size <= 1 << 16 else "uint32"

@@ -1,0 +1,145 @@
+"""Token shards: Arrow IPC files with one ``fixed_size_list<uintN>[seq_len + 1]`` column.
+
+One row per packed sequence, one record batch per file, so the uncompressed cache form
+memory-maps into a single ``(rows, seq_len + 1)`` numpy view with no copy. Published files
+are zstd-compressed at a fixed level; the same rows give byte-identical files (and the same
+sha256) on every run. Anyone can open a shard with pyarrow, DuckDB or polars.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.ipc as ipc
+
+from .errors import HashMismatchError, ManifestError
+
+COLUMN = "tokens"
+ZSTD_LEVEL = 3
+SHARD_FORMAT = "gristmill-tokens-v1"
+
+
+def shard_schema(row_tokens: int, dtype: str) -> pa.Schema:
+    value_type = {"uint16": pa.uint16(), "uint32": pa.uint32()}[dtype]
+    return pa.schema(
+        [pa.field(COLUMN, pa.list_(pa.field("item", value_type, nullable=False), row_tokens), nullable=False)],
+        metadata={b"format": SHARD_FORMAT.encode()},
+    )
+
+
+def _options(compressed: bool) -> ipc.IpcWriteOptions:
+    return ipc.IpcWriteOptions(compression=pa.Codec("zstd", compression_level=ZSTD_LEVEL) if compressed else None)
+
+
+@dataclass(frozen=True)
+class ShardStats:
+    sha256: str
+    bytes: int
+    rows: int
+    tokens: int
+
+
+def write_shard(path: str | None, rows: np.ndarray, *, compressed: bool = True) -> ShardStats:
+    """Write ``rows`` (shape ``(n, seq_len + 1)``, uint16/uint32) atomically to a local path.
+
+    The file appears under its final name only once complete: a crash mid-write leaves at
+    most a ``.tmp`` file that no reader trusts. With ``path=None`` only the stats are computed
+    (how the uncompressed cache form's hash is pinned without writing it).
+    """
+    if rows.ndim != 2 or rows.dtype not in (np.uint16, np.uint32):
+        raise ValueError(f"rows must be a 2-D uint16/uint32 array, got shape {rows.shape} dtype {rows.dtype}")
+    rows = np.ascontiguousarray(rows)
+    n, width = rows.shape
+    schema = shard_schema(width, rows.dtype.name)
+    values = pa.array(rows.reshape(-1), type=schema.field(COLUMN).type.value_type)
+    column = pa.FixedSizeListArray.from_arrays(values, width)
+    batch = pa.record_batch([column], schema=schema)
+    # Serialise in memory (a shard is bounded by the target shard size), hash, then write once.
+    out = pa.BufferOutputStream()
+    with ipc.new_file(out, schema, options=_options(compressed)) as w:
+        w.write_batch(batch)
+    data = out.getvalue()
+    if path is not None:
+        atomic_write(path, data)
+    return ShardStats(sha256=hashlib.sha256(data).hexdigest(), bytes=data.size, rows=n, tokens=n * width)
+
+
+def atomic_write(path: str, data) -> None:
+    """Write under a temporary name, fsync, rename: a crash leaves nothing that looks valid."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def read_table(source) -> pa.Table:
+    """Read a shard (compressed or not) from a path, buffer or file object."""
+    try:
+        return ipc.open_file(source).read_all()
+    except (pa.ArrowInvalid, OSError) as e:
+        raise ManifestError(f"not a readable gristmill shard: {e}") from e
+
+
+def rows_from_table(table: pa.Table) -> np.ndarray:
+    """The ``(rows, seq_len + 1)`` token matrix of a shard table (zero-copy when uncompressed)."""
+    if table.schema.metadata is None or table.schema.metadata.get(b"format") != SHARD_FORMAT.encode():
+        raise ManifestError("not a gristmill token shard (schema metadata format != gristmill-tokens-v1)")
+    col = table.column(COLUMN)
+    if col.num_chunks != 1:
+        col = pa.chunked_array([pa.concat_arrays(col.chunks)])
+    arr = col.chunk(0)
+    width = arr.type.list_size
+    flat = arr.values.to_numpy(zero_copy_only=True)
+    return flat.reshape(-1, width)
+
+
+def read_rows(path: str, *, expected_sha256: str | None = None) -> np.ndarray:
+    """Read a whole shard into memory, verifying its sha256 while reading when one is given."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if expected_sha256 is not None:
+        actual = hashlib.sha256(data).hexdigest()
+        if actual != expected_sha256:
+            raise HashMismatchError(path, expected_sha256, actual)
+    return rows_from_table(read_table(pa.py_buffer(data)))
+
+
+def write_cache_form(published_path: str, cache_path: str) -> ShardStats:
+    """Decompress a published shard into the uncompressed, memory-mappable cache form."""
+    rows = rows_from_table(read_table(published_path))
+    return write_shard(cache_path, rows, compressed=False)
+
+
+class MappedShard:
+    """Random access by row into an uncompressed shard, memory-mapped with zero copies."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._source = pa.memory_map(path, "r")
+        table = read_table(self._source)
+        self.rows = rows_from_table(table)  # a view onto the mapping
+        self._table = table  # keeps the buffers alive
+
+    def __len__(self) -> int:
+        return self.rows.shape[0]
+
+    def __getitem__(self, i):
+        return self.rows[i]
+
+    def take(self, row_ids: np.ndarray) -> np.ndarray:
+        return self.rows[row_ids]
+
+    def close(self):
+        self.rows = None
+        self._table = None
+        self._source.close()

@@ -1,0 +1,160 @@
+"""A manifest store under any fsspec root: ``<root>/<dataset>/v<N>/manifest.json`` + ``latest``.
+
+Publishing copies the version's files into ``v<N>/`` and writes ``manifest.json`` last, under a
+temporary name first; the manifest is the commit. A ``v<N>/`` without a manifest is an aborted
+publish and is never read. A published version is never overwritten.
+"""
+from __future__ import annotations
+
+import os
+import posixpath
+import re
+import uuid
+from dataclasses import dataclass
+
+import fsspec
+from fsspec.core import url_to_fs
+from fsspec.implementations.local import LocalFileSystem
+
+from .errors import ManifestError, ManifestNotFoundError, VersionExistsError
+from .manifest import Manifest
+
+_VERSION_DIR = re.compile(r"^v(\d+)$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+MANIFEST_FILE = "manifest.json"
+LATEST_FILE = "latest"
+
+
+def join(base: str, *parts: str) -> str:
+    """Join URL path parts with '/' whatever the filesystem."""
+    return "/".join([base.rstrip("/"), *[p.strip("/") for p in parts]])
+
+
+@dataclass(frozen=True)
+class Published:
+    manifest: Manifest
+    url: str  # the version directory: shard paths in the manifest are relative to it
+
+
+class ManifestStore:
+    def __init__(self, root: str, **storage_options):
+        self.root = root.rstrip("/")
+        self.fs, self._root_path = url_to_fs(self.root, **storage_options)
+        self.storage_options = storage_options
+
+    # -- reading ----------------------------------------------------------------------------
+    def datasets(self) -> list[str]:
+        if not self.fs.exists(self._root_path):
+            return []
+        return sorted(
+            posixpath.basename(p.rstrip("/")) for p in self.fs.ls(self._root_path, detail=False) if self.versions(posixpath.basename(p.rstrip("/")))
+        )
+
+    def versions(self, dataset: str) -> list[int]:
+        base = posixpath.join(self._root_path, dataset)
+        if not self.fs.isdir(base):
+            return []
+        out = []
+        for p in self.fs.ls(base, detail=False):
+            m = _VERSION_DIR.match(posixpath.basename(p.rstrip("/")))
+            if m and self.fs.exists(posixpath.join(p, MANIFEST_FILE)):
+                out.append(int(m.group(1)))
+        return sorted(out)
+
+    def latest(self, dataset: str) -> int:
+        pointer = posixpath.join(self._root_path, dataset, LATEST_FILE)
+        if self.fs.exists(pointer):
+            return int(self.fs.cat_file(pointer).decode().strip())
+        versions = self.versions(dataset)
+        if not versions:
+            raise ManifestNotFoundError(f"no published version of dataset {dataset!r} under {self.root}")
+        return versions[-1]
+
+    def version_url(self, dataset: str, version: int) -> str:
+        return join(self.root, dataset, f"v{version}")
+
+    def load(self, dataset: str, version: int | str = "latest", *, expected_sha256: str | None = None) -> Published:
+        if version == "latest":
+            version = self.latest(dataset)
+        url = self.version_url(dataset, int(version))
+        return load_manifest(url, expected_sha256=expected_sha256, **self.storage_options)
+
+    # -- publishing -------------------------------------------------------------------------
+    def publish(self, manifest: Manifest, files_dir: str, *, version: int | None = None) -> Published:
+        """Publish ``manifest`` with the files under local/fsspec ``files_dir`` as a new version.
+
+        Idempotent on content: if the latest version already has this manifest hash, it is
+        returned unchanged. An explicit ``version`` that already exists is refused.
+        """
+        if not _NAME.match(manifest.dataset):
+            raise ManifestError(f"dataset name {manifest.dataset!r} must match {_NAME.pattern}")
+        existing = self.versions(manifest.dataset)
+        if version is None and existing:
+            latest = self.load(manifest.dataset, existing[-1])
+            if latest.manifest.sha256 == manifest.sha256:
+                return latest
+        base = posixpath.join(self._root_path, manifest.dataset)
+        if version is None:
+            taken = [int(m.group(1)) for p in (self.fs.ls(base, detail=False) if self.fs.isdir(base) else [])
+                     if (m := _VERSION_DIR.match(posixpath.basename(p.rstrip("/"))))]
+            version = max(taken, default=0) + 1
+        elif version in existing:
+            raise VersionExistsError(f"{manifest.dataset} v{version} is already published; published versions are never overwritten")
+        vdir = posixpath.join(base, f"v{version}")
+        src_fs, src_root = url_to_fs(files_dir)
+        for rel in _pinned_files(manifest):
+            src = posixpath.join(src_root, rel)
+            if not src_fs.exists(src):
+                raise ManifestError(f"cannot publish: pinned file {rel!r} is missing from {files_dir}")
+            dst = posixpath.join(vdir, rel)
+            self.fs.makedirs(posixpath.dirname(dst), exist_ok=True)
+            with src_fs.open(src, "rb") as fi, self.fs.open(dst, "wb") as fo:
+                while chunk := fi.read(8 << 20):
+                    fo.write(chunk)
+        published = manifest.published(version)
+        self._commit(posixpath.join(vdir, MANIFEST_FILE), published.to_json().encode(), overwrite=False)
+        self._commit(posixpath.join(base, LATEST_FILE), f"{version}\n".encode(), overwrite=True)
+        return Published(published, self.version_url(manifest.dataset, version))
+
+    def _commit(self, path: str, data: bytes, *, overwrite: bool) -> None:
+        tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+        self.fs.pipe_file(tmp, data)
+        if isinstance(self.fs, LocalFileSystem):
+            if overwrite:
+                os.replace(tmp, path)
+            else:
+                try:
+                    os.link(tmp, path)  # fails if `path` exists: no overwrite, even under a race
+                except FileExistsError as e:
+                    raise VersionExistsError(f"{path} already exists; published versions are never overwritten") from e
+                finally:
+                    os.unlink(tmp)
+            return
+        if not overwrite and self.fs.exists(path):
+            self.fs.rm(tmp)
+            raise VersionExistsError(f"{path} already exists; published versions are never overwritten")
+        self.fs.mv(tmp, path)
+
+
+def _pinned_files(m: Manifest) -> list[str]:
+    return [m.tokenizer.path, m.doc_index.path, *(s.path for s in m.shards)]
+
+
+def load_manifest(url: str, *, expected_sha256: str | None = None, **storage_options) -> Published:
+    """Load a manifest from ``.../v<N>``, ``.../v<N>/manifest.json`` or ``<root>/<dataset>`` (latest)."""
+    url = url.rstrip("/")
+    fs, path = url_to_fs(url, **storage_options)
+    if path.endswith("/" + MANIFEST_FILE) or path == MANIFEST_FILE:
+        url, path = url[: -len(MANIFEST_FILE) - 1], posixpath.dirname(path)
+    elif not fs.exists(posixpath.join(path, MANIFEST_FILE)) and fs.exists(posixpath.join(path, LATEST_FILE)):
+        version = int(fs.cat_file(posixpath.join(path, LATEST_FILE)).decode().strip())
+        url, path = join(url, f"v{version}"), posixpath.join(path, f"v{version}")
+    target = posixpath.join(path, MANIFEST_FILE)
+    if not fs.exists(target):
+        raise ManifestNotFoundError(f"no manifest at {url} (expected {join(url, MANIFEST_FILE)})")
+    manifest = Manifest.from_json(fs.cat_file(target), expected_sha256=expected_sha256)
+    return Published(manifest, url)
+
+
+def open_pinned(published: Published, rel: str, mode: str = "rb"):
+    return fsspec.open(join(published.url, rel), mode)
