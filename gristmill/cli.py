@@ -23,7 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as e:
-            if e.name != name:  # a real missing dependency: say so
+            if not name.startswith(str(e.name)):  # a real missing dependency: say so
                 raise
             continue  # that part of gristmill is not built yet
         module.register(sub)
