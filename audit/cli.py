@@ -1,0 +1,135 @@
+"""``gristmill audit seen|doc|leak``: what a checkpoint's model was trained on."""
+from __future__ import annotations
+
+import json
+import sys
+
+
+def register(sub) -> None:
+    p = sub.add_parser("audit", help="what a checkpoint's model saw: rows, documents, eval-set leaks")
+    asub = p.add_subparsers(dest="audit_command", required=True, metavar="ACTION")
+
+    def common(q):
+        q.add_argument("checkpoint", help="checkpoint dir (<run>/checkpoints/step-<N>), its meta.json, or a run dir (newest)")
+        q.add_argument("--manifest", help="the dataset version if it moved since training (its hash must still match)")
+        q.add_argument("--steps", help="only optimizer steps A to B inclusive (A:B, A:, :B or one step N; numbered "
+                                       "from 1 as in step-<N>/); default: every step the checkpoint trained")
+        q.add_argument("--json", action="store_true", help="print the answer as JSON instead of a summary")
+
+    seen = asub.add_parser("seen", help="rows, documents and tokens consumed; per shard, source, file and language")
+    common(seen)
+    seen.add_argument("--out", help="write one row per document seen to FILE.parquet or FILE.jsonl")
+    seen.add_argument("--samples-out", help="write one row per consumed sample (index, step, rank, shard, row) to .parquet/.jsonl")
+    seen.set_defaults(handler=_seen)
+
+    doc = asub.add_parser("doc", help="was this document seen, at which steps and ranks, and where it came from")
+    common(doc)
+    doc.add_argument("doc_id")
+    doc.set_defaults(handler=_doc)
+
+    leak = asub.add_parser("leak", help="did any item of an eval set occur in the text the model saw")
+    common(leak)
+    leak.add_argument("--eval", required=True, dest="eval_file", help="eval set: JSONL (text fields), Parquet or plain text")
+    leak.add_argument("--field", action="append", dest="fields",
+                      help="JSONL/Parquet field(s) joined into an item's text (repeatable; default: text)")
+    leak.add_argument("--id-field", help="JSONL/Parquet field naming an item (default: its number in the file)")
+    leak.add_argument("--format", choices=("jsonl", "parquet", "text"), help="default: from the file name")
+    leak.add_argument("--n", type=int, default=None, help="n-gram length (default: decontamination's default, 13)")
+    leak.add_argument("--min-matches", type=int, default=1,
+                      help="matching n-grams needed to call an item found (an item with fewer n-grams needs all)")
+    leak.add_argument("--out", help="write one row per (item, document) match to FILE.parquet or FILE.jsonl")
+    leak.set_defaults(handler=_leak)
+
+
+def _open(args):
+    from .checkpoint import open_manifest, read_checkpoint
+    from .consumed import consumed, parse_steps
+
+    ckpt = read_checkpoint(args.checkpoint)
+    published = open_manifest(ckpt, args.manifest)
+    steps = parse_steps(args.steps, ckpt)
+    return ckpt, published, steps, consumed(published.manifest, ckpt, steps)
+
+
+def _seen(args) -> int:
+    from .output import write_table
+    from .seen import audit_seen, consumed_table
+
+    ckpt, published, steps, used = _open(args)
+    report = audit_seen(published, used, steps)
+    if args.out:
+        write_table(report.documents, args.out)
+    if args.samples_out:
+        write_table(consumed_table(used, published.manifest), args.samples_out)
+    if args.json:
+        json.dump(report.summary, sys.stdout, indent=1, sort_keys=True)
+        print()
+        return 0
+    s = report.summary
+    print(f"checkpoint   {ckpt.path} (step {ckpt.step}, world size {ckpt.world_size}, global batch {ckpt.global_batch}, "
+          f"seed {ckpt.seed}, order {ckpt.order})")
+    print(f"manifest     {s['dataset']} v{s['version']} {s['manifest_sha256']} (hash matches the checkpoint)")
+    print(f"steps        {s['steps'][0]}:{s['steps'][1]}  {s['samples']:,} samples, {s['rows_seen']:,} distinct rows "
+          f"({s['rows_seen_more_than_once']:,} more than once)")
+    print(f"tokens       {s['tokens_seen']:,} distinct, {s['token_exposures']:,} with repeats")
+    print(f"documents    {s['documents_seen']:,} seen: {s['documents_fully_seen']:,} fully, {s['documents_partly_seen']:,} partly")
+    for title, key in (("by shard", "by_shard"), ("by source", "by_source"), ("by file", "by_file"), ("by language", "by_lang")):
+        print(title)
+        for name, e in s[key].items():
+            if key == "by_shard":
+                print(f"  {name:<40} {e['rows_seen']:>10,} of {e['rows']:,} rows, {e['samples']:,} samples")
+            else:
+                print(f"  {name:<40} {e['documents']:>10,} docs ({e['fully_seen']:,} fully) {e['tokens_seen']:>14,} tokens")
+    for path in (args.out, args.samples_out):
+        if path:
+            print(f"wrote {path}")
+    return 0
+
+
+def _doc(args) -> int:
+    from .doc import audit_doc
+
+    ckpt, published, steps, used = _open(args)
+    answer = audit_doc(published, ckpt, used, args.doc_id)
+    if args.json:
+        json.dump(answer, sys.stdout, indent=1, sort_keys=True)
+        print()
+        return 0 if answer["seen"] else 1
+    p = answer["provenance"]
+    how = "fully" if answer["fully_seen"] else "partly" if answer["seen"] else "NOT"
+    print(f"{answer['doc_id']}: {how} seen ({answer['tokens_seen']:,} of {answer['tokens']:,} tokens) "
+          f"in steps {steps[0]}:{steps[1]} of {ckpt.path}")
+    for o in answer["occurrences"]:
+        print(f"  step {o['step']:>8} rank {o['rank']:>4} index {o['index']:>12}  {o['shard']} row {o['row']} ({o['tokens']} tokens)")
+    print(f"source       {p['source']} position {p['position']} lang {p['lang']}")
+    print(f"input file   sha256 {p['input_sha256']} ({p['input_bytes']} bytes)" if p["input_sha256"] else
+          "input file   not listed in the manifest's inputs")
+    print(f"dataset      {p['dataset']} v{p['version']} {p['manifest_sha256']}")
+    return 0 if answer["seen"] else 1
+
+
+def _leak(args) -> int:
+    from .leak import audit_leak
+    from .output import write_table
+
+    ckpt, published, steps, used = _open(args)
+    report = audit_leak(published, used, args.eval_file, fields=args.fields, n=args.n, min_matches=args.min_matches,
+                        id_field=args.id_field, fmt=args.format)
+    if args.out:
+        write_table(report.matches, args.out)
+    if args.json:
+        json.dump(report.summary, sys.stdout, indent=1, sort_keys=True)
+        print()
+        return 1 if report.summary["items_leaked"] else 0
+    s = report.summary
+    verdict = "LEAKED" if s["items_leaked"] else "clean"
+    print(f"{verdict}: {s['items_leaked']} of {s['items']} items of {s['eval_file']} occur in "
+          f"{s['documents_leaked']} documents seen in steps {steps[0]}:{steps[1]} ({s['documents_checked']:,} documents, "
+          f"{s['tokens_checked']:,} tokens checked, {s['n']}-grams)")
+    for row in report.matches.to_pylist()[:50]:
+        print(f"  item {row['item']:>6} in {row['doc_id']}  steps {row['steps']}  ({row['ngrams']} matching n-grams)")
+    if report.matches.num_rows > 50:
+        print(f"  ... {report.matches.num_rows - 50} more (use --out)")
+    if args.out:
+        print(f"wrote {args.out}")
+    return 1 if s["items_leaked"] else 0

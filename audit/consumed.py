@@ -1,0 +1,76 @@
+"""Which samples a run consumed, reconstructed from the checkpoint alone.
+
+Optimizer step ``n`` (1-based, the trainer's numbering in ``step-<N>/``, metrics.jsonl and
+samples.jsonl) with global batch ``B`` consumed global indices ``[(n-1)*B, n*B)``; rank ``r``
+of ``W`` took the contiguous slice ``[(n-1)*B + r*B/W, (n-1)*B + (r+1)*B/W)``. The loader's
+pure order function maps each global index to ``(shard, row)``. The audit calls that same
+function, never a copy of it, so its answer is the loader's answer by construction.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from manifests import Manifest
+
+from .checkpoint import AuditError, Checkpoint
+
+
+@dataclass(frozen=True)
+class Consumed:
+    """One entry per consumed global index, in training order (all int64 arrays)."""
+
+    index: np.ndarray  # global sample index
+    step: np.ndarray  # optimizer step (1-based)
+    rank: np.ndarray  # rank that trained on it, at the checkpoint's world size
+    shard: np.ndarray  # position in manifest.shards
+    row: np.ndarray  # row inside that shard
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+
+def parse_steps(text: str | None, ckpt: Checkpoint) -> tuple[int, int]:
+    """``A:B`` -> steps A through B inclusive (1-based; either end optional; ``N`` alone is one step).
+
+    The default is every step the checkpoint trained on its manifest.
+    """
+    first, last = ckpt.first_step, ckpt.step
+    if last < first:
+        raise AuditError(f"checkpoint {ckpt.path} has not trained any step on manifest {ckpt.manifest_sha256}")
+    if not text:
+        return first, last
+    a, colon, b = text.partition(":")
+    try:
+        lo = int(a) if a else first
+        hi = (int(b) if b else last) if colon else lo
+    except ValueError:
+        raise AuditError(f"--steps {text!r}: expected A:B (steps A to B, inclusive), A:, :B or one step N") from None
+    if not 1 <= lo <= hi:
+        raise AuditError(f"--steps {text!r}: need 1 <= A <= B (steps are numbered from 1, as in step-<N>)")
+    if hi > last:
+        raise AuditError(f"--steps {text!r}: checkpoint {ckpt.path} has trained only {last} steps")
+    if lo < first:
+        c = max(ckpt.manifest_changes, key=lambda c: int(c["step"]))
+        raise AuditError(f"--steps {text!r}: steps before {first} were trained on manifest {c['from_sha256']} "
+                         f"({c['from_url']}), not {ckpt.manifest_sha256}; audit them from a checkpoint of that segment")
+    return lo, hi
+
+
+def order_at(manifest: Manifest, ckpt: Checkpoint, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(shard, row) of every global index through the loader's one order implementation."""
+    from loader import order
+
+    window = ckpt.window_shards if ckpt.window_shards is not None else order.DEFAULT_WINDOW_SHARDS
+    shard, row = order.samples_at(manifest, ckpt.split, ckpt.seed, ckpt.order, indices, window)
+    return np.asarray(shard, dtype=np.int64), np.asarray(row, dtype=np.int64)
+
+
+def consumed(manifest: Manifest, ckpt: Checkpoint, steps: tuple[int, int] | None = None) -> Consumed:
+    """The samples of steps ``first..last`` inclusive (default: every step on this manifest)."""
+    first, last = steps if steps is not None else parse_steps(None, ckpt)
+    B = ckpt.global_batch
+    index = np.arange((first - 1) * B, last * B, dtype=np.int64)
+    shard, row = order_at(manifest, ckpt, index)
+    return Consumed(index=index, step=index // B + 1, rank=(index % B) // ckpt.local_batch, shard=shard, row=row)

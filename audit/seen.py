@@ -1,0 +1,195 @@
+"""`audit seen`: the rows, documents and tokens a checkpoint's model was trained on.
+
+The consumed ``(shard, row)`` pairs are turned into one integer key per row (the row's
+position in the concatenation of ``manifest.shards``); the document index, sorted by
+``(shard, row, start)``, gets the same key, and a sorted search joins the two. No Python loop
+runs per sample or per span, so a million sequences take about a second (benchmarks/bench_audit.py).
+"""
+from __future__ import annotations
+
+import fnmatch
+import posixpath
+from dataclasses import dataclass
+
+import fsspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from manifests import HashMismatchError, Manifest, Published, join, read_doc_index, sha256_bytes
+
+from .consumed import Consumed
+
+DOC_COLUMNS = ["shard", "row", "start", "length", "doc_id", "source", "position", "lang"]
+
+
+def row_offsets(manifest: Manifest) -> np.ndarray:
+    """``offsets[s] + row`` is a row's key: unique across all shards of the manifest."""
+    return np.concatenate([[0], np.cumsum([s.rows for s in manifest.shards], dtype=np.int64)])
+
+
+def read_spans(published: Published, columns: list[str] | None = None, filters=None) -> pa.Table:
+    """The document index the manifest pins, read once and hash-checked: the join is only as good as the index."""
+    url = join(published.url, published.manifest.doc_index.path)
+    with fsspec.open(url, "rb") as f:
+        data = f.read()
+    actual = sha256_bytes(data)
+    if actual != published.manifest.doc_index.sha256:
+        raise HashMismatchError(url, published.manifest.doc_index.sha256, actual)
+    source = pa.BufferReader(data)
+    if filters is not None:
+        return pq.read_table(source, columns=columns or DOC_COLUMNS, filters=filters)
+    return read_doc_index(source, columns=columns or DOC_COLUMNS)
+
+
+@dataclass(frozen=True)
+class RowUse:
+    """Per distinct consumed row: its key, how often it was consumed, first and last step."""
+
+    key: np.ndarray
+    times: np.ndarray
+    first_step: np.ndarray
+    last_step: np.ndarray
+
+    def lookup(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(hit mask, position in this table) for arbitrary row keys."""
+        pos = np.searchsorted(self.key, keys)
+        pos = np.minimum(pos, max(len(self.key) - 1, 0))
+        hit = (self.key[pos] == keys) if len(self.key) else np.zeros(len(keys), bool)
+        return hit, pos
+
+
+def row_use(manifest: Manifest, used: Consumed) -> RowUse:
+    keys = row_offsets(manifest)[used.shard] + used.row
+    # One stable sort: equal keys stay in training order, so each run's ends are its first and last use.
+    order = np.argsort(keys, kind="stable")
+    sorted_keys = keys[order]
+    starts = np.flatnonzero(np.concatenate([[True], sorted_keys[1:] != sorted_keys[:-1]])) if len(keys) else np.zeros(0, np.int64)
+    ends = np.append(starts[1:], len(keys)) - 1
+    return RowUse(key=sorted_keys[starts], times=ends - starts + 1, first_step=used.step[order[starts]],
+                  last_step=used.step[order[ends]])
+
+
+def seen_spans(manifest: Manifest, spans: pa.Table, use: RowUse) -> pa.Table:
+    """The document index with, per span, how often its row was consumed and first/last step."""
+    keys = row_offsets(manifest)[spans.column("shard").to_numpy()] + spans.column("row").to_numpy()
+    hit, pos = use.lookup(keys)
+    times = np.where(hit, use.times[pos], 0)
+    length = spans.column("length").to_numpy().astype(np.int64)
+    return spans.append_column("times_seen", pa.array(times, pa.int64())) \
+        .append_column("tokens_seen", pa.array(np.where(hit, length, 0), pa.int64())) \
+        .append_column("token_exposures", pa.array(length * times, pa.int64())) \
+        .append_column("first_step", pa.array(use.first_step[pos], pa.int64(), mask=~hit)) \
+        .append_column("last_step", pa.array(use.last_step[pos], pa.int64(), mask=~hit))
+
+
+DOC_OUTPUT = ["doc_id", "source", "position", "lang", "tokens", "tokens_seen", "fully_seen", "times_seen",
+              "token_exposures", "first_step", "last_step"]
+
+
+def seen_documents(spans: pa.Table) -> pa.Table:
+    """One row per document with at least one consumed span: tokens seen of tokens total.
+
+    Spans are grouped by an integer code per doc_id (one hash pass), then summed with
+    ``reduceat`` over a stable sort of the codes: no per-document Python, no string sort.
+    Output order: first step seen, then position in the document index (deterministic).
+    """
+    codes = pc.dictionary_encode(spans.column("doc_id")).combine_chunks().indices.to_numpy()
+    order = np.argsort(codes, kind="stable")
+    c = codes[order]
+    starts = np.flatnonzero(np.concatenate([[True], c[1:] != c[:-1]])) if len(c) else np.zeros(0, np.int64)
+    col = lambda name, fill=0: pc.fill_null(spans.column(name), fill).to_numpy()[order]  # noqa: E731
+    total = np.add.reduceat(col("length").astype(np.int64), starts) if len(c) else np.zeros(0, np.int64)
+    seen = np.add.reduceat(col("tokens_seen"), starts) if len(c) else np.zeros(0, np.int64)
+    big = np.iinfo(np.int64).max
+    agg = {
+        "tokens": total, "tokens_seen": seen, "fully_seen": seen == total,
+        "times_seen": np.maximum.reduceat(col("times_seen"), starts) if len(c) else seen,
+        "token_exposures": np.add.reduceat(col("token_exposures"), starts) if len(c) else seen,
+        "first_step": np.minimum.reduceat(col("first_step", big), starts) if len(c) else seen,
+        "last_step": np.maximum.reduceat(col("last_step", -1), starts) if len(c) else seen,
+    }
+    keep = np.flatnonzero(seen > 0)
+    first_span = order[starts][keep]  # each document's first span in index order
+    keep = keep[np.lexsort((first_span, agg["first_step"][keep]))]
+    first_span = order[starts][keep]
+    docs = {name: spans.column(name).take(first_span) for name in ("doc_id", "source", "position", "lang")}
+    docs.update({name: values[keep] for name, values in agg.items()})
+    return pa.table({name: docs[name] for name in DOC_OUTPUT})
+
+
+def source_of(uri: str, config: dict) -> str:
+    """The pipeline input a file came from: the first ``inputs[].path`` glob of the job that matches it,
+    else the file's directory (datasets not made by ``gristmill prepare``)."""
+    specs = config.get("inputs") if isinstance(config, dict) else None
+    for spec in specs if isinstance(specs, list) else ():
+        pattern = spec.get("path") if isinstance(spec, dict) else None
+        if isinstance(pattern, str) and (uri == pattern or fnmatch.fnmatchcase(uri, pattern)
+                                         or fnmatch.fnmatchcase(uri.split("://", 1)[-1], pattern.split("://", 1)[-1])):
+            return pattern
+    return posixpath.dirname(uri)
+
+
+def _by(docs: pa.Table, key: str) -> dict:
+    g = docs.group_by(key, use_threads=False).aggregate([
+        ("doc_id", "count"), ("fully_seen", "sum"), ("tokens_seen", "sum"), ("token_exposures", "sum")])
+    out = {}
+    for r in sorted(g.to_pylist(), key=lambda r: (r[key] is None, str(r[key]))):
+        out[str(r[key]) if r[key] is not None else "unknown"] = {
+            "documents": r["doc_id_count"], "fully_seen": int(r["fully_seen_sum"] or 0),
+            "tokens_seen": int(r["tokens_seen_sum"]), "token_exposures": int(r["token_exposures_sum"])}
+    return out
+
+
+def summarize(published: Published, used: Consumed, use: RowUse, docs: pa.Table, steps: tuple[int, int]) -> dict:
+    """The JSON-able answer: totals, per shard, per source directory, per input file, per language."""
+    m = published.manifest
+    offsets = row_offsets(m)
+    shard_of_key = np.searchsorted(offsets, use.key, side="right") - 1
+    per_shard = {}
+    for s in np.unique(shard_of_key):
+        sel = shard_of_key == s
+        per_shard[m.shards[s].path] = {"rows_seen": int(sel.sum()), "rows": m.shards[s].rows,
+                                       "samples": int(use.times[sel].sum())}
+    inputs = {i.uri: i.sha256 for i in m.inputs}
+    by_file = _by(docs, "source")
+    by_source: dict[str, dict] = {}
+    for uri, entry in by_file.items():
+        entry["input_sha256"] = inputs.get(uri)
+        group = by_source.setdefault(source_of(uri, m.config), {k: 0 for k in entry if k != "input_sha256"})
+        for k in group:
+            group[k] += entry[k]
+    n_docs = docs.num_rows
+    n_full = int(pc.sum(docs.column("fully_seen")).as_py() or 0)
+    return {
+        "dataset": m.dataset, "version": m.version, "manifest_sha256": m.sha256, "manifest_url": published.url,
+        "steps": [steps[0], steps[1]], "samples": len(used), "rows_seen": len(use.key),
+        "rows_seen_more_than_once": int((use.times > 1).sum()),
+        "tokens_seen": int(len(use.key) * m.row_tokens), "token_exposures": int(len(used) * m.row_tokens),
+        "documents_seen": n_docs, "documents_fully_seen": n_full, "documents_partly_seen": n_docs - n_full,
+        "by_shard": per_shard, "by_source": dict(sorted(by_source.items())), "by_file": by_file, "by_lang": _by(docs, "lang"),
+    }
+
+
+@dataclass(frozen=True)
+class SeenReport:
+    summary: dict
+    documents: pa.Table  # one row per document seen (fully or partly)
+    consumed: Consumed
+
+
+def audit_seen(published: Published, used: Consumed, steps: tuple[int, int]) -> SeenReport:
+    use = row_use(published.manifest, used)
+    spans = seen_spans(published.manifest, read_spans(published), use)
+    docs = seen_documents(spans)
+    return SeenReport(summarize(published, used, use, docs, steps), docs, used)
+
+
+def consumed_table(used: Consumed, manifest: Manifest) -> pa.Table:
+    """The per-sample answer: global index, step, rank, shard (position and path), row."""
+    paths = pa.array([s.path for s in manifest.shards], pa.string())
+    return pa.table({
+        "index": used.index, "step": used.step, "rank": used.rank, "shard": used.shard.astype(np.int32),
+        "shard_path": pc.take(paths, pa.array(used.shard)), "row": used.row,
+    })

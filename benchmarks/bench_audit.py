@@ -1,0 +1,145 @@
+"""How long `gristmill audit seen` takes for a dataset of a million sequences.
+
+Builds a synthetic dataset through manifests.DatasetBuilder (short rows so it builds in
+seconds; documents of 3-24 tokens packed across rows, so the document index has ~1.7 spans per
+row), writes a checkpoint meta.json that has consumed every sequence once, then times, in one
+run, side by side:
+
+- the audit (`gristmill audit seen` in-process, phase by phase),
+- the scalar order function called once per index (what a per-sample replay costs), on a
+  sample of indices, extrapolated to the same count.
+
+    python benchmarks/bench_audit.py [--rows 1000000] [--dir /tmp/bench-audit]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+
+import numpy as np
+import pyarrow as pa
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))  # helpers.write_tokenizer
+
+
+def build(root: str, rows: int, seq_len: int, shards: int, seed: int = 0):
+    from helpers import write_tokenizer
+    from manifests import DatasetBuilder, Input, ManifestStore
+
+    rng = np.random.default_rng(seed)
+    width = seq_len + 1
+    total = rows * width
+    # Documents of 3..24 tokens laid end to end, then cut into rows (as the pipeline packs them).
+    lengths = rng.integers(3, 25, size=total // 3 + 1)
+    ends = np.cumsum(lengths)
+    lengths, ends = lengths[ends <= total], ends[ends <= total]
+    lengths = np.append(lengths, total - ends[-1]) if ends[-1] < total else lengths
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    # Split every document at row boundaries into spans.
+    first_row, last_row = starts // width, (starts + lengths - 1) // width
+    n_spans = last_row - first_row + 1
+    doc = np.repeat(np.arange(len(lengths)), n_spans)
+    span_row = np.repeat(first_row, n_spans) + (np.arange(n_spans.sum()) - np.repeat(np.cumsum(n_spans) - n_spans, n_spans))
+    span_start = np.maximum(starts[doc], span_row * width)
+    span_end = np.minimum(starts[doc] + lengths[doc], (span_row + 1) * width)
+    rows_per_shard = -(-rows // shards)
+
+    os.makedirs(root, exist_ok=True)
+    staging = os.path.join(root, "staging")
+    tok = write_tokenizer(os.path.join(root, "tokenizer.json"), 512)
+    b = DatasetBuilder(staging, dataset="bench", seq_len=seq_len, tokenizer_json=tok, vocab_size=512, eos_id=0)
+    tokens = rng.integers(1, 512, size=(rows, width), dtype=np.uint16)
+    for s in range(shards):
+        b.add_shard("train", tokens[s * rows_per_shard:(s + 1) * rows_per_shard])
+    n_files = 64
+    source_ids = doc % n_files
+    sources = np.array([f"s3://corpus/{'web' if i % 2 else 'books'}/part-{i:03d}.jsonl" for i in range(n_files)], dtype=object)
+    langs = np.array(["en", "de", "fr", "en"], dtype=object)
+    b.set_doc_index(pa.table({
+        "shard": (span_row // rows_per_shard).astype(np.int32), "row": span_row % rows_per_shard,
+        "start": (span_start - span_row * width).astype(np.int32), "length": (span_end - span_start).astype(np.int32),
+        "doc_id": pa.array([f"doc-{d}" for d in doc]), "source": pa.array(sources[source_ids]),
+        "position": doc // n_files, "lang": pa.array(langs[doc % 4]),
+    }))
+    m = b.manifest(inputs=[Input(u, 1, "0" * 64) for u in sources], config={"bench": True}, code_version="bench",
+                   stats={})
+    return ManifestStore(os.path.join(root, "store")).publish(m, staging), int(n_spans.sum()), len(lengths)
+
+
+def write_checkpoint(root: str, published, next_index: int, global_batch: int, world_size: int) -> str:
+    ckpt = os.path.join(root, "run", "checkpoints", f"step-{next_index // global_batch}")
+    os.makedirs(ckpt, exist_ok=True)
+    m = published.manifest
+    # The trainer's layout (docs/trainer.md), minus weights, RNG and file checksums.
+    meta = {"format": "gristmill-checkpoint-v1", "step": next_index // global_batch, "world_size": world_size,
+            "global_batch": global_batch, "seq_len": m.seq_len, "tokens_seen": next_index * m.seq_len,
+            "loader": {"next_index": next_index, "seed": 1234, "order": "global", "split": "train",
+                       "global_batch": global_batch, "manifest_sha256": m.sha256},
+            "data": {"manifest_sha256": m.sha256, "manifest_url": published.url, "split": "train"},
+            "manifest_changes": []}
+    with open(os.path.join(ckpt, "meta.json"), "w") as f:
+        json.dump(meta, f)
+    return ckpt
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rows", type=int, default=1_000_000)
+    ap.add_argument("--seq-len", type=int, default=7)
+    ap.add_argument("--shards", type=int, default=8)
+    ap.add_argument("--global-batch", type=int, default=512)
+    ap.add_argument("--scalar-sample", type=int, default=20_000, help="indices timed through the scalar sample_at")
+    ap.add_argument("--dir", default="/tmp/bench-audit")
+    args = ap.parse_args()
+
+    from audit.checkpoint import open_manifest, read_checkpoint
+    from audit.consumed import consumed, parse_steps
+    from audit.seen import audit_seen
+    from loader.order import sample_at
+
+    shutil.rmtree(args.dir, ignore_errors=True)
+    t = time.perf_counter()
+    published, n_spans, n_docs = build(args.dir, args.rows, args.seq_len, args.shards)
+    build_s = time.perf_counter() - t
+    next_index = args.rows // args.global_batch * args.global_batch
+    path = write_checkpoint(args.dir, published, next_index, args.global_batch, 8)
+
+    times = {}
+    t0 = t = time.perf_counter()
+    ckpt = read_checkpoint(path)
+    pub = open_manifest(ckpt)
+    steps = parse_steps(None, ckpt)
+    times["checkpoint + manifest"] = time.perf_counter() - t
+    t = time.perf_counter()
+    used = consumed(pub.manifest, ckpt, steps)
+    times["order (vectorised)"] = time.perf_counter() - t
+    t = time.perf_counter()
+    report = audit_seen(pub, used, steps)
+    times["join + aggregate"] = time.perf_counter() - t
+    total = time.perf_counter() - t0
+
+    sample = np.linspace(0, next_index - 1, args.scalar_sample).astype(np.int64)
+    t = time.perf_counter()
+    for g in sample:
+        sample_at(pub.manifest, "train", ckpt.seed, ckpt.order, int(g))
+    scalar_per = (time.perf_counter() - t) / len(sample)
+    scalar_total = scalar_per * len(used)
+
+    print(f"dataset: {args.rows:,} sequences of {args.seq_len + 1} tokens, {args.shards} shards, {n_docs:,} documents, "
+          f"{n_spans:,} doc-index spans (built in {build_s:.1f} s)")
+    print(f"audit seen over {len(used):,} consumed samples ({steps[1]} steps of {args.global_batch}):")
+    for k, v in times.items():
+        print(f"  {k:<24} {v:7.2f} s")
+    print(f"  {'total':<24} {total:7.2f} s   ({len(used) / total:,.0f} samples/s)")
+    print(f"  -> {report.summary['documents_seen']:,} documents seen ({report.summary['documents_fully_seen']:,} fully)")
+    print(f"scalar sample_at per index: {scalar_per * 1e6:.1f} us -> {scalar_total:,.0f} s for {len(used):,} indices "
+          f"(order step alone: vectorised is {scalar_total / times['order (vectorised)']:,.0f}x faster; "
+          f"whole audit is {scalar_total / total:,.0f}x faster than the per-index order alone)")
+
+
+if __name__ == "__main__":
+    main()

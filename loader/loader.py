@@ -1,0 +1,293 @@
+"""The Loader: training batches as a pure function of (manifest, seed, global index).
+
+Step ``s`` of a run with global batch ``B`` covers global indices ``[s*B, (s+1)*B)``; rank ``r``
+of ``W`` takes the contiguous slice ``[s*B + r*B/W, s*B + (r+1)*B/W)``. Which row an index
+reads is :mod:`loader.order`'s business; this module only fetches, caches and gathers. No
+timing, thread count or history enters a batch, so the whole resume state is one integer.
+
+Threads: ``fetch_workers`` threads download shards, ``workers`` threads assemble batches;
+both run ``prefetch`` steps ahead of the consumer (the future order is known exactly). The
+consumer takes finished batches strictly in step order.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import numpy as np
+import torch
+
+from manifests import ManifestError, Published, load_manifest
+
+from . import simstore  # noqa: F401  (registers the gmsim:// simulated store)
+from .cache import ShardCache
+from .order import DEFAULT_WINDOW_SHARDS, Order
+
+log = logging.getLogger(__name__)
+
+PLAN_CHUNK_STEPS = 64  # steps located per vectorised call to the order
+
+
+class CacheTooSmallError(ValueError):
+    """cache_limit_bytes cannot hold the shards the chosen order needs at once."""
+
+
+def default_cache_dir() -> str:
+    return os.environ.get("GRISTMILL_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "gristmill", "shards"))
+
+
+class _Step:
+    """One rank's share of one step: which rows, grouped by shard for the gather."""
+
+    __slots__ = ("start", "indices", "shards", "groups")
+
+    def __init__(self, start: int, indices: np.ndarray, shards: np.ndarray, rows: np.ndarray):
+        self.start, self.indices = start, indices
+        # Group by shard once, vectorised: then the gather is one fancy-index per shard.
+        order = np.argsort(shards, kind="stable")
+        uniq, first = np.unique(shards[order], return_index=True)
+        bounds = np.append(first, order.size)
+        self.shards = uniq.tolist()
+        self.groups = [(order[a:b], rows[order[a:b]]) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+class Loader:
+    def __init__(self, manifest_url: str | Published, split: str = "train", seed: int = 0, global_batch: int = 32,
+                 rank: int = 0, world_size: int = 1, order: str = "global", window_shards: int = DEFAULT_WINDOW_SHARDS,
+                 cache_dir: str | None = None, cache_limit_bytes: int | None = None, prefetch: int = 4,
+                 start_index: int = 0, expected_sha256: str | None = None, storage_options: dict | None = None,
+                 workers: int = 2, fetch_workers: int = 8, epochs: int | None = None, retries: int = 5,
+                 backoff_s: float = 0.2, pin_memory: bool | None = None):
+        _check(global_batch >= 1, f"global_batch must be >= 1, got {global_batch}")
+        _check(world_size >= 1 and 0 <= rank < world_size, f"rank {rank} is outside world_size {world_size}")
+        _check(global_batch % world_size == 0,
+               f"global_batch {global_batch} is not divisible by world_size {world_size}: every rank takes an equal slice")
+        _check(prefetch >= 1 and workers >= 1 and fetch_workers >= 1,
+               f"prefetch, workers and fetch_workers must be >= 1, got {prefetch}, {workers}, {fetch_workers}")
+        _check(start_index >= 0, f"start_index must be >= 0, got {start_index}")
+        _check(epochs is None or epochs >= 1, f"epochs must be None (endless) or >= 1, got {epochs}")
+        self.storage_options = dict(storage_options or {})
+        self.published = manifest_url if isinstance(manifest_url, Published) else _load_with_retries(
+            manifest_url, expected_sha256, self.storage_options, retries, backoff_s)
+        if expected_sha256 is not None and self.published.manifest.sha256 != expected_sha256:
+            raise ManifestError(f"manifest at {self.published.url} hashes to {self.published.manifest.sha256}, "
+                                f"the caller pinned {expected_sha256}")
+        self.manifest = self.published.manifest
+        self.split, self.seed, self.order_name = split, int(seed), order
+        self.global_batch, self.rank, self.world_size = int(global_batch), int(rank), int(world_size)
+        self.local_batch = self.global_batch // self.world_size
+        self.window_shards, self.prefetch, self.workers, self.fetch_workers = int(window_shards), prefetch, workers, fetch_workers
+        self.order = Order(self.manifest, split, self.seed, order, self.window_shards)
+        self.num_samples = self.order.num_samples  # rows per epoch
+        self.stop_index = None if epochs is None else epochs * self.num_samples
+        self.pin_memory = torch.cuda.is_available() if pin_memory is None else bool(pin_memory)
+        self.cache_dir = cache_dir or default_cache_dir()
+        self.cache_limit_bytes = cache_limit_bytes
+        if cache_limit_bytes is not None:
+            need = self.required_cache_bytes()
+            if cache_limit_bytes < need:
+                raise CacheTooSmallError(
+                    f"cache_limit_bytes={cache_limit_bytes:,} is too small for order={order!r}"
+                    + (f" (window_shards={self.window_shards})" if order == "window" else "")
+                    + f" with prefetch={prefetch} and {self.local_batch} samples per rank per step: up to "
+                    f"{self.shards_in_flight()} shards ({need:,} bytes) are needed at once; raise the limit, "
+                    + ("use order='window' with fewer window_shards, " if order != "sequential" else "")
+                    + "or lower prefetch")
+        self.cache = ShardCache(self.cache_dir, self.published.url, storage_options=self.storage_options,
+                                limit_bytes=cache_limit_bytes, retries=retries, backoff_s=backoff_s,
+                                max_open=max(64, self.shards_in_flight()))
+        self.next_index = int(start_index)
+        self.last_metrics: dict = {}
+        self._generation = 0  # bumped by load_state_dict: a running iterator restarts from the new index
+        self._plans: dict[int, _Step] = {}
+        self._fetch_pool: ThreadPoolExecutor | None = None
+        self._assemble_pool: ThreadPoolExecutor | None = None
+        self._live: set[_Pipeline] = set()  # iterators started and not finished
+
+    # -- state ---------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"next_index": self.next_index, "seed": self.seed, "manifest_sha256": self.manifest.sha256,
+                "order": self.order_name, "global_batch": self.global_batch, "window_shards": self.window_shards,
+                "split": self.split}
+
+    def load_state_dict(self, sd: dict) -> None:
+        """Resume at ``sd["next_index"]``. The global batch and world size may differ (elastic)."""
+        mine = self.state_dict()
+        for key in ("manifest_sha256", "seed", "order", "window_shards", "split"):
+            if key in sd and sd[key] != mine[key]:
+                raise ValueError(f"loader state: {key} is {sd[key]!r} in the saved state but {mine[key]!r} in this "
+                                 f"loader; resuming would serve a different sample order")
+        if not isinstance(sd.get("next_index"), int) or sd["next_index"] < 0:
+            raise ValueError(f"loader state: next_index must be a non-negative int, got {sd.get('next_index')!r}")
+        self.next_index = sd["next_index"]
+        self._generation += 1
+
+    # -- sizing ----------------------------------------------------------------------------
+    def shards_in_flight(self) -> int:
+        """Upper bound on the distinct shards the ``prefetch`` steps in flight touch at once."""
+        shards = self.order.shard_ids.size
+        samples = self.prefetch * self.local_batch
+        span = (self.prefetch - 1) * self.global_batch + self.local_batch  # global indices they spread over
+        min_rows = int(self.order.rows[self.order.rows > 0].min())
+        if self.order_name == "global":
+            return min(shards, samples)
+        if self.order_name == "window":  # a window holds >= 1 shard, so >= min_rows rows
+            return min(shards, samples, self.window_shards * (-(-span // min_rows) + 1))
+        return min(shards, samples, -(-span // min_rows) + 1)
+
+    def required_cache_bytes(self) -> int:
+        sizes = sorted((self.manifest.shards[i].raw_bytes for i in self.order.shard_ids), reverse=True)
+        return sum(sizes[: self.shards_in_flight()])
+
+    # -- planning ----------------------------------------------------------------------------
+    def _plan(self, start: int) -> _Step:
+        """The step whose global batch starts at ``start``; located in vectorised chunks."""
+        if start not in self._plans:
+            self._plans.clear()
+            starts = start + self.global_batch * np.arange(PLAN_CHUNK_STEPS, dtype=np.int64)
+            idx = starts[:, None] + self.rank * self.local_batch + np.arange(self.local_batch, dtype=np.int64)
+            shards, rows = self.order.locate(idx)
+            for k, s in enumerate(starts.tolist()):
+                self._plans[s] = _Step(s, idx[k], shards[k], rows[k])
+        return self._plans[start]
+
+    # -- iteration -----------------------------------------------------------------------------
+    def __iter__(self):
+        while True:
+            generation, pipeline = self._generation, _Pipeline(self, self.next_index)
+            self._live.add(pipeline)
+            try:
+                while generation == self._generation:
+                    if self.stop_index is not None and self.next_index + self.global_batch > self.stop_index:
+                        return
+                    t0 = time.perf_counter()
+                    batch, metrics = pipeline.next()
+                    metrics["input_wait_s"] = time.perf_counter() - t0
+                    self.next_index += self.global_batch
+                    self.last_metrics = metrics
+                    yield batch
+            finally:
+                pipeline.close()
+                self._live.discard(pipeline)
+
+    def _pools(self) -> tuple[ThreadPoolExecutor, ThreadPoolExecutor]:
+        if self._fetch_pool is None:
+            self._fetch_pool = ThreadPoolExecutor(self.fetch_workers, thread_name_prefix="gristmill-fetch")
+            self._assemble_pool = ThreadPoolExecutor(self.workers, thread_name_prefix="gristmill-batch")
+        return self._fetch_pool, self._assemble_pool
+
+    def close(self) -> None:
+        """Stop the background threads and release the cache (an abandoned iterator included)."""
+        for pipeline in list(self._live):
+            pipeline.close()
+        self._live.clear()
+        for pool in (self._fetch_pool, self._assemble_pool):
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
+        self._fetch_pool = self._assemble_pool = None
+        self.cache.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -- assembly (runs in a worker thread) --------------------------------------------------
+    def _assemble(self, step: _Step, fetches: list[tuple[object, Future | None, bool]]) -> tuple[dict, dict]:
+        shards = self.manifest.shards
+        try:
+            hits = misses = downloaded = 0
+            for _, fut, started_here in fetches:
+                n = fut.result().downloaded_bytes if fut is not None else 0
+                if started_here and n > 0:
+                    misses, downloaded = misses + 1, downloaded + n
+                else:
+                    hits += 1
+            b, width = self.local_batch, self.manifest.row_tokens
+            tokens = np.empty((b, width), dtype=self.manifest.token_dtype)
+            for shard_id, (pos, rows) in zip(step.shards, step.groups):
+                tokens[pos] = self.cache.rows(shards[shard_id])[rows]
+        finally:
+            for shard_id in step.shards:
+                self.cache.unpin(shards[shard_id])
+        input_ids = torch.empty((b, width - 1), dtype=torch.long, pin_memory=self.pin_memory)
+        labels = torch.empty((b, width - 1), dtype=torch.long, pin_memory=self.pin_memory)
+        np.copyto(input_ids.numpy(), tokens[:, :-1])
+        np.copyto(labels.numpy(), tokens[:, 1:])
+        batch = {"input_ids": input_ids, "labels": labels, "indices": torch.from_numpy(step.indices.copy()),
+                 "step": step.start // self.global_batch}
+        return batch, {"step": batch["step"], "cache_hits": hits, "cache_misses": misses, "bytes_downloaded": downloaded}
+
+
+class _Pipeline:
+    """Steps in flight for one pass of iteration: ``prefetch`` of them, consumed in order."""
+
+    def __init__(self, loader: Loader, start: int):
+        self.ld, self.next_submit = loader, start
+        self.fetch_pool, self.assemble_pool = loader._pools()
+        self.pending: collections.deque[tuple[_Step, Future]] = collections.deque()
+        self.inflight: dict[str, Future] = {}  # raw_sha256 -> download in progress
+        self._fill()
+
+    def _fill(self) -> None:
+        ld = self.ld
+        while len(self.pending) < ld.prefetch:
+            if ld.stop_index is not None and self.next_submit + ld.global_batch > ld.stop_index:
+                return
+            step = ld._plan(self.next_submit)
+            fetches = []
+            for shard_id in step.shards:
+                shard = ld.manifest.shards[shard_id]
+                if ld.cache.pin(shard):
+                    fetches.append((shard, None, False))
+                    continue
+                fut = self.inflight.get(shard.raw_sha256)
+                started_here = fut is None or fut.done()
+                if started_here:
+                    fut = self.fetch_pool.submit(ld.cache.ensure, shard)
+                    self.inflight[shard.raw_sha256] = fut
+                fetches.append((shard, fut, started_here))
+            self.pending.append((step, self.assemble_pool.submit(ld._assemble, step, fetches)))
+            self.next_submit += ld.global_batch
+        for key in [k for k, f in self.inflight.items() if f.done()]:
+            del self.inflight[key]
+
+    def next(self) -> tuple[dict, dict]:
+        step, fut = self.pending.popleft()
+        try:
+            return fut.result()
+        finally:
+            self._fill()
+
+    def close(self) -> None:
+        for step, fut in self.pending:
+            if fut.cancel():  # never ran: its pins are still held
+                for shard_id in step.shards:
+                    self.ld.cache.unpin(self.ld.manifest.shards[shard_id])
+            else:
+                try:
+                    fut.result()
+                except Exception:  # noqa: BLE001 - the consumer has stopped; its error is moot
+                    pass
+        self.pending.clear()
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)
+
+
+def _load_with_retries(url: str, expected_sha256, storage_options: dict, retries: int, backoff_s: float) -> Published:
+    for attempt in range(retries):
+        try:
+            return load_manifest(url, expected_sha256=expected_sha256, **storage_options)
+        except OSError as e:  # a flaky remote; a bad manifest (ManifestError) is final
+            if attempt + 1 == retries:
+                raise
+            log.warning("reading manifest %s failed (%s); retrying", url, e)
+            time.sleep(min(backoff_s * 2 ** attempt, 10.0))
+    raise AssertionError("unreachable")

@@ -1,0 +1,350 @@
+"""The decontamination stage: remove (or cut) training text that contains evaluation items.
+
+```python
+cfg = DecontamConfig.from_dict(job["decontaminate"], base_dir=job_dir)
+result = decontaminate(docs, cfg, work_dir)                 # against the job's eval files
+result = decontaminate_against_docs(train, validation, cfg)  # against the validation split
+```
+
+The eval n-gram index (``pipeline.ngrams``) is built once on the driver, cached in
+``work_dir`` under a name derived from its inputs, and shared with every Ray worker through
+one ``ray.put``. Workers scan batches of documents (a pure function of the text and the
+index), so the result is the same whatever the worker count and a rerun after a crash
+reuses the cached index and gives identical output. See docs/decontamination.md.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from manifests import sha256_file, sha256_json
+from pipeline import ngrams
+from pipeline.stage import StageResult
+
+POLICIES = ("drop", "cut")
+REASON = "contaminated"
+# Columns the scan adds. Removed rows keep the detail columns; kept rows get none of them.
+ACTION, EVAL_SET, EVAL_ITEM, MATCHES, EVAL_MATCHES, CUT_CHARS = (
+    "_decontam_action", "eval_set", "eval_item", "matches", "eval_matches", "_decontam_cut_chars")
+ADDED = (ACTION, EVAL_SET, EVAL_ITEM, MATCHES, EVAL_MATCHES, CUT_CHARS)
+BATCH_SIZE = 512
+
+
+class DecontamConfigError(ValueError):
+    """The job file's ``decontaminate`` section is not valid; the message names the key."""
+
+
+# --------------------------------------------------------------------------------------
+# Configuration
+
+
+@dataclass(frozen=True)
+class EvalSetSpec:
+    """One eval file from the job: ``name``, ``path`` (local path or fsspec URL) and how to read it."""
+
+    name: str
+    path: str
+    format: str | None = None  # jsonl | parquet | text; None: from the file name
+    fields: tuple[str, ...] = ("text",)  # jsonl/parquet: the text fields of an item
+    id_field: str | None = None  # jsonl/parquet: the field naming an item; None: its number
+    split: str = "auto"  # text: line | paragraph | auto
+
+    def read_items(self) -> list[tuple[str, str]]:
+        return ngrams.read_eval_items(self.path, self.format, self.fields, self.id_field, self.split)
+
+
+@dataclass(frozen=True)
+class DecontamConfig:
+    eval_sets: tuple[EvalSetSpec, ...] = ()
+    n: int = ngrams.DEFAULT_N
+    policy: str = "drop"
+    margin: int = 200  # cut: characters removed on each side of a matching span
+    min_matches: int = 1  # gram hits an item needs in a document (items with fewer grams: all of them)
+    min_item_words: int = 1  # eval items shorter than this are counted but not indexed
+    against_validation: bool = True  # the executor also checks train against the validation split
+
+    @classmethod
+    def from_dict(cls, d: Any, base_dir: str | None = None) -> "DecontamConfig":
+        """Parse the job file's ``decontaminate`` section; relative paths resolve against ``base_dir``."""
+        where = "decontaminate"
+        d = {} if d is None else d
+        _check_keys(d, {f for f in cls.__dataclass_fields__}, where)
+        cfg = cls(
+            eval_sets=tuple(_eval_set_spec(e, f"{where}.eval_sets[{i}]", base_dir)
+                            for i, e in enumerate(_typed(d, "eval_sets", list, [], where))),
+            n=_positive(d, "n", ngrams.DEFAULT_N, where),
+            policy=_typed(d, "policy", str, "drop", where),
+            margin=_positive(d, "margin", 200, where, zero_ok=True),
+            min_matches=_positive(d, "min_matches", 1, where),
+            min_item_words=_positive(d, "min_item_words", 1, where),
+            against_validation=_typed(d, "against_validation", bool, True, where),
+        )
+        if cfg.policy not in POLICIES:
+            raise DecontamConfigError(f"{where}.policy: must be one of {POLICIES}, got {cfg.policy!r}")
+        names = [e.name for e in cfg.eval_sets]
+        if len(set(names)) != len(names):
+            raise DecontamConfigError(f"{where}.eval_sets: names must be unique, got {names}")
+        return cfg
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+_SPEC_KEYS = {"name", "path", "format", "fields", "id_field", "split"}
+
+
+def _eval_set_spec(e: Any, where: str, base_dir: str | None) -> EvalSetSpec:
+    _check_keys(e, _SPEC_KEYS, where)
+    for key in ("name", "path"):
+        if not isinstance(e.get(key), str) or not e[key]:
+            raise DecontamConfigError(f"{where}.{key}: required, a non-empty string (got {e.get(key)!r})")
+    path = e["path"] if "://" in e["path"] or base_dir is None else os.path.join(base_dir, e["path"])
+    fmt = _typed(e, "format", str, None, where)
+    try:
+        fmt = fmt or ngrams.infer_format(path)
+    except ValueError as err:
+        raise DecontamConfigError(f"{where}.format: {err}") from None
+    if fmt not in ngrams.FORMATS:
+        raise DecontamConfigError(f"{where}.format: must be one of {ngrams.FORMATS}, got {fmt!r}")
+    fields = _typed(e, "fields", (list, str), ["text"], where)
+    fields = [fields] if isinstance(fields, str) else fields
+    if not fields or not all(isinstance(f, str) and f for f in fields):
+        raise DecontamConfigError(f"{where}.fields: a non-empty list of field names, got {fields!r}")
+    if fmt == "text" and ("fields" in e or "id_field" in e):
+        raise DecontamConfigError(f"{where}: fields/id_field apply to jsonl and parquet files, not text file {path}")
+    if fmt != "text" and "split" in e:
+        raise DecontamConfigError(f"{where}.split: applies to text files only, not {fmt} file {path}")
+    split = _typed(e, "split", str, "auto", where)
+    if split not in ngrams.TEXT_SPLITS:
+        raise DecontamConfigError(f"{where}.split: must be one of {ngrams.TEXT_SPLITS}, got {split!r}")
+    if not _exists(path):
+        raise DecontamConfigError(f"{where}.path: eval file {path} does not exist")
+    return EvalSetSpec(e["name"], path, fmt, tuple(fields), _typed(e, "id_field", str, None, where), split)
+
+
+def _check_keys(d: Any, allowed: set[str], where: str) -> None:
+    if not isinstance(d, dict):
+        raise DecontamConfigError(f"{where}: expected a mapping, got {type(d).__name__}")
+    unknown = sorted(set(d) - allowed)
+    if unknown:
+        raise DecontamConfigError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; "
+                                  f"allowed: {', '.join(sorted(allowed))}")
+
+
+def _typed(d: dict, key: str, types, default, where: str):
+    """``d[key]`` if it has one of ``types`` (a missing or null key gives ``default``)."""
+    value = d.get(key)
+    if value is None:
+        return default
+    types = types if isinstance(types, tuple) else (types,)
+    if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+        raise DecontamConfigError(f"{where}.{key}: expected {_type_name(types)}, got {value!r}")
+    return value
+
+
+def _type_name(types: tuple) -> str:
+    return " or ".join(t.__name__ for t in types)
+
+
+def _positive(d: dict, key: str, default: int, where: str, zero_ok: bool = False) -> int:
+    value = _typed(d, key, int, default, where)
+    if value < (0 if zero_ok else 1):
+        raise DecontamConfigError(f"{where}.{key}: must be {'>= 0' if zero_ok else '>= 1'}, got {value}")
+    return value
+
+
+def _exists(path: str) -> bool:
+    import fsspec
+
+    fs, p = fsspec.core.url_to_fs(path)
+    return fs.isfile(p)
+
+
+# --------------------------------------------------------------------------------------
+# Index: built once, cached in the work dir
+
+
+def eval_set_records(cfg: DecontamConfig) -> list[dict]:
+    """``manifests.EvalSet`` fields of every eval file: name, uri, sha256 of its bytes, items."""
+    out = []
+    for spec in cfg.eval_sets:
+        sha, _ = sha256_file(spec.path)
+        out.append({"name": spec.name, "uri": spec.path, "sha256": sha, "items": len(spec.read_items())})
+    return out
+
+
+def build_eval_index(cfg: DecontamConfig, records: list[dict], work_dir: str | None) -> ngrams.NgramIndex:
+    """The index of the job's eval files, reloaded from ``work_dir`` when the same one was built before."""
+    key = sha256_json({"hash": ngrams.HASH_VERSION, "n": cfg.n, "min_item_words": cfg.min_item_words,
+                       "sets": [{**asdict(s), "sha256": r["sha256"]} for s, r in zip(cfg.eval_sets, records)]})
+    path = os.path.join(work_dir, "decontam", f"index-{key[:16]}.npz") if work_dir else None
+    if path and os.path.exists(path):
+        return ngrams.NgramIndex.load(path)
+    index = ngrams.build_index([(s.name, s.read_items()) for s in cfg.eval_sets], cfg.n, cfg.min_item_words)
+    if path:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        index.save(path)
+    return index
+
+
+# --------------------------------------------------------------------------------------
+# The stage
+
+
+def decontaminate(docs, cfg: DecontamConfig, work_dir: str | None) -> StageResult:
+    """Check ``docs`` against the job's eval files; see the module docstring."""
+    records = eval_set_records(cfg)
+    index = build_eval_index(cfg, records, work_dir)
+    return scan(docs, index, cfg, records)
+
+
+def decontaminate_against_docs(train_docs, reference_docs, cfg: DecontamConfig, work_dir: str | None = None,
+                               name: str = "validation") -> StageResult:
+    """Check ``train_docs`` against the texts of ``reference_docs`` (the validation split).
+
+    Each reference document is an eval item (its ``id``), so a removed train document names
+    the validation document it overlaps. Its ``eval_sets`` entry has ``uri`` ``split:<name>``
+    and the sha256 of the sorted ``(id, text)`` pairs.
+    """
+    items = sorted((str(r["id"]), r["text"] or "") for r in reference_docs.select_columns(["id", "text"]).iter_rows())
+    record = {"name": name, "uri": f"split:{name}", "sha256": sha256_json(items), "items": len(items)}
+    index = ngrams.build_index([(name, items)], cfg.n, cfg.min_item_words)
+    return scan(train_docs, index, cfg, [record])
+
+
+def scan(docs, index: ngrams.NgramIndex, cfg: DecontamConfig, records: list[dict]) -> StageResult:
+    """Scan ``docs`` against ``index`` on the Ray workers; split into kept and removed; count."""
+    import ray
+
+    ref = ray.put(index)  # one copy in the object store, shared by every worker on the node
+    annotated = docs.map_batches(
+        _scan_batch, batch_format="pyarrow", batch_size=BATCH_SIZE, zero_copy_batch=True,
+        fn_kwargs={"index_ref": [ref], "policy": cfg.policy, "margin": cfg.margin, "min_matches": cfg.min_matches},
+    ).materialize()  # scanned once; kept, removed and the report all read the result
+    kept = annotated.map_batches(_kept_rows, batch_format="pyarrow", zero_copy_batch=True)
+    removed = annotated.map_batches(_removed_rows, batch_format="pyarrow", zero_copy_batch=True)
+    found = annotated.map_batches(_found_rows, batch_format="pyarrow", zero_copy_batch=True).take_all()
+    stats = report(index, cfg, records, found, documents_in=annotated.count())
+    return StageResult(kept=kept, removed=removed, stats=stats)
+
+
+# -- worker side -----------------------------------------------------------------------------
+_index_cache: dict[str, ngrams.NgramIndex] = {}
+
+
+def _resolve(index_ref) -> ngrams.NgramIndex:
+    """The shared index, fetched from the object store once per worker process."""
+    import ray
+
+    ref = index_ref[0]  # wrapped in a list so Ray passes the ref itself, not its value
+    key = ref.hex()
+    if key not in _index_cache:
+        _index_cache.clear()  # one job's index at a time
+        _index_cache[key] = ray.get(ref)
+    return _index_cache[key]
+
+
+def _scan_batch(batch: pa.Table, index_ref, policy: str, margin: int, min_matches: int) -> pa.Table:
+    index = _resolve(index_ref)
+    texts = [t or "" for t in batch.column("text").to_pylist()]
+    cols = {c: [] for c in ADDED}
+    out_texts = []
+    for text, matches in zip(texts, index.scan(texts, min_matches)):
+        action, new_text, cut = _decide(text, matches, policy, margin)
+        best = max(matches, key=lambda m: m.hits) if matches else None  # first of the most hits
+        cols[ACTION].append(action)
+        cols[EVAL_SET].append(best.eval_set if best else None)
+        cols[EVAL_ITEM].append(best.item if best else None)
+        cols[MATCHES].append(best.hits if best else 0)
+        cols[EVAL_MATCHES].append(json.dumps([[m.eval_set, m.item, m.hits] for m in matches]) if matches else None)
+        cols[CUT_CHARS].append(cut)
+        out_texts.append(new_text)
+    if policy == "cut":
+        batch = batch.set_column(batch.schema.get_field_index("text"), "text", pa.array(out_texts, pa.string()))
+    types = {ACTION: pa.string(), EVAL_SET: pa.string(), EVAL_ITEM: pa.string(), MATCHES: pa.int64(),
+             EVAL_MATCHES: pa.string(), CUT_CHARS: pa.int64()}
+    for c in ADDED:
+        batch = batch.append_column(c, pa.array(cols[c], types[c]))
+    return batch
+
+
+def _decide(text: str, matches: list[ngrams.Match], policy: str, margin: int) -> tuple[str, str, int]:
+    """(action, text to keep, characters cut): "" keeps the document, "drop" removes it, "cut" trims it."""
+    if not matches:
+        return "", text, 0
+    if policy == "drop":
+        return "drop", text, 0
+    remaining = cut_text(text, [s for m in matches for s in m.spans], margin)
+    if remaining is None or not remaining.strip():  # could not place the cut, or nothing left
+        return "drop", text, 0
+    return "cut", remaining, len(text) - len(remaining)
+
+
+def cut_text(text: str, word_spans: list[tuple[int, int]], margin: int) -> str | None:
+    """``text`` without the characters of ``word_spans`` (ranges of ``words(text)``) +- ``margin``.
+
+    The pieces left are joined by a newline, so no new n-gram forms across a cut. None when
+    word offsets cannot be placed in ``text`` (see ``ngrams.word_char_spans``).
+    """
+    offsets = ngrams.word_char_spans(text)
+    if offsets is None:
+        return None
+    ranges = sorted((max(0, offsets[a][0] - margin), min(len(text), offsets[b - 1][1] + margin)) for a, b in word_spans)
+    pieces, pos = [], 0
+    for start, end in ranges:
+        if start > pos:
+            pieces.append(text[pos:start])
+        pos = max(pos, end)
+    pieces.append(text[pos:])
+    return "\n".join(p.strip() for p in pieces if p.strip())
+
+
+def _kept_rows(batch: pa.Table) -> pa.Table:
+    keep = pc.not_equal(batch.column(ACTION), "drop")
+    return batch.filter(keep).drop_columns(list(ADDED))
+
+
+def _removed_rows(batch: pa.Table) -> pa.Table:
+    gone = batch.filter(pc.equal(batch.column(ACTION), "drop")).drop_columns([ACTION, CUT_CHARS])
+    return gone.append_column("reason", pa.array([REASON] * gone.num_rows, pa.string()))
+
+
+def _found_rows(batch: pa.Table) -> pa.Table:
+    cols = ["id", "order", "source", "position", ACTION, EVAL_MATCHES, CUT_CHARS]
+    return batch.filter(pc.not_equal(batch.column(ACTION), "")).select(cols)
+
+
+# -- report ----------------------------------------------------------------------------------
+def report(index: ngrams.NgramIndex, cfg: DecontamConfig, records: list[dict], found: list[dict],
+           documents_in: int) -> dict:
+    """Per eval set: items found, the documents they were found in (id, provenance), removed/cut counts."""
+    per_set = {}
+    for s, name in enumerate(index.set_names):
+        first, last = index.set_first[s], index.set_first[s + 1]
+        per_set[name] = {"items": int(last - first), "items_indexed": int((index.item_grams[first:last] > 0).sum()),
+                         "items_found": 0, "documents_removed": 0, "documents_cut": 0, "found": {}}
+    for row in sorted(found, key=lambda r: (r["order"], r["id"])):
+        action = "removed" if row[ACTION] == "drop" else "cut"
+        for eval_set, item, hits in json.loads(row[EVAL_MATCHES]):
+            doc = {"id": row["id"], "source": row["source"], "position": row["position"], "hits": hits, "action": action}
+            per_set[eval_set]["found"].setdefault(item, []).append(doc)
+        for eval_set in dict.fromkeys(m[0] for m in json.loads(row[EVAL_MATCHES])):
+            per_set[eval_set]["documents_removed" if action == "removed" else "documents_cut"] += 1
+    for s, name in enumerate(index.set_names):  # items in index (= file) order
+        by_item = per_set[name].pop("found")
+        order = {item: i for i, item in enumerate(index.items_of(name))}
+        per_set[name]["items_found"] = len(by_item)
+        per_set[name]["found"] = [{"item": item, "documents": docs}
+                                  for item, docs in sorted(by_item.items(), key=lambda kv: order[kv[0]])]
+    actions = [r[ACTION] for r in found]
+    return {
+        "n": cfg.n, "policy": cfg.policy, "margin": cfg.margin if cfg.policy == "cut" else None,
+        "min_matches": cfg.min_matches, "ngrams": index.ngrams, "documents_in": documents_in,
+        "documents_removed": actions.count("drop"), "documents_cut": actions.count("cut"),
+        "eval_sets": records, "per_eval_set": per_set,
+    }

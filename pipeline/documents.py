@@ -1,0 +1,71 @@
+"""The document row every stage passes on (see docs/architecture.md), and its bookkeeping rows.
+
+``order`` is ``part << 32 | record index``: partitions are the input files in sorted URI order,
+so ``order`` follows the global input order and tells which partition a row came from without
+a lookup. ``id`` is ``<file path relative to the inputs' common directory>:<position>`` (or the
+user's own id field): stable, unique, and readable in an audit.
+"""
+from __future__ import annotations
+
+import hashlib
+
+import pyarrow as pa
+
+from .text import normalize
+
+PART_SHIFT = 32
+
+DOC_SCHEMA = pa.schema([
+    ("id", pa.string()),
+    ("order", pa.int64()),
+    ("text", pa.string()),
+    ("source", pa.string()),
+    ("position", pa.int64()),
+    ("lang", pa.string()),
+    ("lang_score", pa.float64()),
+    ("part", pa.int32()),
+    ("bytes", pa.int64()),  # UTF-8 length of text, so global stages can count bytes without the text
+    ("norm_hash", pa.string()),  # of pipeline.text.normalize(text): the exact-dedup key
+])
+
+# A removed document: its row plus why. `detail` is JSON with the stage's detail columns.
+REMOVED_SCHEMA = pa.schema([
+    ("id", pa.string()),
+    ("order", pa.int64()),
+    ("part", pa.int32()),
+    ("bytes", pa.int64()),
+    ("stage", pa.string()),
+    ("reason", pa.string()),
+    ("detail", pa.string()),
+])
+
+QUARANTINE_SCHEMA = pa.schema([
+    ("source", pa.string()),
+    ("position", pa.int64()),
+    ("part", pa.int32()),
+    ("reason", pa.string()),
+    ("detail", pa.string()),
+    ("raw", pa.string()),  # the first bytes of the bad record, to find and fix it
+])
+
+
+def make_order(part: int, index: int) -> int:
+    return (part << PART_SHIFT) | index
+
+
+def part_of(order: int) -> int:
+    return order >> PART_SHIFT
+
+
+def make_id(rel_source: str, position: int) -> str:
+    return f"{rel_source}:{position}"
+
+
+def norm_hash(text: str) -> str:
+    return hashlib.blake2b(normalize(text).encode(), digest_size=16).hexdigest()
+
+
+def stable_fraction(key: str, salt: int) -> float:
+    """A uniform number in [0, 1) that depends only on ``key`` and ``salt`` (train/val split)."""
+    h = hashlib.blake2b(f"{salt}:{key}".encode(), digest_size=8).digest()
+    return int.from_bytes(h, "big") / 2**64

@@ -1,0 +1,383 @@
+"""``gristmill prepare``: run the stages in order on Ray Data, resumably, and publish.
+
+Stage order (the slots are fixed; optional stages are skipped when their section is absent):
+
+    extract -> language -> exact_dedup -> fuzzy_dedup -> decontaminate -> tokenize -> pack -> publish
+
+* Per-partition stages (extract + language fused, tokenize) run one Ray task per input file;
+  each commits its output and a completion marker (pipeline/workdir.py).
+* Global stages (the dedups, decontamination) see all surviving documents as one
+  ray.data.Dataset and return the rows they remove; the executor writes those sorted by
+  ``order`` and later partitions drop them.
+* Pack and publish run in the driver, in ``order``: the output never depends on scheduling.
+"""
+from __future__ import annotations
+
+import contextlib
+import glob as _glob
+import json
+import os
+import posixpath
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from fsspec.core import url_to_fs
+
+from manifests import DatasetBuilder, EvalSet, Input, ManifestStore, code_version, sha256_json
+
+from . import report as rep
+from .config import JobConfig, JobConfigError
+from .documents import REMOVED_SCHEMA, part_of
+from .exact_dedup import find_exact_duplicates
+from .extract import extract_partition
+from .pack import pack_split
+from .tokenize import load_tokenizer, removed_ids, tokenize_partition, train_bpe
+from .workdir import ParquetPart, WorkDir, part_name, write_atomic
+
+GLOBAL_STAGES = ("exact_dedup", "fuzzy_dedup", "decontaminate")
+
+
+@dataclass
+class RunResult:
+    manifest_sha256: str
+    url: str
+    version: int
+    report: dict
+    run_dir: str
+
+
+# -- planning --------------------------------------------------------------------------------
+def plan_inputs(job: JobConfig) -> list[dict]:
+    """Expand every input path/glob; one task (partition) per file, in sorted URI order."""
+    found: dict[str, dict] = {}
+    for i, spec in enumerate(job.inputs):
+        fs, _ = url_to_fs(spec.path)
+        paths = sorted(fs.glob(spec.path)) if _glob.has_magic(spec.path) else ([spec.path] if fs.exists(spec.path) else [])
+        paths = [p for p in paths if not fs.isdir(p)]
+        if not paths:
+            raise JobConfigError(f"inputs[{i}].path: no input file matches {spec.path!r}")
+        for p in paths:
+            uri = os.path.abspath(p) if "://" not in spec.path else fs.unstrip_protocol(p)
+            found.setdefault(uri, {"uri": uri, "format": spec.format, "text_field": spec.text_field, "id_field": spec.id_field})
+    uris = sorted(found)
+    common = posixpath.commonpath([u.split("://")[-1] for u in uris]) if len(uris) > 1 else posixpath.dirname(uris[0].split("://")[-1])
+    tasks = []
+    for part, uri in enumerate(uris):
+        rel = posixpath.relpath(uri.split("://")[-1], common) if common else uri
+        tasks.append({**found[uri], "part": part, "rel": rel})
+    return tasks
+
+
+def run_key(job: JobConfig, tasks: list[dict]) -> str:
+    """Names the run dir: the job's content plus each input's identity (uri, size, mtime)."""
+    ids = []
+    for t in tasks:
+        fs, path = url_to_fs(t["uri"])
+        info = fs.info(path)
+        ids.append([t["uri"], info.get("size"), str(info.get("mtime") or info.get("LastModified") or info.get("ETag") or "")])
+    return sha256_json({"job": job.content_dict(), "inputs": ids})[:16]
+
+
+# -- Ray ---------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def ray_runtime(job: JobConfig, address: str | None):
+    """Embedded local Ray by default; ``address`` (or RAY_ADDRESS, set by `ray job submit`) joins a cluster."""
+    import ray
+
+    if ray.is_initialized():  # e.g. the test session's Ray
+        yield ray
+        return
+    if address or os.environ.get("RAY_ADDRESS"):
+        ray.init(address=address, log_to_driver=False, configure_logging=False)
+    else:
+        ray.init(num_cpus=job.ray.num_cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+def _map_partitions(ray, stage: str, items: list[dict], fn, concurrency: int | None, progress) -> list[dict]:
+    """Run ``fn(item) -> stats`` for each item as Ray Data tasks; progress as each one finishes."""
+    if not items:
+        return []
+    ctx = ray.data.DataContext.get_current()
+    ctx.enable_progress_bars = False
+    ds = ray.data.from_items(items, override_num_blocks=len(items))
+    ds = ds.map(lambda item: {"stats": json.dumps(fn(item))}, num_cpus=1, concurrency=concurrency)
+    out, t0 = [], time.perf_counter()
+    for row in ds.iter_rows():
+        out.append(json.loads(row["stats"]))
+        progress(stage, len(out), len(items), time.perf_counter() - t0, out)
+    return out
+
+
+# -- the run -----------------------------------------------------------------------------------
+class Executor:
+    def __init__(self, job: JobConfig, *, address: str | None = None, quiet: bool = False):
+        self.job, self.address, self.quiet = job, address, quiet
+        self.tasks = plan_inputs(job)
+        self.wd = WorkDir(os.path.join(job.work_dir, run_key(job, self.tasks)))
+        self.timings: dict[str, dict] = {}
+        self.global_stages = [s for s in GLOBAL_STAGES if self._enabled(s)]
+        self._check_optional_stages()
+
+    def _enabled(self, stage: str) -> bool:
+        if stage == "exact_dedup":
+            return self.job.exact_dedup.enabled
+        section = getattr(self.job, stage)
+        return section is not None and section.get("enabled", True) is not False
+
+    def _check_optional_stages(self) -> None:
+        """Fail before any work if the job enables a stage whose module is not installed."""
+        for stage in self.global_stages:
+            if stage != "exact_dedup":
+                self._stage_module(stage)
+
+    @staticmethod
+    def _stage_module(stage: str):
+        module = {"fuzzy_dedup": "pipeline.fuzzy_dedup", "decontaminate": "pipeline.decontam"}[stage]
+        try:
+            return __import__(module, fromlist=["_"])
+        except ModuleNotFoundError as e:
+            if e.name != module:
+                raise
+            raise JobConfigError(f"job section {stage}: is set but {module} is not available in this gristmill; "
+                                 f"remove the section to run without {stage.replace('_', ' ')}") from None
+
+    def log(self, msg: str) -> None:
+        if not self.quiet:
+            print(msg, file=sys.stderr, flush=True)
+
+    def progress(self, stage: str, done: int, total: int, seconds: float, stats: list[dict]) -> None:
+        docs = sum(_stage_docs(stage, s) for s in stats)
+        mb = sum(_stage_bytes(stage, s) for s in stats) / 1e6
+        self.log(f"[{stage}] {done}/{total} partitions  {docs:,} docs  {mb:,.1f} MB  {mb / max(seconds, 1e-9):,.1f} MB/s")
+
+    def run(self) -> RunResult:
+        t_all = time.perf_counter()
+        self.log(f"[prepare] {len(self.tasks)} input files; work dir {self.wd.root}")
+        with ray_runtime(self.job, self.address) as ray:
+            extract_stats = self._extract(ray)
+            removed_files, global_stats, eval_sets = [], {}, []
+            for stage in self.global_stages:
+                st = self._global_stage(ray, stage, removed_files)
+                global_stats[stage] = st
+                eval_sets += st.get("detail", {}).get("eval_sets", [])
+                removed_files.append(self.wd.path("removed", stage, "all.parquet"))
+            tok_path = self._tokenizer(removed_files)
+            tok_stats = self._tokenize(ray, tok_path, removed_files)
+        result = self._pack_and_publish(tok_path, extract_stats, global_stats, tok_stats, eval_sets)
+        self.timings["total"] = {"seconds": time.perf_counter() - t_all}
+        return result
+
+    # -- stages -------------------------------------------------------------------------------
+    def _extract(self, ray) -> list[dict]:
+        t0 = time.perf_counter()
+        job, root = self.job, self.wd.root
+        todo = [t for t in self.tasks if self.wd.done("extract", part_name(t["part"])) is None]
+        self.log(f"[extract] {len(self.tasks) - len(todo)} of {len(self.tasks)} partitions already done")
+        batch = job.ray.records_per_batch
+        _map_partitions(ray, "extract", todo, lambda t: extract_partition(t, job.extract, job.language, root, batch),
+                        job.ray.concurrency, self.progress)
+        self.timings["extract"] = {"seconds": time.perf_counter() - t0, "resumed_parts": len(self.tasks) - len(todo)}
+        return [self.wd.done("extract", part_name(t["part"])) for t in self.tasks]
+
+    def docs_files(self) -> list[str]:
+        return [self.wd.path("docs", f"{part_name(t['part'])}.parquet") for t in self.tasks]
+
+    def survivors(self, ray, removed_files: list[str]):
+        """The documents no stage has removed so far, as a ray.data.Dataset."""
+        ds = ray.data.read_parquet(self.docs_files())
+        if removed_files:
+            ds = ds.map_batches(_drop_removed, fn_args=(tuple(removed_files),), batch_format="pyarrow")
+        return ds
+
+    def _global_stage(self, ray, stage: str, removed_files: list[str]) -> dict:
+        if (done := self.wd.done(stage, "all")) is not None:
+            self.log(f"[{stage}] already done")
+            self.timings[stage] = {"seconds": done.pop("_seconds", 0.0), "resumed_parts": 1}
+            return done
+        t0 = time.perf_counter()
+        self.log(f"[{stage}] running")
+        docs = self.survivors(ray, removed_files)
+        if stage == "exact_dedup":
+            result = find_exact_duplicates(docs)
+        else:
+            module = self._stage_module(stage)
+            cfg_cls = module.FuzzyDedupConfig if stage == "fuzzy_dedup" else module.DecontamConfig
+            fn = module.find_near_duplicates if stage == "fuzzy_dedup" else module.decontaminate
+            section = dict(getattr(self.job, stage))
+            section.pop("enabled", None)
+            stage_dir = self.wd.path("stages", stage)
+            os.makedirs(stage_dir, exist_ok=True)
+            result = fn(docs, cfg_cls.from_dict(section), stage_dir)
+        path = self.wd.path("removed", stage, "all.parquet")
+        out = ParquetPart(path, REMOVED_SCHEMA)
+        removed: dict[str, int] = {}
+        removed_bytes = 0
+        for table in _sorted_removed(result.removed):
+            rows = _to_removed_rows(table, stage)
+            for r in rows.column("reason").to_pylist():
+                removed[r] = removed.get(r, 0) + 1
+            removed_bytes += sum(b or 0 for b in rows.column("bytes").to_pylist())
+            out.write(rows)
+        out.commit()
+        stats = {"removed": removed, "removed_bytes": removed_bytes, "detail": result.stats or {}}
+        seconds = time.perf_counter() - t0
+        self.wd.mark_done(stage, "all", {**stats, "_seconds": seconds})
+        self.timings[stage] = {"seconds": seconds, "resumed_parts": 0}
+        self.log(f"[{stage}] removed {sum(removed.values()):,} documents ({removed}) in {seconds:.1f}s")
+        return stats
+
+    def _tokenizer(self, removed_files: list[str]) -> str:
+        cfg = self.job.tokenizer
+        if cfg.path:
+            load_tokenizer(cfg.path, cfg.eos_token)  # fail now, not in a worker, if it is unusable
+            return cfg.path
+        path = self.wd.path("tokenizer.json")
+        if self.wd.done("tokenizer", "train") is not None:
+            return path
+        t0 = time.perf_counter()
+        sample = list(self._sample_texts(removed_files, cfg.sample_bytes))
+        self.log(f"[tokenizer] training byte-level BPE (vocab {cfg.vocab_size}) on {len(sample):,} documents")
+        tmp = path + ".tmp.json"
+        train_bpe(sample, cfg, tmp)
+        os.replace(tmp, path)
+        self.wd.mark_done("tokenizer", "train", {"documents": len(sample), "seconds": time.perf_counter() - t0})
+        return path
+
+    def _sample_texts(self, removed_files: list[str], budget: int):
+        """The first surviving documents in global order, up to ``budget`` bytes."""
+        for t, f in zip(self.tasks, self.docs_files()):
+            drop = removed_ids(removed_files, t["part"])
+            for batch in pq.ParquetFile(f).iter_batches(columns=["id", "text", "bytes"], batch_size=1024):
+                for doc_id, text, n in zip(*(batch.column(i).to_pylist() for i in range(3))):
+                    if doc_id in drop:
+                        continue
+                    if budget <= 0:
+                        return
+                    yield text
+                    budget -= n
+
+    def _tokenize(self, ray, tok_path: str, removed_files: list[str]) -> list[dict]:
+        t0 = time.perf_counter()
+        job, root = self.job, self.wd.root
+        parts = [t["part"] for t in self.tasks]
+        todo = [{"part": p} for p in parts if self.wd.done("tokenize", part_name(p)) is None]
+        self.log(f"[tokenize] {len(parts) - len(todo)} of {len(parts)} partitions already done")
+        _map_partitions(ray, "tokenize", todo,
+                        lambda t: tokenize_partition(t["part"], tok_path, job.tokenizer, job.split, root, removed_files),
+                        job.ray.concurrency, self.progress)
+        self.timings["tokenize"] = {"seconds": time.perf_counter() - t0, "resumed_parts": len(parts) - len(todo)}
+        return [self.wd.done("tokenize", part_name(p)) for p in parts]
+
+    def _pack_and_publish(self, tok_path, extract_stats, global_stats, tok_stats, eval_sets) -> RunResult:
+        job = self.job
+        t0 = time.perf_counter()
+        staging = self.wd.path("staging")
+        shutil.rmtree(staging, ignore_errors=True)  # a killed pack is redone from scratch: it is cheap
+        _, vocab, eos_id = load_tokenizer(tok_path, job.tokenizer.eos_token)
+        builder = DatasetBuilder(staging, dataset=job.output.dataset, seq_len=job.pack.seq_len, tokenizer_json=tok_path,
+                                 vocab_size=vocab, eos_id=eos_id)
+        token_files = [self.wd.path("tokens", f"{part_name(t['part'])}.parquet") for t in self.tasks]
+        indexes, pack_stats = [], {}
+        for split in ("train", "validation"):
+            index, pack_stats[split] = pack_split(builder, token_files, split, job.pack.seq_len, job.pack.shard_bytes)
+            indexes.append(index)
+        builder.set_doc_index(pa.concat_tables(indexes))
+        self.timings["pack"] = {"seconds": time.perf_counter() - t0, "resumed_parts": 0}
+        t0 = time.perf_counter()
+        stats = rep.manifest_stats(extract_stats, global_stats, tok_stats, pack_stats, self.global_stages)
+        inputs = [Input(s["uri"], s["input"]["bytes"], s["input"]["sha256"]) for s in extract_stats]
+        manifest = builder.manifest(inputs=inputs, config=job.content_dict(), code_version=code_version(), stats=stats,
+                                    eval_sets=[EvalSet(**e) for e in eval_sets])
+        published = ManifestStore(job.output.store).publish(manifest, staging)
+        self.timings["publish"] = {"seconds": time.perf_counter() - t0, "resumed_parts": 0}
+        report = rep.build_report(stats, extract_stats, tok_stats, self.timings, published, self.wd.root)
+        self._write_outputs(report)
+        return RunResult(published.manifest.sha256, published.url, published.manifest.version, report, self.wd.root)
+
+    def _write_outputs(self, report: dict) -> None:
+        """report.json, plus the quarantine and removed records as JSONL for people to read."""
+        write_atomic(self.wd.path("report.json"), (json.dumps(report, indent=1, sort_keys=True) + "\n").encode())
+        rep.export_jsonl([self.wd.path("quarantine", f"{part_name(t['part'])}.parquet") for t in self.tasks],
+                         self.wd.path("quarantine.jsonl"))
+        removed = [self.wd.path("removed", "language", f"{part_name(t['part'])}.parquet") for t in self.tasks]
+        removed += [self.wd.path("removed", s, "all.parquet") for s in self.global_stages]
+        rep.export_jsonl(removed, self.wd.path("removed.jsonl"))
+
+
+def _stage_docs(stage: str, s: dict) -> int:
+    return s["extract"]["records"] if stage == "extract" else s.get("documents_in", 0)
+
+
+def _stage_bytes(stage: str, s: dict) -> int:
+    return s["input"]["bytes"] if stage == "extract" else s.get("bytes_in", 0)
+
+
+def _drop_removed(batch: pa.Table, removed_files: tuple[str, ...]) -> pa.Table:
+    parts = set(batch.column("part").to_pylist())
+    drop = set().union(*(_removed_ids_cached(removed_files, p) for p in parts)) if parts else set()
+    if not drop:
+        return batch
+    return batch.filter(pa.array([i not in drop for i in batch.column("id").to_pylist()], pa.bool_()))
+
+
+_CACHE: dict = {}
+
+
+def _removed_ids_cached(files: tuple[str, ...], part: int) -> set[str]:
+    key = (files, part)
+    if key not in _CACHE:
+        if len(_CACHE) > 64:  # bounded: a worker sees batches of a few partitions at a time
+            _CACHE.clear()
+        _CACHE[key] = removed_ids(list(files), part)
+    return _CACHE[key]
+
+
+def _sorted_removed(ds):
+    """A stage's removed rows sorted by order (so later per-partition lookups prune row groups)."""
+    if ds is None:
+        return
+    if isinstance(ds, pa.Table):
+        yield ds.sort_by("order") if "order" in ds.column_names else ds
+        return
+    if ds.count() == 0:
+        return
+    for batch in ds.sort("order").iter_batches(batch_format="pyarrow", batch_size=8192):
+        if batch.num_rows:
+            yield batch
+
+
+_CORE = ("id", "order", "part", "bytes", "reason")
+_NOT_DETAIL = {"text", "source", "position", "lang", "lang_score", "norm_hash", "stage", "detail", "tokens"}
+
+
+def _to_removed_rows(t: pa.Table, stage: str) -> pa.Table:
+    """Any stage's removed rows in the common removed schema; extra columns go to ``detail`` JSON."""
+    for col in ("id", "order"):
+        if col not in t.column_names:
+            raise RuntimeError(f"stage {stage} returned removed rows without the {col!r} column (columns: {t.column_names})")
+    n = t.num_rows
+    orders = t.column("order").to_pylist()
+    extra = [c for c in t.column_names if c not in _CORE and c not in _NOT_DETAIL]
+    detail_cols = {c: t.column(c).to_pylist() for c in extra}
+    details = [json.dumps({c: detail_cols[c][i] for c in extra}, sort_keys=True, default=str) for i in range(n)]
+    return pa.table({
+        "id": t.column("id"),
+        "order": t.column("order").cast(pa.int64()),
+        "part": t.column("part").cast(pa.int32()) if "part" in t.column_names else pa.array([part_of(o) for o in orders], pa.int32()),
+        "bytes": t.column("bytes").cast(pa.int64()) if "bytes" in t.column_names else pa.nulls(n, pa.int64()),
+        "stage": pa.array([stage] * n, pa.string()),
+        "reason": t.column("reason").cast(pa.string()) if "reason" in t.column_names else pa.array([stage] * n, pa.string()),
+        "detail": pa.array(details, pa.string()),
+    }, schema=REMOVED_SCHEMA)
+
+
+def prepare(job: JobConfig, *, address: str | None = None, quiet: bool = False) -> RunResult:
+    return Executor(job, address=address, quiet=quiet).run()

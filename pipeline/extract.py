@@ -1,0 +1,106 @@
+"""Stage 1, per partition (one input file): read, extract, language-filter, hash for dedup.
+
+The three per-document steps run fused in one pass over the file (no intermediate copy), but
+each keeps its own counters and time so the report shows them as separate stages. Output of a
+partition: the surviving documents, the removed ones (language), the quarantined records.
+"""
+from __future__ import annotations
+
+import json
+import resource
+import time
+
+from manifests.hashing import sha256_file
+
+from .config import ExtractConfig, LanguageConfig
+from .documents import DOC_SCHEMA, QUARANTINE_SCHEMA, REMOVED_SCHEMA, make_id, make_order, norm_hash
+from .langid import identify
+from .readers import read_records
+from .workdir import ParquetPart, WorkDir, part_name
+
+STAGE = "extract"
+
+
+def extract_partition(task: dict, extract: ExtractConfig, language: LanguageConfig, work_root: str,
+                      batch_rows: int = 1024) -> dict:
+    """Process one input file; returns (and commits in the marker) the partition's stats."""
+    wd, part, name = WorkDir(work_root), task["part"], part_name(task["part"])
+    if (stats := wd.done(STAGE, name)) is not None:
+        return stats
+    sha, size = sha256_file(task["uri"])
+    docs = ParquetPart(wd.path("docs", f"{name}.parquet"), DOC_SCHEMA)
+    removed = ParquetPart(wd.path("removed", "language", f"{name}.parquet"), REMOVED_SCHEMA)
+    quarantine = ParquetPart(wd.path("quarantine", f"{name}.parquet"), QUARANTINE_SCHEMA)
+    ex = {"records": 0, "documents": 0, "bytes_out": 0, "quarantined": {}, "seconds": 0.0}
+    lg = {"documents_in": 0, "bytes_in": 0, "documents_out": 0, "bytes_out": 0, "removed": {}, "languages": {}, "seconds": 0.0}
+    t0 = time.perf_counter()
+    batch: list[dict] = []
+    for index, rec in enumerate(read_records(task["uri"], task["format"], task["text_field"], task["id_field"],
+                                             main_content=extract.html_main_content, batch_rows=batch_rows)):
+        ex["records"] += 1
+        rec["order"] = make_order(part, index)
+        if "reason" not in rec:
+            rec["text"] = rec["text"].strip()
+            if len(rec["text"]) < extract.min_chars:
+                rec.update(reason="empty", detail=f"{len(rec['text'])} characters after stripping (min_chars {extract.min_chars})",
+                           raw=rec["text"][:500])
+            elif len(rec["text"]) > extract.max_chars:
+                rec.update(reason="huge", detail=f"{len(rec['text'])} characters (max_chars {extract.max_chars})", raw=rec["text"][:500])
+        if "reason" in rec:
+            ex["quarantined"][rec["reason"]] = ex["quarantined"].get(rec["reason"], 0) + 1
+            quarantine.append({"source": task["uri"], "position": rec["position"], "part": part, "reason": rec["reason"],
+                               "detail": rec["detail"], "raw": rec.get("raw", "")})
+            continue
+        batch.append(rec)
+        if len(batch) >= batch_rows:
+            ex["seconds"] += time.perf_counter() - t0
+            _finish_batch(batch, task, language, docs, removed, ex, lg)
+            batch, t0 = [], time.perf_counter()
+    ex["seconds"] += time.perf_counter() - t0
+    _finish_batch(batch, task, language, docs, removed, ex, lg)
+    for p in (docs, removed, quarantine):
+        p.commit()
+    stats = {"part": part, "uri": task["uri"], "input": {"bytes": size, "sha256": sha}, "extract": ex, "language": lg,
+             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    wd.mark_done(STAGE, name, stats)
+    return stats
+
+
+def _finish_batch(batch: list[dict], task: dict, language: LanguageConfig, docs: ParquetPart, removed: ParquetPart,
+                  ex: dict, lg: dict) -> None:
+    if not batch:
+        return
+    texts = [r["text"] for r in batch]
+    nbytes = [len(t.encode()) for t in texts]
+    ex["documents"] += len(batch)
+    ex["bytes_out"] += sum(nbytes)
+    t0 = time.perf_counter()
+    if language.enabled:
+        langs, scores = identify(texts, language.model)
+    else:
+        langs, scores = [None] * len(batch), [None] * len(batch)
+    keep = [not language.enabled or (lang in language.allowed and score >= language.threshold)
+            for lang, score in zip(langs, scores)]
+    lg["documents_in"] += len(batch)
+    lg["bytes_in"] += sum(nbytes)
+    ids = [r.get("user_id") or make_id(task["rel"], r["position"]) for r in batch]
+    out = {k: [] for k in DOC_SCHEMA.names}
+    for r, i, lang, score, k, n in zip(batch, ids, langs, scores, keep, nbytes):
+        if lang is not None:
+            lg["languages"][lang] = lg["languages"].get(lang, 0) + 1
+        if not k:
+            reason = "language" if lang not in language.allowed else "language_score"
+            lg["removed"][reason] = lg["removed"].get(reason, 0) + 1
+            removed.append({"id": i, "order": r["order"], "part": task["part"], "bytes": n, "stage": "language", "reason": reason,
+                            "detail": json.dumps({"lang": lang, "lang_score": score})})
+            continue
+        lg["documents_out"] += 1
+        lg["bytes_out"] += n
+        for key, v in (("id", i), ("order", r["order"]), ("text", r["text"]), ("source", task["uri"]),
+                       ("position", r["position"]), ("lang", lang), ("lang_score", score), ("part", task["part"]), ("bytes", n)):
+            out[key].append(v)
+    lg["seconds"] += time.perf_counter() - t0
+    t0 = time.perf_counter()
+    out["norm_hash"] = [norm_hash(t) for t in out["text"]]  # exact dedup's key, computed while the text is at hand
+    ex["hash_seconds"] = ex.get("hash_seconds", 0.0) + time.perf_counter() - t0
+    docs.write(out)

@@ -1,0 +1,231 @@
+"""The fuzzy-dedup stage: near-duplicate documents (MinHash + LSH), clustered, all but one removed.
+
+Every step is a Ray Data map or hash shuffle, so no worker holds all signatures, all candidate
+pairs or the whole graph (see docs/fuzzy-dedup.md):
+
+1. signatures: ``MinHasher`` over batches of text; each document becomes ``bands`` rows
+   ``(band, key, order)``, ``key`` the 64-bit hash of that band of its signature;
+2. buckets: hash shuffle on ``(band, key)``; each bucket links every member to its earliest member
+   (``order`` smallest), so a bucket of k documents gives k - 1 edges, not k^2 / 2;
+3. similarity: each candidate edge joined with both documents; exact Jaccard of their shingles
+   (``verify: true``, the default, dropping pairs below the threshold) or the signature estimate;
+4. clusters: distributed connected components (``pipeline.components``) over the edges;
+5. in every cluster the earliest document (smallest ``order``) survives; the others are removed
+   with ``duplicate_of`` = ``cluster`` = the survivor's id and the best similarity of an edge
+   that linked them.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import asdict, dataclass, fields
+
+import numpy as np
+import pyarrow as pa
+
+from pipeline.components import connected_components, dedupe
+from pipeline.lsh import LSHParams, band_keys, make_params, optimal_params
+from pipeline.minhash import MinHasher, jaccard
+from pipeline.stage import StageResult
+
+REASON = "near_duplicate"
+
+
+@dataclass(frozen=True)
+class FuzzyDedupConfig:
+    ngram: int = 5  # words per shingle, after pipeline.text normalisation
+    num_perm: int = 128
+    seed: int = 1  # permutation seed, as datasketch.MinHash(seed=...)
+    threshold: float = 0.8  # Jaccard at or above which two documents are near-duplicates
+    bands: int | None = None  # bands x rows; None: datasketch's optimal-parameter search
+    rows: int | None = None
+    false_positive_weight: float = 0.1  # datasketch MinHashLSH `weights`: recall-leaning because
+    false_negative_weight: float = 0.9  # candidates are verified by exact Jaccard
+    verify: bool = True  # exact Jaccard on shingles for every candidate pair
+    num_partitions: int = 8  # hash-shuffle partitions per step (scale with the corpus)
+    batch_size: int = 1024  # documents per signature batch
+    sample_pairs: int = 20  # removed pairs quoted in the report
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> "FuzzyDedupConfig":
+        d = dict(d or {})
+        known = {f.name: f for f in fields(cls)}
+        unknown = sorted(set(d) - set(known))
+        if unknown:
+            raise ValueError(f"fuzzy_dedup: unknown key(s) {unknown}; known keys: {sorted(known)}")
+        for k, v in d.items():
+            want = (bool,) if k == "verify" else (int, float) if known[k].type == "float" else (int,)
+            if (k in ("bands", "rows") and v is None) or (isinstance(v, want) and (k == "verify" or not isinstance(v, bool))):
+                continue
+            raise ValueError(f"fuzzy_dedup.{k}: expected {known[k].type}, got {v!r}")
+        cfg = cls(**d)
+        cfg.validate()
+        return cfg
+
+    def validate(self) -> None:
+        for k in ("ngram", "num_perm", "num_partitions", "batch_size"):
+            if getattr(self, k) < 1:
+                raise ValueError(f"fuzzy_dedup.{k}: must be >= 1, got {getattr(self, k)!r}")
+        if self.sample_pairs < 0:
+            raise ValueError(f"fuzzy_dedup.sample_pairs: must be >= 0, got {self.sample_pairs!r}")
+        if not 0.0 < self.threshold < 1.0:
+            raise ValueError(f"fuzzy_dedup.threshold: must be in (0, 1), got {self.threshold!r}")
+        if (self.bands is None) != (self.rows is None):
+            raise ValueError(f"fuzzy_dedup: give both bands and rows or neither, got bands={self.bands!r}, rows={self.rows!r}")
+        if self.bands is not None and (self.bands < 1 or self.rows < 1 or self.bands * self.rows > self.num_perm):
+            raise ValueError(f"fuzzy_dedup: bands x rows = {self.bands} x {self.rows} must fit in num_perm={self.num_perm}")
+
+    def lsh(self) -> LSHParams:
+        if self.bands is not None:
+            return make_params(self.threshold, self.num_perm, self.bands, self.rows)
+        return optimal_params(self.threshold, self.num_perm, self.false_positive_weight, self.false_negative_weight)
+
+
+@functools.lru_cache(maxsize=4)
+def _hasher(num_perm: int, ngram: int, seed: int) -> MinHasher:
+    """One MinHasher per worker process (its tables are reused across batches)."""
+    return MinHasher(num_perm=num_perm, ngram=ngram, seed=seed)
+
+
+def _band_rows(batch: dict, cfg: FuzzyDedupConfig, bands: int, rows: int) -> dict:
+    """Signature batch -> one (band, key, order) row per band of every document with shingles."""
+    mh = _hasher(cfg.num_perm, cfg.ngram, cfg.seed)
+    sh = mh.shingles(list(batch["text"]))
+    has = sh.counts() > 0  # a document without words resembles nothing (its signature is all-max)
+    keys = band_keys(mh.signatures_of(sh)[has], bands, rows)
+    order = np.asarray(batch["order"], dtype=np.int64)[has]
+    return {
+        "band": np.tile(np.arange(bands, dtype=np.int64), len(order)),
+        "key": keys.reshape(-1),
+        "order": np.repeat(order, bands),
+    }
+
+
+def _bucket_edges(batch: dict) -> dict:
+    """One partition of buckets: link every member of a (band, key) bucket to its earliest member."""
+    band, key, order = batch["band"], batch["key"], batch["order"]
+    idx = np.lexsort((order, key, band))
+    band, key, order = band[idx], key[idx], order[idx]
+    new = np.ones(len(order), dtype=bool)
+    new[1:] = (band[1:] != band[:-1]) | (key[1:] != key[:-1])
+    first = np.maximum.accumulate(np.where(new, np.arange(len(order)), 0))
+    member = ~new
+    return {"hi": order[member], "lo": order[first][member]}
+
+
+def _similarity(batch: dict, cfg: FuzzyDedupConfig) -> dict:
+    """Exact Jaccard of each candidate pair's shingle sets (both texts are in the batch)."""
+    mh = _hasher(cfg.num_perm, cfg.ngram, cfg.seed)
+    a, b = mh.shingles(list(batch["text_hi"])), mh.shingles(list(batch["text_lo"]))
+    sim = np.array([jaccard(a.of(i), b.of(i)) for i in range(len(batch["hi"]))], dtype=np.float64)
+    return {"hi": batch["hi"], "lo": batch["lo"], "similarity": sim}
+
+
+def _estimated_similarity(batch: dict, cfg: FuzzyDedupConfig) -> dict:
+    """MinHash estimate of each candidate pair's Jaccard (fraction of equal signature values)."""
+    mh = _hasher(cfg.num_perm, cfg.ngram, cfg.seed)
+    a, b = mh.signatures(list(batch["text_hi"])), mh.signatures(list(batch["text_lo"]))
+    return {"hi": batch["hi"], "lo": batch["lo"], "similarity": np.mean(a == b, axis=1)}
+
+
+def _at_least(batch: dict, threshold: float) -> dict:
+    keep = batch["similarity"] >= threshold
+    return {k: v[keep] for k, v in batch.items()}
+
+
+def _best_link(batch: dict) -> dict:
+    """One partition of (node, other, similarity): keep each node's most similar linked document."""
+    node, other, sim = batch["node"], batch["other"], batch["similarity"]
+    idx = np.lexsort((other, -sim, node))  # best similarity first, ties to the earliest document
+    node, other, sim = node[idx], other[idx], sim[idx]
+    first = np.ones(len(node), dtype=bool)
+    first[1:] = node[1:] != node[:-1]
+    return {"node": node[first], "linked": other[first], "similarity": sim[first]}
+
+
+def _both_ends(batch: dict) -> dict:
+    return {
+        "node": np.concatenate([batch["hi"], batch["lo"]]),
+        "other": np.concatenate([batch["lo"], batch["hi"]]),
+        "similarity": np.concatenate([batch["similarity"], batch["similarity"]]),
+    }
+
+
+def _join_texts(edges, texts, num_partitions: int):
+    """Attach both documents' texts to each (hi, lo) edge."""
+    on_hi = edges.join(texts.rename_columns({"order": "hi", "text": "text_hi"}), "inner", num_partitions, on=("hi",))
+    return on_hi.join(texts.rename_columns({"order": "lo", "text": "text_lo"}), "inner", num_partitions, on=("lo",))
+
+
+def _histogram(sizes: list[int]) -> dict:
+    """Cluster size -> number of clusters (JSON keys are strings)."""
+    values, counts = np.unique(np.asarray(sizes, dtype=np.int64), return_counts=True)
+    return {str(int(v)): int(c) for v, c in zip(values, counts)}
+
+
+def find_near_duplicates(docs, cfg: FuzzyDedupConfig, work_dir: str) -> StageResult:
+    """Remove near-duplicates from ``docs`` (a ray.data.Dataset with ``id``, ``order``, ``text``)."""
+    missing = {"id", "order", "text"} - set(docs.schema().names)
+    if missing:
+        raise ValueError(f"fuzzy_dedup: input documents lack column(s) {sorted(missing)}")
+    params = cfg.lsh()
+    p = cfg.num_partitions
+    texts = docs.select_columns(["order", "text"])
+
+    bands = texts.map_batches(_band_rows, fn_args=(cfg, params.bands, params.rows),
+                              batch_size=cfg.batch_size, batch_format="numpy")
+    candidates = (bands.repartition(p, keys=["band", "key"])
+                  .map_batches(_bucket_edges, batch_size=None, batch_format="numpy")
+                  .repartition(p, keys=["hi"])
+                  .map_batches(dedupe, batch_size=None,  # a pair can share several bands
+                                batch_format="numpy")).materialize()
+    n_candidates = candidates.count()
+
+    scored = _join_texts(candidates, texts, p).map_batches(
+        _similarity if cfg.verify else _estimated_similarity, fn_args=(cfg,), batch_format="numpy")
+    if cfg.verify:
+        scored = scored.map_batches(_at_least, fn_args=(cfg.threshold,), batch_format="numpy")
+    scored = scored.materialize()
+
+    clusters = connected_components(scored.select_columns(["hi", "lo"]), p)
+    links = (scored.map_batches(_both_ends, batch_format="numpy").repartition(p, keys=["node"])
+             .map_batches(_best_link, batch_size=None, batch_format="numpy"))
+    removed_info = clusters.join(links, "inner", p, on=("node",)).materialize()
+
+    ids = docs.select_columns(["order", "id"])
+    survivor_ids = ids.rename_columns({"order": "root", "id": "duplicate_of"})
+    removed_info = removed_info.join(survivor_ids, "inner", p, on=("root",)).materialize()
+    detail = removed_info.select_columns(["node", "duplicate_of", "similarity"]).rename_columns({"node": "order"})
+    removed = docs.join(detail, "inner", p, on=("order",)).map_batches(_add_reason, batch_format="pyarrow")
+    kept = docs.join(detail.select_columns(["order"]), "left_anti", p, on=("order",))
+
+    stats = _stats(docs.count(), removed_info, removed, params, cfg, n_candidates, scored.count())
+    return StageResult(kept=kept, removed=removed, stats=stats)
+
+
+def _add_reason(table: pa.Table) -> pa.Table:
+    n = table.num_rows
+    table = table.append_column("reason", pa.array([REASON] * n, pa.string()))
+    return table.append_column("cluster", table.column("duplicate_of"))
+
+
+def _stats(n_docs: int, removed_info, removed, params: LSHParams, cfg: FuzzyDedupConfig, n_candidates: int,
+           n_linked: int) -> dict:
+    # removed_info has one row per removed document; cluster sizes are counted per survivor.
+    per_root = removed_info.groupby("root").count().take_all()
+    sizes = [int(r["count()"]) + 1 for r in per_root]
+    sample = (removed.select_columns(["order", "id", "duplicate_of", "similarity"]).sort("order")
+              .limit(cfg.sample_pairs).take_all()) if cfg.sample_pairs else []
+    return {
+        "documents_in": n_docs,
+        "documents_removed": int(removed_info.count()),
+        "lsh": params.to_dict(),
+        "config": asdict(cfg),
+        "candidate_pairs": n_candidates,
+        "pairs_linked": n_linked,
+        "clusters": len(sizes),
+        "cluster_sizes": _histogram(sizes),
+        "sample_pairs": [
+            {"removed": r["id"], "survivor": r["duplicate_of"], "similarity": round(float(r["similarity"]), 4)}
+            for r in sample
+        ],
+    }

@@ -1,0 +1,334 @@
+"""MinHash signatures of normalised word shingles, vectorised over a whole batch of documents.
+
+Semantics follow ``datasketch.MinHash`` (2.x, default scheme ``affine32``): every shingle gets a
+32-bit hash, that hash is pre-mixed once with the MurmurHash3 finalizer, and permutation ``k``
+maps it to ``a_k * h + b_k mod 2**32`` with ``(a, b)`` drawn exactly as datasketch draws them from
+``np.random.RandomState(seed)``. So ``datasketch.MinHash(num_perm, seed=seed, hashfunc=int)`` fed
+our shingle hashes gives bit-identical signatures (tests/test_minhash.py checks this).
+
+What differs is the speed. datasketch hashes shingles one by one in Python; here a batch of
+documents is normalised (``pipeline.text.normalize``, the project's one normalisation), joined
+into one byte buffer, and everything after that is numpy over the whole batch:
+
+1. word hashes: a polynomial hash of each word's bytes from prefix sums (mod 2**64), then mixed;
+2. shingle hashes: ``n`` consecutive word hashes combined with per-position multipliers, mixed;
+3. signatures: one ``(shingles, num_perm)`` uint32 matrix per chunk of documents and
+   ``np.minimum.reduceat`` over each document's rows.
+
+A document with fewer than ``n`` words is one shingle (all its words); a document with no words
+has no shingles and the all-ones "empty" signature (datasketch's initial value). Callers must not
+treat two empty signatures as similar (the fuzzy-dedup stage skips empty documents).
+"""
+from __future__ import annotations
+
+import unicodedata
+from dataclasses import dataclass, field
+
+import numpy as np
+
+try:  # numba fuses the permutation loop (20x the numpy path); results are identical without it
+    import numba
+except ImportError:  # pragma: no cover - exercised by forcing use_numba=False in tests
+    numba = None
+
+MAX_HASH = np.uint32(0xFFFFFFFF)  # the value of an empty signature, as in datasketch
+_P = 0x100000001B3  # FNV-1a 64-bit prime: odd, so invertible mod 2**64
+_P_INV = pow(_P, -1, 1 << 64)
+_CHUNK_ROWS = 8192  # shingle rows per (rows, num_perm) matrix: 4 MiB at 128 permutations, cache-friendly
+
+
+def _fmix64(h: np.ndarray) -> np.ndarray:
+    """MurmurHash3's 64-bit finalizer: an avalanching bijection (wrapping uint64 arithmetic)."""
+    h = h ^ (h >> np.uint64(33))
+    h = h * np.uint64(0xFF51AFD7ED558CCD)
+    h = h ^ (h >> np.uint64(33))
+    h = h * np.uint64(0xC4CEB9FE1A85EC53)
+    return h ^ (h >> np.uint64(33))
+
+
+def _fmix32(h: np.ndarray) -> np.ndarray:
+    """MurmurHash3's 32-bit finalizer, the pre-mix datasketch applies before its permutations."""
+    h = h ^ (h >> np.uint32(16))
+    h = h * np.uint32(0x85EBCA6B)
+    h = h ^ (h >> np.uint32(13))
+    h = h * np.uint32(0xC2B2AE35)
+    return h ^ (h >> np.uint32(16))
+
+
+def _powers(base: int, n: int) -> np.ndarray:
+    """``base**i mod 2**64`` for i in [0, n) (numpy's uint64 products wrap, which is the modulo)."""
+    out = np.full(n, base, dtype=np.uint64)
+    out[0] = 1
+    return np.cumprod(out, dtype=np.uint64)
+
+
+# Word characters and lower case for ASCII, by table. The word rule is pipeline.text's: a word is
+# a maximal run of characters that are not matched by [\W_], i.e. for which str.isalnum() holds.
+_ASCII_IS_WORD = np.array([chr(c).isalnum() for c in range(128)])
+_ASCII_LOWER = np.array([ord(chr(c).lower()) for c in range(128)], dtype=np.uint32)
+
+
+def _code_points(texts) -> tuple[np.ndarray, np.ndarray]:
+    """The code points of all texts, prepared as ``pipeline.text.normalize`` prepares them, joined.
+
+    ``normalize`` is NFKC, then casefold, then every non-word run to one space. For ASCII text
+    NFKC is the identity and casefold is ``lower()`` (done by table in ``_ascii_lower``), so only
+    non-ASCII texts pay for the Unicode calls; the punctuation step becomes the word mask of
+    ``_is_word``. Texts are joined by a space so no word spans two texts. Returns the code points
+    (uint8 when all are ASCII) and the index where each text starts.
+    """
+    prepped = [t if t.isascii() else unicodedata.normalize("NFKC", t).casefold() for t in texts]
+    lengths = np.fromiter((len(t) + 1 for t in prepped), dtype=np.int64, count=len(prepped))
+    doc_starts = np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64)
+    joined = " ".join(prepped)
+    if joined.isascii():
+        return np.frombuffer(joined.encode("ascii"), dtype=np.uint8), doc_starts
+    return np.frombuffer(joined.encode("utf-32-le"), dtype=np.uint32), doc_starts
+
+
+def _is_word(cps: np.ndarray) -> np.ndarray:
+    """Which code points are word characters (str.isalnum), by table for ASCII, by lookup otherwise."""
+    word = _ASCII_IS_WORD[np.minimum(cps, 127)]
+    high = cps >= 128
+    if high.any():
+        values = cps[high]
+        uniq, inverse = np.unique(values, return_inverse=True)
+        word[high] = np.array([chr(c).isalnum() for c in uniq.tolist()], dtype=bool)[inverse]
+    return word
+
+
+def _ascii_lower(cps: np.ndarray) -> np.ndarray:
+    """Lower-case ASCII letters; other code points unchanged (non-ASCII texts are casefolded already)."""
+    return np.where(cps < 128, _ASCII_LOWER[np.minimum(cps, 127)], cps)
+
+
+def permutations(num_perm: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ``(a, b)`` uint32 permutation parameters datasketch's ``affine32`` scheme draws."""
+    gen = np.random.RandomState(seed)
+    a = gen.randint(0, 1 << 31, num_perm, dtype=np.uint32) * np.uint32(2) + np.uint32(1)
+    b = gen.randint(0, 1 << 32, num_perm, dtype=np.uint32)
+    return a, b
+
+
+@dataclass
+class Shingles:
+    """The shingle hashes of a batch: ``hashes[offsets[i]:offsets[i+1]]`` belong to document i."""
+
+    hashes: np.ndarray  # uint64, one per shingle position (duplicates kept; MinHash ignores them)
+    offsets: np.ndarray  # int64, len(docs) + 1
+
+    def of(self, i: int) -> np.ndarray:
+        return self.hashes[self.offsets[i] : self.offsets[i + 1]]
+
+    def counts(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+
+@dataclass
+class MinHasher:
+    """Signatures of ``ngram``-word shingles under ``num_perm`` permutations drawn from ``seed``."""
+
+    num_perm: int = 128
+    ngram: int = 5
+    seed: int = 1
+    _a: np.ndarray = field(init=False, repr=False)
+    _b: np.ndarray = field(init=False, repr=False)
+    _pinv: np.ndarray = field(init=False, repr=False)
+    _pow: np.ndarray = field(init=False, repr=False)
+
+    def __post_init__(self):
+        if self.num_perm < 1 or self.ngram < 1:
+            raise ValueError(f"num_perm and ngram must be >= 1, got num_perm={self.num_perm}, ngram={self.ngram}")
+        self._a, self._b = permutations(self.num_perm, self.seed)
+        # Per-position shingle multipliers: odd, distinct, fixed (shingles are order-sensitive).
+        self._mult = _fmix64(np.arange(1, self.ngram + 1, dtype=np.uint64)) | np.uint64(1)
+        self._pinv = _powers(_P_INV, 1 << 16)
+        self._pow = _powers(_P, 1 << 16)
+
+    def _ensure_powers(self, n: int) -> None:
+        if n > len(self._pow):
+            size = 1 << int(n - 1).bit_length()
+            self._pinv, self._pow = _powers(_P_INV, size), _powers(_P, size)
+
+    def word_hashes(self, texts) -> tuple[np.ndarray, np.ndarray]:
+        """uint64 hashes of the words of ``pipeline.text.words(t)`` for every text, and word counts."""
+        cps, doc_starts = _code_points(texts)
+        if len(cps) == 0:
+            return np.zeros(0, dtype=np.uint64), np.zeros(len(texts), dtype=np.int64)
+        self._ensure_powers(len(cps) + 1)
+        word = _is_word(cps)
+        edge = np.diff(word.view(np.int8), prepend=np.int8(0), append=np.int8(0))
+        starts, ends = np.flatnonzero(edge == 1), np.flatnonzero(edge == -1)
+        # prefix[i] = sum_{j<i} c_j * P^-j, so a word's polynomial hash sum_{j in [s,e)} c_j * P^(e-1-j),
+        # independent of where the word sits, is (prefix[e] - prefix[s]) * P^(e-1).
+        prefix = np.zeros(len(cps) + 1, dtype=np.uint64)
+        np.cumsum(_ascii_lower(cps).astype(np.uint64) * self._pinv[: len(cps)], out=prefix[1:])
+        poly = (prefix[ends] - prefix[starts]) * self._pow[ends - 1]
+        doc = np.searchsorted(doc_starts, starts, side="right") - 1
+        counts = np.bincount(doc, minlength=len(texts)).astype(np.int64)
+        return _fmix64(poly ^ (ends - starts).astype(np.uint64)), counts
+
+    def shingles(self, texts, use_numba: bool | None = None) -> Shingles:
+        """uint64 hashes of each text's ``ngram``-word shingles (a short text is one shingle)."""
+        if not _numba_on(use_numba):
+            return self._shingles_numpy(texts)
+        cps, doc_starts = _code_points(texts)
+        ends = np.append(doc_starts[1:] - 1, len(cps)).astype(np.int64)  # each text's last code point + 1
+        out = np.empty(len(cps) // 2 + len(texts) + 1, dtype=np.uint64)  # words <= (chars + 1) / 2
+        counts = np.zeros(len(texts), dtype=np.int64)
+        high = np.unique(cps[cps >= 128]) if cps.dtype != np.uint8 else np.zeros(0, dtype=np.uint32)
+        high_word = np.array([chr(c).isalnum() for c in high.tolist()], dtype=bool)
+        n = _shingle_loops(cps, high, high_word, doc_starts, ends, self._mult, out, counts)
+        offsets = np.zeros(len(texts) + 1, dtype=np.int64)
+        np.cumsum(counts, out=offsets[1:])
+        return Shingles(out[:n].copy(), offsets)
+
+    def _shingles_numpy(self, texts) -> Shingles:
+        """Reference path of ``shingles``: whole-batch numpy, identical output."""
+        words, counts = self.word_hashes(texts)
+        n = self.ngram
+        n_shingles = np.where(counts >= n, counts - n + 1, np.minimum(counts, 1))
+        offsets = np.zeros(len(counts) + 1, dtype=np.int64)
+        np.cumsum(n_shingles, out=offsets[1:])
+        if offsets[-1] == 0:
+            return Shingles(np.zeros(0, dtype=np.uint64), offsets)
+        # Lay words out with n-1 zero slots after each document, so a window never crosses into
+        # the next document and a short document's single window holds just its own words.
+        doc_of_word = np.repeat(np.arange(len(counts)), counts)
+        padded = np.zeros(len(words) + len(counts) * (n - 1), dtype=np.uint64)
+        padded[np.arange(len(words)) + doc_of_word * (n - 1)] = words
+        window = np.zeros(len(padded) - n + 1, dtype=np.uint64)
+        for j in range(n):
+            window += padded[j : j + len(window)] * self._mult[j]
+        doc_start = np.concatenate(([0], np.cumsum(counts)[:-1])) + np.arange(len(counts)) * (n - 1)
+        doc_of_shingle = np.repeat(np.arange(len(counts)), n_shingles)
+        pos = doc_start[doc_of_shingle] + (np.arange(offsets[-1]) - offsets[doc_of_shingle])
+        return Shingles(_fmix64(window[pos]), offsets)
+
+    def signatures_of(self, sh: Shingles, use_numba: bool | None = None) -> np.ndarray:
+        """``(docs, num_perm)`` uint32 MinHash signatures of precomputed shingles."""
+        sig = np.full((len(sh.offsets) - 1, self.num_perm), MAX_HASH, dtype=np.uint32)
+        # datasketch's hashfunc gives 32 bits: use the low half of our 64-bit shingle hash.
+        h = _fmix32((sh.hashes & np.uint64(0xFFFFFFFF)).astype(np.uint32))
+        if _numba_on(use_numba):
+            _min_hash_loops(h, sh.offsets, self._a, self._b, sig)
+        else:
+            _min_hash_numpy(h, sh.offsets, self._a, self._b, sig)
+        return sig
+
+    def signatures(self, texts) -> np.ndarray:
+        """``(len(texts), num_perm)`` uint32 MinHash signatures of the texts."""
+        return self.signatures_of(self.shingles(texts))
+
+
+def _numba_on(use_numba: bool | None) -> bool:
+    return numba is not None if use_numba is None else use_numba
+
+
+def _jit(fn):
+    """numba-compile a loop function when numba is installed (cached on disk, releases the GIL)."""
+    return numba.njit(cache=True, nogil=True)(fn) if numba is not None else fn
+
+
+@_jit
+def _fmix64_scalar(h):
+    h ^= h >> np.uint64(33)
+    h *= np.uint64(0xFF51AFD7ED558CCD)
+    h ^= h >> np.uint64(33)
+    h *= np.uint64(0xC4CEB9FE1A85EC53)
+    return h ^ (h >> np.uint64(33))
+
+
+@_jit
+def _shingle_loops(cps, high, high_word, starts, ends, mult, out, counts) -> int:
+    """One pass over the code points: Horner word hashes, a ring of the last n, one hash per window.
+
+    Same values as the numpy path: Horner's sum c_j * P^(e-1-j) is the prefix-sum formula, and a
+    short document's window is its m < n words with the multipliers mult[0..m-1].
+    """
+    n = len(mult)
+    ring = np.zeros(n, dtype=np.uint64)
+    ascii_word, ascii_lower = _ASCII_IS_WORD, _ASCII_LOWER
+    emitted = 0
+    for d in range(len(starts)):
+        n_words = 0
+        h = np.uint64(0)
+        length = np.uint64(0)
+        for i in range(starts[d], ends[d] + 1):
+            c = np.uint32(cps[i]) if i < ends[d] else np.uint32(32)
+            if c < 128:
+                is_word = ascii_word[c]
+                c = ascii_lower[c]
+            else:  # a non-ASCII text, already NFKC + casefolded: look its character up
+                is_word = high_word[np.searchsorted(high, c)]
+            if is_word:
+                h = h * np.uint64(_P) + np.uint64(c)
+                length += np.uint64(1)
+                continue
+            if length == 0:
+                continue
+            ring[n_words % n] = _fmix64_scalar(h ^ length)
+            n_words += 1
+            h = np.uint64(0)
+            length = np.uint64(0)
+            if n_words >= n:
+                acc = np.uint64(0)
+                for j in range(n):
+                    acc += ring[(n_words - n + j) % n] * mult[j]
+                out[emitted] = _fmix64_scalar(acc)
+                emitted += 1
+        if 0 < n_words < n:
+            acc = np.uint64(0)
+            for j in range(n_words):
+                acc += ring[j] * mult[j]
+            out[emitted] = _fmix64_scalar(acc)
+            emitted += 1
+        counts[d] = max(n_words - n + 1, 1) if n_words else 0
+    return emitted
+
+
+def _min_hash_numpy(h, offsets, a, b, sig) -> None:
+    """Reference path: a (shingles, num_perm) matrix per chunk of documents, min per document."""
+    counts = np.diff(offsets)
+    nonempty = np.flatnonzero(counts)
+    # Cut documents into chunks of about _CHUNK_ROWS shingles so the matrix stays in cache.
+    chunk_of = (offsets[nonempty] // _CHUNK_ROWS).astype(np.int64)
+    bounds = np.flatnonzero(np.diff(chunk_of, prepend=-1, append=chunk_of[-1] + 1 if len(chunk_of) else 0))
+    for first, last in zip(bounds[:-1], bounds[1:]):
+        docs = nonempty[first:last]
+        lo, hi = offsets[docs[0]], offsets[docs[-1] + 1]
+        perm = h[lo:hi, None] * a[None, :]
+        perm += b[None, :]
+        sig[docs] = np.minimum.reduceat(perm, offsets[docs] - lo, axis=0)
+
+
+@_jit
+def _min_hash_loops(h, offsets, a, b, sig) -> None:
+    """The same minimum as _min_hash_numpy, as loops numba compiles to SIMD code without temporaries."""
+    mask = np.uint64(0xFFFFFFFF)
+    for d in range(len(offsets) - 1):
+        row = sig[d]
+        for i in range(offsets[d], offsets[d + 1]):
+            x = np.uint64(h[i])
+            for k in range(len(a)):
+                v = np.uint32((np.uint64(a[k]) * x + np.uint64(b[k])) & mask)  # mod 2**32
+                if v < row[k]:
+                    row[k] = v
+
+
+
+
+
+def jaccard(a: np.ndarray, b: np.ndarray) -> float:
+    """Exact Jaccard similarity of two shingle-hash arrays (as sets); 0.0 when both are empty."""
+    a, b = np.unique(a), np.unique(b)
+    union = len(a) + len(b)
+    if union == 0:
+        return 0.0
+    inter = len(np.intersect1d(a, b, assume_unique=True))
+    return inter / (union - inter)
+
+
+def estimate_jaccard(sig_a: np.ndarray, sig_b: np.ndarray) -> np.ndarray:
+    """MinHash estimate of Jaccard: the fraction of equal signature entries (row-wise for 2-D)."""
+    return np.mean(np.asarray(sig_a) == np.asarray(sig_b), axis=-1)

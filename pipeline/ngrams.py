@@ -1,0 +1,442 @@
+"""Normalised word n-gram hashing and the eval n-gram index. Plain Python + numpy, no Ray.
+
+The decontamination stage runs this on Ray workers; the audit runs the same code on arbitrary
+texts to check a leak, so "contains eval item X" means the same thing in both places.
+
+Words are ``pipeline.text.words``: NFKC, case-folded, punctuation removed. A word is hashed
+from its UTF-8 bytes with a polynomial hash mod 2**64, an n-gram from its word hashes the
+same way, and each is finished with the splitmix64 mixer. All of it is fixed integer
+arithmetic on numpy uint64 (wrapping), so the hashes are stable across processes, machines
+and runs (never Python's salted ``hash()``), and a whole batch of documents is hashed in a
+few vectorised passes instead of a Python loop per n-gram.
+
+An eval item with at least ``n`` words contributes its distinct n-grams; a shorter one
+contributes itself, whole, as one gram of its own length. A document "contains" item X with
+``hits`` = the number of its gram positions whose hash is one of X's grams.
+"""
+from __future__ import annotations
+
+import io
+import json
+import posixpath
+import re
+from dataclasses import dataclass, field
+from typing import Iterable, NamedTuple
+
+import numpy as np
+
+from pipeline.text import normalize, words
+
+DEFAULT_N = 13
+
+# Hash constants. Changing any of them changes every hash: bump HASH_VERSION if you do.
+HASH_VERSION = "gristmill-ngram-v1"
+_M64 = (1 << 64) - 1
+_BYTE_BASE = 0x100000001B3  # odd, so invertible mod 2**64
+_BYTE_BASE_INV = pow(_BYTE_BASE, -1, 1 << 64)
+_WORD_BASE = np.uint64(0x9E3779B97F4A7C15)
+_LEN_SALT = 0xD6E8FEB86659FD93
+_SEP = (0x20, 0x0A)  # a space separates words of a text, a newline separates texts in a batch
+_CHUNK_BYTES = 1 << 20
+_FILTER_MAX_BITS = 24  # candidate bitmap: at most 16 MB per process  # hash at most ~1 MB of text per vectorised pass: bounds temporary memory
+
+
+def mix64(z: np.ndarray) -> np.ndarray:
+    """splitmix64 finaliser: spreads every input bit over every output bit."""
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+_powers_cache: dict[int, np.ndarray] = {}
+
+
+def _powers(base: int, size: int) -> np.ndarray:
+    """base**k mod 2**64 for k < size (cached, grown in powers of two)."""
+    have = _powers_cache.get(base)
+    if have is None or len(have) < size:
+        length = 1 << max(10, (size - 1).bit_length())
+        p = np.full(length, base, dtype=np.uint64)
+        p[0] = 1
+        have = np.cumprod(p, dtype=np.uint64)  # wraps mod 2**64, deterministically
+        _powers_cache[base] = have
+    return have[:size]
+
+
+@dataclass
+class WordHashes:
+    """The words of a batch of normalised texts: one uint64 hash per word, and where it is."""
+
+    hashes: np.ndarray  # uint64 [words]
+    text: np.ndarray  # int64 [words]: which text of the batch the word belongs to
+    first: np.ndarray  # int64 [texts + 1]: text t owns words first[t]:first[t+1]
+
+
+def word_hashes(normalized: list[str]) -> WordHashes:
+    """Hash every word of already-normalised texts (``pipeline.text.normalize`` output).
+
+    Normalised text has no newline and single spaces between words, so the batch is one
+    buffer joined by newlines and a word is a maximal run of bytes that are neither.
+    """
+    buf = np.frombuffer("\n".join(normalized).encode("utf-8"), dtype=np.uint8)
+    sep = (buf == _SEP[0]) | (buf == _SEP[1])
+    edges = np.diff(np.concatenate(([0], (~sep).view(np.int8), [0])).astype(np.int8))
+    starts = np.flatnonzero(edges == 1)
+    ends = np.flatnonzero(edges == -1)
+    text_of_byte_pos = np.cumsum(buf == _SEP[1])  # newlines before (and at) each byte
+    texts = len(normalized)
+    if len(starts) == 0:
+        return WordHashes(np.zeros(0, np.uint64), np.zeros(0, np.int64), np.zeros(texts + 1, np.int64))
+    # Polynomial byte hash of buf[s:e] = sum b[k] * B**(e-1-k) = B**(e-1) * sum b[k] * B**-k.
+    terms = (buf.astype(np.uint64) + np.uint64(1)) * _powers(_BYTE_BASE_INV, len(buf))
+    terms[sep] = 0
+    sums = np.add.reduceat(terms, starts)  # each word's run ends at the next separator
+    raw = sums * _powers(_BYTE_BASE, len(buf))[ends - 1]
+    hashes = mix64(raw ^ (ends - starts).astype(np.uint64))
+    text = text_of_byte_pos[starts].astype(np.int64)
+    first = np.searchsorted(text, np.arange(texts + 1), side="left").astype(np.int64)
+    return WordHashes(hashes, text, first)
+
+
+def gram_hashes(wh: WordHashes, length: int) -> tuple[np.ndarray, np.ndarray]:
+    """Hashes of every run of ``length`` consecutive words inside one text, and their first word."""
+    count = len(wh.hashes) - length + 1
+    if count <= 0:
+        return np.zeros(0, np.uint64), np.zeros(0, np.int64)
+    g = wh.hashes[:count].copy()
+    for j in range(1, length):
+        g = g * _WORD_BASE + wh.hashes[j : j + count]
+    start = np.flatnonzero(wh.text[:count] == wh.text[length - 1 :])  # does not straddle two texts
+    salt = np.uint64((length * _LEN_SALT) & _M64)  # the length is part of a gram's identity
+    return mix64(g[start] ^ salt), start
+
+
+def text_grams(text: str, n: int = DEFAULT_N) -> np.ndarray:
+    """The distinct gram hashes of one text as an eval item: its n-grams, or itself if shorter."""
+    wh = word_hashes([normalize(text)])
+    if len(wh.hashes) == 0:
+        return np.zeros(0, np.uint64)
+    return np.unique(gram_hashes(wh, min(n, len(wh.hashes)))[0])
+
+
+# --------------------------------------------------------------------------------------
+# The index
+
+
+class Match(NamedTuple):
+    """Eval item ``item`` of eval set ``eval_set`` occurs in a text: ``hits`` gram positions.
+
+    ``spans`` are the matching word ranges ``[start, end)`` in the text's ``words()``.
+    """
+
+    eval_set: str
+    item: str
+    hits: int
+    spans: list[tuple[int, int]]
+
+
+@dataclass
+class NgramIndex:
+    """Gram hashes of one or more eval sets -> the items they come from.
+
+    Items are numbered globally in the order they were added; ``set_first[s]`` is the first
+    item of eval set ``s``. Pickles compactly (numpy arrays), so ``ray.put`` shares one copy
+    with every worker on a node.
+    """
+
+    n: int
+    set_names: list[str]
+    set_first: np.ndarray  # int64 [sets + 1]
+    item_ids: list[str]  # [items]
+    item_grams: np.ndarray  # int64 [items]: distinct grams of each item (0: too short, not indexed)
+    hashes: np.ndarray  # uint64 [grams], sorted, unique
+    owner_ptr: np.ndarray  # int64 [grams + 1]: hashes[g] belongs to items owners[owner_ptr[g]:owner_ptr[g+1]]
+    owners: np.ndarray  # int64
+    lengths: tuple[int, ...]  # gram lengths to look for in a text: n, plus those of short items
+    _filter: np.ndarray | None = field(default=None, init=False, repr=False, compare=False)
+
+    @property
+    def ngrams(self) -> int:
+        return len(self.hashes)
+
+    def set_of(self, item: int) -> int:
+        return int(np.searchsorted(self.set_first, item, side="right") - 1)
+
+    def items_of(self, name: str) -> list[str]:
+        s = self.set_names.index(name)
+        return self.item_ids[self.set_first[s] : self.set_first[s + 1]]
+
+    def required_hits(self, item: int, min_matches: int) -> int:
+        """An item of k grams needs min(min_matches, k) hits: a short item found whole is a leak."""
+        return min(min_matches, int(self.item_grams[item]))
+
+    # -- lookups ----------------------------------------------------------------------------
+    def _candidates(self, grams: np.ndarray) -> np.ndarray:
+        """Positions of ``grams`` that may be in the index, by a bitmap of top hash bits.
+
+        Nearly every gram of a clean document misses; one table read rules most out, so the
+        binary search (a cache miss per step) runs only on the few candidates.
+        """
+        if self._filter is None:  # built lazily in each process, never pickled or saved
+            bits = min(_FILTER_MAX_BITS, max(16, (16 * self.ngrams).bit_length()))
+            self._filter = np.zeros(1 << bits, dtype=bool)
+            self._filter[self.hashes >> np.uint64(64 - bits)] = True
+        bits = len(self._filter).bit_length() - 1
+        return np.flatnonzero(self._filter[grams >> np.uint64(64 - bits)])
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_filter"] = None
+        return state
+
+    def scan(self, texts: list[str], min_matches: int = 1) -> list[list[Match]]:
+        """The matches of each text, item by item (in index order)."""
+        return self.scan_normalized([normalize(t) for t in texts], min_matches)
+
+    def scan_normalized(self, normalized: list[str], min_matches: int = 1) -> list[list[Match]]:
+        out: list[list[Match]] = []
+        for chunk in _byte_chunks(normalized, _CHUNK_BYTES):
+            out.extend(self._scan_chunk(chunk, min_matches))
+        return out
+
+    def _scan_chunk(self, normalized: list[str], min_matches: int) -> list[list[Match]]:
+        wh = word_hashes(normalized)
+        # (text, item) -> spans of matching grams, gathered only where a hash hits: rare.
+        found: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        for length in self.lengths:
+            grams, start = gram_hashes(wh, length)
+            if len(grams) == 0 or self.ngrams == 0:
+                continue
+            cand = self._candidates(grams)
+            pos = np.searchsorted(self.hashes, grams[cand]).clip(max=self.ngrams - 1)
+            for c in np.flatnonzero(self.hashes[pos] == grams[cand]):
+                i, g = cand[c], pos[c]
+                w = int(start[i])
+                t = int(wh.text[w])
+                span = (w - int(wh.first[t]), w - int(wh.first[t]) + length)
+                for item in self.owners[self.owner_ptr[g] : self.owner_ptr[g + 1]]:
+                    found.setdefault((t, int(item)), []).append(span)
+        out: list[list[Match]] = [[] for _ in normalized]
+        for (t, item), spans in sorted(found.items()):
+            if len(spans) >= self.required_hits(item, min_matches):
+                s = self.set_of(item)
+                out[t].append(Match(self.set_names[s], self.item_ids[item], len(spans), sorted(spans)))
+        return out
+
+    # -- persistence (the stage caches the index in its work dir; the audit may reload it) -------
+    def save(self, path: str) -> None:
+        """Write to a local ``.npz`` atomically (temporary name, then rename)."""
+        from manifests.shards import atomic_write
+
+        meta = {"hash_version": HASH_VERSION, "n": self.n, "set_names": self.set_names, "item_ids": self.item_ids,
+                "lengths": list(self.lengths)}
+        buf = io.BytesIO()
+        np.savez(buf, meta=np.frombuffer(json.dumps(meta).encode(), np.uint8), set_first=self.set_first,
+                 item_grams=self.item_grams, hashes=self.hashes, owner_ptr=self.owner_ptr, owners=self.owners)
+        atomic_write(path, buf.getvalue())
+
+    @classmethod
+    def load(cls, path: str) -> "NgramIndex":
+        with np.load(path) as z:
+            meta = json.loads(z["meta"].tobytes())
+            if meta.get("hash_version") != HASH_VERSION:
+                raise ValueError(f"{path}: n-gram index built with hash {meta.get('hash_version')!r}, "
+                                 f"this gristmill uses {HASH_VERSION!r}; rebuild it")
+            return cls(n=meta["n"], set_names=meta["set_names"], set_first=z["set_first"], item_ids=meta["item_ids"],
+                       item_grams=z["item_grams"], hashes=z["hashes"], owner_ptr=z["owner_ptr"], owners=z["owners"],
+                       lengths=tuple(meta["lengths"]))
+
+
+def word_char_spans(text: str) -> list[tuple[int, int]] | None:
+    """For each word of ``words(text)``, the character range of ``text`` it comes from.
+
+    Normalisation (NFKC, case folding) can change lengths, so offsets are found per
+    whitespace-separated token: a token gives zero or more words, all mapped to the token's
+    range. Returns None in the (exotic Unicode) case where per-token words do not add up to
+    ``words(text)``, so callers never cut at a wrong place.
+    """
+    spans = []
+    for m in _TOKEN.finditer(text):
+        spans.extend([(m.start(), m.end())] * len(words(m.group())))
+    return spans if len(spans) == len(words(text)) else None
+
+
+_TOKEN = re.compile(r"\S+")
+
+
+def find_matches(index: NgramIndex, text: str, min_matches: int = 1) -> list[Match]:
+    """The eval items ``text`` contains (no Ray; the audit's leak check)."""
+    return index.scan([text], min_matches)[0]
+
+
+def _byte_chunks(texts: list[str], limit: int) -> Iterable[list[str]]:
+    chunk, size = [], 0
+    for t in texts:
+        if chunk and size + len(t) > limit:
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(t)
+        size += len(t) + 1
+    if chunk or not texts:
+        yield chunk
+
+
+def build_index(eval_sets: Iterable[tuple[str, Iterable[tuple[str, str]]]], n: int = DEFAULT_N,
+                min_item_words: int = 1) -> NgramIndex:
+    """Index ``[(set_name, [(item_id, text), ...]), ...]``: eval files and validation docs alike.
+
+    Items with fewer than ``min_item_words`` words are kept in ``item_ids`` (so counts match
+    the file) but index nothing (``item_grams`` 0), and so never match.
+    """
+    if n < 1:
+        raise ValueError(f"n-gram size must be >= 1, got {n}")
+    set_names, set_first, item_ids, item_grams = [], [0], [], []
+    hash_parts, owner_parts, lengths = [], [], {n}
+    for name, items in eval_sets:
+        if name in set_names:
+            raise ValueError(f"eval set name {name!r} is used twice; names must be unique")
+        set_names.append(name)
+        for item_id, text in items:
+            item = len(item_ids)
+            item_ids.append(str(item_id))
+            size = len(words(text))
+            if size == 0 or size < min_item_words:
+                item_grams.append(0)
+                continue
+            grams = text_grams(text, n)
+            lengths.add(min(size, n))
+            item_grams.append(len(grams))
+            hash_parts.append(grams)
+            owner_parts.append(np.full(len(grams), item, np.int64))
+        set_first.append(len(item_ids))
+    hashes = np.concatenate(hash_parts) if hash_parts else np.zeros(0, np.uint64)
+    owners = np.concatenate(owner_parts) if owner_parts else np.zeros(0, np.int64)
+    order = np.lexsort((owners, hashes))  # by hash, then item: deterministic owner order
+    hashes, owners = hashes[order], owners[order]
+    unique, first = np.unique(hashes, return_index=True)
+    return NgramIndex(n=n, set_names=set_names, set_first=np.asarray(set_first, np.int64), item_ids=item_ids,
+                      item_grams=np.asarray(item_grams, np.int64), hashes=unique,
+                      owner_ptr=np.append(first, len(hashes)).astype(np.int64), owners=owners,
+                      lengths=tuple(sorted(lengths, reverse=True)))
+
+
+# --------------------------------------------------------------------------------------
+# Eval files
+
+FORMATS = ("jsonl", "parquet", "text")
+TEXT_SPLITS = ("auto", "line", "paragraph")
+_COMPRESSION_SUFFIXES = (".gz", ".zst", ".bz2", ".xz")
+_SUFFIX_FORMAT = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet",
+                  ".txt": "text", ".text": "text", ".md": "text"}
+_BLANK_LINE = re.compile(r"\n[ \t\r]*\n")
+
+
+def infer_format(path: str) -> str:
+    base = path.lower()
+    for suffix in _COMPRESSION_SUFFIXES:
+        base = base.removesuffix(suffix)
+    fmt = _SUFFIX_FORMAT.get(posixpath.splitext(base)[1])
+    if fmt is None:
+        raise ValueError(f"eval file {path}: cannot tell its format from the name; set format to one of {FORMATS}")
+    return fmt
+
+
+def read_eval_items(path: str, fmt: str | None = None, fields: Iterable[str] = ("text",), id_field: str | None = None,
+                    split: str = "auto") -> list[tuple[str, str]]:
+    """The items of an eval file as ``(item_id, text)``, in file order.
+
+    - JSONL (optionally .gz/.zst/...): one object per non-blank line; the item is its
+      ``fields`` joined by newlines (a list value, e.g. answer choices, joins its elements).
+    - Parquet: the same, one row per item.
+    - Plain text: ``split="line"`` one item per non-blank line, ``"paragraph"`` one per
+      blank-line-separated block; ``"auto"`` (default) is paragraphs if the file has a blank
+      line, lines otherwise.
+
+    The item id is ``id_field``'s value, or the item's 0-based number in the file.
+    """
+    fmt = fmt or infer_format(path)
+    fields = list(fields)
+    if fmt == "jsonl":
+        records = _read_jsonl(path)
+    elif fmt == "parquet":
+        records = _read_parquet(path, fields + ([id_field] if id_field else []))
+    elif fmt == "text":
+        return _read_text(path, split)
+    else:
+        raise ValueError(f"eval file {path}: unknown format {fmt!r}; expected one of {FORMATS}")
+    items, seen = [], set()
+    for number, (where, rec) in enumerate(records):
+        item_id = str(number) if id_field is None else str(_field(rec, id_field, path, where))
+        if item_id in seen:
+            raise ValueError(f"eval file {path} {where}: item id {item_id!r} (field {id_field!r}) is not unique")
+        seen.add(item_id)
+        items.append((item_id, "\n".join(_as_text(_field(rec, f, path, where)) for f in fields)))
+    return items
+
+
+def _field(rec: dict, name: str, path: str, where: str):
+    if name not in rec:
+        raise ValueError(f"eval file {path} {where}: no field {name!r} (fields: {', '.join(sorted(rec))})")
+    return rec[name]
+
+
+def _as_text(value) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, (list, tuple)):
+        return "\n".join(_as_text(v) for v in value)
+    return value if isinstance(value, str) else str(value)
+
+
+def _read_jsonl(path: str) -> list[tuple[str, dict]]:
+    import fsspec
+
+    out = []
+    with fsspec.open(path, "rt", encoding="utf-8", compression="infer") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"eval file {path} line {lineno}: not valid JSON: {e}") from e
+            if not isinstance(rec, dict):
+                raise ValueError(f"eval file {path} line {lineno}: expected a JSON object, got {type(rec).__name__}")
+            out.append((f"line {lineno}", rec))
+    return out
+
+
+def _read_parquet(path: str, columns: list[str]) -> list[tuple[str, dict]]:
+    import fsspec
+    import pyarrow.parquet as pq
+
+    with fsspec.open(path, "rb") as f:
+        schema = pq.read_schema(f)
+        missing = [c for c in dict.fromkeys(columns) if c not in schema.names]
+        if missing:
+            raise ValueError(f"eval file {path}: no column(s) {', '.join(map(repr, missing))} "
+                             f"(columns: {', '.join(schema.names)})")
+        f.seek(0)
+        rows = pq.read_table(f, columns=list(dict.fromkeys(columns))).to_pylist()
+    return [(f"row {i}", r) for i, r in enumerate(rows)]
+
+
+def _read_text(path: str, split: str) -> list[tuple[str, str]]:
+    import fsspec
+
+    if split not in TEXT_SPLITS:
+        raise ValueError(f"eval file {path}: split must be one of {TEXT_SPLITS}, got {split!r}")
+    with fsspec.open(path, "rt", encoding="utf-8", compression="infer") as f:
+        text = f.read().replace("\r\n", "\n")
+    if split == "auto":
+        split = "paragraph" if _BLANK_LINE.search(text.strip()) else "line"
+    blocks = _BLANK_LINE.split(text) if split == "paragraph" else text.split("\n")
+    return [(str(i), b.strip()) for i, b in enumerate(b for b in blocks if b.strip())]
+
+
+def index_from_file(path: str, name: str, n: int = DEFAULT_N, fmt: str | None = None,
+                    fields: Iterable[str] = ("text",), id_field: str | None = None, split: str = "auto",
+                    min_item_words: int = 1) -> NgramIndex:
+    """Build the index of one eval file (the audit's entry point)."""
+    items = read_eval_items(path, fmt, fields, id_field, split)
+    return build_index([(name, items)], n=n, min_item_words=min_item_words)

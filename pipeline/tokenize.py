@@ -1,0 +1,110 @@
+"""Tokenize with Hugging Face ``tokenizers``: a user tokenizer.json or a BPE trained here.
+
+Training is deterministic: byte-level BPE on the first documents in global ``order`` up to
+``sample_bytes`` (after filtering and dedup), a fixed vocabulary size, and the trainer's
+deterministic merge order (ties broken by the pair itself). Documents are encoded without the
+tokenizer's own special-token template; one EOS follows every document.
+"""
+from __future__ import annotations
+
+import resource
+import time
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .config import SplitConfig, TokenizerConfig
+from .documents import stable_fraction
+from .workdir import ParquetPart, WorkDir, part_name
+
+STAGE = "tokenize"
+TOKENS_SCHEMA = pa.schema([
+    ("id", pa.string()), ("order", pa.int64()), ("source", pa.string()), ("position", pa.int64()), ("lang", pa.string()),
+    ("split", pa.string()), ("tokens", pa.list_(pa.uint32())),
+])
+
+
+class TokenizerError(ValueError):
+    pass
+
+
+def train_bpe(texts, cfg: TokenizerConfig, out_path: str) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=cfg.vocab_size, special_tokens=[cfg.eos_token], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(texts, trainer=trainer)
+    tok.save(out_path)
+
+
+def load_tokenizer(path: str, eos_token: str):
+    """(tokenizer, vocab_size, eos_id); the EOS token must be in the vocabulary."""
+    from tokenizers import Tokenizer
+
+    try:
+        tok = Tokenizer.from_file(path)
+    except Exception as e:
+        raise TokenizerError(f"tokenizer.path: {path} is not a tokenizers tokenizer.json: {e}") from e
+    eos_id = tok.token_to_id(eos_token)
+    if eos_id is None:
+        raise TokenizerError(f"tokenizer.eos_token: {eos_token!r} is not in the vocabulary of {path}; set eos_token to its EOS")
+    return tok, tok.get_vocab_size(with_added_tokens=True), eos_id
+
+
+def split_of(doc_id: str, split: SplitConfig) -> str:
+    return "validation" if stable_fraction(doc_id, split.seed) < split.validation_fraction else "train"
+
+
+def tokenize_partition(part: int, tokenizer_path: str, cfg: TokenizerConfig, split: SplitConfig, work_root: str,
+                       removed_files: list[str]) -> dict:
+    wd, name = WorkDir(work_root), part_name(part)
+    if (stats := wd.done(STAGE, name)) is not None:
+        return stats
+    tok, _, eos_id = load_tokenizer(tokenizer_path, cfg.eos_token)
+    drop = removed_ids(removed_files, part)
+    out = ParquetPart(wd.path("tokens", f"{name}.parquet"), TOKENS_SCHEMA)
+    st = {"documents_in": 0, "bytes_in": 0, "documents_out": 0, "tokens_out": 0, "seconds": 0.0,
+          "splits": {s: {"documents": 0, "tokens": 0} for s in ("train", "validation")}}
+    cols = ["id", "order", "source", "position", "lang", "text"]
+    for batch in pq.ParquetFile(wd.path("docs", f"{name}.parquet")).iter_batches(batch_size=cfg.batch_size, columns=cols):
+        table = pa.Table.from_batches([batch])
+        if drop:
+            ids = table.column("id").to_pylist()
+            table = table.filter(pa.array([i not in drop for i in ids], pa.bool_()))
+        if not table.num_rows:
+            continue
+        t0 = time.perf_counter()
+        texts = table.column("text").to_pylist()
+        encs = tok.encode_batch_fast(texts, add_special_tokens=False) if hasattr(tok, "encode_batch_fast") else \
+            tok.encode_batch(texts, add_special_tokens=False)
+        tokens = [np.append(np.asarray(e.ids, dtype=np.uint32), np.uint32(eos_id)) for e in encs]
+        splits = [split_of(i, split) for i in table.column("id").to_pylist()]
+        st["seconds"] += time.perf_counter() - t0
+        st["documents_in"] += table.num_rows
+        st["bytes_in"] += sum(len(t.encode()) for t in texts)
+        for s, tk in zip(splits, tokens):
+            st["splits"][s]["documents"] += 1
+            st["splits"][s]["tokens"] += len(tk)
+        st["documents_out"] += table.num_rows
+        st["tokens_out"] += sum(len(t) for t in tokens)
+        offsets = np.concatenate([[0], np.cumsum([len(t) for t in tokens])]).astype(np.int32)
+        tok_col = pa.ListArray.from_arrays(pa.array(offsets), pa.array(np.concatenate(tokens), pa.uint32()))
+        out.write(table.drop_columns(["text"]).append_column("split", pa.array(splits)).append_column("tokens", tok_col))
+    out.commit()
+    st["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    wd.mark_done(STAGE, name, st)
+    return st
+
+
+def removed_ids(files: list[str], part: int) -> set[str]:
+    """Ids a global stage removed from this partition (the files are sorted by order, so the
+    part filter skips most row groups: memory is one partition's removals, not the corpus')."""
+    ids: set[str] = set()
+    for f in files:
+        t = pq.read_table(f, columns=["id"], filters=[("part", "=", part)])
+        ids.update(t.column("id").to_pylist())
+    return ids

@@ -1,0 +1,287 @@
+"""Decontamination: the n-gram index (plain Python) and the Ray stage, on corpora made here.
+
+Documents and eval items are random word sequences from one vocabulary (seeded), so a clean
+document shares no 13-gram with an eval item unless one was planted in it.
+"""
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from manifests import EvalSet
+from pipeline import ngrams
+from pipeline.decontam import DecontamConfig, DecontamConfigError, cut_text, decontaminate, decontaminate_against_docs
+from pipeline.ngrams import build_index, find_matches, read_eval_items, word_hashes
+from pipeline.text import normalize, words
+
+VOCAB = [f"w{i}" for i in range(2000)]
+
+
+def phrase(rng, k):
+    return " ".join(rng.choice(VOCAB, size=k))
+
+
+def write_jsonl(path, records):
+    with open(path, "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
+    return str(path)
+
+
+# --------------------------------------------------------------------------------------
+# Hashing and the index (no Ray)
+
+
+def test_word_hashes_follow_text_words_and_do_not_depend_on_the_batch():
+    texts = ["Hello, WORLD! It's ﬁne_ok", "", "  ...  ", "Straße ½ café ①", "hello world"]
+    batch = word_hashes([normalize(t) for t in texts])
+    for t, text in enumerate(texts):
+        alone = word_hashes([normalize(text)]).hashes
+        assert len(alone) == len(words(text))
+        assert np.array_equal(batch.hashes[batch.first[t]:batch.first[t + 1]], alone)
+    # same word -> same hash wherever it is; different words -> different hashes
+    assert np.array_equal(batch.hashes[:2], batch.hashes[-2:])
+    assert len(set(batch.hashes.tolist())) == len(set(w for t in texts for w in words(t)))
+
+
+def test_hashes_are_stable_across_processes():
+    code = "from pipeline.ngrams import text_grams; print(text_grams('a b c d e f g h i j k l m n o', 13).tolist())"
+    runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           env={**os.environ, "PYTHONHASHSEED": seed}).stdout for seed in ("1", "2")]
+    assert runs[0] == runs[1] == f"{ngrams.text_grams('a b c d e f g h i j k l m n o', 13).tolist()}\n"
+
+
+def test_find_matches_counts_hits_and_respects_min_matches():
+    rng = np.random.default_rng(0)
+    item = phrase(rng, 20)  # 8 thirteen-grams
+    index = build_index([("ev", [("q0", item), ("q1", phrase(rng, 20))])], n=13)
+    assert index.ngrams == 16 and index.lengths == (13,)
+    doc = f"{phrase(rng, 50)}. {item.upper()}! {phrase(rng, 50)}"
+    (m,) = find_matches(index, doc)
+    assert (m.eval_set, m.item, m.hits) == ("ev", "q0", 8)
+    assert [words(doc)[a:b] for a, b in m.spans][0] == words(item)[:13]
+    partial = f"{phrase(rng, 30)} {' '.join(item.split()[:14])} {phrase(rng, 30)}"  # 2 grams of q0
+    assert [x.hits for x in find_matches(index, partial)] == [2]
+    assert find_matches(index, partial, min_matches=3) == []
+    assert find_matches(index, doc, min_matches=8)[0].hits == 8
+    assert find_matches(index, phrase(rng, 200)) == []
+
+
+def test_short_items_are_one_gram_and_min_item_words_skips_tiny_ones():
+    index = build_index([("ev", [("long", "a b c d e f g h i j k l m n"), ("short", "Paris is the capital"),
+                                 ("tiny", "yes")])], n=13, min_item_words=2)
+    assert list(index.item_grams) == [2, 1, 0] and index.lengths == (13, 4)
+    hits = find_matches(index, "Everyone knows: paris IS the capital, of France. Yes.", min_matches=5)
+    assert [(m.item, m.hits) for m in hits] == [("short", 1)]  # an item of 1 gram needs only 1 hit
+    assert find_matches(index, "paris is a capital") == []
+
+
+def test_index_save_and_load_round_trip(tmp_path):
+    index = build_index([("a", [("0", "one two three four"), ("1", "five six")]), ("b", [("x", "one two three four")])], n=3)
+    index.save(str(tmp_path / "i.npz"))
+    back = ngrams.NgramIndex.load(str(tmp_path / "i.npz"))
+    doc = "zero one two three four five six"
+    assert find_matches(back, doc) == find_matches(index, doc)
+    assert [(m.eval_set, m.item) for m in find_matches(back, doc)] == [("a", "0"), ("a", "1"), ("b", "x")]
+
+
+def test_read_eval_items_jsonl_parquet_and_text(tmp_path):
+    j = write_jsonl(tmp_path / "e.jsonl", [{"id": "a", "q": "Question one?", "choices": ["x", "y"]},
+                                           {"id": "b", "q": "Question two?", "choices": []}])
+    assert read_eval_items(j, fields=["q", "choices"], id_field="id") == [("a", "Question one?\nx\ny"),
+                                                                          ("b", "Question two?\n")]
+    assert [i for i, _ in read_eval_items(j, fields=["q"])] == ["0", "1"]
+    with pytest.raises(ValueError, match=r"e.jsonl line 1: no field 'answer'"):
+        read_eval_items(j, fields=["answer"])
+    p = str(tmp_path / "e.parquet")
+    pq.write_table(pa.table({"text": ["first item", "second item"]}), p)
+    assert read_eval_items(p) == [("0", "first item"), ("1", "second item")]
+    with pytest.raises(ValueError, match=r"e.parquet: no column\(s\) 'question'"):
+        read_eval_items(p, fields=["question"])
+    lines = tmp_path / "lines.txt"
+    lines.write_text("item one\nitem two\n\n")  # trailing blank lines are not paragraph breaks
+    assert read_eval_items(str(lines)) == [("0", "item one"), ("1", "item two")]
+    paras = tmp_path / "paras.txt"
+    paras.write_text("para one\nstill one\n\npara two\n")
+    assert read_eval_items(str(paras)) == [("0", "para one\nstill one"), ("1", "para two")]
+    assert len(read_eval_items(str(paras), split="line")) == 3
+
+
+def test_cut_text_removes_spans_with_margin_and_keeps_the_rest():
+    text = "Keep this start. " + "THE leaked eval sentence here." + " And keep this end."
+    index = build_index([("ev", [("0", "the leaked eval sentence here")])], n=13)
+    (m,) = find_matches(index, text)
+    assert cut_text(text, m.spans, margin=0) == "Keep this start.\nAnd keep this end."
+    assert cut_text(text, m.spans, margin=3) == "Keep this star\nd keep this end."
+
+
+# --------------------------------------------------------------------------------------
+# Configuration
+
+
+def test_config_parses_defaults_and_resolves_paths(tmp_path):
+    write_jsonl(tmp_path / "mmlu.jsonl", [{"text": "x"}])
+    cfg = DecontamConfig.from_dict({"eval_sets": [{"name": "mmlu", "path": "mmlu.jsonl"}]}, base_dir=str(tmp_path))
+    assert (cfg.n, cfg.policy, cfg.margin, cfg.min_matches) == (13, "drop", 200, 1)
+    assert cfg.eval_sets[0].path == str(tmp_path / "mmlu.jsonl") and cfg.eval_sets[0].format == "jsonl"
+
+
+@pytest.mark.parametrize("section, message", [
+    ({"polcy": "cut"}, r"decontaminate: unknown key\(s\) 'polcy'"),
+    ({"policy": "trim"}, r"decontaminate.policy: must be one of \('drop', 'cut'\), got 'trim'"),
+    ({"n": 0}, r"decontaminate.n: must be >= 1, got 0"),
+    ({"n": "13"}, r"decontaminate.n: expected int, got '13'"),
+    ({"min_matches": True}, r"decontaminate.min_matches: expected int, got True"),
+    ({"eval_sets": [{"name": "x", "path": "nope.jsonl"}]}, r"eval_sets\[0\].path: eval file .*nope.jsonl does not exist"),
+    ({"eval_sets": [{"name": "x"}]}, r"eval_sets\[0\].path: required"),
+    ({"eval_sets": [{"name": "x", "path": "e.jsonl", "split": "line"}]}, r"eval_sets\[0\].split: applies to text"),
+    ({"eval_sets": [{"name": "x", "path": "e.csv"}]}, r"eval_sets\[0\].format: eval file .*e.csv: cannot tell"),
+    ({"eval_sets": [{"name": "x", "path": "e.jsonl"}, {"name": "x", "path": "e.jsonl"}]}, r"names must be unique"),
+])
+def test_config_errors_name_the_key(tmp_path, section, message):
+    write_jsonl(tmp_path / "e.jsonl", [{"text": "x"}])
+    (tmp_path / "e.csv").write_text("x\n")
+    with pytest.raises(DecontamConfigError, match=message):
+        DecontamConfig.from_dict(section, base_dir=str(tmp_path))
+
+
+# --------------------------------------------------------------------------------------
+# The stage on Ray
+
+
+def planted_corpus(tmp_path, n_docs=60, seed=0):
+    """Clean documents, two eval files, and items planted in every 5th document (ground truth)."""
+    rng = np.random.default_rng(seed)
+    qa = [{"id": f"qa-{i}", "question": phrase(rng, 12), "answer": phrase(rng, 8)} for i in range(6)]
+    trivia = [phrase(rng, 25) for _ in range(6)] + ["the capital of zzland is qqville"]  # one short item
+    write_jsonl(tmp_path / "qa.jsonl", qa)
+    (tmp_path / "trivia.txt").write_text("\n".join(trivia) + "\n")
+    truth, rows = {}, []
+    for i in range(n_docs):
+        text = f"{phrase(rng, 200)}. "
+        if i % 5 == 0:  # plant one item: qa items span both fields, trivia items as written
+            k = i // 5
+            planted = (("qa", f"qa-{k % 6}", f"{qa[k % 6]['question']}\n{qa[k % 6]['answer']}") if k % 2 == 0
+                       else ("trivia", str(k % 7), trivia[k % 7]))
+            text += planted[2].capitalize() + ". "
+            truth[f"doc-{i}"] = planted[:2]
+        text += phrase(rng, 200)
+        rows.append({"id": f"doc-{i}", "order": i, "text": text, "source": f"mem://corpus/{i % 3}.jsonl",
+                     "position": i, "lang": "en"})
+    section = {"eval_sets": [
+        {"name": "qa", "path": "qa.jsonl", "fields": ["question", "answer"], "id_field": "id"},
+        {"name": "trivia", "path": "trivia.txt"},
+    ]}
+    return rows, truth, section
+
+
+def by_id(ds):
+    return {r["id"]: r for r in ds.take_all()}
+
+
+def test_drop_finds_every_planted_item_and_removes_no_clean_document(ray_session, tmp_path):
+    rows, truth, section = planted_corpus(tmp_path)
+    cfg = DecontamConfig.from_dict(section, base_dir=str(tmp_path))
+    result = decontaminate(ray_session.data.from_items(rows), cfg, str(tmp_path / "work"))
+    removed, kept = by_id(result.removed), by_id(result.kept)
+    assert {i: (r["eval_set"], r["eval_item"]) for i, r in removed.items()} == truth
+    assert set(kept) == {r["id"] for r in rows} - set(truth)
+    assert all(r["reason"] == "contaminated" and r["matches"] >= 1 for r in removed.values())
+    assert kept["doc-1"] == rows[1]  # kept rows: every column, unchanged, nothing added
+    assert removed["doc-0"]["text"] == rows[0]["text"] and removed["doc-0"]["lang"] == "en"
+    stats = json.loads(json.dumps(result.stats))  # JSON-able
+    assert stats["documents_in"] == len(rows) and stats["documents_removed"] == len(truth)
+    found = {(s, f["item"]): [d["id"] for d in f["documents"]]
+             for s, per in stats["per_eval_set"].items() for f in per["found"]}
+    expected = {}
+    for doc, key in sorted(truth.items(), key=lambda kv: int(kv[0].split("-")[1])):
+        expected.setdefault(key, []).append(doc)
+    assert found == expected
+    assert stats["per_eval_set"]["trivia"]["items"] == 7
+    assert stats["per_eval_set"]["qa"]["documents_removed"] + stats["per_eval_set"]["trivia"]["documents_removed"] == len(truth)
+    doc0 = stats["per_eval_set"]["qa"]["found"][0]["documents"][0]
+    assert (doc0["id"], doc0["source"], doc0["position"]) == ("doc-0", "mem://corpus/0.jsonl", 0)
+
+
+def test_eval_set_records_hash_the_file_bytes(ray_session, tmp_path):
+    rows, truth, section = planted_corpus(tmp_path, n_docs=5)
+    cfg = DecontamConfig.from_dict(section, base_dir=str(tmp_path))
+    result = decontaminate(ray_session.data.from_items(rows), cfg, None)
+    records = result.stats["eval_sets"]
+    assert [r["name"] for r in records] == ["qa", "trivia"]
+    for r, name in zip(records, ("qa.jsonl", "trivia.txt")):
+        data = (tmp_path / name).read_bytes()
+        assert r["sha256"] == hashlib.sha256(data).hexdigest() and r["uri"] == str(tmp_path / name)
+        assert EvalSet.from_dict(r, name) == EvalSet(**r)  # exactly the manifest's fields
+    assert [r["items"] for r in records] == [6, 7]
+
+
+def test_cut_policy_keeps_the_rest_of_the_document(ray_session, tmp_path):
+    rows, truth, section = planted_corpus(tmp_path)
+    cfg = DecontamConfig.from_dict({**section, "policy": "cut", "margin": 0}, base_dir=str(tmp_path))
+    result = decontaminate(ray_session.data.from_items(rows), cfg, None)
+    kept = by_id(result.kept)
+    assert result.removed.count() == 0 and len(kept) == len(rows)
+    assert result.stats["documents_cut"] == len(truth)
+    index = build_index([(s.name, s.read_items()) for s in cfg.eval_sets], n=13)
+    for r in rows:
+        after = kept[r["id"]]["text"]
+        if r["id"] in truth:
+            head, tail = words(r["text"])[:200], words(r["text"])[-200:]
+            assert words(after) == head + tail  # exactly the planted item is gone
+            assert find_matches(index, after) == []
+        else:
+            assert after == r["text"]
+
+
+def test_min_matches_keeps_documents_with_too_few_hits(ray_session, tmp_path):
+    rng = np.random.default_rng(1)
+    item = phrase(rng, 40)  # 28 grams
+    write_jsonl(tmp_path / "e.jsonl", [{"text": item}])
+    part = " ".join(item.split()[:16])  # 4 grams
+    rows = [{"id": "partial", "order": 0, "text": f"{phrase(rng, 50)} {part} {phrase(rng, 50)}", "source": "s", "position": 0},
+            {"id": "whole", "order": 1, "text": f"{phrase(rng, 50)} {item} {phrase(rng, 50)}", "source": "s", "position": 1}]
+    removed = {}
+    for min_matches in (1, 4, 5, 28, 100):
+        cfg = DecontamConfig.from_dict({"eval_sets": [{"name": "e", "path": str(tmp_path / "e.jsonl")}],
+                                        "min_matches": min_matches})
+        result = decontaminate(ray_session.data.from_items(rows), cfg, None)
+        removed[min_matches] = sorted(r["id"] for r in result.removed.take_all())
+    # an item wholly present always counts: it needs min(min_matches, its 28 grams) hits
+    assert removed == {1: ["partial", "whole"], 4: ["partial", "whole"], 5: ["whole"], 28: ["whole"], 100: ["whole"]}
+
+
+def test_against_validation_split(ray_session, tmp_path):
+    rng = np.random.default_rng(2)
+    val = [{"id": f"val-{i}", "order": i, "text": phrase(rng, 60), "source": "v", "position": i} for i in range(4)]
+    train = [{"id": f"tr-{i}", "order": i, "text": phrase(rng, 80), "source": "t", "position": i} for i in range(8)]
+    train[3]["text"] += " " + " ".join(val[2]["text"].split()[10:40])  # a validation passage leaked into train
+    cfg = DecontamConfig.from_dict({})
+    data = ray_session.data
+    result = decontaminate_against_docs(data.from_items(train), data.from_items(val), cfg)
+    (gone,) = result.removed.take_all()
+    assert (gone["id"], gone["eval_set"], gone["eval_item"], gone["matches"]) == ("tr-3", "validation", "val-2", 18)
+    assert result.kept.count() == 7
+    record = result.stats["eval_sets"][0]
+    assert record["uri"] == "split:validation" and record["items"] == 4
+    again = decontaminate_against_docs(data.from_items(train), data.from_items(val[::-1]), cfg)
+    assert again.stats == result.stats  # input order does not matter
+
+
+def test_rerun_is_deterministic_and_reuses_the_cached_index(ray_session, tmp_path):
+    rows, truth, section = planted_corpus(tmp_path, n_docs=30)
+    cfg = DecontamConfig.from_dict(section, base_dir=str(tmp_path))
+    work = str(tmp_path / "work")
+    first = decontaminate(ray_session.data.from_items(rows), cfg, work)
+    (cached,) = os.listdir(os.path.join(work, "decontam"))
+    mtime = os.path.getmtime(os.path.join(work, "decontam", cached))
+    # same documents, fewer per block: more tasks, same answer
+    second = decontaminate(ray_session.data.from_items(rows[::-1], override_num_blocks=6), cfg, work)
+    assert second.stats == first.stats
+    assert os.path.getmtime(os.path.join(work, "decontam", cached)) == mtime  # loaded, not rebuilt
+    assert by_id(second.removed) == by_id(first.removed)

@@ -1,0 +1,188 @@
+"""The fuzzy-dedup stage on Ray: planted near-duplicates found, unrelated documents kept, same
+result whatever the worker count, and the connected-components steps."""
+import random
+
+import numpy as np
+import pytest
+
+from pipeline.components import connected_components, large_star, small_star
+from pipeline.fuzzy_dedup import FuzzyDedupConfig, find_near_duplicates
+from pipeline.minhash import MinHasher, jaccard
+
+
+def _vocab(rng, n=3000):
+    return ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(3, 9))) for _ in range(n)]
+
+
+def _mutate(rng, words, vocab, n_changes):
+    """Replace ``n_changes`` words at spread-out positions (each touches up to 5 shingles)."""
+    out = list(words)
+    for pos in rng.sample(range(len(out)), n_changes):
+        out[pos] = rng.choice(vocab) + "x"  # "x" suffix: never equal to the word it replaces
+    return out
+
+
+def planted_corpus(seed=0, n_base=40, words=150):
+    """Unrelated base documents, then copies of some of them with 1-3 words changed (Jaccard
+    about 0.86-0.97) and copies of others with a fifth of the words changed (Jaccard < 0.6).
+    Returns the rows and the planted (base_id, copy_id) pairs with their exact Jaccard."""
+    rng = random.Random(seed)
+    vocab = _vocab(rng)
+    bases = [[rng.choice(vocab) for _ in range(words)] for _ in range(n_base)]
+    rows = [{"id": f"base-{i}", "text": " ".join(w).capitalize() + ".", "source": "syn"} for i, w in enumerate(bases)]
+    pairs = []
+    for i, w in enumerate(bases):
+        changes = (1, 2, 3)[i % 3] if i % 2 == 0 else words // 5
+        copies = 2 if i % 10 == 0 else 1  # some clusters of three
+        for c in range(copies):
+            rows.append({"id": f"copy-{i}-{c}", "text": " ".join(_mutate(rng, w, vocab, changes)), "source": "syn"})
+            pairs.append((f"base-{i}", f"copy-{i}-{c}"))
+    rng.shuffle(rows[n_base:])  # copies come later in input order than every base
+    for k, r in enumerate(rows):
+        r["order"] = k
+    rows.append({"id": "empty-1", "text": " ... ", "source": "syn", "order": len(rows)})
+    rows.append({"id": "empty-2", "text": "", "source": "syn", "order": len(rows)})
+    mh = MinHasher()
+    text = {r["id"]: r["text"] for r in rows}
+    sims = {p: jaccard(mh.shingles([text[p[0]]]).hashes, mh.shingles([text[p[1]]]).hashes) for p in pairs}
+    return rows, sims
+
+
+def _run(ray, rows, cfg, work_dir, cpus):
+    ctx = ray.data.DataContext.get_current()
+    old = ctx.execution_options.resource_limits
+    ctx.execution_options.resource_limits = old.copy(cpu=cpus)
+    try:
+        ds = ray.data.from_items(rows, override_num_blocks=cpus * 2)
+        res = find_near_duplicates(ds, cfg, str(work_dir))
+        kept = sorted(r["id"] for r in res.kept.take_all())
+        removed = sorted((r["id"], r["duplicate_of"], r["cluster"], r["reason"], round(r["similarity"], 9), r["source"])
+                         for r in res.removed.take_all())
+        return kept, removed, res.stats
+    finally:
+        ctx.execution_options.resource_limits = old
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    return planted_corpus()
+
+
+@pytest.fixture(scope="module")
+def one_worker(ray_session, corpus, tmp_path_factory):
+    cfg = FuzzyDedupConfig(num_partitions=1, batch_size=1000)
+    return _run(ray_session, corpus[0], cfg, tmp_path_factory.mktemp("fd1"), cpus=1)
+
+
+def test_recall_and_precision_on_planted_pairs(corpus, one_worker):
+    rows, sims = corpus
+    kept, removed, stats = one_worker
+    dup_of = {r[0]: r[1] for r in removed}
+    high = [p for p, s in sims.items() if s >= 0.85]
+    low = [p for p, s in sims.items() if s < 0.6]
+    assert len(high) >= 15 and len(low) >= 15  # the corpus plants both kinds
+    recall = sum(dup_of.get(copy) == base for base, copy in high) / len(high)
+    assert recall >= 0.95, (recall, [(p, sims[p]) for p in high if dup_of.get(p[1]) != p[0]])
+    assert all(copy in kept for _, copy in low)
+    # Survivor rule: the earliest document of each cluster is kept; every base is earliest.
+    assert all(f"base-{i}" in kept for i in range(40))
+    assert "empty-1" in kept and "empty-2" in kept  # documents without words resemble nothing
+    assert len(kept) + len(removed) == len(rows)
+    for rid, survivor, cluster, reason, sim, source in removed:
+        assert cluster == survivor and reason == "near_duplicate" and source == "syn"
+        assert sim >= 0.8  # verified Jaccard at or above the threshold
+
+
+def test_report(corpus, one_worker):
+    rows, _ = corpus
+    kept, removed, stats = one_worker
+    assert stats["documents_in"] == len(rows)
+    assert stats["documents_removed"] == len(removed)
+    assert (stats["lsh"]["bands"], stats["lsh"]["rows"], stats["lsh"]["num_perm"]) == (14, 9, 128)
+    assert 0 < stats["lsh"]["false_positive_area"] < 0.1 and 0 < stats["lsh"]["false_negative_area"] < 0.1
+    sizes = {int(k): v for k, v in stats["cluster_sizes"].items()}
+    assert sum((k - 1) * v for k, v in sizes.items()) == len(removed)
+    assert sizes.get(3, 0) >= 1  # the planted three-document clusters
+    assert stats["sample_pairs"] and all(p["similarity"] >= 0.8 for p in stats["sample_pairs"])
+    import json
+
+    json.dumps(stats)  # JSON-able
+
+
+def test_same_result_with_one_and_two_workers(ray_session, corpus, one_worker, tmp_path):
+    cfg = FuzzyDedupConfig(num_partitions=5, batch_size=7)
+    two = _run(ray_session, corpus[0], cfg, tmp_path, cpus=2)
+    assert two[0] == one_worker[0] and two[1] == one_worker[1]
+    assert two[2]["cluster_sizes"] == one_worker[2]["cluster_sizes"]
+
+
+def test_estimated_similarity_without_verification(ray_session, corpus, tmp_path):
+    rows, sims = corpus
+    cfg = FuzzyDedupConfig(verify=False, bands=9, rows=13, num_partitions=2)
+    kept, removed, stats = _run(ray_session, rows, cfg, tmp_path, cpus=2)
+    assert (stats["lsh"]["bands"], stats["lsh"]["rows"]) == (9, 13)
+    dup_of = {r[0]: r[1] for r in removed}
+    very_high = [p for p, s in sims.items() if s >= 0.93]
+    assert very_high and all(dup_of.get(c) == b for b, c in very_high)
+    assert all(0 <= r[4] <= 1 for r in removed)
+
+
+def _components_in_memory(hi, lo):
+    """Run the large-star / small-star steps in one partition (reference for the Ray version)."""
+    e = {"hi": np.asarray(hi, np.int64), "lo": np.asarray(lo, np.int64)}
+    for _ in range(50):
+        ls = large_star({"u": np.concatenate([e["hi"], e["lo"]]), "v": np.concatenate([e["lo"], e["hi"]])})
+        ss = small_star({"u": ls["hi"], "v": ls["lo"]})
+        pairs = sorted(set(zip(ss["hi"].tolist(), ss["lo"].tolist())))
+        if pairs == sorted(set(zip(e["hi"].tolist(), e["lo"].tolist()))):
+            return dict(pairs)
+        e = {"hi": np.array([p[0] for p in pairs], np.int64), "lo": np.array([p[1] for p in pairs], np.int64)}
+    raise AssertionError("no convergence")
+
+
+def _union_find(edges):
+    parent = {}
+
+    def find(x):
+        while parent.setdefault(x, x) != x:
+            x = parent[x]
+        return x
+
+    for a, b in edges:
+        ra, rb = find(a), find(b)
+        parent[max(ra, rb)] = min(ra, rb)
+    return {x: find(x) for x in parent if find(x) != x}
+
+
+def test_star_steps_find_components_of_a_long_chain_and_random_graph():
+    rng = np.random.default_rng(0)
+    chain = [(i + 1, i) for i in range(0, 200)]  # a path: worst case for plain label propagation
+    rand = [tuple(x) for x in rng.integers(0, 300, size=(250, 2)).tolist() if x[0] != x[1]]
+    for edges in (chain, rand, chain[::-1] + rand):
+        got = _components_in_memory([max(e) for e in edges], [min(e) for e in edges])
+        assert got == _union_find(edges)
+
+
+def test_connected_components_on_ray_matches_union_find(ray_session):
+    rng = np.random.default_rng(1)
+    edges = [tuple(x) for x in rng.integers(0, 500, size=(400, 2)).tolist() if x[0] != x[1]]
+    edges += [(1000 + i + 1, 1000 + i) for i in range(64)]
+    ds = ray_session.data.from_items([{"hi": max(e), "lo": min(e)} for e in edges], override_num_blocks=4)
+    got = {r["node"]: r["root"] for r in connected_components(ds, 3).take_all()}
+    assert got == _union_find(edges)
+
+
+def test_config_errors_name_the_key():
+    assert FuzzyDedupConfig.from_dict({"threshold": 0.7, "verify": False}).threshold == 0.7
+    with pytest.raises(ValueError, match="unknown key.*'treshold'"):
+        FuzzyDedupConfig.from_dict({"treshold": 0.7})
+    with pytest.raises(ValueError, match="fuzzy_dedup.threshold"):
+        FuzzyDedupConfig.from_dict({"threshold": 1.5})
+    with pytest.raises(ValueError, match="fuzzy_dedup.num_perm"):
+        FuzzyDedupConfig.from_dict({"num_perm": "128"})
+    with pytest.raises(ValueError, match="bands x rows"):
+        FuzzyDedupConfig.from_dict({"bands": 20, "rows": 10})
+    with pytest.raises(ValueError, match="both bands and rows"):
+        FuzzyDedupConfig.from_dict({"bands": 20})
+    with pytest.raises(ValueError, match="fuzzy_dedup.verify"):
+        FuzzyDedupConfig.from_dict({"verify": "yes"})

@@ -1,0 +1,261 @@
+"""The Loader: deterministic batches, exact resume, verified cache, flaky remotes, cache limits."""
+import os
+import threading
+
+import fsspec
+import numpy as np
+import pytest
+import torch
+
+from helpers import build_dataset, flip_byte
+from loader import CacheTooSmallError, Loader, ShardFetchError, samples_at
+from loader.simstore import simulated_url
+from manifests import HashMismatchError, join, read_rows
+
+
+@pytest.fixture(scope="module")
+def pub(tmp_path_factory):
+    return build_dataset(str(tmp_path_factory.mktemp("loader")))
+
+
+@pytest.fixture(scope="module")
+def rows_by_shard(pub):
+    return [read_rows(os.path.join(pub.url, s.path)) for s in pub.manifest.shards]
+
+
+def take(loader, steps):
+    out = []
+    for i, batch in enumerate(loader):
+        out.append(batch)
+        if i + 1 == steps:
+            break
+    return out
+
+
+def run(pub, cache_dir, steps=6, **kw):
+    kw.setdefault("global_batch", 8)
+    with Loader(pub.url if "url" not in kw else kw.pop("url"), cache_dir=str(cache_dir), **kw) as ld:
+        return take(ld, steps)
+
+
+def same(a, b):
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert x["step"] == y["step"]
+        for k in ("input_ids", "labels", "indices"):
+            assert torch.equal(x[k], y[k]), k
+
+
+def test_batches_are_the_rows_the_order_names_shifted_by_one(pub, rows_by_shard, tmp_path):
+    batches = run(pub, tmp_path, steps=4, seed=3, order="global")
+    for step, b in enumerate(batches):
+        assert b["step"] == step
+        assert b["indices"].tolist() == list(range(step * 8, step * 8 + 8))
+        assert b["input_ids"].dtype == torch.long and b["input_ids"].shape == (8, 16) == b["labels"].shape
+        assert b["input_ids"].is_contiguous() and b["labels"].is_contiguous()
+        shards, rows = samples_at(pub.manifest, "train", 3, "global", b["indices"].numpy())
+        want = np.stack([rows_by_shard[s][r] for s, r in zip(shards, rows)]).astype(np.int64)
+        assert np.array_equal(b["input_ids"].numpy(), want[:, :-1])
+        assert np.array_equal(b["labels"].numpy(), want[:, 1:])
+
+
+@pytest.mark.parametrize("order", ["global", "window"])
+def test_determinism_across_world_sizes_and_worker_counts(pub, tmp_path, order):
+    reference = run(pub, tmp_path / "ref", steps=5, order=order, window_shards=2, workers=1)
+    for world_size in (2, 4):
+        for workers in (1, 3):
+            per_rank = [run(pub, tmp_path / f"ws{world_size}", steps=5, order=order, window_shards=2,
+                            rank=r, world_size=world_size, workers=workers, fetch_workers=workers)
+                        for r in range(world_size)]
+            for step in range(5):
+                for k in ("input_ids", "labels", "indices"):
+                    joined = torch.cat([per_rank[r][step][k] for r in range(world_size)])
+                    assert torch.equal(joined, reference[step][k]), (world_size, workers, step, k)
+                assert all(per_rank[r][step]["input_ids"].shape[0] == 8 // world_size for r in range(world_size))
+
+
+def test_exact_resume_from_state_even_at_another_world_size(pub, tmp_path):
+    straight = run(pub, tmp_path, steps=9, seed=1)
+    with Loader(pub.url, seed=1, global_batch=8, cache_dir=str(tmp_path)) as ld:
+        first = take(ld, 4)
+        state = ld.state_dict()
+    assert state["next_index"] == 32 and state["manifest_sha256"] == pub.manifest.sha256
+    with Loader(pub.url, seed=1, global_batch=8, cache_dir=str(tmp_path)) as ld:
+        ld.load_state_dict(state)
+        rest = take(ld, 5)
+    same(first + rest, straight)
+    # Elastic: resume the same state on 2 ranks; together they serve the same samples.
+    halves = []
+    for r in range(2):
+        with Loader(pub.url, seed=1, global_batch=8, rank=r, world_size=2, cache_dir=str(tmp_path)) as ld:
+            ld.load_state_dict(state)
+            halves.append(take(ld, 5))
+    for step in range(5):
+        assert torch.equal(torch.cat([halves[0][step]["input_ids"], halves[1][step]["input_ids"]]), rest[step]["input_ids"])
+
+
+def test_load_state_dict_mid_iteration_restarts_from_the_new_index(pub, tmp_path):
+    straight = run(pub, tmp_path, steps=6, seed=2)
+    with Loader(pub.url, seed=2, global_batch=8, cache_dir=str(tmp_path)) as ld:
+        it = iter(ld)
+        next(it), next(it), next(it)
+        ld.load_state_dict({"next_index": 8})
+        again = [next(it) for _ in range(5)]
+    same(again, straight[1:6])
+
+
+def test_start_index_and_resume_state_refuse_a_different_order(pub, tmp_path):
+    straight = run(pub, tmp_path, steps=4, seed=4)
+    same(run(pub, tmp_path, steps=2, seed=4, start_index=16), straight[2:4])
+    with Loader(pub.url, seed=4, global_batch=8, cache_dir=str(tmp_path)) as ld:
+        with pytest.raises(ValueError, match="seed is 5 in the saved state but 4"):
+            ld.load_state_dict({**ld.state_dict(), "seed": 5})
+        with pytest.raises(ValueError, match="manifest_sha256"):
+            ld.load_state_dict({**ld.state_dict(), "manifest_sha256": "0" * 64})
+
+
+@pytest.mark.parametrize("order", ["global", "window", "sequential"])
+def test_one_epoch_visits_every_row_exactly_once(pub, tmp_path, order):
+    n = sum(s.rows for s in pub.manifest.shards_of("train"))  # 120 = 15 batches of 8
+    with Loader(pub.url, order=order, window_shards=2, global_batch=8, epochs=1, cache_dir=str(tmp_path)) as ld:
+        batches = list(ld)
+    assert len(batches) == n // 8
+    seen = np.concatenate([b["input_ids"][:, :2].numpy() for b in batches])  # (shard + 1, row) markers
+    assert len({tuple(x) for x in seen.tolist()}) == n
+
+
+def test_validation_split_sequential_order(pub, rows_by_shard, tmp_path):
+    with Loader(pub.url, split="validation", order="sequential", global_batch=4, epochs=1, cache_dir=str(tmp_path)) as ld:
+        batches = list(ld)
+    val = [i for i, s in enumerate(pub.manifest.shards) if s.split == "validation"][0]
+    got = np.concatenate([b["input_ids"].numpy() for b in batches])
+    assert np.array_equal(got, rows_by_shard[val][:, :-1].astype(np.int64))
+
+
+def test_metrics_count_hits_misses_and_bytes(pub, tmp_path):
+    with Loader(pub.url, global_batch=8, cache_dir=str(tmp_path)) as ld:
+        metrics = []
+        for batch in take_iter(ld, 4):
+            metrics.append(dict(ld.last_metrics))
+    train_bytes = sum(s.bytes for s in pub.manifest.shards_of("train"))
+    assert sum(m["bytes_downloaded"] for m in metrics) == train_bytes
+    assert sum(m["cache_misses"] for m in metrics) == 3
+    assert all(m["input_wait_s"] >= 0 for m in metrics) and metrics[0]["step"] == 0
+    with Loader(pub.url, global_batch=8, cache_dir=str(tmp_path)) as ld:  # warm
+        take(ld, 1)
+        assert ld.last_metrics["cache_misses"] == 0 and ld.last_metrics["bytes_downloaded"] == 0
+        assert ld.last_metrics["cache_hits"] >= 1
+
+
+def take_iter(ld, steps):
+    for i, b in enumerate(ld):
+        yield b
+        if i + 1 == steps:
+            return
+
+
+def test_a_corrupted_cached_shard_is_detected_and_fetched_again(pub, tmp_path):
+    clean = run(pub, tmp_path / "clean", steps=6)
+    cache = tmp_path / "cache"
+    run(pub, cache, steps=6)
+    cached = sorted(p for p in os.listdir(cache) if p.endswith(".arrow"))
+    assert len(cached) == 3
+    for name in cached:
+        flip_byte(str(cache / name))
+    with Loader(pub.url, global_batch=8, cache_dir=str(cache)) as ld:
+        again = []
+        misses = 0
+        for b in take_iter(ld, 6):
+            again.append(b)
+            misses += ld.last_metrics["cache_misses"]
+    same(again, clean)
+    assert misses == 3  # every corrupted shard was re-fetched
+    from manifests import sha256_file
+    by_raw = {s.raw_sha256 for s in pub.manifest.shards}
+    for name in cached:
+        assert sha256_file(str(cache / name))[0] == name[: -len(".arrow")] and name[:-6] in by_raw
+
+
+def test_a_remote_failing_30_percent_of_requests_yields_identical_batches(pub, tmp_path):
+    clean = run(pub, tmp_path / "clean", steps=8, order="window", window_shards=1)
+    opts = {"fail_rate": 0.3, "corrupt_rate": 0.1, "seed": 7}
+    flaky = run(pub, tmp_path / "flaky", steps=8, order="window", window_shards=1, url=simulated_url(pub.url),
+                storage_options=opts, retries=12, backoff_s=0.001)
+    same(flaky, clean)
+    fs = fsspec.filesystem("gmsim", **opts)
+    assert fs.failures + fs.corruptions > 0 and fs.requests > 3
+
+
+def test_a_shard_that_keeps_failing_stops_the_run_naming_it(tmp_path):
+    bad = build_dataset(str(tmp_path / "ds"))
+    victim = bad.manifest.shards[1]
+    flip_byte(os.path.join(bad.url, victim.path))
+    with Loader(bad.url, global_batch=8, order="sequential", retries=2, backoff_s=0.0,
+                cache_dir=str(tmp_path / "cache")) as ld:
+        with pytest.raises(ShardFetchError, match=f"shard {victim.path} .* failed 2 attempts.*sha256 mismatch"):
+            list(take_iter(ld, 20))
+    assert not [p for p in os.listdir(tmp_path / "cache") if p.startswith(victim.raw_sha256) and ".arrow" in p]
+
+
+def test_cache_limit_is_respected_with_eviction(pub, tmp_path):
+    shards = pub.manifest.shards_of("train")
+    limit = sum(sorted(s.raw_bytes for s in shards)[-2:])  # two windows of one shard, not all three
+    sizes = []
+    with Loader(pub.url, order="window", window_shards=1, global_batch=8, prefetch=2, epochs=3,
+                cache_dir=str(tmp_path), cache_limit_bytes=limit) as ld:
+        downloaded = 0
+        for _ in ld:
+            sizes.append(ld.cache.cached_bytes())
+            downloaded += ld.last_metrics["bytes_downloaded"]
+    assert len(sizes) == 3 * 120 // 8
+    assert max(sizes) <= limit
+    assert downloaded > sum(s.bytes for s in shards)  # something was evicted and fetched again
+
+
+def test_a_cache_limit_too_small_for_the_order_is_refused_at_start(pub, tmp_path):
+    big = max(s.raw_bytes for s in pub.manifest.shards_of("train"))
+    with pytest.raises(CacheTooSmallError, match=r"too small for order='window' \(window_shards=1\).*up to 2 shards"):
+        Loader(pub.url, order="window", window_shards=1, global_batch=8, prefetch=2, cache_dir=str(tmp_path),
+               cache_limit_bytes=big)
+    with pytest.raises(CacheTooSmallError, match="order='global'"):
+        Loader(pub.url, order="global", global_batch=8, cache_dir=str(tmp_path), cache_limit_bytes=2 * big)
+
+
+def test_the_manifest_hash_pin_is_enforced(pub, tmp_path):
+    with pytest.raises(HashMismatchError, match="pinned by the caller"):
+        Loader(pub.url, cache_dir=str(tmp_path), expected_sha256="f" * 64)
+    assert run(pub, tmp_path, steps=1, expected_sha256=pub.manifest.sha256)[0]["step"] == 0
+
+
+def test_ranks_sharing_a_cache_download_each_shard_once(pub, tmp_path):
+    opts = {"latency_s": 0.02, "seed": 99}
+    downloaded, errors = [], []
+
+    def rank(r):
+        try:
+            with Loader(simulated_url(pub.url), storage_options=opts, rank=r, world_size=4, global_batch=8,
+                        cache_dir=str(tmp_path)) as ld:
+                for _ in take_iter(ld, 3):
+                    downloaded.append(ld.last_metrics["bytes_downloaded"])
+        except Exception as e:  # surfaced below
+            errors.append(e)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(4)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert not errors
+    # Every rank needs all three shards in three steps, yet each crossed the network once.
+    assert sum(downloaded) == sum(s.bytes for s in pub.manifest.shards_of("train"))
+
+
+def test_bad_configuration_is_refused_with_the_value(pub, tmp_path):
+    with pytest.raises(ValueError, match="global_batch 10 is not divisible by world_size 4"):
+        Loader(pub.url, global_batch=10, world_size=4, cache_dir=str(tmp_path))
+    with pytest.raises(ValueError, match="rank 4 is outside world_size 4"):
+        Loader(pub.url, global_batch=8, rank=4, world_size=4, cache_dir=str(tmp_path))
+
+
+def test_manifest_through_fsspec_url_and_published_object(pub, tmp_path):
+    a = run(pub, tmp_path, steps=2, url=join("file://" + pub.url))
+    b = run(pub, tmp_path, steps=2, url=pub)
+    same(a, b)

@@ -1,0 +1,232 @@
+"""The trainer end to end on CPU with gloo: real torchrun subprocesses, a tiny model, a few steps.
+
+Tolerances: runs on one process are compared bitwise (fp32, same op order); runs at a different
+world size are compared to 1e-5 relative, the float reordering of a sum over two ranks.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from helpers import build_dataset, flip_byte, write_tokenizer
+from manifests import DatasetBuilder, Input, ManifestStore
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+JOB = os.path.join(ROOT, "configs", "train-tiny.yaml")
+LOADER = "test_trainer_stub_loader:StubLoader"
+STEPS = 12
+REL_TOL = 1e-5
+
+pytestmark = pytest.mark.slow
+
+
+# -- helpers --------------------------------------------------------------------------------
+def build_learnable(root: str, vocab: int = 64, seq_len: int = 16) -> str:
+    """A dataset a tiny model can learn in a few steps: each row counts up by 1 or 2 from a random start."""
+    rng = np.random.default_rng(0)
+    tok = write_tokenizer(os.path.join(root, "tokenizer.json"), vocab)
+    b = DatasetBuilder(os.path.join(root, "staging"), dataset="count", seq_len=seq_len, tokenizer_json=tok,
+                       vocab_size=vocab, eos_id=0)
+    doc = {k: [] for k in ("shard", "row", "start", "length", "doc_id", "source", "position", "lang")}
+    for split, sizes in (("train", (48, 48)), ("validation", (16,))):
+        for n in sizes:
+            start = rng.integers(1, vocab, size=(n, 1))
+            stride = rng.integers(1, 3, size=(n, 1))
+            rows = (start + stride * np.arange(seq_len + 1)) % (vocab - 1) + 1
+            shard = len(b.shards)
+            b.add_shard(split, rows)
+            for r in range(n):
+                for k, v in zip(doc, (shard, r, 0, seq_len + 1, f"doc-{shard}-{r}", "mem://count", r, "en")):
+                    doc[k].append(v)
+    b.set_doc_index(pa.table(doc))
+    m = b.manifest(inputs=[Input("mem://count", 1, "0" * 64)], config={"count": True}, code_version="test", stats={})
+    return ManifestStore(os.path.join(root, "store")).publish(m, b.dir).url
+
+
+def train(manifest: str, run_dir: str, *sets: str, nproc: int = 1, extra=(), env=None, check=True,
+          popen=False):
+    """Run ``python -m trainer`` (or torchrun with ``nproc`` processes) on the tiny job."""
+    launcher = [sys.executable, "-m", "trainer"] if nproc == 1 else \
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m", "trainer"]
+    args = ["--set", f"data.manifest={manifest}", "--set", f"run.dir={run_dir}", "--set", f"data.loader={LOADER}",
+            "--set", f"run.steps={STEPS}", "--set", "checkpoint.every=4", "--set", "eval.every=6",
+            "--set", "run.tensorboard=false"]
+    for s in sets:
+        args += ["--set", s]
+    full_env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.join(ROOT, "tests"), ROOT]),
+                "OMP_NUM_THREADS": "1", **(env or {})}
+    cmd = launcher + [JOB] + args + list(extra)
+    if popen:
+        return subprocess.Popen(cmd, env=full_env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, start_new_session=True)
+    proc = subprocess.run(cmd, env=full_env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"trainer failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
+    return proc
+
+
+def records(run_dir: str, kind: str = "train") -> dict[int, dict]:
+    """The last record of each step (a resumed run appends; later lines win)."""
+    out = {}
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        for line in f:
+            r = json.loads(line)
+            if r["kind"] == kind:
+                out[r["step"]] = r
+    return out
+
+
+def losses(run_dir: str) -> list[float]:
+    return [r["loss"] for _, r in sorted(records(run_dir).items())]
+
+
+def samples(run_dir: str) -> list[tuple[int, list[int]]]:
+    with open(os.path.join(run_dir, "samples.jsonl")) as f:
+        return [(r["step"], r["indices"]) for r in map(json.loads, f)]
+
+
+def meta(run_dir: str, step: int) -> dict:
+    with open(os.path.join(run_dir, "checkpoints", f"step-{step}", "meta.json")) as f:
+        return json.load(f)
+
+
+def assert_close(a: list[float], b: list[float]) -> None:
+    assert len(a) == len(b)
+    np.testing.assert_allclose(a, b, rtol=REL_TOL, atol=0)
+
+
+# -- fixtures -------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return build_learnable(str(tmp_path_factory.mktemp("count")))
+
+
+@pytest.fixture(scope="module")
+def reference(data, tmp_path_factory):
+    """One uninterrupted single-process run of STEPS steps: what every other run is compared to."""
+    run_dir = str(tmp_path_factory.mktemp("reference"))
+    train(data, run_dir)
+    return run_dir
+
+
+# -- tests ----------------------------------------------------------------------------------
+def test_loss_falls_and_everything_is_recorded(reference, data):
+    train_loss = losses(reference)
+    assert len(train_loss) == STEPS
+    assert np.mean(train_loss[-3:]) < np.mean(train_loss[:3]) - 0.5
+    val = records(reference, "eval")
+    assert sorted(val) == [6, 12] and val[12]["val_loss"] < val[6]["val_loss"]
+    last = records(reference)[STEPS]
+    for key in ("grad_norm", "lr", "tokens_per_s", "input_wait_s", "input_wait_pct", "rank_step_s"):
+        assert key in last
+    assert last["mfu"] is None  # a CPU is not in the peak table: no guessed MFU
+    # step n consumed global sample indices [(n-1)*B, n*B)
+    assert samples(reference) == [(n, list(range((n - 1) * 8, n * 8))) for n in range(1, STEPS + 1)]
+    m = meta(reference, STEPS)
+    assert m["step"] == STEPS and m["tokens_seen"] == STEPS * 8 * 16 and m["world_size"] == 1
+    assert m["loader"]["next_index"] == STEPS * 8 and m["data"]["manifest_url"] == data
+    assert m["job"]["data"]["manifest"] == data and len(m["rng"]) == 1 and m["files"]
+    assert sorted(os.listdir(os.path.join(reference, "checkpoints"))) == ["step-12", "step-8"]  # keep: 2
+
+
+def test_two_processes_match_one_process(reference, data, tmp_path):
+    # 2 ranks x 2 micro-batches of 2 (gradient accumulation, sync on the last) vs 1 rank x 8.
+    run_dir = str(tmp_path / "two")
+    train(data, run_dir, "data.micro_batch=2", nproc=2)
+    assert_close(losses(run_dir), losses(reference))
+    assert samples(run_dir) == samples(reference)
+    assert meta(run_dir, STEPS)["world_size"] == 2 and len(meta(run_dir, STEPS)["rng"]) == 2
+
+
+def test_interrupt_and_resume_is_bitwise(reference, data, tmp_path):
+    run_dir = str(tmp_path / "resumed")
+    train(data, run_dir, extra=["--stop-after-step", "5"])
+    assert sorted(os.listdir(os.path.join(run_dir, "checkpoints"))) == ["step-4", "step-5"]
+    out = train(data, run_dir)
+    assert "resumed from" in out.stderr and "step-5" in out.stderr
+    assert losses(run_dir) == losses(reference)  # bitwise: fp32 on one process
+    assert samples(run_dir) == samples(reference)
+    assert meta(run_dir, STEPS)["resumed_from"].endswith("step-5")
+
+
+def test_kill_during_checkpoint_save_resumes_from_previous(reference, data, tmp_path):
+    run_dir = str(tmp_path / "killed")
+    proc = train(data, run_dir, env={"GRISTMILL_FAULTS": "hang_before_commit@8"}, popen=True)
+    marker = os.path.join(run_dir, "HANGING-hang_before_commit-8")
+    deadline = time.monotonic() + 120
+    while not os.path.exists(marker):
+        assert proc.poll() is None, proc.stdout.read()
+        assert time.monotonic() < deadline, "the trainer never reached the step-8 save"
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    ckpts = sorted(os.listdir(os.path.join(run_dir, "checkpoints")))
+    assert ckpts == [".tmp-step-8", "step-4"]  # the half-written save never looks committed
+    out = train(data, run_dir)
+    assert "step-4" in out.stderr
+    assert sorted(os.listdir(os.path.join(run_dir, "checkpoints"))) == ["step-12", "step-8"]
+    assert losses(run_dir) == losses(reference)
+    assert samples(run_dir) == samples(reference)
+
+
+def test_corrupt_newest_checkpoint_falls_back_to_previous(reference, tmp_path):
+    from trainer.checkpoint import find_resumable
+
+    run_dir = str(tmp_path / "corrupt")
+    shutil.copytree(reference, run_dir)
+    flip_byte(os.path.join(run_dir, "checkpoints", "step-12", "__0_0.distcp"))
+    path, passed_over = find_resumable(run_dir)
+    assert path.endswith("step-8")
+    assert len(passed_over) == 1 and "step-12" in passed_over[0] and "__0_0.distcp: sha256" in passed_over[0]
+
+
+def test_resume_at_world_size_two_to_one_continues_the_sample_order(reference, data, tmp_path):
+    run_dir = str(tmp_path / "ws")
+    # The 2-rank half also exercises async checkpoints: its step-6 save is committed after the fact.
+    train(data, run_dir, "checkpoint.async_save=true", "checkpoint.every=3", nproc=2, extra=["--stop-after-step", "6"])
+    assert meta(run_dir, 6)["world_size"] == 2
+    out = train(data, run_dir)
+    assert "step-6" in out.stderr and "world size 2 -> 1" in out.stderr
+    assert samples(run_dir) == samples(reference)
+    assert_close(losses(run_dir), losses(reference))
+    assert meta(run_dir, STEPS)["world_size"] == 1
+
+
+def test_mismatched_manifest_is_refused_unless_overridden(reference, tmp_path):
+    other = build_dataset(str(tmp_path / "other"), vocab_size=64, seed=3).url
+    run_dir = str(tmp_path / "mismatch")
+    shutil.copytree(reference, run_dir)
+    ref_sha = meta(reference, STEPS)["data"]["manifest_sha256"]
+    refused = train(other, run_dir, f"run.steps={STEPS + 2}", check=False)
+    assert refused.returncode == 2
+    assert ref_sha in refused.stderr and "--allow-manifest-change" in refused.stderr
+    assert sorted(os.listdir(os.path.join(run_dir, "checkpoints"))) == ["step-12", "step-8"]  # untouched
+
+    train(other, run_dir, f"run.steps={STEPS + 2}", extra=["--allow-manifest-change"])
+    changes = meta(run_dir, STEPS + 2)["manifest_changes"]
+    assert len(changes) == 1 and changes[0]["from_sha256"] == ref_sha and changes[0]["step"] == STEPS
+    assert changes[0]["to_url"] == other
+
+
+def test_non_finite_steps_are_skipped_then_stop_the_run(data, tmp_path):
+    run_dir = str(tmp_path / "nan")
+    train(data, run_dir, "eval.every=0", env={"GRISTMILL_FAULTS": "nan_loss@3"})
+    recs = records(run_dir)
+    assert recs[3]["skipped"] and recs[3]["skipped_total"] == 1 and not recs[4]["skipped"]
+    assert all(np.isfinite(r["loss"]) for s, r in recs.items() if s != 3)
+    assert meta(run_dir, STEPS)["bad_steps"]["skipped_total"] == 1
+
+    run_dir = str(tmp_path / "nan-stop")
+    failed = train(data, run_dir, "optimizer.max_bad_steps=3", "eval.every=0",
+                   env={"GRISTMILL_FAULTS": "nan_loss@2,nan_loss@3,nan_loss@4"}, check=False)
+    assert failed.returncode == 2
+    assert "3 consecutive steps (up to step 4)" in failed.stderr and "max_bad_steps=3" in failed.stderr

@@ -1,0 +1,6 @@
+"""``python -m trainer JOB.yaml`` / ``torchrun --nproc_per_node N -m trainer JOB.yaml``."""
+import sys
+
+from .train import main
+
+sys.exit(main())

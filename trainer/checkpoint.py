@@ -1,0 +1,305 @@
+"""Checkpoints: DCP shards plus a ``meta.json`` that ties the weights to the exact data they saw.
+
+Layout (docs/trainer.md has every field)::
+
+    <run_dir>/checkpoints/step-<N>/       committed: N optimizer steps done
+        .metadata, __<rank>_0.distcp      torch.distributed.checkpoint files (model + optimizer)
+        meta.json                         step, data manifest, loader state, RNG, config, sha256 of files
+    <run_dir>/checkpoints/.tmp-step-<N>/  being written; never read
+
+A save writes everything under the temporary name; rank 0 hashes the files and writes meta.json
+only after a barrier proves every rank finished, then renames the directory. A crash at any point
+before the rename leaves only a ``.tmp-`` directory, which resume ignores and the next start
+deletes. Resume walks committed checkpoints newest first and takes the first whose files all
+match meta.json.
+"""
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import json
+import logging
+import os
+import random
+import re
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from importlib import metadata
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+from manifests import code_version, sha256_file
+from manifests.shards import atomic_write
+
+from . import faults
+
+log = logging.getLogger("gristmill.trainer")
+
+FORMAT = "gristmill-checkpoint-v1"
+META_FILE = "meta.json"
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+TMP_PREFIX = ".tmp-"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint cannot be used: names the directory and what is wrong with it."""
+
+
+# -- paths ----------------------------------------------------------------------------------
+def checkpoints_dir(run_dir: str) -> str:
+    return os.path.join(run_dir, "checkpoints")
+
+
+def step_dir(run_dir: str, step: int) -> str:
+    return os.path.join(checkpoints_dir(run_dir), f"step-{step}")
+
+
+def committed(run_dir: str) -> list[tuple[int, str]]:
+    """(step, path) of every committed checkpoint, oldest first."""
+    root = checkpoints_dir(run_dir)
+    if not os.path.isdir(root):
+        return []
+    found = [(int(m.group(1)), os.path.join(root, name)) for name in os.listdir(root) if (m := _STEP_DIR.match(name))]
+    return sorted(found)
+
+
+# -- RNG ------------------------------------------------------------------------------------
+def _bytes_b64(t: torch.Tensor) -> str:
+    return base64.b64encode(t.numpy().tobytes()).decode()
+
+
+def _b64_bytes(s: str) -> torch.Tensor:
+    return torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8)
+
+
+def rng_state() -> dict:
+    """This rank's Python, NumPy, torch CPU and (when present) CUDA generator states, as plain JSON
+    (no pickle: a checkpoint's metadata must be safe to read)."""
+    version, internal, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {"python": [version, list(internal), gauss],
+             "numpy": [kind, keys.tolist(), int(pos), int(has_gauss), float(cached)],
+             "torch": _bytes_b64(torch.get_rng_state())}
+    if torch.cuda.is_available():
+        state["cuda"] = _bytes_b64(torch.cuda.get_rng_state())
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(_b64_bytes(state["torch"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(_b64_bytes(state["cuda"]))
+
+
+# -- metadata -------------------------------------------------------------------------------
+def library_versions() -> dict:
+    out = {"python": sys.version.split()[0], "torch": torch.__version__, "numpy": np.__version__}
+    for name in ("pyarrow", "gristmill", "flash-attn"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def file_checksums(directory: str) -> dict[str, dict]:
+    """sha256 and size of every file under ``directory`` except meta.json, by relative path."""
+    out = {}
+    for root, _, names in os.walk(directory):
+        for name in names:
+            path = os.path.join(root, name)
+            rel = os.path.relpath(path, directory).replace(os.sep, "/")
+            if rel == META_FILE:
+                continue
+            sha, size = sha256_file(path)
+            out[rel] = {"sha256": sha, "bytes": size}
+    return dict(sorted(out.items()))
+
+
+def read_meta(path: str) -> dict:
+    meta_path = os.path.join(path, META_FILE)
+    try:
+        with open(meta_path) as f:
+            meta = json.load(f)
+    except FileNotFoundError as e:
+        raise CheckpointError(f"{path}: no {META_FILE}") from e
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{meta_path}: not valid JSON: {e}") from e
+    if meta.get("format") != FORMAT:
+        raise CheckpointError(f"{meta_path}: format is {meta.get('format')!r}, expected {FORMAT!r}")
+    return meta
+
+
+def verify(path: str) -> list[str]:
+    """Problems with a committed checkpoint (empty when every file matches its recorded sha256)."""
+    try:
+        meta = read_meta(path)
+    except CheckpointError as e:
+        return [str(e)]
+    recorded = meta.get("files", {})
+    problems = []
+    actual = file_checksums(path)
+    for rel, want in recorded.items():
+        got = actual.get(rel)
+        if got is None:
+            problems.append(f"{path}/{rel}: missing")
+        elif got["sha256"] != want["sha256"]:
+            problems.append(f"{path}/{rel}: sha256 {got['sha256']} does not match meta.json's {want['sha256']}")
+    problems += [f"{path}/{rel}: not listed in meta.json" for rel in sorted(set(actual) - set(recorded))]
+    if not recorded:
+        problems.append(f"{path}: meta.json lists no files")
+    return problems
+
+
+def find_resumable(run_dir: str) -> tuple[str | None, list[str]]:
+    """The newest committed checkpoint that verifies, and why any newer ones were passed over."""
+    passed_over = []
+    for step, path in reversed(committed(run_dir)):
+        problems = verify(path)
+        if not problems:
+            return path, passed_over
+        passed_over.append(f"step-{step}: " + "; ".join(problems[:3]))
+    return None, passed_over
+
+
+# -- save -----------------------------------------------------------------------------------
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def app_state(model, optimizer) -> dict:
+    """The DCP state: sharded model and optimizer, resharded automatically on load."""
+    return {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, optimizer)}
+
+
+@dataclass
+class PendingSave:
+    """An asynchronous save in flight: committed once every rank's write has finished."""
+
+    step: int
+    tmp: str
+    meta: dict
+    future: object
+    started: float
+
+
+class Checkpointer:
+    """Saves, prunes and restores the checkpoints of one run. Collective: every rank calls it."""
+
+    def __init__(self, run_dir: str, *, keep: int, async_save: bool, rank: int, world_size: int,
+                 device: torch.device):
+        self.run_dir, self.keep, self.async_save = run_dir, keep, async_save
+        self.rank, self.world_size, self.device = rank, world_size, device
+        self.pending: PendingSave | None = None
+        # Async writes run collectives from a background thread: give them their own gloo group so
+        # they never interleave with the training step's collectives.
+        self._async_group = dist.new_group(backend="gloo") if async_save else None
+        if rank == 0:
+            self._remove_stale_tmp()
+        dist.barrier()
+
+    def _remove_stale_tmp(self) -> None:
+        root = checkpoints_dir(self.run_dir)
+        if os.path.isdir(root):
+            for name in os.listdir(root):
+                if name.startswith(TMP_PREFIX):  # an interrupted save: never valid
+                    log.info("removing interrupted checkpoint %s", name)
+                    shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+
+    def save(self, step: int, model, optimizer, meta: dict) -> float:
+        """Write step ``step``; synchronous saves are committed before this returns. Returns the
+        seconds training was blocked (the whole save, or only the staging copy when async)."""
+        self.wait()  # one save in flight at a time
+        started = time.perf_counter()
+        tmp = os.path.join(checkpoints_dir(self.run_dir), f"{TMP_PREFIX}step-{step}")
+        if self.rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            os.makedirs(tmp)
+        dist.barrier()
+        rngs = [None] * self.world_size
+        dist.all_gather_object(rngs, rng_state())
+        meta = {**meta, "rng": rngs}
+        state = app_state(model, optimizer)
+        if self.async_save:
+            future = dcp.async_save(state, checkpoint_id=tmp, process_group=self._async_group)
+            self.pending = PendingSave(step, tmp, meta, future, started)
+            return time.perf_counter() - started
+        dcp.save(state, checkpoint_id=tmp)
+        dist.barrier()  # every rank's shards are on disk
+        self._commit(step, tmp, meta, started)
+        return time.perf_counter() - started
+
+    def poll(self) -> None:
+        """Commit a finished async save. Collective (one tiny all-reduce) while a save is pending."""
+        if self.pending is None:
+            return
+        done = torch.tensor([int(self.pending.future.done())], device=self.device)
+        dist.all_reduce(done, op=dist.ReduceOp.MIN)  # on the training group, not the one writing
+        if done.item():
+            self.wait()
+
+    def wait(self) -> None:
+        """Block until an async save in flight is written by every rank, then commit it."""
+        if self.pending is None:
+            return
+        p, self.pending = self.pending, None
+        p.future.result()
+        dist.barrier()
+        self._commit(p.step, p.tmp, p.meta, p.started)
+
+    def _commit(self, step: int, tmp: str, meta: dict, started: float) -> None:
+        final = step_dir(self.run_dir, step)
+        if self.rank == 0:
+            meta = {**meta, "files": file_checksums(tmp), "save_seconds": round(time.perf_counter() - started, 3),
+                    "created_at": dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat()}
+            atomic_write(os.path.join(tmp, META_FILE), (json.dumps(meta, indent=1, sort_keys=True) + "\n").encode())
+            _fsync_dir(tmp)
+            faults.maybe_hang("hang_before_commit", step, tmp)
+            if os.path.exists(final):  # a re-run of the same step (e.g. after a resume): replace it
+                shutil.rmtree(final)
+            os.rename(tmp, final)  # the commit: a directory named step-<N> is always complete
+            _fsync_dir(os.path.dirname(final))
+            self._prune()
+        dist.barrier()
+
+    def _prune(self) -> None:
+        for _, path in committed(self.run_dir)[: -self.keep]:
+            shutil.rmtree(path, ignore_errors=True)
+
+    # -- restore --------------------------------------------------------------------------------
+    def latest(self) -> tuple[str | None, dict | None]:
+        """Rank 0 picks the newest checkpoint that verifies; every rank gets its path and meta."""
+        choice = [None, None]
+        if self.rank == 0:
+            path, passed_over = find_resumable(self.run_dir)
+            for reason in passed_over:
+                log.warning("not resuming from %s", reason)
+            choice = [path, read_meta(path) if path else None]
+        dist.broadcast_object_list(choice, src=0)
+        return choice[0], choice[1]
+
+    def load(self, path: str, model, optimizer) -> None:
+        """Load model and optimizer state; DCP reshards when the world size changed."""
+        state = app_state(model, optimizer)
+        dcp.load(state, checkpoint_id=path)
+        set_model_state_dict(model, state["model"])
+        set_optimizer_state_dict(model, optimizer, state["optimizer"])

@@ -1,0 +1,36 @@
+"""``gristmill train JOB.yaml``. Several processes: run it under torchrun, e.g.
+``torchrun --nproc_per_node 8 $(which gristmill) train configs/train-1b.yaml``
+(or ``torchrun --nproc_per_node 8 -m trainer configs/train-1b.yaml``)."""
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("job", help="train job YAML (see configs/)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override a job field, e.g. --set run.steps=10 (repeatable)")
+    p.add_argument("--stop-after-step", type=int, help="checkpoint and exit after this step (a time-sliced job)")
+    p.add_argument("--allow-manifest-change", action="store_true",
+                   help="resume a checkpoint onto a data manifest with a different hash (recorded in meta.json)")
+
+
+def register(sub) -> None:
+    p = sub.add_parser("train", help="pretrain a decoder-only model on a published manifest (FSDP2, under torchrun)")
+    add_arguments(p)
+    p.set_defaults(handler=_train)
+
+
+def _train(args) -> int:
+    import logging
+
+    from gristmill.cli import UsageError
+
+    from .config import ConfigError
+    from .train import TrainingError, run
+
+    logging.getLogger("gristmill.trainer").setLevel(logging.INFO)
+    try:
+        return run(args)
+    except (ConfigError, TrainingError) as e:
+        raise UsageError(str(e)) from e

@@ -1,0 +1,197 @@
+"""A plain Llama-style decoder: RMSNorm, rotary embeddings, SwiGLU, causal attention.
+
+Attention goes through ``F.scaled_dot_product_attention`` (its flash kernel on GPU and CPU) or,
+on GPU in bf16 when the ``flash-attn`` package is installed, through ``flash_attn_func``.
+The model is built whole on every rank from the same seed, then sharded by
+``trainer.parallelize``; that makes the initial weights independent of the world size.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    vocab_size: int = 512
+    dim: int = 64
+    n_layers: int = 2
+    n_heads: int = 4
+    n_kv_heads: int = 4
+    ffn_dim: int = 172
+    max_seq_len: int = 2048
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    attention: str = "sdpa"  # sdpa | flash (resolved by trainer.parallelize.resolve_attention)
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+
+# Sizes follow the Llama family's shapes (ffn ~ 8/3 * dim, rounded); vocab comes from the manifest.
+PRESETS: dict[str, ModelArgs] = {
+    "tiny": ModelArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=4, ffn_dim=172),
+    "small": ModelArgs(dim=256, n_layers=4, n_heads=4, n_kv_heads=4, ffn_dim=688),
+    "125m": ModelArgs(dim=768, n_layers=12, n_heads=12, n_kv_heads=12, ffn_dim=2048),
+    "350m": ModelArgs(dim=1024, n_layers=24, n_heads=16, n_kv_heads=16, ffn_dim=2816),
+    "1b": ModelArgs(dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, ffn_dim=8192, rope_theta=500000.0),
+    "3b": ModelArgs(dim=3072, n_layers=28, n_heads=24, n_kv_heads=8, ffn_dim=8192, rope_theta=500000.0),
+    "8b": ModelArgs(dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, ffn_dim=14336, rope_theta=500000.0),
+}
+
+
+def model_args(preset: str, vocab_size: int, max_seq_len: int, **overrides) -> ModelArgs:
+    if preset not in PRESETS:
+        raise ValueError(f"model.preset: unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
+    args = replace(PRESETS[preset], vocab_size=vocab_size, max_seq_len=max_seq_len,
+                   **{k: v for k, v in overrides.items() if v is not None})
+    if args.dim % args.n_heads or args.n_heads % args.n_kv_heads:
+        raise ValueError(f"model: dim ({args.dim}) must divide by n_heads ({args.n_heads}) and n_heads by "
+                         f"n_kv_heads ({args.n_kv_heads})")
+    return args
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        # Normalise in fp32 whatever the compute dtype: bf16 variance loses too many bits.
+        y = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)
+        return y.type_as(x) * self.weight
+
+
+def rope_tables(head_dim: int, seq_len: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    angles = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv_freq)  # (S, D/2)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate pairs (x[2i], x[2i+1]) of ``x`` (B, S, H, D) by position-dependent angles."""
+    x1, x2 = x.float().unflatten(-1, (-1, 2)).unbind(-1)
+    cos, sin = cos[None, :, None, :], sin[None, :, None, :]
+    out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
+    return out.type_as(x)
+
+
+def _flash_attn():
+    try:
+        from flash_attn import flash_attn_func
+    except ImportError:
+        return None
+    return flash_attn_func
+
+
+class Attention(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = args.n_heads, args.n_kv_heads, args.head_dim
+        self.attention = args.attention
+        self.wq = nn.Linear(args.dim, args.n_heads * args.head_dim, bias=False)
+        self.wk = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=False)
+        self.wv = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=False)
+        self.wo = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=False)
+
+    def forward(self, x, cos, sin):
+        B, S, _ = x.shape
+        q = self.wq(x).view(B, S, self.n_heads, self.head_dim)
+        k = self.wk(x).view(B, S, self.n_kv_heads, self.head_dim)
+        v = self.wv(x).view(B, S, self.n_kv_heads, self.head_dim)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if self.attention == "flash" and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16):
+            out = _flash_attn()(q, k, v, causal=True)  # (B, S, H, D); handles grouped KV heads itself
+        else:
+            repeat = self.n_heads // self.n_kv_heads
+            if repeat > 1:  # grouped-query attention: share each KV head across `repeat` query heads
+                k, v = k.repeat_interleave(repeat, dim=2), v.repeat_interleave(repeat, dim=2)
+            out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+            out = out.transpose(1, 2)
+        return self.wo(out.reshape(B, S, -1))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden, bias=False)
+        self.w3 = nn.Linear(dim, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x):
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class Block(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.attention_norm = RMSNorm(args.dim, args.norm_eps)
+        self.attention = Attention(args)
+        self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
+        self.feed_forward = FeedForward(args.dim, args.ffn_dim)
+
+    def forward(self, x, cos, sin):
+        x = x + self.attention(self.attention_norm(x), cos, sin)
+        return x + self.feed_forward(self.ffn_norm(x))
+
+
+class Transformer(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.args = args
+        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
+        # A ModuleDict keyed by layer number keeps checkpoint keys stable if layers are wrapped.
+        self.layers = nn.ModuleDict({str(i): Block(args) for i in range(args.n_layers)})
+        self.norm = RMSNorm(args.dim, args.norm_eps)
+        self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
+        cos, sin = rope_tables(args.head_dim, args.max_seq_len, args.rope_theta)
+        # Not parameters and not in the checkpoint: recomputed from args on every start.
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.init_weights()
+
+    def init_weights(self):
+        # GPT-2 / OLMo style: N(0, 0.02), residual output projections scaled by 1/sqrt(2 * layers).
+        std, out_std = 0.02, 0.02 / math.sqrt(2 * self.args.n_layers)
+        for name, p in self.named_parameters():
+            if p.dim() == 1:
+                nn.init.ones_(p)  # RMSNorm gains
+            elif name.endswith(("wo.weight", "w2.weight")):
+                nn.init.normal_(p, std=out_std)
+            else:
+                nn.init.normal_(p, std=std)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        S = tokens.shape[1]
+        if S > self.args.max_seq_len:
+            raise ValueError(f"sequence of {S} tokens is longer than the model's max_seq_len {self.args.max_seq_len}")
+        cos, sin = self.rope_cos[:S], self.rope_sin[:S]
+        h = self.tok_embeddings(tokens)
+        for layer in self.layers.values():
+            h = layer(h, cos, sin)
+        return self.output(self.norm(h))
+
+
+def count_params(args: ModelArgs) -> dict[str, int]:
+    """Parameter counts from the shapes alone (no model needed, so it works for any preset)."""
+    attn = args.dim * args.head_dim * (2 * args.n_heads + 2 * args.n_kv_heads)
+    block = attn + 3 * args.dim * args.ffn_dim + 2 * args.dim
+    embedding = args.vocab_size * args.dim
+    non_embedding = args.n_layers * block + args.dim + args.vocab_size * args.dim  # + final norm + output head
+    return {"total": non_embedding + embedding, "non_embedding": non_embedding, "embedding": embedding}
+
+
+def flops_per_token(args: ModelArgs, seq_len: int) -> float:
+    """Training FLOPs per token: 6N for the matmuls (forward + backward) plus 12*L*h*s for attention.
+
+    N counts the parameters that do matmuls (everything but the input embedding lookup), as in
+    the PaLM appendix; 12*L*h*s is the attention score and value products, forward and backward.
+    """
+    n = count_params(args)["non_embedding"]
+    return 6.0 * n + 12.0 * args.n_layers * args.dim * seq_len

@@ -1,0 +1,144 @@
+"""Small composable functions that turn a plain model into a distributed one, torchtitan-style:
+init the process group, build the device mesh, then apply activation checkpointing, compile
+and FSDP2 in that order (each wraps what the previous produced).
+"""
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+
+@dataclass(frozen=True)
+class Dist:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_distributed() -> Dist:
+    """Join the torchrun process group (NCCL on GPU, gloo on CPU); a plain ``python`` start is a
+    group of one, so the same FSDP and DCP code paths run in every test."""
+    if "RANK" not in os.environ:
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=str(_free_port()))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        backend = "nccl"
+    else:
+        device, backend = torch.device("cpu"), "gloo"
+    if not dist.is_initialized():
+        dist.init_process_group(backend=backend, device_id=device if device.type == "cuda" else None)
+    return Dist(dist.get_rank(), dist.get_world_size(), local_rank, device)
+
+
+def build_mesh(device: torch.device, world_size: int, dp_shard: int = -1) -> DeviceMesh:
+    """A 1-D FSDP mesh, or 2-D (replicate, shard) for HSDP when ``dp_shard`` < world size.
+
+    The device type is passed explicitly: with a gloo group on a machine that has CUDA, letting
+    torch guess would build a CUDA mesh over a CPU group (pytorch #132471).
+    """
+    shard = world_size if dp_shard in (-1, 0) else dp_shard
+    if world_size % shard:
+        raise ValueError(f"parallelism.dp_shard={dp_shard} does not divide the world size {world_size}")
+    if shard == world_size:
+        return init_device_mesh(device.type, (world_size,), mesh_dim_names=("dp_shard",))
+    return init_device_mesh(device.type, (world_size // shard, shard), mesh_dim_names=("dp_replicate", "dp_shard"))
+
+
+def resolve_mixed_precision(mode: str, device: torch.device) -> torch.dtype:
+    """The compute (parameter) dtype: bf16 on GPU by default, fp32 on CPU (exact tests)."""
+    if mode == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return {"bf16": torch.bfloat16, "fp32": torch.float32}[mode]
+
+
+def resolve_attention(mode: str, device: torch.device) -> str:
+    """``flash`` when asked for or (auto) when flash-attn is installed on GPU; else ``sdpa``."""
+    from .model import _flash_attn
+
+    if mode == "flash":
+        if device.type != "cuda" or _flash_attn() is None:
+            raise ValueError("parallelism.attention=flash needs a CUDA device and the flash-attn package "
+                             "(pip install flash-attn); use auto or sdpa")
+        return "flash"
+    if mode == "auto" and device.type == "cuda" and _flash_attn() is not None:
+        return "flash"
+    return "sdpa"
+
+
+# Selective activation checkpointing keeps the outputs of the expensive ops (matmuls, attention)
+# and recomputes the cheap elementwise ones (norms, rotary, SiLU) in backward.
+_SAVE_OPS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default}
+for _name in ("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+              "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_cudnn_attention"):
+    if hasattr(torch.ops.aten, _name):
+        _SAVE_OPS.add(getattr(torch.ops.aten, _name).default)
+
+
+def _selective_policy(ctx, op, *args, **kwargs):
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    return CheckpointPolicy.MUST_SAVE if op in _SAVE_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def apply_activation_checkpointing(model: nn.Module, mode: str) -> None:
+    """none | selective (recompute elementwise ops) | full (recompute each block)."""
+    if mode == "none":
+        return
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+    kwargs = {"preserve_rng_state": False}  # the model has no dropout: nothing random to replay
+    if mode == "selective":
+        kwargs["context_fn"] = partial(create_selective_checkpoint_contexts, _selective_policy)
+    elif mode != "full":
+        raise ValueError(f"parallelism.activation_checkpoint: expected none, selective or full, got {mode!r}")
+    for name, block in list(model.layers.items()):
+        model.layers[name] = checkpoint_wrapper(block, **kwargs)
+
+
+def apply_compile(model: nn.Module) -> None:
+    """Compile each block in place (``Module.compile`` keeps parameter names, so checkpoints do not
+    change); blocks share one compiled graph because they are identical."""
+    for block in model.layers.values():
+        block.compile()
+
+
+def apply_fsdp(model: nn.Module, mesh: DeviceMesh, param_dtype: torch.dtype) -> None:
+    """``fully_shard`` each block, then the root (embeddings, final norm, output head).
+
+    Gradients are reduced in fp32 whatever the compute dtype, so bf16 training sums exactly
+    enough bits across ranks.
+    """
+    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+    blocks = list(model.layers.values())
+    for i, block in enumerate(blocks):
+        # Backward starts with the last block: keeping it unsharded after forward saves an all-gather.
+        fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=i < len(blocks) - 1)
+    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
+
+
+def parallelize(model: nn.Module, mesh: DeviceMesh, *, param_dtype: torch.dtype, activation_checkpoint: str,
+                compile: bool) -> nn.Module:
+    apply_activation_checkpointing(model, activation_checkpoint)
+    if compile:
+        apply_compile(model)
+    apply_fsdp(model, mesh, param_dtype)
+    return model

@@ -1,0 +1,403 @@
+"""The training loop: ``torchrun --nproc_per_node N -m trainer.train JOB.yaml`` (or ``gristmill train``).
+
+One optimizer step n (1-based) consumes the loader's step n-1, i.e. the global sample indices
+[(n-1)*B, n*B) of the manifest's training order, split across ranks by the loader. Checkpoint
+``step-N`` therefore holds the model after samples [0, N*B) and the loader's next index N*B.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import math
+import os
+import sys
+import time
+from dataclasses import asdict
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from manifests import ManifestError, code_version, load_manifest
+
+from . import config as config_mod
+from . import faults
+from .cli import add_arguments
+from .checkpoint import Checkpointer, library_versions, set_rng_state
+from .config import JobConfig
+from .metrics import MetricsLog, device_name, format_step, mfu, peak_flops, young_daly_interval_s
+from .model import Transformer, count_params, flops_per_token, model_args
+from .parallelize import build_mesh, init_distributed, parallelize, resolve_attention, resolve_mixed_precision
+
+log = logging.getLogger("gristmill.trainer")
+
+
+class TrainingError(RuntimeError):
+    """The run cannot continue: the message says why and what to do."""
+
+
+class ManifestMismatchError(ManifestError):
+    """A checkpoint was trained on a different data manifest than the job names."""
+
+
+# -- small pieces ---------------------------------------------------------------------------
+def lr_at(step: int, cfg: config_mod.OptimizerConfig, total_steps: int) -> float:
+    """Linear warm-up to ``lr`` over ``warmup_steps``, then cosine down to ``lr * min_lr_ratio``."""
+    if cfg.warmup_steps and step <= cfg.warmup_steps:
+        return cfg.lr * step / cfg.warmup_steps
+    progress = min(1.0, (step - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps))
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def build_optimizer(model: torch.nn.Module, cfg: config_mod.OptimizerConfig) -> torch.optim.AdamW:
+    # Weight decay on matrices only; norm gains are scale parameters that decay would shrink to 0.
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
+
+
+def loader_class(spec: str):
+    module, _, name = spec.partition(":")
+    try:
+        return getattr(importlib.import_module(module), name or "Loader")
+    except (ImportError, AttributeError) as e:
+        raise TrainingError(f"data.loader: cannot import {spec!r}: {e}") from e
+
+
+def local_batch_sizes(cfg: JobConfig, world_size: int) -> tuple[int, int]:
+    """(sequences per rank per step, micro-batches per step)."""
+    B = cfg.data.global_batch
+    if B % world_size:
+        raise TrainingError(f"data.global_batch={B} does not divide by the world size {world_size}")
+    local = B // world_size
+    micro = cfg.data.micro_batch or local
+    if local % micro:
+        raise TrainingError(f"data.micro_batch={micro} does not divide the per-rank batch {local} "
+                            f"(global_batch {B} / world size {world_size})")
+    return local, local // micro
+
+
+def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+
+
+def is_finite(x: float) -> bool:
+    return math.isfinite(x)
+
+
+class SampleLog:
+    """Rank 0 writes ``<run_dir>/samples.jsonl``: one line per optimizer step with the global sample
+    indices it consumed, in rank order. On resume, lines after the checkpoint's step are dropped
+    (those steps' weights were discarded with the crash), so the file always describes the
+    lineage of the newest model."""
+
+    def __init__(self, run_dir: str, enabled: bool, resume_step: int):
+        self.path = os.path.join(run_dir, "samples.jsonl")
+        self.enabled = enabled
+        if enabled:
+            self._truncate_after(resume_step)
+
+    def _truncate_after(self, step: int) -> None:
+        if not os.path.exists(self.path):
+            return
+        with open(self.path) as f:
+            keep = [line for line in f if line.strip() and json.loads(line)["step"] <= step]
+        tmp = self.path + ".tmp"
+        with open(tmp, "w") as f:
+            f.writelines(keep)
+        os.replace(tmp, self.path)
+
+    def append(self, step: int, indices: list[int]) -> None:
+        if self.enabled:
+            with open(self.path, "a") as f:
+                f.write(json.dumps({"step": step, "indices": indices}) + "\n")
+
+
+def gather_indices(local: torch.Tensor, world_size: int) -> list[int]:
+    parts = [torch.empty_like(local) for _ in range(world_size)]
+    dist.all_gather(parts, local)
+    return torch.cat(parts).tolist()
+
+
+# -- the run --------------------------------------------------------------------------------
+def train(cfg: JobConfig, *, stop_after_step: int | None = None, allow_manifest_change: bool = False) -> dict:
+    d = init_distributed()
+    rank0 = d.rank == 0
+    run_dir = cfg.run.dir
+    os.makedirs(run_dir, exist_ok=True)
+    allow_manifest_change = allow_manifest_change or cfg.checkpoint.allow_manifest_change
+
+    # Data: the manifest pins vocabulary, sequence length and the content hash the checkpoint records.
+    pub = load_manifest(cfg.data.manifest, expected_sha256=cfg.data.expected_sha256)
+    manifest = pub.manifest
+    seq_len, B = manifest.seq_len, cfg.data.global_batch
+    local_B, n_micro = local_batch_sizes(cfg, d.world_size)
+
+    # Model: built whole from the seed on every rank, then sharded.
+    torch.manual_seed(cfg.run.seed)
+    overrides = {k: v for k, v in asdict(cfg.model).items() if k != "preset"}
+    args = model_args(cfg.model.preset, manifest.tokenizer.vocab_size, seq_len,
+                      attention=resolve_attention(cfg.parallelism.attention, d.device), **overrides)
+    model = Transformer(args)
+    mesh = build_mesh(d.device, d.world_size, cfg.parallelism.dp_shard)
+    param_dtype = resolve_mixed_precision(cfg.parallelism.mixed_precision, d.device)
+    parallelize(model, mesh, param_dtype=param_dtype, activation_checkpoint=cfg.parallelism.activation_checkpoint,
+                compile=cfg.parallelism.compile)
+    optimizer = build_optimizer(model, cfg.optimizer)
+
+    # Resume: the newest checkpoint that verifies; its manifest must match unless overridden.
+    ckpt = Checkpointer(run_dir, keep=cfg.checkpoint.keep, async_save=cfg.checkpoint.async_save, rank=d.rank,
+                        world_size=d.world_size, device=d.device)
+    start_step, tokens_seen, skipped_total, manifest_changes, resumed_from = 0, 0, 0, [], None
+    loader_state = None
+    if cfg.checkpoint.resume:
+        path, meta = ckpt.latest()
+        if path is not None:
+            manifest_changes = check_resume(meta, path, pub, cfg, allow_manifest_change)
+            check_model_args(meta, path, args)
+            ckpt.load(path, model, optimizer)
+            start_step, tokens_seen = meta["step"], meta["tokens_seen"]
+            skipped_total = meta["bad_steps"]["skipped_total"]
+            if d.rank < len(meta["rng"]):
+                set_rng_state(meta["rng"][d.rank])
+            loader_state = {**meta["loader"], "manifest_sha256": manifest.sha256}
+            resumed_from = path
+            if rank0:
+                log.info("resumed from %s (step %d, next sample %d, world size %d -> %d)", path, start_step,
+                         meta["loader"]["next_index"], meta["world_size"], d.world_size)
+
+    Loader = loader_class(cfg.data.loader)
+    loader = Loader(pub.url, split="train", seed=cfg.data.seed, global_batch=B, rank=d.rank, world_size=d.world_size,
+                    order=cfg.data.order, cache_dir=cfg.data.cache_dir, prefetch=cfg.data.prefetch,
+                    expected_sha256=manifest.sha256)
+    if loader_state is not None:
+        loader.load_state_dict(loader_state)
+
+    metrics = MetricsLog(run_dir, enabled=rank0, tensorboard=cfg.run.tensorboard)
+    samples = SampleLog(run_dir, rank0, start_step)
+    flops_tok = flops_per_token(args, seq_len)
+    dev_name = device_name(d.device)
+    peak = peak_flops(dev_name)
+    if rank0:
+        n = count_params(args)
+        log.info("model %s: %s parameters (%s non-embedding), %d layers, dim %d; %s; world size %d, "
+                 "global batch %d x %d tokens, %d micro-batch(es) per rank", cfg.model.preset, f"{n['total']:,}",
+                 f"{n['non_embedding']:,}", args.n_layers, args.dim, param_dtype, d.world_size, B, seq_len, n_micro)
+        if peak is None:
+            log.info("MFU: unknown peak FLOP/s for %r (not in trainer.metrics.PEAK_BF16_FLOPS); MFU is not reported",
+                     dev_name)
+
+    def meta_for(step: int) -> dict:
+        return {
+            "format": "gristmill-checkpoint-v1", "step": step, "tokens_seen": tokens_seen,
+            "world_size": d.world_size, "global_batch": B, "seq_len": seq_len,
+            "loader": loader.state_dict(),
+            "data": {"manifest_sha256": manifest.sha256, "manifest_url": pub.url, "dataset": manifest.dataset,
+                     "version": manifest.version, "split": "train"},
+            "manifest_changes": manifest_changes,
+            "scheduler": {"kind": "warmup_cosine", "step": step, "lr": cfg.optimizer.lr,
+                          "warmup_steps": cfg.optimizer.warmup_steps, "total_steps": cfg.run.steps,
+                          "min_lr_ratio": cfg.optimizer.min_lr_ratio,
+                          "last_lr": lr_at(max(step, 1), cfg.optimizer, cfg.run.steps)},
+            "bad_steps": {"skipped_total": skipped_total, "consecutive": consecutive_bad},
+            "model_args": asdict(args), "job": cfg.to_dict(), "resumed_from": resumed_from,
+            "code_version": code_version(), "versions": library_versions(),
+        }
+
+    def save(step: int) -> None:
+        blocked_s = ckpt.save(step, model, optimizer, meta_for(step))
+        if rank0:
+            report_interval(blocked_s, cfg, last_step_s)
+
+    it = iter(loader)
+    consecutive_bad, last_step_s, last_saved, losses = 0, None, start_step, []
+    end_step = cfg.run.steps if stop_after_step is None else min(cfg.run.steps, stop_after_step)
+    model.train()
+    for step in range(start_step + 1, end_step + 1):
+        t0 = time.perf_counter()
+        try:
+            batch = next(it)
+        except StopIteration:
+            raise TrainingError(f"the loader ran out of training data at step {step}") from None
+        wait_s = time.perf_counter() - t0
+
+        lr = lr_at(step, cfg.optimizer, cfg.run.steps)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        loss, grad_norm = train_step(model, optimizer, batch, n_micro, cfg.optimizer.grad_clip, d.device,
+                                     nan=faults.enabled("nan_loss", step))
+        ok = is_finite(loss) and is_finite(grad_norm)
+        if ok:
+            optimizer.step()
+            consecutive_bad = 0
+        else:
+            skipped_total += 1
+            consecutive_bad += 1
+        optimizer.zero_grad(set_to_none=True)
+        tokens_seen += B * seq_len
+        if d.device.type == "cuda":
+            torch.cuda.synchronize()
+        step_s = time.perf_counter() - t0
+        last_step_s = step_s
+
+        indices = gather_indices(batch["indices"].to(d.device), d.world_size)
+        samples.append(step, indices)
+        if step % cfg.run.log_every == 0 or not ok or step == end_step:
+            times = [torch.zeros(1, device=d.device) for _ in range(d.world_size)]
+            dist.all_gather(times, torch.tensor([step_s], device=d.device))
+            tps = B * seq_len / step_s
+            record = {"kind": "train", "step": step, "loss": loss, "grad_norm": grad_norm, "lr": lr,
+                      "tokens_seen": tokens_seen, "tokens_per_s": tps, "tokens_per_s_per_device": tps / d.world_size,
+                      "mfu": mfu(tps / d.world_size, flops_tok, peak), "input_wait_s": wait_s,
+                      "input_wait_pct": 100.0 * wait_s / step_s, "step_s": step_s,
+                      "rank_step_s": [t.item() for t in times], "skipped": not ok, "skipped_total": skipped_total}
+            metrics.write(record)
+            if rank0:
+                log.info(format_step(record))
+        losses.append(loss)
+        if not ok and rank0:
+            log.warning("step %d: non-finite loss %s or grad norm %s: optimizer step skipped (%d in a row, %d total)",
+                        step, loss, grad_norm, consecutive_bad, skipped_total)
+        if not ok and consecutive_bad >= cfg.optimizer.max_bad_steps:
+            raise TrainingError(
+                f"{consecutive_bad} consecutive steps (up to step {step}) had a non-finite loss or gradient norm "
+                f"(optimizer.max_bad_steps={cfg.optimizer.max_bad_steps}); stopping. Resume from the last "
+                f"checkpoint in {run_dir}/checkpoints with a lower optimizer.lr or a tighter grad_clip")
+
+        if cfg.eval.every and step % cfg.eval.every == 0:
+            val = evaluate(model, cfg, pub.url, manifest.sha256, d, Loader)
+            metrics.write({"kind": "eval", "step": step, "val_loss": val})
+            if rank0:
+                log.info("step %6d  val_loss %.4f", step, val)
+
+        ckpt.poll()
+        if cfg.checkpoint.every and step % cfg.checkpoint.every == 0:
+            save(step)
+            last_saved = step
+
+    if last_saved != end_step and end_step > start_step:
+        save(end_step)  # the end of the run (or of this slice of it) is always checkpointed
+    ckpt.wait()
+    metrics.close()
+    if hasattr(loader, "close"):
+        loader.close()
+    return {"start_step": start_step, "end_step": end_step, "losses": losses, "skipped_total": skipped_total,
+            "resumed_from": resumed_from}
+
+
+def train_step(model, optimizer, batch: dict, n_micro: int, grad_clip: float, device, *, nan: bool = False
+               ) -> tuple[float, float]:
+    """Forward and backward over ``n_micro`` micro-batches, then clip. Returns the global mean loss
+    and the global gradient norm; the caller decides whether to step."""
+    inputs = batch["input_ids"].to(device, non_blocking=True).chunk(n_micro)
+    labels = batch["labels"].to(device, non_blocking=True).chunk(n_micro)
+    loss_sum = torch.zeros((), device=device)
+    for i, (x, y) in enumerate(zip(inputs, labels)):
+        # Reduce-scatter gradients only after the last micro-batch; earlier ones accumulate locally.
+        model.set_requires_gradient_sync(i == n_micro - 1)
+        loss = cross_entropy(model(x), y) / n_micro
+        if nan:  # fault injection (trainer/faults.py)
+            loss = loss * float("nan")
+        loss.backward()
+        loss_sum += loss.detach()
+    # FSDP averages gradients over ranks; average the logged loss the same way.
+    dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM)
+    loss_sum /= dist.get_world_size()
+    max_norm = grad_clip if grad_clip > 0 else float("inf")
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    if hasattr(norm, "full_tensor"):  # a DTensor: the norm over every shard
+        norm = norm.full_tensor()
+    return loss_sum.item(), norm.item()
+
+
+@torch.no_grad()
+def evaluate(model, cfg: JobConfig, url: str, sha256: str, d, Loader) -> float:
+    """Mean loss over the first ``eval.batches`` batches of the validation split (same batches every time)."""
+    B = cfg.eval.global_batch or cfg.data.global_batch
+    if B % d.world_size:
+        raise TrainingError(f"eval.global_batch={B} does not divide by the world size {d.world_size}")
+    val = Loader(url, split="validation", seed=cfg.data.seed, global_batch=B, rank=d.rank, world_size=d.world_size,
+                 order="sequential", cache_dir=cfg.data.cache_dir, prefetch=cfg.data.prefetch, expected_sha256=sha256)
+    model.eval()
+    total = torch.zeros((), device=d.device)
+    n = 0
+    for batch in val:
+        total += cross_entropy(model(batch["input_ids"].to(d.device)), batch["labels"].to(d.device))
+        n += 1
+        if n == cfg.eval.batches:
+            break
+    if hasattr(val, "close"):
+        val.close()
+    model.train()
+    dist.all_reduce(total, op=dist.ReduceOp.SUM)
+    return total.item() / max(n, 1) / d.world_size
+
+
+def check_resume(meta: dict, path: str, pub, cfg: JobConfig, allow_manifest_change: bool) -> list[dict]:
+    """Refuse a checkpoint trained on other data or another global batch; return the manifest-change
+    record (with a new entry when the user explicitly allowed a change)."""
+    changes = list(meta.get("manifest_changes", []))
+    old, new = meta["data"]["manifest_sha256"], pub.manifest.sha256
+    if old != new:
+        if not allow_manifest_change:
+            raise ManifestMismatchError(
+                f"checkpoint {path} was trained on manifest {old} ({meta['data']['manifest_url']}), but "
+                f"data.manifest {pub.url} has sha256 {new}; pass --allow-manifest-change (or set "
+                f"checkpoint.allow_manifest_change: true) to continue on different data, which is recorded in meta.json")
+        changes.append({"step": meta["step"], "from_sha256": old, "from_url": meta["data"]["manifest_url"],
+                        "to_sha256": new, "to_url": pub.url})
+        log.warning("continuing checkpoint %s on a different manifest (%s -> %s), as explicitly allowed", path, old, new)
+    if meta["global_batch"] != cfg.data.global_batch:
+        raise TrainingError(f"checkpoint {path} was trained with data.global_batch={meta['global_batch']}, the job says "
+                            f"{cfg.data.global_batch}; the sample order (step s = samples [s*B, (s+1)*B)) needs the same B")
+    return changes
+
+
+def check_model_args(meta: dict, path: str, args) -> None:
+    """The checkpoint's weights must fit the model the job builds (the attention kernel may differ)."""
+    ours = {k: v for k, v in asdict(args).items() if k != "attention"}
+    theirs = {k: v for k, v in meta["model_args"].items() if k != "attention"}
+    diff = {k: (theirs.get(k), v) for k, v in ours.items() if theirs.get(k) != v}
+    if diff:
+        detail = ", ".join(f"{k}: checkpoint {a!r} vs job {b!r}" for k, (a, b) in sorted(diff.items()))
+        raise TrainingError(f"checkpoint {path} holds a different model shape ({detail}); vocab_size and "
+                            f"max_seq_len come from the data manifest")
+
+
+def report_interval(save_s: float, cfg: JobConfig, step_s: float | None) -> None:
+    """Print the Young/Daly interval for the measured save cost (the time training was blocked)
+    and the configured MTBF."""
+    interval = young_daly_interval_s(save_s, cfg.checkpoint.mtbf_hours * 3600)
+    steps = f" = about {max(1, round(interval / step_s)):,} steps at {step_s:.3f} s/step" if step_s else ""
+    log.info("checkpoint saved in %.2f s; Young/Daly interval for MTBF %.1f h: every %.0f s%s (checkpoint.every=%d)",
+             save_s, cfg.checkpoint.mtbf_hours, interval, steps, cfg.checkpoint.every)
+
+
+# -- entry point ----------------------------------------------------------------------------
+def run(args: argparse.Namespace) -> int:
+    cfg = config_mod.load(args.job, args.overrides)
+    try:
+        train(cfg, stop_after_step=args.stop_after_step, allow_manifest_change=args.allow_manifest_change)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m trainer.train", description=__doc__.split("\n")[0])
+    add_arguments(p)
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    try:
+        return run(args)
+    except (config_mod.ConfigError, ManifestError, TrainingError) as e:
+        print(f"gristmill train: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
