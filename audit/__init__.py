@@ -6,7 +6,8 @@ checkpoint records all of them, so the answer is exact: the same function the lo
 from .checkpoint import AuditError, Checkpoint, open_manifest, read_checkpoint
 from .consumed import Consumed, consumed, parse_steps
 from .doc import audit_doc
+from .leak import LeakReport, audit_leak
 from .seen import SeenReport, audit_seen
 
-__all__ = ["AuditError", "Checkpoint", "Consumed", "SeenReport", "audit_doc", "audit_seen", "consumed", "open_manifest",
-           "parse_steps", "read_checkpoint"]
+__all__ = ["AuditError", "Checkpoint", "Consumed", "LeakReport", "SeenReport", "audit_doc", "audit_leak", "audit_seen",
+           "consumed", "open_manifest", "parse_steps", "read_checkpoint"]

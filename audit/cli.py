@@ -34,9 +34,11 @@ def register(sub) -> None:
                       help="JSONL/Parquet field(s) joined into an item's text (repeatable; default: text)")
     leak.add_argument("--id-field", help="JSONL/Parquet field naming an item (default: its number in the file)")
     leak.add_argument("--format", choices=("jsonl", "parquet", "text"), help="default: from the file name")
-    leak.add_argument("--n", type=int, default=None, help="n-gram length (default: decontamination's default, 13)")
-    leak.add_argument("--min-matches", type=int, default=1,
-                      help="matching n-grams needed to call an item found (an item with fewer n-grams needs all)")
+    leak.add_argument("--n", type=int, default=None,
+                      help="n-gram length (default: the dataset's decontaminate.n, else 13)")
+    leak.add_argument("--min-matches", type=int, default=None,
+                      help="matching n-grams needed to call an item found; an item with fewer needs all of them "
+                           "(default: the dataset's decontaminate.min_matches, else 1)")
     leak.add_argument("--out", help="write one row per (item, document) match to FILE.parquet or FILE.jsonl")
     leak.set_defaults(handler=_leak)
 

@@ -45,17 +45,29 @@ def load_index(eval_file: str, *, n: int | None = None, fields=None, id_field: s
         raise AuditError(str(e)) from e
 
 
+def dataset_settings(published: Published) -> dict:
+    """n and min_matches the dataset was decontaminated with (its job config), so both checks agree."""
+    section = published.manifest.config.get("decontaminate") if isinstance(published.manifest.config, dict) else None
+    section = section if isinstance(section, dict) else {}
+    return {k: int(section[k]) for k in ("n", "min_matches") if isinstance(section.get(k), int)}
+
+
 def audit_leak(published: Published, used: Consumed, eval_file: str, *, fields=None, n: int | None = None,
-               min_matches: int = 1, id_field: str | None = None, fmt: str | None = None) -> LeakReport:
+               min_matches: int | None = None, id_field: str | None = None, fmt: str | None = None) -> LeakReport:
+    """``n``/``min_matches`` default to the dataset's decontamination settings, else 13 and 1."""
     m = published.manifest
+    settings = dataset_settings(published)
+    n = n or settings.get("n")
+    min_matches = min_matches or settings.get("min_matches", 1)
     index = load_index(eval_file, n=n, fields=fields, id_field=id_field, fmt=fmt)
     spans = seen_spans(m, read_spans(published), row_use(m, used))
     seen_docs = pc.unique(spans.filter(pc.greater(spans.column("tokens_seen"), 0)).column("doc_id"))
-    spans = spans.filter(pc.is_in(spans.column("doc_id"), value_set=seen_docs)).sort_by(
-        [("doc_id", "ascending"), ("shard", "ascending"), ("row", "ascending"), ("start", "ascending")])
+    spans = spans.filter(pc.is_in(spans.column("doc_id"), value_set=seen_docs))
+    # Each document's spans together, in index order (shard, row, start): a stable sort of integer codes.
+    codes = pc.dictionary_encode(spans.column("doc_id")).combine_chunks().indices.to_numpy()
+    spans = spans.take(np.argsort(codes, kind="stable"))
     offsets = row_offsets(m)
     consumed_keys = offsets[used.shard] + used.row
-    provenance = {d: (s, p) for d, s, p in zip(*(spans.column(c).to_pylist() for c in ("doc_id", "source", "position")))}
 
     rows, tokens_checked = [], 0
     for pieces in seen_pieces(m, spans, offsets, ShardReader(published), load_tokenizer(published)):
@@ -64,14 +76,16 @@ def audit_leak(published: Published, used: Consumed, eval_file: str, *, fields=N
             if not matches:
                 continue
             steps = np.unique(used.step[np.isin(consumed_keys, piece.keys)]).tolist()
-            source, position = provenance[piece.doc_id]
+            source, position = (spans.column(c)[piece.first_span].as_py() for c in ("source", "position"))
             rows += [{"eval_set": x.eval_set, "item": x.item, "doc_id": piece.doc_id, "ngrams": x.hits, "steps": steps,
                       "source": source, "position": position} for x in matches]
-    matches = pa.Table.from_pylist(rows, schema=MATCH_SCHEMA).sort_by([("item", "ascending"), ("doc_id", "ascending")])
+    file_order = {item: i for i, item in enumerate(index.item_ids)}
+    rows.sort(key=lambda r: (file_order[r["item"]], r["doc_id"], r["steps"]))
+    matches = pa.Table.from_pylist(rows, schema=MATCH_SCHEMA)
     eval_sha, _ = sha256_file(eval_file)
     listed = [e.name for e in m.eval_sets if e.sha256 == eval_sha]
     all_steps = sorted({s for r in rows for s in r["steps"]})
-    items = sorted({r["item"] for r in rows}, key=lambda i: (len(i), i))
+    items = list(dict.fromkeys(r["item"] for r in rows))  # in eval-file order
     summary = {
         "eval_file": eval_file, "eval_sha256": eval_sha, "n": index.n, "min_matches": min_matches,
         "decontaminated_against": listed[0] if listed else None,  # this exact file is in the manifest's eval_sets

@@ -60,14 +60,20 @@ class RowUse:
         return hit, pos
 
 
+def run_starts(sorted_values: np.ndarray) -> np.ndarray:
+    """Where each run of equal values starts in a sorted array."""
+    if len(sorted_values) == 0:
+        return np.zeros(0, np.int64)
+    return np.flatnonzero(np.concatenate([[True], sorted_values[1:] != sorted_values[:-1]]))
+
+
 def row_use(manifest: Manifest, used: Consumed) -> RowUse:
     keys = row_offsets(manifest)[used.shard] + used.row
     # One stable sort: equal keys stay in training order, so each run's ends are its first and last use.
     order = np.argsort(keys, kind="stable")
-    sorted_keys = keys[order]
-    starts = np.flatnonzero(np.concatenate([[True], sorted_keys[1:] != sorted_keys[:-1]])) if len(keys) else np.zeros(0, np.int64)
+    starts = run_starts(keys[order])
     ends = np.append(starts[1:], len(keys)) - 1
-    return RowUse(key=sorted_keys[starts], times=ends - starts + 1, first_step=used.step[order[starts]],
+    return RowUse(key=keys[order][starts], times=ends - starts + 1, first_step=used.step[order[starts]],
                   last_step=used.step[order[ends]])
 
 
@@ -84,8 +90,11 @@ def seen_spans(manifest: Manifest, spans: pa.Table, use: RowUse) -> pa.Table:
         .append_column("last_step", pa.array(use.last_step[pos], pa.int64(), mask=~hit))
 
 
-DOC_OUTPUT = ["doc_id", "source", "position", "lang", "tokens", "tokens_seen", "fully_seen", "times_seen",
-              "token_exposures", "first_step", "last_step"]
+DOC_SCHEMA = pa.schema([
+    ("doc_id", pa.string()), ("source", pa.string()), ("position", pa.int64()), ("lang", pa.string()),
+    ("tokens", pa.int64()), ("tokens_seen", pa.int64()), ("fully_seen", pa.bool_()), ("times_seen", pa.int64()),
+    ("token_exposures", pa.int64()), ("first_step", pa.int64()), ("last_step", pa.int64()),
+])
 
 
 def seen_documents(spans: pa.Table) -> pa.Table:
@@ -95,28 +104,26 @@ def seen_documents(spans: pa.Table) -> pa.Table:
     ``reduceat`` over a stable sort of the codes: no per-document Python, no string sort.
     Output order: first step seen, then position in the document index (deterministic).
     """
+    if spans.num_rows == 0:
+        return DOC_SCHEMA.empty_table()
     codes = pc.dictionary_encode(spans.column("doc_id")).combine_chunks().indices.to_numpy()
     order = np.argsort(codes, kind="stable")
-    c = codes[order]
-    starts = np.flatnonzero(np.concatenate([[True], c[1:] != c[:-1]])) if len(c) else np.zeros(0, np.int64)
-    col = lambda name, fill=0: pc.fill_null(spans.column(name), fill).to_numpy()[order]  # noqa: E731
-    total = np.add.reduceat(col("length").astype(np.int64), starts) if len(c) else np.zeros(0, np.int64)
-    seen = np.add.reduceat(col("tokens_seen"), starts) if len(c) else np.zeros(0, np.int64)
-    big = np.iinfo(np.int64).max
-    agg = {
-        "tokens": total, "tokens_seen": seen, "fully_seen": seen == total,
-        "times_seen": np.maximum.reduceat(col("times_seen"), starts) if len(c) else seen,
-        "token_exposures": np.add.reduceat(col("token_exposures"), starts) if len(c) else seen,
-        "first_step": np.minimum.reduceat(col("first_step", big), starts) if len(c) else seen,
-        "last_step": np.maximum.reduceat(col("last_step", -1), starts) if len(c) else seen,
-    }
-    keep = np.flatnonzero(seen > 0)
-    first_span = order[starts][keep]  # each document's first span in index order
-    keep = keep[np.lexsort((first_span, agg["first_step"][keep]))]
-    first_span = order[starts][keep]
-    docs = {name: spans.column(name).take(first_span) for name in ("doc_id", "source", "position", "lang")}
+    starts = run_starts(codes[order])
+
+    def per_doc(ufunc, name, fill=0):
+        return ufunc.reduceat(pc.fill_null(spans.column(name), fill).to_numpy().astype(np.int64)[order], starts)
+
+    agg = {"tokens": per_doc(np.add, "length"), "tokens_seen": per_doc(np.add, "tokens_seen"),
+           "times_seen": per_doc(np.maximum, "times_seen"), "token_exposures": per_doc(np.add, "token_exposures"),
+           "first_step": per_doc(np.minimum, "first_step", np.iinfo(np.int64).max),
+           "last_step": per_doc(np.maximum, "last_step", -1)}
+    agg["fully_seen"] = agg["tokens_seen"] == agg["tokens"]
+    keep = np.flatnonzero(agg["tokens_seen"] > 0)
+    first_span = order[starts]  # each document's first span in index order
+    keep = keep[np.lexsort((first_span[keep], agg["first_step"][keep]))]
+    docs = {name: spans.column(name).take(first_span[keep]) for name in ("doc_id", "source", "position", "lang")}
     docs.update({name: values[keep] for name, values in agg.items()})
-    return pa.table({name: docs[name] for name in DOC_OUTPUT})
+    return pa.table({f.name: docs[f.name] for f in DOC_SCHEMA}).cast(DOC_SCHEMA)
 
 
 def source_of(uri: str, config: dict) -> str:

@@ -15,6 +15,7 @@ from typing import Iterator
 import fsspec
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from manifests import HashMismatchError, Manifest, Published, join, sha256_bytes
 from manifests.shards import read_table, rows_from_table
@@ -57,6 +58,7 @@ class Piece:
     """A maximal run of consecutive consumed spans of one document, as text."""
 
     doc_id: str
+    first_span: int  # row of its first span in the spans table given to seen_pieces
     keys: tuple[int, ...]  # row keys (see seen.row_offsets) of the spans in this piece
     text: str
     tokens: int
@@ -66,37 +68,24 @@ def seen_pieces(manifest: Manifest, spans: pa.Table, offsets: np.ndarray, reader
                 *, batch: int = 1024) -> Iterator[list[Piece]]:
     """Yield, in batches, the seen text of every document, split where an unconsumed span interrupts it.
 
-    ``spans`` is the document index with a ``tokens_seen`` column (seen.seen_spans), restricted
-    to documents with at least one consumed span and sorted by (doc_id, shard, row, start).
+    ``spans`` is the document index with a ``tokens_seen`` column (seen.seen_spans), ordered so
+    each document's spans are consecutive and in index order (shard, row, start).
     """
+    seen = spans.column("tokens_seen").to_numpy() > 0
+    doc = pc.dictionary_encode(spans.column("doc_id")).combine_chunks().indices.to_numpy()
+    # A piece starts at a seen span whose predecessor is another document's or was not seen.
+    boundary = np.concatenate([[True], (doc[1:] != doc[:-1]) | ~seen[:-1]])
+    span_ids = np.flatnonzero(seen)
+    piece_starts = np.flatnonzero(boundary[span_ids])
+    piece_ends = np.append(piece_starts[1:], len(span_ids))
+    shard, row, start, length = (spans.column(c).to_numpy().astype(np.int64) for c in ("shard", "row", "start", "length"))
+    doc_ids = spans.column("doc_id")
     eos = manifest.tokenizer.eos_id
-    pending: list[tuple[str, tuple[int, ...], list[int]]] = []
-
-    def flush():
-        texts = tokenizer.decode_batch([t for _, _, t in pending], skip_special_tokens=True)
-        out = [Piece(d, k, txt, len(t)) for (d, k, t), txt in zip(pending, texts)]
-        pending.clear()
-        return out
-
-    cols = {c: spans.column(c).to_numpy() for c in ("shard", "row", "start", "length", "tokens_seen")}
-    doc_ids = spans.column("doc_id").to_pylist()
-    current: tuple[str, list[int], list[int]] | None = None  # doc, keys, tokens
-    for i, doc in enumerate(doc_ids):
-        if current is not None and (doc != current[0] or cols["tokens_seen"][i] == 0):
-            pending.append((current[0], tuple(current[1]), current[2]))
-            current = None
-            if len(pending) >= batch:
-                yield flush()
-        if cols["tokens_seen"][i] == 0:
-            continue
-        shard, row, start, length = (int(cols[c][i]) for c in ("shard", "row", "start", "length"))
-        tokens = reader.rows(shard)[row, start:start + length]
-        tokens = tokens[tokens != eos].tolist()
-        if current is None:
-            current = (doc, [], [])
-        current[1].append(int(offsets[shard] + row))
-        current[2].extend(tokens)
-    if current is not None:
-        pending.append((current[0], tuple(current[1]), current[2]))
-    if pending:
-        yield flush()
+    for b in range(0, len(piece_starts), batch):
+        pieces = []
+        for a, e in zip(piece_starts[b:b + batch], piece_ends[b:b + batch]):
+            ids = span_ids[a:e]
+            tokens = np.concatenate([reader.rows(shard[i])[row[i], start[i]:start[i] + length[i]] for i in ids])
+            pieces.append((ids[0], tuple((offsets[shard[ids]] + row[ids]).tolist()), tokens[tokens != eos]))
+        texts = tokenizer.decode_batch([t.tolist() for _, _, t in pieces], skip_special_tokens=True)
+        yield [Piece(doc_ids[int(i)].as_py(), int(i), keys, text, len(t)) for (i, keys, t), text in zip(pieces, texts)]

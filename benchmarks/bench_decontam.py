@@ -40,7 +40,7 @@ def make_data(docs: int, items: int, seed: int = 0):
     evals = [(f"q{i}", " ".join(sentence(rng, vocab, p, 12) for _ in range(3))) for i in range(items)]  # ~36 words
     texts = []
     for d in range(docs):
-        parts = [sentence(rng, vocab, p, int(rng.integers(8, 25))) for _ in range(34)]  # ~3 KB
+        parts = [sentence(rng, vocab, p, int(rng.integers(8, 25))) for _ in range(28)]  # ~3 KB
         if d % 100 == 0:  # 1% contaminated
             parts.insert(len(parts) // 2, evals[d % items][1])
         texts.append(" ".join(parts))
@@ -76,7 +76,7 @@ def timed(fn, repeat=3):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--docs", type=int, default=3000)
-    ap.add_argument("--items", type=int, default=4000)
+    ap.add_argument("--items", type=int, default=4500)
     ap.add_argument("--n", type=int, default=DEFAULT_N)
     ap.add_argument("--ray", action="store_true", help="also time the whole stage through Ray Data (2 CPUs)")
     args = ap.parse_args(argv)

@@ -102,6 +102,17 @@ class ShardCache:
         self._reserved = 0  # bytes of downloads in progress in this process, not yet on disk
         self._clock = 0
         self._verified: set[tuple] = set()  # (name, inode, size, mtime_ns) hashed by this process
+        self._remove_orphans()
+
+    def _remove_orphans(self) -> None:
+        """Delete temporary files left by dead processes (a crash mid-download), so they never fill the disk."""
+        with os.scandir(self.dir) as it:
+            for de in it:
+                if ".arrow.tmp-" not in de.name:
+                    continue
+                pid = de.name.split(".arrow.tmp-", 1)[1].split("-", 1)[0]
+                if pid.isdigit() and not _alive(int(pid)):
+                    _unlink(de.path)
 
     # -- paths ---------------------------------------------------------------------------
     def path(self, shard: Shard) -> str:
@@ -349,3 +360,13 @@ def _unlink(path: str) -> None:
         os.unlink(path)
     except FileNotFoundError:
         pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

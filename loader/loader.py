@@ -20,7 +20,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 import torch
 
-from manifests import ManifestError, Published, load_manifest
+from manifests import HashMismatchError, Published, load_manifest
 
 from . import simstore  # noqa: F401  (registers the gmsim:// simulated store)
 from .cache import ShardCache
@@ -73,8 +73,8 @@ class Loader:
         self.published = manifest_url if isinstance(manifest_url, Published) else _load_with_retries(
             manifest_url, expected_sha256, self.storage_options, retries, backoff_s)
         if expected_sha256 is not None and self.published.manifest.sha256 != expected_sha256:
-            raise ManifestError(f"manifest at {self.published.url} hashes to {self.published.manifest.sha256}, "
-                                f"the caller pinned {expected_sha256}")
+            raise HashMismatchError(f"manifest at {self.published.url} (hash pinned by the caller)", expected_sha256,
+                                    self.published.manifest.sha256)
         self.manifest = self.published.manifest
         self.split, self.seed, self.order_name = split, int(seed), order
         self.global_batch, self.rank, self.world_size = int(global_batch), int(rank), int(world_size)

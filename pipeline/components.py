@@ -66,11 +66,6 @@ def small_star(batch: dict) -> dict:
     return _canonical(np.concatenate([v, u[starts]]), np.concatenate([m_row, m]))
 
 
-def dedupe(batch: dict) -> dict:
-    hi, lo = _sorted_unique_edges(batch["hi"], batch["lo"])
-    return {"hi": hi, "lo": lo}
-
-
 def _both_directions(batch: dict) -> dict:
     return {"u": np.concatenate([batch["hi"], batch["lo"]]), "v": np.concatenate([batch["lo"], batch["hi"]])}
 
@@ -80,7 +75,7 @@ def _larger_end(batch: dict) -> dict:
 
 
 def _checksum(batch: dict) -> dict:
-    """Order-independent fingerprint of a partition's (distinct) edges: count and a hash sum."""
+    """Order-independent fingerprint of a partition's edges: count and a hash sum."""
     h = batch["hi"].astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15) ^ batch["lo"].astype(np.uint64)
     h ^= h >> np.uint64(31)
     h *= np.uint64(0xBF58476D1CE4E5B9)
@@ -103,19 +98,17 @@ def connected_components(edges, num_partitions: int):
 
     Returns a materialised Dataset with columns ``node`` and ``root`` (the component's smallest
     node), one row per node that is not itself a root. Nodes without edges do not appear.
+    Each round is two hash shuffles; large-star also drops duplicate edges.
     """
-    current = _shuffled(edges.map_batches(lambda b: _canonical(b["hi"], b["lo"]), batch_format="numpy"),
-                        "hi", num_partitions, dedupe).materialize()
-    seen = _fingerprint(current)
+    current, seen = edges, None
     for _ in range(_MAX_ROUNDS):
         step = _shuffled(current.map_batches(_both_directions, batch_format="numpy"), "u", num_partitions, large_star)
         step = _shuffled(step.map_batches(_larger_end, batch_format="numpy"), "u", num_partitions, small_star)
-        current = _shuffled(step, "hi", num_partitions, dedupe).materialize()
+        current = step.materialize()
+        # small-star's output multiset depends only on the graph (each node's edges meet in one
+        # partition), so equal fingerprints mean a fixed point: one star per component.
         now = _fingerprint(current)
         if now == seen:
-            break
+            return current.rename_columns({"hi": "node", "lo": "root"})
         seen = now
-    else:
-        raise RuntimeError(f"connected components did not converge in {_MAX_ROUNDS} rounds")
-    # At the fixed point every edge is (node, root) of a star: hi is a member, lo its component's min.
-    return current.rename_columns({"hi": "node", "lo": "root"})
+    raise RuntimeError(f"connected components did not converge in {_MAX_ROUNDS} rounds")

@@ -212,6 +212,7 @@ class JobConfig:
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     pack: PackConfig = field(default_factory=PackConfig)
     ray: RayConfig = field(default_factory=RayConfig)
+    base_dir: str | None = None  # the job file's directory: relative paths in stage sections resolve here
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -219,12 +220,12 @@ class JobConfig:
     def content_dict(self) -> dict:
         """What determines the output: all but the work dir, the store root and parallelism."""
         d = self.to_dict()
-        d.pop("work_dir"), d.pop("ray")
+        d.pop("work_dir"), d.pop("ray"), d.pop("base_dir")
         d["output"].pop("store")  # where a version is published is not part of its content
         return _jsonable(d)
 
     @classmethod
-    def from_dict(cls, d: Any, where: str = "job") -> "JobConfig":
+    def from_dict(cls, d: Any, where: str = "job", base_dir: str | None = None) -> "JobConfig":
         d = _check_keys(d, TOP_LEVEL, where)
         raw_inputs = d.get("inputs")
         if isinstance(raw_inputs, (str, dict)):
@@ -256,6 +257,7 @@ class JobConfig:
             tokenizer=_section(TokenizerConfig, d.get("tokenizer"), f"{where}.tokenizer"),
             pack=_section(PackConfig, d.get("pack"), f"{where}.pack"),
             ray=_section(RayConfig, d.get("ray"), f"{where}.ray"),
+            base_dir=base_dir,
         )
 
 
@@ -269,7 +271,7 @@ def load_job(path: str) -> JobConfig:
     except (OSError, yaml.YAMLError) as e:
         raise JobConfigError(f"job file {path} is not readable YAML: {e}") from e
     base = os.path.dirname(os.path.abspath(path))
-    return JobConfig.from_dict(_resolve_paths(raw, base), where=path)
+    return JobConfig.from_dict(_resolve_paths(raw, base), where=path, base_dir=base)
 
 
 def _resolve_paths(raw: Any, base: str) -> Any:

@@ -14,6 +14,7 @@ reuses the cached index and gives identical output. See docs/decontamination.md.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import asdict, dataclass
@@ -22,16 +23,17 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from manifests import sha256_file, sha256_json
+from manifests import canonical_json, sha256_file, sha256_json
 from pipeline import ngrams
 from pipeline.stage import StageResult
 
 POLICIES = ("drop", "cut")
 REASON = "contaminated"
-# Columns the scan adds. Removed rows keep the detail columns; kept rows get none of them.
-ACTION, EVAL_SET, EVAL_ITEM, MATCHES, EVAL_MATCHES, CUT_CHARS = (
-    "_decontam_action", "eval_set", "eval_item", "matches", "eval_matches", "_decontam_cut_chars")
-ADDED = (ACTION, EVAL_SET, EVAL_ITEM, MATCHES, EVAL_MATCHES, CUT_CHARS)
+# The verdict on a matching document. Removed rows carry the eval_* and matches columns.
+ACTION, EVAL_SET, EVAL_ITEM, MATCHES, EVAL_MATCHES, CUT_TEXT = (
+    "action", "eval_set", "eval_item", "matches", "eval_matches", "cut_text")
+VERDICT = {ACTION: pa.string(), EVAL_SET: pa.string(), EVAL_ITEM: pa.string(), MATCHES: pa.int64(),
+           EVAL_MATCHES: pa.string(), CUT_TEXT: pa.string()}  # eval_matches: JSON [[set, item, hits], ...]
 BATCH_SIZE = 512
 
 
@@ -169,23 +171,25 @@ def _exists(path: str) -> bool:
 # Index: built once, cached in the work dir
 
 
-def eval_set_records(cfg: DecontamConfig) -> list[dict]:
-    """``manifests.EvalSet`` fields of every eval file: name, uri, sha256 of its bytes, items."""
+def load_eval_sets(cfg: DecontamConfig) -> list[tuple[dict, list[tuple[str, str]]]]:
+    """Each eval file's record (``manifests.EvalSet`` fields: name, uri, sha256 of its bytes,
+    items) and its items, read once."""
     out = []
     for spec in cfg.eval_sets:
         sha, _ = sha256_file(spec.path)
-        out.append({"name": spec.name, "uri": spec.path, "sha256": sha, "items": len(spec.read_items())})
+        items = spec.read_items()
+        out.append(({"name": spec.name, "uri": spec.path, "sha256": sha, "items": len(items)}, items))
     return out
 
 
-def build_eval_index(cfg: DecontamConfig, records: list[dict], work_dir: str | None) -> ngrams.NgramIndex:
+def build_eval_index(cfg: DecontamConfig, loaded: list[tuple[dict, list]], work_dir: str | None) -> ngrams.NgramIndex:
     """The index of the job's eval files, reloaded from ``work_dir`` when the same one was built before."""
     key = sha256_json({"hash": ngrams.HASH_VERSION, "n": cfg.n, "min_item_words": cfg.min_item_words,
-                       "sets": [{**asdict(s), "sha256": r["sha256"]} for s, r in zip(cfg.eval_sets, records)]})
+                       "sets": [{**asdict(s), "sha256": r["sha256"]} for s, (r, _) in zip(cfg.eval_sets, loaded)]})
     path = os.path.join(work_dir, "decontam", f"index-{key[:16]}.npz") if work_dir else None
     if path and os.path.exists(path):
         return ngrams.NgramIndex.load(path)
-    index = ngrams.build_index([(s.name, s.read_items()) for s in cfg.eval_sets], cfg.n, cfg.min_item_words)
+    index = ngrams.build_index([(r["name"], items) for r, items in loaded], cfg.n, cfg.min_item_words)
     if path:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         index.save(path)
@@ -198,9 +202,9 @@ def build_eval_index(cfg: DecontamConfig, records: list[dict], work_dir: str | N
 
 def decontaminate(docs, cfg: DecontamConfig, work_dir: str | None) -> StageResult:
     """Check ``docs`` against the job's eval files; see the module docstring."""
-    records = eval_set_records(cfg)
-    index = build_eval_index(cfg, records, work_dir)
-    return scan(docs, index, cfg, records)
+    loaded = load_eval_sets(cfg)
+    index = build_eval_index(cfg, loaded, work_dir)
+    return scan(docs, index, cfg, [record for record, _ in loaded])
 
 
 def decontaminate_against_docs(train_docs, reference_docs, cfg: DecontamConfig, work_dir: str | None = None,
@@ -209,80 +213,87 @@ def decontaminate_against_docs(train_docs, reference_docs, cfg: DecontamConfig, 
 
     Each reference document is an eval item (its ``id``), so a removed train document names
     the validation document it overlaps. Its ``eval_sets`` entry has ``uri`` ``split:<name>``
-    and the sha256 of the sorted ``(id, text)`` pairs.
+    and the sha256 of the sorted ``(id, text)`` pairs. The reference texts are indexed on the
+    driver: memory is about 16 bytes per word of validation text.
     """
-    items = sorted((str(r["id"]), r["text"] or "") for r in reference_docs.select_columns(["id", "text"]).iter_rows())
-    record = {"name": name, "uri": f"split:{name}", "sha256": sha256_json(items), "items": len(items)}
+    items = sorted((str(i), t or "") for batch in reference_docs.select_columns(["id", "text"]).iter_batches(
+        batch_format="pyarrow") for i, t in zip(batch.column("id").to_pylist(), batch.column("text").to_pylist()))
+    digest = hashlib.sha256()
+    for pair in items:  # the canonical JSON of the sorted pairs, one line each
+        digest.update(canonical_json(list(pair)) + b"\n")
+    record = {"name": name, "uri": f"split:{name}", "sha256": digest.hexdigest(), "items": len(items)}
     index = ngrams.build_index([(name, items)], cfg.n, cfg.min_item_words)
     return scan(train_docs, index, cfg, [record])
 
 
 def scan(docs, index: ngrams.NgramIndex, cfg: DecontamConfig, records: list[dict]) -> StageResult:
-    """Scan ``docs`` against ``index`` on the Ray workers; split into kept and removed; count."""
+    """Scan ``docs`` against ``index`` on the Ray workers; split into kept and removed; count.
+
+    The scan returns only the documents that matched (few), with their verdicts; ``kept`` and
+    ``removed`` then apply those verdicts to ``docs`` lazily, so the corpus is never held in
+    memory and is scanned once.
+    """
     import ray
 
     ref = ray.put(index)  # one copy in the object store, shared by every worker on the node
-    annotated = docs.map_batches(
+    found = docs.map_batches(
         _scan_batch, batch_format="pyarrow", batch_size=BATCH_SIZE, zero_copy_batch=True,
         fn_kwargs={"index_ref": [ref], "policy": cfg.policy, "margin": cfg.margin, "min_matches": cfg.min_matches},
-    ).materialize()  # scanned once; kept, removed and the report all read the result
-    kept = annotated.map_batches(_kept_rows, batch_format="pyarrow", zero_copy_batch=True)
-    removed = annotated.map_batches(_removed_rows, batch_format="pyarrow", zero_copy_batch=True)
-    found = annotated.map_batches(_found_rows, batch_format="pyarrow", zero_copy_batch=True).take_all()
-    stats = report(index, cfg, records, found, documents_in=annotated.count())
-    return StageResult(kept=kept, removed=removed, stats=stats)
+    ).take_all()
+    found.sort(key=lambda r: (r["order"], r["id"]))
+    verdicts = ray.put({r["id"]: r for r in found})
+    kept = docs.map_batches(_kept_rows, batch_format="pyarrow", zero_copy_batch=True, fn_kwargs={"verdicts_ref": [verdicts]})
+    removed = docs.map_batches(_removed_rows, batch_format="pyarrow", zero_copy_batch=True,
+                               fn_kwargs={"verdicts_ref": [verdicts]})
+    return StageResult(kept=kept, removed=removed, stats=report(index, cfg, records, found))
 
 
 # -- worker side -----------------------------------------------------------------------------
-_index_cache: dict[str, ngrams.NgramIndex] = {}
+_cache: dict[str, Any] = {}
 
 
-def _resolve(index_ref) -> ngrams.NgramIndex:
-    """The shared index, fetched from the object store once per worker process."""
+def _resolve(ref_list) -> Any:
+    """An object shared by ``ray.put``, fetched once per worker process (the index, the verdicts)."""
     import ray
 
-    ref = index_ref[0]  # wrapped in a list so Ray passes the ref itself, not its value
+    ref = ref_list[0]  # wrapped in a list so Ray passes the ref itself, not its value
     key = ref.hex()
-    if key not in _index_cache:
-        _index_cache.clear()  # one job's index at a time
-        _index_cache[key] = ray.get(ref)
-    return _index_cache[key]
+    if key not in _cache:
+        if len(_cache) >= 4:  # only the current job's objects are worth keeping
+            _cache.clear()
+        _cache[key] = ray.get(ref)
+    return _cache[key]
 
 
 def _scan_batch(batch: pa.Table, index_ref, policy: str, margin: int, min_matches: int) -> pa.Table:
+    """The documents of ``batch`` that contain eval items: provenance + verdict columns."""
     index = _resolve(index_ref)
     texts = [t or "" for t in batch.column("text").to_pylist()]
-    cols = {c: [] for c in ADDED}
-    out_texts = []
-    for text, matches in zip(texts, index.scan(texts, min_matches)):
-        action, new_text, cut = _decide(text, matches, policy, margin)
-        best = max(matches, key=lambda m: m.hits) if matches else None  # first of the most hits
-        cols[ACTION].append(action)
-        cols[EVAL_SET].append(best.eval_set if best else None)
-        cols[EVAL_ITEM].append(best.item if best else None)
-        cols[MATCHES].append(best.hits if best else 0)
-        cols[EVAL_MATCHES].append(json.dumps([[m.eval_set, m.item, m.hits] for m in matches]) if matches else None)
-        cols[CUT_CHARS].append(cut)
-        out_texts.append(new_text)
-    if policy == "cut":
-        batch = batch.set_column(batch.schema.get_field_index("text"), "text", pa.array(out_texts, pa.string()))
-    types = {ACTION: pa.string(), EVAL_SET: pa.string(), EVAL_ITEM: pa.string(), MATCHES: pa.int64(),
-             EVAL_MATCHES: pa.string(), CUT_CHARS: pa.int64()}
-    for c in ADDED:
-        batch = batch.append_column(c, pa.array(cols[c], types[c]))
-    return batch
+    hit, cols = [], {c: [] for c in VERDICT}
+    for row, (text, matches) in enumerate(zip(texts, index.scan(texts, min_matches))):
+        if not matches:
+            continue
+        action, new_text = _decide(text, matches, policy, margin)
+        best = max(matches, key=lambda m: m.hits)  # the first item with the most hits
+        hit.append(row)
+        for c, v in zip(VERDICT, (action, best.eval_set, best.item, best.hits,
+                                  json.dumps([[m.eval_set, m.item, m.hits] for m in matches]),
+                                  new_text if action == "cut" else None)):
+            cols[c].append(v)
+    out = batch.select(["id", "order", "source", "position"]).take(pa.array(hit, pa.int64()))
+    for c, t in VERDICT.items():
+        out = out.append_column(c, pa.array(cols[c], t))
+    return out
 
 
-def _decide(text: str, matches: list[ngrams.Match], policy: str, margin: int) -> tuple[str, str, int]:
-    """(action, text to keep, characters cut): "" keeps the document, "drop" removes it, "cut" trims it."""
-    if not matches:
-        return "", text, 0
+def _decide(text: str, matches: list[ngrams.Match], policy: str, margin: int) -> tuple[str, str | None]:
+    """("drop", None) removes the document; ("cut", shorter text) trims it."""
     if policy == "drop":
-        return "drop", text, 0
+        return "drop", None
     remaining = cut_text(text, [s for m in matches for s in m.spans], margin)
     if remaining is None or not remaining.strip():  # could not place the cut, or nothing left
-        return "drop", text, 0
-    return "cut", remaining, len(text) - len(remaining)
+        return "drop", None
+    return "cut", remaining
 
 
 def cut_text(text: str, word_spans: list[tuple[int, int]], margin: int) -> str | None:
@@ -304,19 +315,27 @@ def cut_text(text: str, word_spans: list[tuple[int, int]], margin: int) -> str |
     return "\n".join(p.strip() for p in pieces if p.strip())
 
 
-def _kept_rows(batch: pa.Table) -> pa.Table:
-    keep = pc.not_equal(batch.column(ACTION), "drop")
-    return batch.filter(keep).drop_columns(list(ADDED))
+def _kept_rows(batch: pa.Table, verdicts_ref) -> pa.Table:
+    """``batch`` without the dropped documents, with the cut ones' shorter text."""
+    verdicts = _resolve(verdicts_ref)
+    mine = [verdicts.get(i) for i in batch.column("id").to_pylist()]
+    if not any(mine):
+        return batch
+    batch = batch.filter(pa.array([v is None or v[ACTION] != "drop" for v in mine], pa.bool_()))
+    mine = [v for v in mine if v is None or v[ACTION] != "drop"]
+    texts = [t if v is None else v[CUT_TEXT] for t, v in zip(batch.column("text").to_pylist(), mine)]
+    return batch.set_column(batch.schema.get_field_index("text"), "text", pa.array(texts, batch.schema.field("text").type))
 
 
-def _removed_rows(batch: pa.Table) -> pa.Table:
-    gone = batch.filter(pc.equal(batch.column(ACTION), "drop")).drop_columns([ACTION, CUT_CHARS])
-    return gone.append_column("reason", pa.array([REASON] * gone.num_rows, pa.string()))
-
-
-def _found_rows(batch: pa.Table) -> pa.Table:
-    cols = ["id", "order", "source", "position", ACTION, EVAL_MATCHES, CUT_CHARS]
-    return batch.filter(pc.not_equal(batch.column(ACTION), "")).select(cols)
+def _removed_rows(batch: pa.Table, verdicts_ref) -> pa.Table:
+    """The dropped documents of ``batch``, every column, plus ``reason`` and the matched item."""
+    verdicts = _resolve(verdicts_ref)
+    gone = [(row, v) for row, i in enumerate(batch.column("id").to_pylist())
+            if (v := verdicts.get(i)) is not None and v[ACTION] == "drop"]
+    out = batch.take(pa.array([row for row, _ in gone], pa.int64()))
+    for c in (EVAL_SET, EVAL_ITEM, MATCHES, EVAL_MATCHES):
+        out = out.append_column(c, pa.array([v[c] for _, v in gone], VERDICT[c]))
+    return out.append_column("reason", pa.array([REASON] * len(gone), pa.string()))
 
 
 # -- report ----------------------------------------------------------------------------------

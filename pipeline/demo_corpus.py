@@ -198,8 +198,17 @@ def _html(title: str, paragraphs: list[str]) -> str:
 
 
 def _variant_case_punct(text: str) -> str:
-    """Same normalised text: upper-cased first sentence, extra spaces and punctuation."""
-    return "  " + text.upper() + " !!  "
+    """Same normalised text: lower case, extra spaces and punctuation (upper case would fool
+    the language identifier, and the copy would leave by the language filter instead)."""
+    return "  " + text.lower().replace(". ", " . ;  ") + " !!  "
+
+
+def _clearly_english(texts: list[str], min_score: float = 0.85) -> list[bool]:
+    """Planted documents must pass the default language filter, or the truth would be moot."""
+    from .langid import identify
+
+    langs, scores = identify(texts)
+    return [lang == "en" and score >= min_score for lang, score in zip(langs, scores)]
 
 
 def write_demo_corpus(out_dir: str, scale: int = 1) -> dict:
@@ -215,15 +224,22 @@ def write_demo_corpus(out_dir: str, scale: int = 1) -> dict:
 
     # 00-books.jsonl.zst: the main English file, with near-duplicate pairs and contaminated docs.
     books = [{"text": t, "id": f"book-{i}"} for i, t in enumerate(docs[: 700 * scale])]
-    long_docs = [i for i, r in enumerate(books) if len(r["text"].split()) >= 250]
+    english = _clearly_english([r["text"] for r in books])
+    long_docs = [i for i, r in enumerate(books) if len(r["text"].split()) >= 250 and english[i]]
     plan = [(0.9, "duplicate")] * 8 + [(0.85, "duplicate")] * 8 + [(0.5, "distinct")] * 8
-    for (target, expect), i in zip(plan, long_docs):
-        variant, j = near_duplicate(books[i]["text"], target, rng, vocab)
+    bases = iter(long_docs)
+    used = set()
+    for target, expect in plan:
+        while True:
+            i = next(bases)
+            variant, j = near_duplicate(books[i]["text"], target, rng, vocab)
+            if _clearly_english([variant])[0]:
+                break
+        used.add(i)
         books.append({"text": variant, "id": f"book-{len(books)}"})
         truth["near_duplicates"].append({"a": f"00-books.jsonl.zst:{i}", "b": f"00-books.jsonl.zst:{len(books) - 1}",
                                          "jaccard": round(j, 6), "expect": expect})
-    used = set(long_docs[: len(plan)])
-    candidates = [i for i in range(len(books)) if i not in used and i < 700 * scale]
+    candidates = [i for i in range(700 * scale) if i not in used and english[i]]
     for k, item in zip(candidates[-len(CONTAMINATED):], CONTAMINATED):
         parts = books[k]["text"].split("\n\n")
         parts.insert(len(parts) // 2, EVAL_ITEMS[item])
@@ -237,7 +253,7 @@ def write_demo_corpus(out_dir: str, scale: int = 1) -> dict:
         for j in range(len(ps)):
             news.append({"text": " ".join(ps[j:] + ps[:j])})  # rotations: distinct documents
             truth["languages"].append({"id": f"01-news.jsonl.gz:{len(news) - 1}", "lang": lang})
-    dup_sources = [i for i in range(0, 700 * scale, 97) if i not in used][:6]
+    dup_sources = [i for i in range(0, 700 * scale, 41) if i not in used and english[i]][:6]
     for n, i in enumerate(dup_sources):
         text = books[i]["text"] if n % 2 == 0 else _variant_case_punct(books[i]["text"])
         news.append({"text": text})

@@ -8,6 +8,7 @@ user's own id field): stable, unique, and readable in an audit.
 from __future__ import annotations
 
 import hashlib
+import json
 
 import pyarrow as pa
 
@@ -39,6 +40,9 @@ REMOVED_SCHEMA = pa.schema([
     ("detail", pa.string()),
 ])
 
+# A document whose text a stage shortened (decontamination's `cut` policy): the new text.
+OVERRIDE_SCHEMA = pa.schema([("id", pa.string()), ("order", pa.int64()), ("part", pa.int32()), ("text", pa.string())])
+
 QUARANTINE_SCHEMA = pa.schema([
     ("source", pa.string()),
     ("position", pa.int64()),
@@ -69,3 +73,28 @@ def stable_fraction(key: str, salt: int) -> float:
     """A uniform number in [0, 1) that depends only on ``key`` and ``salt`` (train/val split)."""
     h = hashlib.blake2b(f"{salt}:{key}".encode(), digest_size=8).digest()
     return int.from_bytes(h, "big") / 2**64
+
+
+_CORE = ("id", "order", "part", "bytes", "reason")
+_NOT_DETAIL = {"text", "source", "position", "lang", "lang_score", "norm_hash", "stage", "detail", "tokens"}
+
+
+def to_removed_rows(t: pa.Table, stage: str) -> pa.Table:
+    """Any stage's removed rows in the common removed schema; extra columns go to ``detail`` JSON."""
+    for col in ("id", "order"):
+        if col not in t.column_names:
+            raise RuntimeError(f"stage {stage} returned removed rows without the {col!r} column (columns: {t.column_names})")
+    n = t.num_rows
+    orders = t.column("order").to_pylist()
+    extra = [c for c in t.column_names if c not in _CORE and c not in _NOT_DETAIL]
+    detail_cols = {c: t.column(c).to_pylist() for c in extra}
+    details = [json.dumps({c: detail_cols[c][i] for c in extra}, sort_keys=True, default=str) for i in range(n)]
+    return pa.table({
+        "id": t.column("id"),
+        "order": t.column("order").cast(pa.int64()),
+        "part": t.column("part").cast(pa.int32()) if "part" in t.column_names else pa.array([part_of(o) for o in orders], pa.int32()),
+        "bytes": t.column("bytes").cast(pa.int64()) if "bytes" in t.column_names else pa.nulls(n, pa.int64()),
+        "stage": pa.array([stage] * n, pa.string()),
+        "reason": t.column("reason").cast(pa.string()) if "reason" in t.column_names else pa.array([stage] * n, pa.string()),
+        "detail": pa.array(details, pa.string()),
+    }, schema=REMOVED_SCHEMA)

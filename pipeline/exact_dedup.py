@@ -4,33 +4,83 @@ Which copy survives: the one with the lowest ``order`` (the earliest in the sort
 files, then the earliest record in its file). That is a property of the data, not of the
 schedule, so it is the same whatever the number of workers or blocks. Every other copy is
 removed with ``duplicate_of`` = the survivor's id.
+
+How it scales: the extract stage writes, per partition, the dedup keys (hash, order, id)
+sorted by a 1-byte hash bucket. Here each task takes a range of buckets and reads only those
+rows of every partition (row-group pruning on the sorted bucket column), so a task holds
+``1/tasks`` of the keys (about 80 bytes a document), never the text. A hash group lives in
+one bucket, so tasks are independent. (Ray Data's own groupby was 40 s on the 1,400-document
+demo on 2 cores; this is well under a second.)
 """
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
-from .stage import StageResult
+from .documents import REMOVED_SCHEMA, to_removed_rows
+from .workdir import ParquetPart, WorkDir
 
+STAGE = "exact_dedup"
 REASON = "exact_duplicate"
-_EMPTY = pa.schema([("id", pa.string()), ("order", pa.int64()), ("part", pa.int32()), ("bytes", pa.int64()), ("reason", pa.string()),
-                    ("duplicate_of", pa.string())])
+BUCKETS = 256
+KEYS_PER_TASK = 2_000_000  # about 160 MB of keys per task at most
+KEY_SCHEMA = pa.schema([("bucket", pa.int32()), ("norm_hash", pa.string()), ("order", pa.int64()), ("id", pa.string()),
+                        ("part", pa.int32()), ("bytes", pa.int64())])
+REMOVED = pa.schema([("id", pa.string()), ("order", pa.int64()), ("part", pa.int32()), ("bytes", pa.int64()),
+                     ("reason", pa.string()), ("duplicate_of", pa.string())])
 
 
-def _duplicates_in_group(group: pa.Table) -> pa.Table:
-    """All rows of one hash group but the earliest; a group of one (the usual case) yields none."""
-    if group.num_rows < 2:
-        return _EMPTY.empty_table()
-    group = group.sort_by("order")
-    first = group.column("id")[0].as_py()
-    rest = group.slice(1)
-    n = rest.num_rows
-    return pa.table({"id": rest.column("id"), "order": rest.column("order"), "part": rest.column("part"),
-                     "bytes": rest.column("bytes"), "reason": pa.array([REASON] * n), "duplicate_of": pa.array([first] * n)}, schema=_EMPTY)
+def bucket_of(norm_hash: str) -> int:
+    return int(norm_hash[:2], 16) % BUCKETS
 
 
-def find_exact_duplicates(docs) -> StageResult:
-    """``docs``: a ray.data.Dataset with at least id, order, part, norm_hash."""
-    removed = (docs.select_columns(["id", "order", "part", "bytes", "norm_hash"])
-               .groupby("norm_hash").map_groups(_duplicates_in_group, batch_format="pyarrow"))
-    return StageResult(kept=None, removed=removed, stats={})
+def keys_table(rows: dict) -> pa.Table:
+    """A partition's dedup keys, sorted by (bucket, order) for pruned reads."""
+    t = pa.table({"bucket": [bucket_of(h) for h in rows["norm_hash"]], **{k: rows[k] for k in KEY_SCHEMA.names[1:]}},
+                 schema=KEY_SCHEMA)
+    return t.sort_by([("bucket", "ascending"), ("order", "ascending")])
 
+
+def find_exact_duplicates(keys: pa.Table) -> pa.Table:
+    """Every row whose ``norm_hash`` an earlier row (lower ``order``) already has, sorted by order."""
+    if keys.num_rows == 0:
+        return REMOVED.empty_table()
+    keys = keys.sort_by([("norm_hash", "ascending"), ("order", "ascending")])
+    h = np.asarray(keys.column("norm_hash").to_pylist(), dtype=object)
+    first = np.ones(len(h), dtype=bool)
+    first[1:] = h[1:] != h[:-1]
+    survivor = np.maximum.accumulate(np.where(first, np.arange(len(h)), 0))  # index of each group's first row
+    dup = ~first
+    ids = keys.column("id").to_numpy(zero_copy_only=False)
+    out = pa.table({"id": keys.column("id").filter(dup), "order": keys.column("order").filter(dup),
+                    "part": keys.column("part").filter(dup), "bytes": keys.column("bytes").filter(dup),
+                    "reason": pa.array([REASON] * int(dup.sum()), pa.string()),
+                    "duplicate_of": pa.array(ids[survivor[dup]], pa.string())}, schema=REMOVED)
+    return out.sort_by("order")
+
+
+def plan_tasks(total_docs: int) -> list[dict]:
+    """Contiguous bucket ranges, enough of them that no task holds more than KEYS_PER_TASK keys."""
+    n = max(1, min(BUCKETS, math.ceil(total_docs / KEYS_PER_TASK)))
+    edges = [round(i * BUCKETS / n) for i in range(n + 1)]
+    return [{"task": i, "lo": edges[i], "hi": edges[i + 1]} for i in range(n)]
+
+
+def dedup_task(task: dict, key_files: list[str], work_root: str) -> dict:
+    wd, name = WorkDir(work_root), f"task-{task['task']:03d}"
+    if (stats := wd.done(STAGE, name)) is not None:
+        return stats
+    flt = [("bucket", ">=", task["lo"]), ("bucket", "<", task["hi"])]
+    keys = pa.concat_tables([pq.read_table(f, filters=flt, schema=KEY_SCHEMA) for f in key_files]) if key_files \
+        else KEY_SCHEMA.empty_table()
+    removed = find_exact_duplicates(keys)
+    out = ParquetPart(wd.path("removed", STAGE, f"{name}.parquet"), REMOVED_SCHEMA)
+    out.write(to_removed_rows(removed, STAGE))
+    out.commit()
+    stats = {"keys": keys.num_rows, "removed": {REASON: removed.num_rows} if removed.num_rows else {},
+             "removed_bytes": int(sum(removed.column("bytes").to_pylist()))}
+    wd.mark_done(STAGE, name, stats)
+    return stats

@@ -29,13 +29,13 @@ from fsspec.core import url_to_fs
 
 from manifests import DatasetBuilder, EvalSet, Input, ManifestStore, code_version, sha256_json
 
+from . import exact_dedup
 from . import report as rep
 from .config import JobConfig, JobConfigError
-from .documents import REMOVED_SCHEMA, part_of
-from .exact_dedup import find_exact_duplicates
+from .documents import OVERRIDE_SCHEMA, REMOVED_SCHEMA, to_removed_rows
 from .extract import extract_partition
 from .pack import pack_split
-from .tokenize import load_tokenizer, removed_ids, tokenize_partition, train_bpe
+from .tokenize import load_tokenizer, overridden_texts, removed_ids, split_of, tokenize_partition, train_bpe
 from .workdir import ParquetPart, WorkDir, part_name, write_atomic
 
 GLOBAL_STAGES = ("exact_dedup", "fuzzy_dedup", "decontaminate")
@@ -112,7 +112,8 @@ def _map_partitions(ray, stage: str, items: list[dict], fn, concurrency: int | N
     out, t0 = [], time.perf_counter()
     for row in ds.iter_rows():
         out.append(json.loads(row["stats"]))
-        progress(stage, len(out), len(items), time.perf_counter() - t0, out)
+        if progress is not None:
+            progress(stage, len(out), len(items), time.perf_counter() - t0, out)
     return out
 
 
@@ -133,10 +134,21 @@ class Executor:
         return section is not None and section.get("enabled", True) is not False
 
     def _check_optional_stages(self) -> None:
-        """Fail before any work if the job enables a stage whose module is not installed."""
+        """Fail before any work if an enabled stage is not installed or its section is invalid."""
+        self.stage_configs = {}
         for stage in self.global_stages:
-            if stage != "exact_dedup":
-                self._stage_module(stage)
+            if stage == "exact_dedup":
+                continue
+            module = self._stage_module(stage)
+            section = dict(getattr(self.job, stage))
+            section.pop("enabled", None)
+            try:
+                if stage == "fuzzy_dedup":
+                    self.stage_configs[stage] = module.FuzzyDedupConfig.from_dict(section)
+                else:
+                    self.stage_configs[stage] = module.DecontamConfig.from_dict(section, base_dir=self.job.base_dir)
+            except ValueError as e:
+                raise JobConfigError(f"job section {stage}: {e}") from None
 
     @staticmethod
     def _stage_module(stage: str):
@@ -168,12 +180,11 @@ class Executor:
                 st = self._global_stage(ray, stage, removed_files)
                 global_stats[stage] = st
                 eval_sets += st.get("detail", {}).get("eval_sets", [])
-                removed_files.append(self.wd.path("removed", stage, "all.parquet"))
+                removed_files += sorted(_glob.glob(self.wd.path("removed", stage, "*.parquet")))
             tok_path = self._tokenizer(removed_files)
             tok_stats = self._tokenize(ray, tok_path, removed_files)
-        result = self._pack_and_publish(tok_path, extract_stats, global_stats, tok_stats, eval_sets)
-        self.timings["total"] = {"seconds": time.perf_counter() - t_all}
-        return result
+        self.timings["total"] = {"start": t_all}
+        return self._pack_and_publish(tok_path, extract_stats, global_stats, tok_stats, eval_sets)
 
     # -- stages -------------------------------------------------------------------------------
     def _extract(self, ray) -> list[dict]:
@@ -204,35 +215,80 @@ class Executor:
             return done
         t0 = time.perf_counter()
         self.log(f"[{stage}] running")
-        docs = self.survivors(ray, removed_files)
         if stage == "exact_dedup":
-            result = find_exact_duplicates(docs)
+            stats = self._exact_dedup(ray)
         else:
-            module = self._stage_module(stage)
-            cfg_cls = module.FuzzyDedupConfig if stage == "fuzzy_dedup" else module.DecontamConfig
-            fn = module.find_near_duplicates if stage == "fuzzy_dedup" else module.decontaminate
-            section = dict(getattr(self.job, stage))
-            section.pop("enabled", None)
-            stage_dir = self.wd.path("stages", stage)
-            os.makedirs(stage_dir, exist_ok=True)
-            result = fn(docs, cfg_cls.from_dict(section), stage_dir)
-        path = self.wd.path("removed", stage, "all.parquet")
-        out = ParquetPart(path, REMOVED_SCHEMA)
-        removed: dict[str, int] = {}
-        removed_bytes = 0
-        for table in _sorted_removed(result.removed):
-            rows = _to_removed_rows(table, stage)
-            for r in rows.column("reason").to_pylist():
-                removed[r] = removed.get(r, 0) + 1
-            removed_bytes += sum(b or 0 for b in rows.column("bytes").to_pylist())
-            out.write(rows)
-        out.commit()
-        stats = {"removed": removed, "removed_bytes": removed_bytes, "detail": result.stats or {}}
+            stats = self._pluggable_stage(ray, stage, removed_files)
         seconds = time.perf_counter() - t0
         self.wd.mark_done(stage, "all", {**stats, "_seconds": seconds})
         self.timings[stage] = {"seconds": seconds, "resumed_parts": 0}
-        self.log(f"[{stage}] removed {sum(removed.values()):,} documents ({removed}) in {seconds:.1f}s")
+        self.log(f"[{stage}] removed {sum(stats['removed'].values()):,} documents {stats['removed']} in {seconds:.1f}s")
         return stats
+
+    def _exact_dedup(self, ray) -> dict:
+        total = sum(self.wd.done("extract", part_name(t["part"]))["language"]["documents_out"] for t in self.tasks)
+        key_files = [self.wd.path("keys", f"{part_name(t['part'])}.parquet") for t in self.tasks]
+        root = self.wd.root
+        results = _map_partitions(ray, "exact_dedup", exact_dedup.plan_tasks(total),
+                                  lambda t: exact_dedup.dedup_task(t, key_files, root), self.job.ray.concurrency, None)
+        removed = {}
+        for r in results:
+            _add_counts(removed, r["removed"])
+        return {"removed": removed, "removed_bytes": sum(r["removed_bytes"] for r in results), "detail": {}}
+
+    def _pluggable_stage(self, ray, stage: str, removed_files: list[str]) -> dict:
+        """fuzzy_dedup / decontaminate: a function over the surviving documents -> StageResult(s)."""
+        module, cfg = self._stage_module(stage), self.stage_configs[stage]
+        stage_dir = self.wd.path("stages", stage)
+        os.makedirs(stage_dir, exist_ok=True)
+        docs = self.survivors(ray, removed_files)
+        if stage == "fuzzy_dedup":
+            results = [module.find_near_duplicates(docs, cfg, stage_dir)]
+        else:
+            results = [module.decontaminate(docs, cfg, stage_dir)]
+            split = self.job.split
+            if cfg.against_validation and split.validation_fraction > 0:
+                # Train must not contain validation text either: check it against the split.
+                kept = results[0].kept
+                train = kept.filter(lambda r: split_of(r["id"], split) == "train")
+                val = kept.filter(lambda r: split_of(r["id"], split) == "validation")
+                results.append(module.decontaminate_against_docs(train, val, cfg, stage_dir))
+        tables = [t for r in results if (t := _collect_removed(r.removed)) is not None]
+        rows = (pa.concat_tables([to_removed_rows(t, stage) for t in tables]).sort_by("order") if tables
+                else REMOVED_SCHEMA.empty_table())
+        out = ParquetPart(self.wd.path("removed", stage, "all.parquet"), REMOVED_SCHEMA)
+        out.write(rows)
+        out.commit()
+        self._write_overrides(stage, [r.kept for r in results])
+        removed: dict[str, int] = {}
+        for r in rows.column("reason").to_pylist():
+            removed[r] = removed.get(r, 0) + 1
+        detail = results[0].stats or {}
+        if len(results) > 1:
+            detail = {**detail, "against_validation": results[1].stats or {}}
+            detail["eval_sets"] = list(detail.get("eval_sets", [])) + list((results[1].stats or {}).get("eval_sets", []))
+        return {"removed": removed, "removed_bytes": sum(b or 0 for b in rows.column("bytes").to_pylist()), "detail": detail}
+
+    def _write_overrides(self, stage: str, kept_sets: list) -> None:
+        """Documents a stage kept with shorter text (decontamination's ``cut`` policy).
+
+        A stage that only removes documents writes an empty file. Later sets win: the second
+        decontamination pass saw the first pass's cuts.
+        """
+        texts: dict[str, dict] = {}
+        for kept in kept_sets:
+            if kept is None or "bytes" not in kept.schema().names:
+                continue
+            for t in kept.map_batches(_changed_texts, batch_format="pyarrow").iter_batches(batch_format="pyarrow"):
+                for row in t.to_pylist():
+                    texts[row["id"]] = row
+        rows = sorted(texts.values(), key=lambda r: r["order"])
+        out = ParquetPart(self.wd.path("overrides", stage, "all.parquet"), OVERRIDE_SCHEMA)
+        out.write(pa.Table.from_pylist(rows, schema=OVERRIDE_SCHEMA))
+        out.commit()
+
+    def override_files(self) -> list[str]:
+        return [p for s in self.global_stages if os.path.exists(p := self.wd.path("overrides", s, "all.parquet"))]
 
     def _tokenizer(self, removed_files: list[str]) -> str:
         cfg = self.job.tokenizer
@@ -243,35 +299,38 @@ class Executor:
         if self.wd.done("tokenizer", "train") is not None:
             return path
         t0 = time.perf_counter()
-        sample = list(self._sample_texts(removed_files, cfg.sample_bytes))
+        self.timings["tokenizer_training"] = {"seconds": 0.0}
+        sample = list(self._sample_texts(removed_files, cfg.sample_bytes, self.override_files()))
         self.log(f"[tokenizer] training byte-level BPE (vocab {cfg.vocab_size}) on {len(sample):,} documents")
         tmp = path + ".tmp.json"
         train_bpe(sample, cfg, tmp)
         os.replace(tmp, path)
         self.wd.mark_done("tokenizer", "train", {"documents": len(sample), "seconds": time.perf_counter() - t0})
+        self.timings["tokenizer_training"] = {"seconds": time.perf_counter() - t0}
         return path
 
-    def _sample_texts(self, removed_files: list[str], budget: int):
+    def _sample_texts(self, removed_files: list[str], budget: int, override_files: list[str]):
         """The first surviving documents in global order, up to ``budget`` bytes."""
         for t, f in zip(self.tasks, self.docs_files()):
             drop = removed_ids(removed_files, t["part"])
+            new_text = overridden_texts(override_files, t["part"])
             for batch in pq.ParquetFile(f).iter_batches(columns=["id", "text", "bytes"], batch_size=1024):
                 for doc_id, text, n in zip(*(batch.column(i).to_pylist() for i in range(3))):
                     if doc_id in drop:
                         continue
                     if budget <= 0:
                         return
-                    yield text
+                    yield new_text.get(doc_id, text)
                     budget -= n
 
     def _tokenize(self, ray, tok_path: str, removed_files: list[str]) -> list[dict]:
         t0 = time.perf_counter()
-        job, root = self.job, self.wd.root
+        job, root, overrides = self.job, self.wd.root, self.override_files()
         parts = [t["part"] for t in self.tasks]
         todo = [{"part": p} for p in parts if self.wd.done("tokenize", part_name(p)) is None]
         self.log(f"[tokenize] {len(parts) - len(todo)} of {len(parts)} partitions already done")
         _map_partitions(ray, "tokenize", todo,
-                        lambda t: tokenize_partition(t["part"], tok_path, job.tokenizer, job.split, root, removed_files),
+                        lambda t: tokenize_partition(t["part"], tok_path, job.tokenizer, job.split, root, removed_files, overrides),
                         job.ray.concurrency, self.progress)
         self.timings["tokenize"] = {"seconds": time.perf_counter() - t0, "resumed_parts": len(parts) - len(todo)}
         return [self.wd.done("tokenize", part_name(p)) for p in parts]
@@ -298,6 +357,7 @@ class Executor:
                                     eval_sets=[EvalSet(**e) for e in eval_sets])
         published = ManifestStore(job.output.store).publish(manifest, staging)
         self.timings["publish"] = {"seconds": time.perf_counter() - t0, "resumed_parts": 0}
+        self.timings["total"]["seconds"] = time.perf_counter() - self.timings["total"]["start"]
         report = rep.build_report(stats, extract_stats, tok_stats, self.timings, published, self.wd.root)
         self._write_outputs(report)
         return RunResult(published.manifest.sha256, published.url, published.manifest.version, report, self.wd.root)
@@ -308,7 +368,8 @@ class Executor:
         rep.export_jsonl([self.wd.path("quarantine", f"{part_name(t['part'])}.parquet") for t in self.tasks],
                          self.wd.path("quarantine.jsonl"))
         removed = [self.wd.path("removed", "language", f"{part_name(t['part'])}.parquet") for t in self.tasks]
-        removed += [self.wd.path("removed", s, "all.parquet") for s in self.global_stages]
+        for stage in self.global_stages:
+            removed += sorted(_glob.glob(self.wd.path("removed", stage, "*.parquet")))
         rep.export_jsonl(removed, self.wd.path("removed.jsonl"))
 
 
@@ -318,6 +379,18 @@ def _stage_docs(stage: str, s: dict) -> int:
 
 def _stage_bytes(stage: str, s: dict) -> int:
     return s["input"]["bytes"] if stage == "extract" else s.get("bytes_in", 0)
+
+
+def _add_counts(into: dict, counts: dict) -> None:
+    for k, v in counts.items():
+        into[k] = into.get(k, 0) + v
+
+
+def _changed_texts(batch: pa.Table) -> pa.Table:
+    """Rows whose text is no longer the extracted one (its UTF-8 length differs from ``bytes``)."""
+    lengths = [len(t.encode()) if t is not None else -1 for t in batch.column("text").to_pylist()]
+    changed = pa.array([n != b for n, b in zip(lengths, batch.column("bytes").to_pylist())], pa.bool_())
+    return batch.filter(changed).select(OVERRIDE_SCHEMA.names).cast(OVERRIDE_SCHEMA)
 
 
 def _drop_removed(batch: pa.Table, removed_files: tuple[str, ...]) -> pa.Table:
@@ -340,43 +413,14 @@ def _removed_ids_cached(files: tuple[str, ...], part: int) -> set[str]:
     return _CACHE[key]
 
 
-def _sorted_removed(ds):
-    """A stage's removed rows sorted by order (so later per-partition lookups prune row groups)."""
+def _collect_removed(ds) -> pa.Table | None:
+    """A stage's removed rows, in the driver (they are the minority of documents)."""
     if ds is None:
-        return
+        return None
     if isinstance(ds, pa.Table):
-        yield ds.sort_by("order") if "order" in ds.column_names else ds
-        return
-    if ds.count() == 0:
-        return
-    for batch in ds.sort("order").iter_batches(batch_format="pyarrow", batch_size=8192):
-        if batch.num_rows:
-            yield batch
-
-
-_CORE = ("id", "order", "part", "bytes", "reason")
-_NOT_DETAIL = {"text", "source", "position", "lang", "lang_score", "norm_hash", "stage", "detail", "tokens"}
-
-
-def _to_removed_rows(t: pa.Table, stage: str) -> pa.Table:
-    """Any stage's removed rows in the common removed schema; extra columns go to ``detail`` JSON."""
-    for col in ("id", "order"):
-        if col not in t.column_names:
-            raise RuntimeError(f"stage {stage} returned removed rows without the {col!r} column (columns: {t.column_names})")
-    n = t.num_rows
-    orders = t.column("order").to_pylist()
-    extra = [c for c in t.column_names if c not in _CORE and c not in _NOT_DETAIL]
-    detail_cols = {c: t.column(c).to_pylist() for c in extra}
-    details = [json.dumps({c: detail_cols[c][i] for c in extra}, sort_keys=True, default=str) for i in range(n)]
-    return pa.table({
-        "id": t.column("id"),
-        "order": t.column("order").cast(pa.int64()),
-        "part": t.column("part").cast(pa.int32()) if "part" in t.column_names else pa.array([part_of(o) for o in orders], pa.int32()),
-        "bytes": t.column("bytes").cast(pa.int64()) if "bytes" in t.column_names else pa.nulls(n, pa.int64()),
-        "stage": pa.array([stage] * n, pa.string()),
-        "reason": t.column("reason").cast(pa.string()) if "reason" in t.column_names else pa.array([stage] * n, pa.string()),
-        "detail": pa.array(details, pa.string()),
-    }, schema=REMOVED_SCHEMA)
+        return ds
+    tables = [b for b in ds.iter_batches(batch_format="pyarrow", batch_size=8192) if b.num_rows]
+    return pa.concat_tables(tables, promote_options="default") if tables else None
 
 
 def prepare(job: JobConfig, *, address: str | None = None, quiet: bool = False) -> RunResult:

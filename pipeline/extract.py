@@ -14,6 +14,7 @@ from manifests.hashing import sha256_file
 
 from .config import ExtractConfig, LanguageConfig
 from .documents import DOC_SCHEMA, QUARANTINE_SCHEMA, REMOVED_SCHEMA, make_id, make_order, norm_hash
+from .exact_dedup import KEY_SCHEMA, keys_table
 from .langid import identify
 from .readers import read_records
 from .workdir import ParquetPart, WorkDir, part_name
@@ -33,6 +34,7 @@ def extract_partition(task: dict, extract: ExtractConfig, language: LanguageConf
     quarantine = ParquetPart(wd.path("quarantine", f"{name}.parquet"), QUARANTINE_SCHEMA)
     ex = {"records": 0, "documents": 0, "bytes_out": 0, "quarantined": {}, "seconds": 0.0}
     lg = {"documents_in": 0, "bytes_in": 0, "documents_out": 0, "bytes_out": 0, "removed": {}, "languages": {}, "seconds": 0.0}
+    keys = {k: [] for k in KEY_SCHEMA.names[1:]}  # one partition's dedup keys (~80 B a document)
     t0 = time.perf_counter()
     batch: list[dict] = []
     for index, rec in enumerate(read_records(task["uri"], task["format"], task["text_field"], task["id_field"],
@@ -54,11 +56,13 @@ def extract_partition(task: dict, extract: ExtractConfig, language: LanguageConf
         batch.append(rec)
         if len(batch) >= batch_rows:
             ex["seconds"] += time.perf_counter() - t0
-            _finish_batch(batch, task, language, docs, removed, ex, lg)
+            _finish_batch(batch, task, language, docs, removed, keys, ex, lg)
             batch, t0 = [], time.perf_counter()
     ex["seconds"] += time.perf_counter() - t0
-    _finish_batch(batch, task, language, docs, removed, ex, lg)
-    for p in (docs, removed, quarantine):
+    _finish_batch(batch, task, language, docs, removed, keys, ex, lg)
+    key_file = ParquetPart(wd.path("keys", f"{name}.parquet"), KEY_SCHEMA, row_group_size=4096)
+    key_file.write(keys_table(keys))
+    for p in (docs, removed, quarantine, key_file):
         p.commit()
     stats = {"part": part, "uri": task["uri"], "input": {"bytes": size, "sha256": sha}, "extract": ex, "language": lg,
              "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
@@ -67,7 +71,7 @@ def extract_partition(task: dict, extract: ExtractConfig, language: LanguageConf
 
 
 def _finish_batch(batch: list[dict], task: dict, language: LanguageConfig, docs: ParquetPart, removed: ParquetPart,
-                  ex: dict, lg: dict) -> None:
+                  keys: dict, ex: dict, lg: dict) -> None:
     if not batch:
         return
     texts = [r["text"] for r in batch]
@@ -104,3 +108,5 @@ def _finish_batch(batch: list[dict], task: dict, language: LanguageConfig, docs:
     out["norm_hash"] = [norm_hash(t) for t in out["text"]]  # exact dedup's key, computed while the text is at hand
     ex["hash_seconds"] = ex.get("hash_seconds", 0.0) + time.perf_counter() - t0
     docs.write(out)
+    for k in keys:
+        keys[k].extend(out[k])

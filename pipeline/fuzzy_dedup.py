@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, fields
 import numpy as np
 import pyarrow as pa
 
-from pipeline.components import connected_components, dedupe
+from pipeline.components import connected_components
 from pipeline.lsh import LSHParams, band_keys, make_params, optimal_params
 from pipeline.minhash import MinHasher, jaccard
 from pipeline.stage import StageResult
@@ -133,13 +133,13 @@ def _at_least(batch: dict, threshold: float) -> dict:
 
 
 def _best_link(batch: dict) -> dict:
-    """One partition of (node, other, similarity): keep each node's most similar linked document."""
+    """One partition of (node, other, similarity): each node's most similar linked document."""
     node, other, sim = batch["node"], batch["other"], batch["similarity"]
     idx = np.lexsort((other, -sim, node))  # best similarity first, ties to the earliest document
-    node, other, sim = node[idx], other[idx], sim[idx]
     first = np.ones(len(node), dtype=bool)
-    first[1:] = node[1:] != node[:-1]
-    return {"node": node[first], "linked": other[first], "similarity": sim[first]}
+    first[1:] = node[idx][1:] != node[idx][:-1]
+    pick = idx[first]
+    return {"node": node[pick], "linked": other[pick], "similarity": sim[pick]}
 
 
 def _both_ends(batch: dict) -> dict:
@@ -150,20 +150,31 @@ def _both_ends(batch: dict) -> dict:
     }
 
 
+def _distinct_pairs(batch: dict) -> dict:
+    """Drop repeated (hi, lo) rows: a pair sharing several bands is one candidate. The join output
+    is keyed by ``hi``, so copies of a pair share a block unless Ray split a huge partition; a
+    copy that slips through only costs one more similarity (later steps ignore duplicates)."""
+    idx = np.lexsort((batch["lo"], batch["hi"]))
+    hi, lo = batch["hi"][idx], batch["lo"][idx]
+    keep = np.ones(len(hi), dtype=bool)
+    keep[1:] = (hi[1:] != hi[:-1]) | (lo[1:] != lo[:-1])
+    return {k: v[idx][keep] for k, v in batch.items()}
+
+
 def _join_texts(edges, texts, num_partitions: int):
-    """Attach both documents' texts to each (hi, lo) edge."""
+    """Attach both documents' texts to each distinct (hi, lo) candidate edge."""
     on_hi = edges.join(texts.rename_columns({"order": "hi", "text": "text_hi"}), "inner", num_partitions, on=("hi",))
+    on_hi = on_hi.map_batches(_distinct_pairs, batch_size=None, batch_format="numpy")
     return on_hi.join(texts.rename_columns({"order": "lo", "text": "text_lo"}), "inner", num_partitions, on=("lo",))
 
 
-def _histogram(sizes: list[int]) -> dict:
-    """Cluster size -> number of clusters (JSON keys are strings)."""
-    values, counts = np.unique(np.asarray(sizes, dtype=np.int64), return_counts=True)
-    return {str(int(v)): int(c) for v, c in zip(values, counts)}
-
-
 def find_near_duplicates(docs, cfg: FuzzyDedupConfig, work_dir: str) -> StageResult:
-    """Remove near-duplicates from ``docs`` (a ray.data.Dataset with ``id``, ``order``, ``text``)."""
+    """Remove near-duplicates from ``docs`` (a ray.data.Dataset with ``id``, ``order``, ``text``).
+
+    Joins and repartitions hash-partition by key into ``cfg.num_partitions`` blocks, one per
+    partition (the guarantee Ray's own ``map_groups`` relies on), so the per-partition numpy
+    steps see every row of a key together.
+    """
     missing = {"id", "order", "text"} - set(docs.schema().names)
     if missing:
         raise ValueError(f"fuzzy_dedup: input documents lack column(s) {sorted(missing)}")
@@ -173,32 +184,28 @@ def find_near_duplicates(docs, cfg: FuzzyDedupConfig, work_dir: str) -> StageRes
 
     bands = texts.map_batches(_band_rows, fn_args=(cfg, params.bands, params.rows),
                               batch_size=cfg.batch_size, batch_format="numpy")
-    candidates = (bands.repartition(p, keys=["band", "key"])
-                  .map_batches(_bucket_edges, batch_size=None, batch_format="numpy")
-                  .repartition(p, keys=["hi"])
-                  .map_batches(dedupe, batch_size=None,  # a pair can share several bands
-                                batch_format="numpy")).materialize()
-    n_candidates = candidates.count()
-
-    scored = _join_texts(candidates, texts, p).map_batches(
-        _similarity if cfg.verify else _estimated_similarity, fn_args=(cfg,), batch_format="numpy")
-    if cfg.verify:
-        scored = scored.map_batches(_at_least, fn_args=(cfg.threshold,), batch_format="numpy")
+    candidates = bands.repartition(p, keys=["band", "key"]).map_batches(
+        _bucket_edges, batch_size=None, batch_format="numpy")
+    score = _similarity if cfg.verify else _estimated_similarity
+    scored = _join_texts(candidates, texts, p).map_batches(score, fn_args=(cfg,), batch_format="numpy")
     scored = scored.materialize()
+    n_candidates = scored.count()
+    if cfg.verify:  # exact Jaccard below the threshold: an LSH false positive
+        scored = scored.map_batches(_at_least, fn_args=(cfg.threshold,), batch_format="numpy").materialize()
 
     clusters = connected_components(scored.select_columns(["hi", "lo"]), p)
-    links = (scored.map_batches(_both_ends, batch_format="numpy").repartition(p, keys=["node"])
-             .map_batches(_best_link, batch_size=None, batch_format="numpy"))
-    removed_info = clusters.join(links, "inner", p, on=("node",)).materialize()
+    # Per document, the most similar edge that linked it (repartitioned so a node's edges meet).
+    best = (scored.map_batches(_both_ends, batch_format="numpy").repartition(p, keys=["node"])
+            .map_batches(_best_link, batch_size=None, batch_format="numpy"))
+    linked = clusters.join(best, "inner", p, on=("node",))
+    survivor_ids = docs.select_columns(["order", "id"]).rename_columns({"order": "root", "id": "duplicate_of"})
+    removed_info = linked.join(survivor_ids, "inner", p, on=("root",)).materialize()
 
-    ids = docs.select_columns(["order", "id"])
-    survivor_ids = ids.rename_columns({"order": "root", "id": "duplicate_of"})
-    removed_info = removed_info.join(survivor_ids, "inner", p, on=("root",)).materialize()
     detail = removed_info.select_columns(["node", "duplicate_of", "similarity"]).rename_columns({"node": "order"})
     removed = docs.join(detail, "inner", p, on=("order",)).map_batches(_add_reason, batch_format="pyarrow")
     kept = docs.join(detail.select_columns(["order"]), "left_anti", p, on=("order",))
 
-    stats = _stats(docs.count(), removed_info, removed, params, cfg, n_candidates, scored.count())
+    stats = _stats(docs.count(), removed_info, params, cfg, n_candidates, scored.count())
     return StageResult(kept=kept, removed=removed, stats=stats)
 
 
@@ -208,24 +215,40 @@ def _add_reason(table: pa.Table) -> pa.Table:
     return table.append_column("cluster", table.column("duplicate_of"))
 
 
-def _stats(n_docs: int, removed_info, removed, params: LSHParams, cfg: FuzzyDedupConfig, n_candidates: int,
+def _size_histogram(batch: dict) -> dict:
+    """Histogram rows (size, clusters) of a batch of per-survivor removed counts."""
+    sizes, counts = np.unique(batch["count()"] + 1, return_counts=True)
+    return {"size": sizes.astype(np.int64), "clusters": counts.astype(np.int64)}
+
+
+def _earliest(batch: dict, k: int) -> dict:
+    """The k earliest removed documents of a batch (the driver merges these few rows)."""
+    idx = np.argsort(batch["node"], kind="stable")[:k]
+    return {c: batch[c][idx] for c in ("node", "duplicate_of", "linked", "similarity")}
+
+
+def _stats(n_docs: int, removed_info, params: LSHParams, cfg: FuzzyDedupConfig, n_candidates: int,
            n_linked: int) -> dict:
-    # removed_info has one row per removed document; cluster sizes are counted per survivor.
-    per_root = removed_info.groupby("root").count().take_all()
-    sizes = [int(r["count()"]) + 1 for r in per_root]
-    sample = (removed.select_columns(["order", "id", "duplicate_of", "similarity"]).sort("order")
-              .limit(cfg.sample_pairs).take_all()) if cfg.sample_pairs else []
+    histogram: dict[int, int] = {}
+    per_survivor = removed_info.groupby("root").count()  # one row per cluster, on the workers
+    for row in per_survivor.map_batches(_size_histogram, batch_format="numpy").take_all():
+        histogram[int(row["size"])] = histogram.get(int(row["size"]), 0) + int(row["clusters"])
+    sample = []
+    if cfg.sample_pairs:
+        rows = removed_info.map_batches(_earliest, fn_args=(cfg.sample_pairs,), batch_format="numpy").take_all()
+        sample = sorted(rows, key=lambda r: int(r["node"]))[: cfg.sample_pairs]
     return {
         "documents_in": n_docs,
-        "documents_removed": int(removed_info.count()),
+        "documents_removed": sum((size - 1) * n for size, n in histogram.items()),
         "lsh": params.to_dict(),
         "config": asdict(cfg),
         "candidate_pairs": n_candidates,
         "pairs_linked": n_linked,
-        "clusters": len(sizes),
-        "cluster_sizes": _histogram(sizes),
-        "sample_pairs": [
-            {"removed": r["id"], "survivor": r["duplicate_of"], "similarity": round(float(r["similarity"]), 4)}
+        "clusters": sum(histogram.values()),
+        "cluster_sizes": {str(size): histogram[size] for size in sorted(histogram)},
+        "sample_pairs": [  # by input order: the removed document, its survivor, the one that linked it
+            {"removed_order": int(r["node"]), "survivor": str(r["duplicate_of"]), "linked_order": int(r["linked"]),
+             "similarity": round(float(r["similarity"]), 4)}
             for r in sample
         ],
     }

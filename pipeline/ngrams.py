@@ -75,27 +75,26 @@ class WordHashes:
 def word_hashes(normalized: list[str]) -> WordHashes:
     """Hash every word of already-normalised texts (``pipeline.text.normalize`` output).
 
-    Normalised text has no newline and single spaces between words, so the batch is one
-    buffer joined by newlines and a word is a maximal run of bytes that are neither.
+    Normalised text is words separated by single spaces, with no other byte <= 0x20. The
+    non-empty texts are joined by newlines into one buffer, so every separator is one byte
+    between two words and the whole batch is hashed in a handful of numpy passes.
     """
-    buf = np.frombuffer("\n".join(normalized).encode("utf-8"), dtype=np.uint8)
-    sep = (buf == _SEP[0]) | (buf == _SEP[1])
-    edges = np.diff(np.concatenate(([0], (~sep).view(np.int8), [0])).astype(np.int8))
-    starts = np.flatnonzero(edges == 1)
-    ends = np.flatnonzero(edges == -1)
-    text_of_byte_pos = np.cumsum(buf == _SEP[1])  # newlines before (and at) each byte
-    texts = len(normalized)
-    if len(starts) == 0:
-        return WordHashes(np.zeros(0, np.uint64), np.zeros(0, np.int64), np.zeros(texts + 1, np.int64))
+    nonempty = [t for t in normalized if t]
+    buf = np.frombuffer("\n".join(nonempty).encode("utf-8"), dtype=np.uint8)
+    sep = np.flatnonzero(buf <= 0x20)
+    starts = np.concatenate(([0], sep + 1)) if len(buf) else np.zeros(0, np.int64)
+    ends = np.concatenate((sep, [len(buf)])) if len(buf) else np.zeros(0, np.int64)
     # Polynomial byte hash of buf[s:e] = sum b[k] * B**(e-1-k) = B**(e-1) * sum b[k] * B**-k.
-    terms = (buf.astype(np.uint64) + np.uint64(1)) * _powers(_BYTE_BASE_INV, len(buf))
+    terms = buf.astype(np.uint64) * _powers(_BYTE_BASE_INV, len(buf))
     terms[sep] = 0
-    sums = np.add.reduceat(terms, starts)  # each word's run ends at the next separator
-    raw = sums * _powers(_BYTE_BASE, len(buf))[ends - 1]
+    sums = np.add.reduceat(terms, starts) if len(buf) else np.zeros(0, np.uint64)
+    raw = sums * _powers(_BYTE_BASE, len(buf) + 1)[ends - 1]
     hashes = mix64(raw ^ (ends - starts).astype(np.uint64))
-    text = text_of_byte_pos[starts].astype(np.int64)
-    first = np.searchsorted(text, np.arange(texts + 1), side="left").astype(np.int64)
-    return WordHashes(hashes, text, first)
+    # Which text each word is in: count the newlines before it, then skip the empty texts.
+    in_nonempty = np.concatenate(([0], np.cumsum(buf[sep] == _SEP[1]))).astype(np.int64)
+    text = np.flatnonzero([bool(t) for t in normalized])[in_nonempty] if len(buf) else np.zeros(0, np.int64)
+    first = np.searchsorted(text, np.arange(len(normalized) + 1), side="left").astype(np.int64)
+    return WordHashes(hashes, text.astype(np.int64), first)
 
 
 def gram_hashes(wh: WordHashes, length: int) -> tuple[np.ndarray, np.ndarray]:
@@ -290,34 +289,53 @@ def build_index(eval_sets: Iterable[tuple[str, Iterable[tuple[str, str]]]], n: i
     """
     if n < 1:
         raise ValueError(f"n-gram size must be >= 1, got {n}")
-    set_names, set_first, item_ids, item_grams = [], [0], [], []
-    hash_parts, owner_parts, lengths = [], [], {n}
+    set_names, set_first, item_ids, texts = [], [0], [], []
     for name, items in eval_sets:
         if name in set_names:
             raise ValueError(f"eval set name {name!r} is used twice; names must be unique")
         set_names.append(name)
         for item_id, text in items:
-            item = len(item_ids)
             item_ids.append(str(item_id))
-            size = len(words(text))
-            if size == 0 or size < min_item_words:
-                item_grams.append(0)
-                continue
-            grams = text_grams(text, n)
-            lengths.add(min(size, n))
-            item_grams.append(len(grams))
-            hash_parts.append(grams)
-            owner_parts.append(np.full(len(grams), item, np.int64))
+            texts.append(normalize(text or ""))
         set_first.append(len(item_ids))
-    hashes = np.concatenate(hash_parts) if hash_parts else np.zeros(0, np.uint64)
-    owners = np.concatenate(owner_parts) if owner_parts else np.zeros(0, np.int64)
-    order = np.lexsort((owners, hashes))  # by hash, then item: deterministic owner order
+    hash_parts, owner_parts, lengths, done = [], [], {n}, 0
+    for chunk in _byte_chunks(texts, _CHUNK_BYTES):  # a batch of items at a time, like documents
+        hashes, owners, short = _item_grams(chunk, n, min_item_words)
+        hash_parts.append(hashes)
+        owner_parts.append(owners + done)
+        lengths |= short
+        done += len(chunk)
+    hashes, owners = np.concatenate(hash_parts), np.concatenate(owner_parts)
+    order = np.lexsort((owners, hashes))  # by hash, then item: a deterministic owner order
     hashes, owners = hashes[order], owners[order]
+    distinct = np.ones(len(hashes), bool)  # one entry per (gram, item): repeats in an item count once
+    distinct[1:] = (hashes[1:] != hashes[:-1]) | (owners[1:] != owners[:-1])
+    hashes, owners = hashes[distinct], owners[distinct]
     unique, first = np.unique(hashes, return_index=True)
     return NgramIndex(n=n, set_names=set_names, set_first=np.asarray(set_first, np.int64), item_ids=item_ids,
-                      item_grams=np.asarray(item_grams, np.int64), hashes=unique,
+                      item_grams=np.bincount(owners, minlength=len(item_ids)).astype(np.int64), hashes=unique,
                       owner_ptr=np.append(first, len(hashes)).astype(np.int64), owners=owners,
                       lengths=tuple(sorted(lengths, reverse=True)))
+
+
+def _item_grams(normalized: list[str], n: int, min_item_words: int) -> tuple[np.ndarray, np.ndarray, set[int]]:
+    """(gram hashes, item of each, short lengths) of a batch of normalised eval items."""
+    wh = word_hashes(normalized)
+    size = np.diff(wh.first)  # words per item
+    indexed = size >= max(1, min_item_words)
+    hashes, owners, short = [], [], set()
+    grams, start = gram_hashes(wh, n)
+    item = wh.text[start]
+    hashes.append(grams[indexed[item]])
+    owners.append(item[indexed[item]])
+    for length in np.unique(size[indexed & (size < n)]).tolist():  # short items: the whole item, once
+        grams, start = gram_hashes(wh, length)
+        item = wh.text[start]
+        mine = size[item] == length
+        hashes.append(grams[mine])
+        owners.append(item[mine])
+        short.add(length)
+    return np.concatenate(hashes), np.concatenate(owners).astype(np.int64), short
 
 
 # --------------------------------------------------------------------------------------

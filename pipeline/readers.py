@@ -151,36 +151,89 @@ def read_text(uri: str) -> Iterator[dict]:
         yield bad(0, "invalid_utf8", str(e), data)
 
 
+class _StopAtCorruption:
+    """Ends the stream quietly where decompression fails, and remembers why.
+
+    FastWARC reads ahead in large chunks; if the error reached it, the records before the
+    cut would be lost with it. This way they are read, and the caller reports the cut.
+    (FastWARC also seeks and tells, which the gzip/zstd streams support going forward.)
+    """
+
+    def __init__(self, stream):
+        self._s, self.error = stream, None
+        self._read1 = getattr(stream, "read1", stream.read)
+
+    def read(self, n: int = -1) -> bytes:
+        # Small read1 steps: a failing read() would discard what it decompressed before the cut.
+        out = bytearray()
+        while self.error is None and (n < 0 or len(out) < n):
+            try:
+                chunk = self._read1(65536 if n < 0 else min(65536, n - len(out)))
+            except (EOFError, OSError) as e:
+                self.error = e
+                break
+            if not chunk:
+                break
+            out += chunk
+        return bytes(out)
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        try:
+            return self._s.seek(offset, whence)
+        except (EOFError, OSError) as e:
+            self.error = self.error or e
+            return self._s.tell()
+
+    def tell(self) -> int:
+        return self._s.tell()
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        pass
+
+
 def read_warc(uri: str, main_content: bool = True) -> Iterator[dict]:
     """HTTP responses of a WARC file, HTML converted to text with resiliparse.
 
-    The stream is decompressed in Python (not by FastWARC) so a truncated .warc.gz raises
-    instead of ending quietly; ``position`` is the byte offset in the uncompressed WARC.
+    The stream is decompressed in Python (not by FastWARC) so a truncated .warc.gz is noticed;
+    the record that the cut went through is quarantined as ``truncated`` (with the records
+    before it read normally). ``position`` is the byte offset in the uncompressed WARC.
     """
     from fastwarc.warc import ArchiveIterator, WarcRecordType
 
+    with fsspec.open(uri, "rb") as f:
+        stream = _StopAtCorruption(open_stream(f, uri))
+        pending = None  # hold one record back: if the file was cut, the last one is incomplete
+        for record in ArchiveIterator(stream, record_types=WarcRecordType.response,
+                                      parse_http=True, stream_detect=False, fsspec_args=False):
+            if pending is not None:
+                yield pending
+            pending = _warc_record(record, main_content)
+        if stream.error is not None:
+            where = pending["position"] if pending is not None else 0
+            yield bad(where, "truncated", f"WARC stream ended early in the record at byte {where}: {stream.error}")
+        elif pending is not None:
+            yield pending
+
+
+def _warc_record(record, main_content: bool) -> dict:
     from .html import html_to_text
 
-    with fsspec.open(uri, "rb") as f:
-        stream = open_stream(f, uri)
-        position = 0
-        try:
-            for record in ArchiveIterator(stream, record_types=WarcRecordType.response, parse_http=True, stream_detect=False,
-                                          fsspec_args=False):
-                position = record.stream_pos
-                url = record.headers.get("WARC-Target-URI", "")
-                body = record.reader.read()
-                ctype = (record.http_content_type or "").lower()
-                if ctype and "html" not in ctype and not ctype.startswith("text/"):
-                    yield bad(position, "not_html", f"HTTP content type {ctype!r} of {url}", body[:200])
-                    continue
-                text, err = html_to_text(body, record.http_charset, main_content)
-                if err:
-                    yield bad(position, "invalid_html", f"{url}: {err}", body)
-                    continue
-                yield {"position": position, "text": text, "url": url}
-        except (EOFError, OSError) as e:
-            yield bad(position, "truncated", f"WARC stream ended early after byte {position}: {e}")
+    position = record.stream_pos
+    url = record.headers.get("WARC-Target-URI", "")
+    body = record.reader.read()
+    ctype = (record.http_content_type or "").lower()
+    if ctype and "html" not in ctype and not ctype.startswith("text/"):
+        return bad(position, "not_html", f"HTTP content type {ctype!r} of {url}", body[:200])
+    text, err = html_to_text(body, record.http_charset, main_content)
+    if err:
+        return bad(position, "invalid_html", f"{url}: {err}", body)
+    return {"position": position, "text": text, "url": url}
 
 
 def read_records(uri: str, fmt: str, text_field: str = "text", id_field: str | None = None, *,

@@ -80,14 +80,17 @@ def build_report(stats: dict, extract: list[dict], tokenize: list[dict], timings
                      "bytes_in": st.get("bytes_in"), "tokens_out": st.get("tokens_out"),
                      "removed": sum(st.get("removed", {}).values()), "quarantined": sum(st.get("quarantined", {}).values()),
                      "core_seconds": round(cpu or 0.0, 3), "mb_per_core_s": round(mb / cpu, 3) if cpu else None,
+                     "wall_seconds": round(wall, 3) if wall is not None else None,
                      "resumed_parts": timings.get(name, {}).get("resumed_parts", 0)})
     pk = stats["stages"]["pack"]
     rows.append({"stage": "pack", "documents_in": sum(v["documents"] for k, v in pk.items() if isinstance(v, dict)),
-                 "tokens_out": pk["tokens_out"], "core_seconds": round(timings.get("pack", {}).get("seconds", 0.0), 3)})
+                 "tokens_out": pk["tokens_out"], "core_seconds": round(timings.get("pack", {}).get("seconds", 0.0), 3),
+                 "wall_seconds": round(timings.get("pack", {}).get("seconds", 0.0), 3)})
     rows.append({"stage": "publish", "core_seconds": round(timings.get("publish", {}).get("seconds", 0.0), 3),
+                 "wall_seconds": round(timings.get("publish", {}).get("seconds", 0.0), 3),
                  "shards": len(published.manifest.shards)})
     return {
-        "dataset": published.manifest.dataset, "version": published.manifest.version, "url": published.url,
+        "dataset": published.manifest.dataset, "total_seconds": round(timings.get("total", {}).get("seconds", 0.0), 3), "version": published.manifest.version, "url": published.url,
         "manifest_sha256": published.manifest.sha256, "run_dir": run_dir,
         "accounting": stats["accounting"], "stages": rows,
         "peak_rss_mb_per_worker": {"extract": max((s.get("peak_rss_mb", 0) for s in extract), default=0),
@@ -98,7 +101,7 @@ def build_report(stats: dict, extract: list[dict], tokenize: list[dict], timings
 
 
 def format_table(report: dict) -> str:
-    head = f"{'stage':<14}{'docs in':>10}{'docs out':>10}{'removed':>9}{'quarant.':>9}{'MB in':>9}{'tokens':>12}{'core s':>8}{'MB/s/core':>10}"
+    head = f"{'stage':<14}{'docs in':>10}{'docs out':>10}{'removed':>9}{'quarant.':>9}{'MB in':>9}{'tokens':>12}{'core s':>8}{'MB/s/core':>10}{'wall s':>8}"
     lines = [head, "-" * len(head)]
     for r in report["stages"]:
         def f(k, fmt="{:,}"):
@@ -106,7 +109,8 @@ def format_table(report: dict) -> str:
             return "" if v is None else fmt.format(v)
         mb = "" if r.get("bytes_in") is None else f"{r['bytes_in'] / 1e6:,.2f}"
         lines.append(f"{r['stage']:<14}{f('documents_in'):>10}{f('documents_out'):>10}{f('removed'):>9}{f('quarantined'):>9}"
-                     f"{mb:>9}{f('tokens_out'):>12}{f('core_seconds', '{:.2f}'):>8}{f('mb_per_core_s', '{:.2f}'):>10}")
+                     f"{mb:>9}{f('tokens_out'):>12}{f('core_seconds', '{:.2f}'):>8}{f('mb_per_core_s', '{:.2f}'):>10}"
+                     f"{f('wall_seconds', '{:.1f}'):>8}")
     a = report["accounting"]
     lines.append(f"input {a['input']:,} = kept {a['kept']:,} + removed {sum(a['removed'].values()):,} {a['removed']} "
                  f"+ quarantined {sum(a['quarantined'].values()):,} {a['quarantined']}  [{'OK' if a['balanced'] else 'MISMATCH'}]")

@@ -60,12 +60,13 @@ def split_of(doc_id: str, split: SplitConfig) -> str:
 
 
 def tokenize_partition(part: int, tokenizer_path: str, cfg: TokenizerConfig, split: SplitConfig, work_root: str,
-                       removed_files: list[str]) -> dict:
+                       removed_files: list[str], override_files: list[str] = ()) -> dict:
     wd, name = WorkDir(work_root), part_name(part)
     if (stats := wd.done(STAGE, name)) is not None:
         return stats
     tok, _, eos_id = load_tokenizer(tokenizer_path, cfg.eos_token)
     drop = removed_ids(removed_files, part)
+    new_text = overridden_texts(override_files, part)
     out = ParquetPart(wd.path("tokens", f"{name}.parquet"), TOKENS_SCHEMA)
     st = {"documents_in": 0, "bytes_in": 0, "documents_out": 0, "tokens_out": 0, "seconds": 0.0,
           "splits": {s: {"documents": 0, "tokens": 0} for s in ("train", "validation")}}
@@ -79,6 +80,8 @@ def tokenize_partition(part: int, tokenizer_path: str, cfg: TokenizerConfig, spl
             continue
         t0 = time.perf_counter()
         texts = table.column("text").to_pylist()
+        if new_text:
+            texts = [new_text.get(i, t) for i, t in zip(table.column("id").to_pylist(), texts)]
         encs = tok.encode_batch_fast(texts, add_special_tokens=False) if hasattr(tok, "encode_batch_fast") else \
             tok.encode_batch(texts, add_special_tokens=False)
         tokens = [np.append(np.asarray(e.ids, dtype=np.uint32), np.uint32(eos_id)) for e in encs]
@@ -108,3 +111,12 @@ def removed_ids(files: list[str], part: int) -> set[str]:
         t = pq.read_table(f, columns=["id"], filters=[("part", "=", part)])
         ids.update(t.column("id").to_pylist())
     return ids
+
+
+def overridden_texts(files: list[str], part: int) -> dict[str, str]:
+    """id -> text for the documents of this partition that a stage shortened (decontam `cut`)."""
+    out: dict[str, str] = {}
+    for f in files:
+        t = pq.read_table(f, columns=["id", "text"], filters=[("part", "=", part)])
+        out.update(zip(t.column("id").to_pylist(), t.column("text").to_pylist()))
+    return out

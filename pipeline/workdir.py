@@ -67,9 +67,9 @@ class ParquetPart:
     finished stage never have to guess whether a partition is missing or merely empty.
     """
 
-    def __init__(self, path: str, schema: pa.Schema):
+    def __init__(self, path: str, schema: pa.Schema, row_group_size: int | None = None):
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        self.path, self.schema = path, schema
+        self.path, self.schema, self.row_group_size = path, schema, row_group_size
         self.tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
         self.writer = pq.ParquetWriter(self.tmp, schema, compression="zstd")
         self.rows = 0
@@ -86,7 +86,7 @@ class ParquetPart:
         self._flush()
         table = rows if isinstance(rows, pa.Table) else pa.table(rows, schema=self.schema)
         if table.num_rows:
-            self.writer.write_table(table.select(self.schema.names).cast(self.schema))
+            self.writer.write_table(table.select(self.schema.names).cast(self.schema), row_group_size=self.row_group_size)
             self.rows += table.num_rows
 
     def _flush(self) -> None:

@@ -100,3 +100,25 @@ def test_an_edited_seed_or_a_swapped_manifest_is_detected(trained, tmp_path):
         read_checkpoint(ckpt_dir)
     other = build_dataset(str(tmp_path / "other"), seed=1)
     assert main(["audit", "leak", run_dir, "--manifest", other.url, "--eval", meta_path]) == 2
+
+
+def test_leak_of_a_trained_row_is_found_at_its_step_and_a_clean_set_is_not(trained, tmp_path, capsys):
+    published, run_dir, logged = trained
+    from manifests import read_rows
+    from tokenizers import Tokenizer
+
+    ckpt = read_checkpoint(run_dir)
+    used = consumed(published.manifest, ckpt)
+    i = logged[2]["indices"][3]  # step 3
+    row = read_rows(os.path.join(published.url, published.manifest.shards[used.shard[i]].path))[used.row[i]]
+    tok = Tokenizer.from_file(os.path.join(published.url, "tokenizer.json"))
+    planted = tok.decode(row[2:16].tolist())  # 14 of the row's words: past the (shard, row) markers
+    clean = " ".join(f"w{w}" for w in range(2, 40, 2))  # consecutive even words: not a row of this dataset
+    for name, text, code in (("planted.jsonl", planted, 1), ("clean.jsonl", clean, 0)):
+        path = tmp_path / name
+        path.write_text(json.dumps({"text": text}) + "\n")
+        assert main(["audit", "leak", run_dir, "--eval", str(path), "--json"]) == code
+        summary = json.loads(capsys.readouterr().out)
+        assert summary["items_leaked"] == code
+        if code:
+            assert 3 in summary["steps"] and summary["documents_leaked"] == 1

@@ -285,3 +285,28 @@ def test_rerun_is_deterministic_and_reuses_the_cached_index(ray_session, tmp_pat
     assert second.stats == first.stats
     assert os.path.getmtime(os.path.join(work, "decontam", cached)) == mtime  # loaded, not rebuilt
     assert by_id(second.removed) == by_id(first.removed)
+
+
+@pytest.mark.slow
+def test_demo_corpus_planted_items_are_all_found_and_nothing_else(ray_session, tmp_path):
+    from pipeline.demo_corpus import write_demo_corpus
+    from pipeline.documents import make_id, make_order
+    from pipeline.readers import read_jsonl
+
+    write_demo_corpus(str(tmp_path))
+    rows = []
+    for part, name in enumerate(("00-books.jsonl.zst", "01-news.jsonl.gz")):  # the files with English prose
+        for rec in read_jsonl(str(tmp_path / "corpus" / name), "text", None):
+            rows.append({"id": make_id(name, rec["position"]), "order": make_order(part, rec["position"]),
+                         "text": rec["text"], "source": name, "position": rec["position"]})
+    truth = {r["doc_id"]: (r["eval_set"], r["eval_item"])
+             for r in map(json.loads, (tmp_path / "truth" / "contaminated.jsonl").read_text().splitlines())}
+    assert truth  # the generator planted something
+    section = {"eval_sets": [{"name": "demo_qa", "path": str(tmp_path / "evals" / "demo_qa.jsonl"), "id_field": "id"}]}
+    result = decontaminate(ray_session.data.from_items(rows), DecontamConfig.from_dict(section), str(tmp_path / "work"))
+    removed = {r["id"]: (r["eval_set"], r["eval_item"]) for r in result.removed.take_all()}
+    assert removed == truth
+    assert result.kept.count() == len(rows) - len(truth)
+    (record,) = result.stats["eval_sets"]
+    data = (tmp_path / "evals" / "demo_qa.jsonl").read_bytes()
+    assert record["sha256"] == hashlib.sha256(data).hexdigest() and record["items"] == len(data.splitlines())

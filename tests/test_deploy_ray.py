@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -132,6 +133,7 @@ def ray_cluster(workdir: str, *, nodes: int = 2):
         yield url, wait_for_nodes(url, nodes, procs, logs)
     finally:
         stop_nodes(procs)
+        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def write_corpus(root: str, files: int = 4, docs_per_file: int = 12) -> str:

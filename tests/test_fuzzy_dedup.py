@@ -99,7 +99,7 @@ def test_report(corpus, one_worker):
     assert stats["documents_in"] == len(rows)
     assert stats["documents_removed"] == len(removed)
     assert (stats["lsh"]["bands"], stats["lsh"]["rows"], stats["lsh"]["num_perm"]) == (14, 9, 128)
-    assert 0 < stats["lsh"]["false_positive_area"] < 0.1 and 0 < stats["lsh"]["false_negative_area"] < 0.1
+    assert 0 < stats["lsh"]["false_positive_area"] < 0.2 and 0 < stats["lsh"]["false_negative_area"] < 0.05
     sizes = {int(k): v for k, v in stats["cluster_sizes"].items()}
     assert sum((k - 1) * v for k, v in sizes.items()) == len(removed)
     assert sizes.get(3, 0) >= 1  # the planted three-document clusters

@@ -259,3 +259,13 @@ def test_manifest_through_fsspec_url_and_published_object(pub, tmp_path):
     a = run(pub, tmp_path, steps=2, url=join("file://" + pub.url))
     b = run(pub, tmp_path, steps=2, url=pub)
     same(a, b)
+
+
+def test_temporary_files_of_dead_processes_are_removed(pub, tmp_path):
+    dead = 2 ** 22 + 12345  # above the default pid_max: no such process
+    orphan = tmp_path / f"{'a' * 64}.arrow.tmp-{dead}-1"
+    live = tmp_path / f"{'b' * 64}.arrow.tmp-{os.getpid()}-1"
+    orphan.write_bytes(b"x" * 10)
+    live.write_bytes(b"x" * 10)
+    Loader(pub.url, cache_dir=str(tmp_path)).close()
+    assert not orphan.exists() and live.exists()

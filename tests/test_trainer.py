@@ -22,7 +22,6 @@ from manifests import DatasetBuilder, Input, ManifestStore
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JOB = os.path.join(ROOT, "configs", "train-tiny.yaml")
-LOADER = "test_trainer_stub_loader:StubLoader"
 STEPS = 12
 REL_TOL = 1e-5
 
@@ -53,17 +52,18 @@ def build_learnable(root: str, vocab: int = 64, seq_len: int = 16) -> str:
 
 
 def train(manifest: str, run_dir: str, *sets: str, nproc: int = 1, extra=(), env=None, check=True,
-          popen=False):
-    """Run ``python -m trainer`` (or torchrun with ``nproc`` processes) on the tiny job."""
-    launcher = [sys.executable, "-m", "trainer"] if nproc == 1 else \
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m", "trainer"]
-    args = ["--set", f"data.manifest={manifest}", "--set", f"run.dir={run_dir}", "--set", f"data.loader={LOADER}",
+          popen=False, cli=False):
+    """Run ``python -m trainer`` (``gristmill train`` with ``cli``, torchrun with ``nproc`` > 1) on the tiny job."""
+    launcher = [sys.executable, "-m", "gristmill.cli", "train"] if cli else [sys.executable, "-m", "trainer"]
+    if nproc > 1:
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+                    "-m", "trainer"]
+    args = ["--set", f"data.manifest={manifest}", "--set", f"run.dir={run_dir}", "--set", f"data.cache_dir={run_dir}-cache",
             "--set", f"run.steps={STEPS}", "--set", "checkpoint.every=4", "--set", "eval.every=6",
             "--set", "run.tensorboard=false"]
     for s in sets:
         args += ["--set", s]
-    full_env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.join(ROOT, "tests"), ROOT]),
-                "OMP_NUM_THREADS": "1", **(env or {})}
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     cmd = launcher + [JOB] + args + list(extra)
     if popen:
         return subprocess.Popen(cmd, env=full_env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -206,7 +206,7 @@ def test_mismatched_manifest_is_refused_unless_overridden(reference, tmp_path):
     run_dir = str(tmp_path / "mismatch")
     shutil.copytree(reference, run_dir)
     ref_sha = meta(reference, STEPS)["data"]["manifest_sha256"]
-    refused = train(other, run_dir, f"run.steps={STEPS + 2}", check=False)
+    refused = train(other, run_dir, f"run.steps={STEPS + 2}", check=False, cli=True)  # through `gristmill train`
     assert refused.returncode == 2
     assert ref_sha in refused.stderr and "--allow-manifest-change" in refused.stderr
     assert sorted(os.listdir(os.path.join(run_dir, "checkpoints"))) == ["step-12", "step-8"]  # untouched
@@ -219,14 +219,14 @@ def test_mismatched_manifest_is_refused_unless_overridden(reference, tmp_path):
 
 def test_non_finite_steps_are_skipped_then_stop_the_run(data, tmp_path):
     run_dir = str(tmp_path / "nan")
-    train(data, run_dir, "eval.every=0", env={"GRISTMILL_FAULTS": "nan_loss@3"})
+    train(data, run_dir, "eval.every=0", "run.steps=5", env={"GRISTMILL_FAULTS": "nan_loss@3"})
     recs = records(run_dir)
     assert recs[3]["skipped"] and recs[3]["skipped_total"] == 1 and not recs[4]["skipped"]
     assert all(np.isfinite(r["loss"]) for s, r in recs.items() if s != 3)
-    assert meta(run_dir, STEPS)["bad_steps"]["skipped_total"] == 1
+    assert meta(run_dir, 5)["bad_steps"]["skipped_total"] == 1
 
     run_dir = str(tmp_path / "nan-stop")
-    failed = train(data, run_dir, "optimizer.max_bad_steps=3", "eval.every=0",
+    failed = train(data, run_dir, "optimizer.max_bad_steps=3", "eval.every=0", "run.steps=5",
                    env={"GRISTMILL_FAULTS": "nan_loss@2,nan_loss@3,nan_loss@4"}, check=False)
     assert failed.returncode == 2
     assert "3 consecutive steps (up to step 4)" in failed.stderr and "max_bad_steps=3" in failed.stderr

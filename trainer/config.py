@@ -72,6 +72,7 @@ class OptimizerConfig:
 
 @dataclass
 class CheckpointConfig:
+    enabled: bool = True  # false: never save or resume (throughput benchmarks)
     every: int = 0  # steps between checkpoints; 0 = only at the end
     keep: int = 3  # keep the newest K committed checkpoints
     async_save: bool = False  # overlap the DCP write with training (committed once every rank is done)

@@ -153,7 +153,7 @@ def train(cfg: JobConfig, *, stop_after_step: int | None = None, allow_manifest_
                         world_size=d.world_size, device=d.device)
     start_step, tokens_seen, skipped_total, manifest_changes, resumed_from = 0, 0, 0, [], None
     loader_state = None
-    if cfg.checkpoint.resume:
+    if cfg.checkpoint.enabled and cfg.checkpoint.resume:
         path, meta = ckpt.latest()
         if path is not None:
             manifest_changes = check_resume(meta, path, pub, cfg, allow_manifest_change)
@@ -274,11 +274,11 @@ def train(cfg: JobConfig, *, stop_after_step: int | None = None, allow_manifest_
                 log.info("step %6d  val_loss %.4f", step, val)
 
         ckpt.poll()
-        if cfg.checkpoint.every and step % cfg.checkpoint.every == 0:
+        if cfg.checkpoint.enabled and cfg.checkpoint.every and step % cfg.checkpoint.every == 0:
             save(step)
             last_saved = step
 
-    if last_saved != end_step and end_step > start_step:
+    if cfg.checkpoint.enabled and last_saved != end_step and end_step > start_step:
         save(end_step)  # the end of the run (or of this slice of it) is always checkpointed
     ckpt.wait()
     metrics.close()

@@ -1,0 +1,244 @@
+"""The loader's targets, measured side by side in one run (see docs/bench/loader.md).
+
+1. Warm cache, global shuffle, seq_len 2048, batches of 32: samples/s of the Loader (int64
+   ``input_ids`` + ``labels`` ready for a trainer) against
+   - the ceiling: a raw numpy memmap gather of the same rows in the same order (uint16, no
+     conversion, order precomputed outside the timer);
+   - LitData ``StreamingDataset(shuffle=True)`` over the same tokens (``TokensLoader``,
+     block 2049), both bare item iteration and iteration plus the same batch formation.
+   Methods run interleaved, ``--repeats`` times; each one's best run is quoted, since the
+   machine is shared and noisy.
+2. Cold cache behind a simulated store with 50 ms per request, 100 ms per step: the input
+   wait after the first batch as a fraction of step time (window and global order).
+3. Peak RSS of a fresh process running the loader over 1x and 10x the shards.
+
+    python benchmarks/bench_loader.py [--sequences 50000] [--work /tmp/gristmill-bench-loader] [--json out.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [ROOT]  # this checkout's packages
+
+from loader import Loader  # noqa: E402
+from loader.bench import cold_and_warm, synthetic_dataset, table  # noqa: E402
+from manifests import load_manifest  # noqa: E402
+
+SEQ_LEN, BATCH = 2048, 32
+
+
+def dataset(work: str, name: str, sequences: int, shard_rows: int):
+    """Build once per work dir; later runs reuse it."""
+    root = os.path.join(work, name)
+    url = os.path.join(root, "store", "synthetic")
+    if os.path.exists(os.path.join(url, "latest")):
+        return load_manifest(url)
+    t = time.perf_counter()
+    pub = synthetic_dataset(root, sequences=sequences, seq_len=SEQ_LEN, shard_rows=shard_rows)
+    print(f"built {name}: {sequences:,} sequences in {len(pub.manifest.shards)} shards ({time.perf_counter() - t:.1f}s)")
+    return pub
+
+
+def warm_cache(pub, cache_dir: str) -> None:
+    rows = pub.manifest.shards[0].rows
+    with Loader(pub, order="sequential", global_batch=rows, epochs=1, cache_dir=cache_dir, prefetch=1) as ld:
+        for _ in ld:
+            pass
+
+
+# -- 1. warm throughput --------------------------------------------------------------------
+def loader_rate(pub, cache_dir: str, steps: int, warmup: int, workers: int) -> float:
+    with Loader(pub, order="global", seed=0, global_batch=BATCH, cache_dir=cache_dir, workers=workers, prefetch=8) as ld:
+        it = iter(ld)
+        for _ in range(warmup):  # includes the once-per-process re-hash of every cached shard
+            next(it)
+        t = time.perf_counter()
+        for _ in range(steps):
+            next(it)
+        return steps * BATCH / (time.perf_counter() - t)
+
+
+def flat_memmap(pub, cache_dir: str, work: str) -> np.ndarray:
+    """All rows of the split in one (N, seq_len + 1) uint16 file: the simplest possible reader."""
+    from manifests import MappedShard
+
+    m = pub.manifest
+    path = os.path.join(work, f"flat-{m.sha256[:12]}.u16")
+    n = sum(s.rows for s in m.shards_of("train"))
+    if not os.path.exists(path):
+        mm = np.memmap(path + ".tmp", dtype=np.uint16, mode="w+", shape=(n, SEQ_LEN + 1))
+        at = 0
+        for s in m.shards_of("train"):
+            shard = MappedShard(os.path.join(cache_dir, f"{s.raw_sha256}.arrow"))
+            mm[at:at + s.rows] = shard.rows
+            at += s.rows
+            shard.close()
+        mm.flush()
+        del mm
+        os.replace(path + ".tmp", path)
+    return np.memmap(path, dtype=np.uint16, mode="r", shape=(n, SEQ_LEN + 1))
+
+
+def memmap_rate(pub, mm: np.ndarray, steps: int, warmup: int) -> float:
+    from loader.order import Order
+
+    o = Order(pub.manifest, "train", 0, "global")
+    shards, rows = o.locate(np.arange((warmup + steps) * BATCH))
+    flat = (o.offsets[np.searchsorted(o.shard_ids, shards)] + rows).reshape(-1, BATCH)
+    for b in flat[:warmup]:
+        mm[b]
+    t = time.perf_counter()
+    for b in flat[warmup:]:
+        mm[b]
+    return steps * BATCH / (time.perf_counter() - t)
+
+
+def litdata_dir(pub, mm: np.ndarray, work: str) -> str | None:
+    try:
+        from litdata import TokensLoader, optimize
+    except ImportError as e:
+        print(f"litdata not importable ({e}); skipping LitData")
+        return None
+    out = os.path.join(work, f"litdata-{pub.manifest.sha256[:12]}")
+    if os.path.exists(os.path.join(out, "index.json")):
+        return out
+    rows_per_chunk = pub.manifest.shards[0].rows  # same granularity as our shards
+    starts = list(range(0, mm.shape[0], rows_per_chunk))
+    optimize(fn=_litdata_rows, inputs=[(mm.filename, mm.shape[0], s, rows_per_chunk) for s in starts], output_dir=out,
+             chunk_size=rows_per_chunk * (SEQ_LEN + 1), item_loader=TokensLoader(), num_workers=1,
+             reorder_files=False, start_method="fork", verbose=False)
+    return out
+
+
+def _litdata_rows(spec):
+    import torch
+
+    path, n, start, count = spec
+    mm = np.memmap(path, dtype=np.uint16, mode="r", shape=(n, SEQ_LEN + 1))
+    yield torch.from_numpy(np.array(mm[start:start + count]).reshape(-1).astype(np.int16))  # 2-byte tokens, as ours
+
+
+def litdata_rate(out: str, steps: int, warmup: int, batched: bool) -> float:
+    import torch
+    from litdata import StreamingDataset, TokensLoader
+
+    ds = StreamingDataset(out, item_loader=TokensLoader(block_size=SEQ_LEN + 1), shuffle=True, seed=0)
+
+    def endless():  # a new epoch when one ends, like our loader
+        while True:
+            yield from ds
+
+    it = endless()
+    for _ in range(warmup * BATCH):
+        next(it)
+    t = time.perf_counter()
+    for _ in range(steps):
+        items = [next(it) for _ in range(BATCH)]
+        if batched:  # what a trainer must do next: one batch, int64, inputs and labels shifted by one
+            x = torch.stack(items)
+            input_ids, labels = x[:, :-1].long().contiguous(), x[:, 1:].long().contiguous()
+    return steps * BATCH / (time.perf_counter() - t)
+
+
+# -- 3. memory ------------------------------------------------------------------------------
+RSS_CHILD = r"""
+import json, resource, sys
+sys.path.insert(0, sys.argv[1])
+from loader import Loader
+url, cache, steps = sys.argv[2], sys.argv[3], int(sys.argv[4])
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+with Loader(url, order="global", global_batch=32, cache_dir=cache, prefetch=4) as ld:
+    for i, _ in enumerate(ld):
+        if i + 1 == steps:
+            break
+print(json.dumps({"rss_after_imports_mb": before / 1024, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+
+def peak_rss(pub, cache_dir: str, steps: int) -> dict:
+    out = subprocess.run([sys.executable, "-c", RSS_CHILD, ROOT, pub.url, cache_dir, str(steps)], check=True,
+                         capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sequences", type=int, default=50_000)
+    ap.add_argument("--shard-rows", type=int, default=2000)
+    ap.add_argument("--steps", type=int, default=600, help="timed steps per throughput run")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--workers", type=int, default=1, help="loader assembly threads in the throughput run")
+    ap.add_argument("--cold-steps", type=int, default=40)
+    ap.add_argument("--rss-shards", type=int, default=10, help="shards of the 1x dataset for the RSS check")
+    ap.add_argument("--work", default="/tmp/gristmill-bench-loader")
+    ap.add_argument("--skip", nargs="*", default=[], choices=["warm", "cold", "rss", "litdata"])
+    ap.add_argument("--json", help="write all results here")
+    args = ap.parse_args()
+    os.makedirs(args.work, exist_ok=True)
+    results: dict = {"machine": "2-core shared CPU VM, no GPU", "args": vars(args)}
+
+    pub = dataset(args.work, f"main-{args.sequences}-{args.shard_rows}", args.sequences, args.shard_rows)
+    cache = os.path.join(args.work, "cache")
+    if "warm" not in args.skip:
+        warm_cache(pub, cache)
+        mm = flat_memmap(pub, cache, args.work)
+        lit = None if "litdata" in args.skip else litdata_dir(pub, mm, args.work)
+        methods = {"loader": lambda: loader_rate(pub, cache, args.steps, 50, args.workers),
+                   "numpy memmap gather": lambda: memmap_rate(pub, mm, args.steps, 50)}
+        if lit:
+            methods["litdata items"] = lambda: litdata_rate(lit, args.steps, 50, batched=False)
+            methods["litdata + batch"] = lambda: litdata_rate(lit, args.steps, 50, batched=True)
+        runs = {k: [] for k in methods}
+        for _ in range(args.repeats):
+            for k, f in methods.items():
+                runs[k].append(f())
+        best = {k: max(v) for k, v in runs.items()}
+        results["warm"] = {"samples_per_s_runs": runs, "best": best,
+                           "loader_vs_memmap": best["loader"] / best["numpy memmap gather"]}
+        print(f"\nwarm cache, global shuffle, seq_len {SEQ_LEN}, batch {BATCH} (best of {args.repeats}, samples/s):")
+        for k, v in best.items():
+            print(f"  {k:<22} {v:>10,.0f}   runs: {', '.join(f'{x:,.0f}' for x in runs[k])}")
+        print(f"  loader / memmap ceiling = {results['warm']['loader_vs_memmap']:.2f}")
+        if lit:
+            results["warm"]["loader_vs_litdata_items"] = best["loader"] / best["litdata items"]
+            results["warm"]["loader_vs_litdata_batched"] = best["loader"] / best["litdata + batch"]
+            print(f"  loader / litdata items = {results['warm']['loader_vs_litdata_items']:.2f}, "
+                  f"loader / (litdata + batch) = {results['warm']['loader_vs_litdata_batched']:.2f}")
+
+    if "cold" not in args.skip:
+        results["cold"] = {}
+        for order in ("window", "global"):
+            res = cold_and_warm(pub.url, steps=args.cold_steps, step_s=0.1, latency_s=0.05, bandwidth_bps=1e9,
+                                order=order, window_shards=4, global_batch=BATCH, prefetch=4, workers=2, fetch_workers=8)
+            results["cold"][order] = [r.__dict__ for r in res]
+            print(f"\ncold then warm cache, order={order}, 50 ms/request, 1 GB/s, 100 ms step:")
+            print(table(res))
+
+    if "rss" not in args.skip:
+        results["rss"] = {}
+        for mult in (1, 10):
+            n = args.rss_shards * mult * 500
+            small = dataset(args.work, f"rss-{mult}x", n, 500)
+            rss_cache = os.path.join(args.work, f"rss-cache-{mult}x")
+            results["rss"][f"{mult}x"] = {"shards": len(small.manifest.shards), **peak_rss(small, rss_cache, 300)}
+        print("\npeak RSS, 300 steps of 32 x 2049 tokens, global order (fresh process each):")
+        for k, v in results["rss"].items():
+            print(f"  {k:>3}: {v['shards']:>4} shards  after imports {v['rss_after_imports_mb']:.0f} MB  "
+                  f"peak {v['peak_rss_mb']:.0f} MB")
+
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1, default=float)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,146 @@
+"""``gristmill loader bench``: how long a trainer waits for its input.
+
+A simulated trainer (a fixed compute time per step, spent sleeping the way a GPU step leaves
+the CPU free) consumes a manifest through a simulated remote store (``gmsim://``: latency per
+request, bandwidth) twice: first with an empty cache (cold), then again with the cache the
+first pass filled (warm). Per pass it reports the input wait per step (p50, p95, max after the
+first batch, and as a fraction of step time), time to first batch, tokens/s, bytes fetched.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from manifests import DOC_INDEX_SCHEMA, DatasetBuilder, Input, ManifestStore, Published
+
+from .loader import Loader
+from .simstore import simulated_url
+
+
+@dataclass
+class PassResult:
+    name: str
+    steps: int
+    time_to_first_batch_s: float
+    wait_p50_ms: float
+    wait_p95_ms: float
+    wait_max_ms: float
+    wait_fraction: float  # input wait / step time, after the first batch
+    tokens_per_s: float
+    samples_per_s: float
+    bytes_fetched: int
+    cache_hits: int
+    cache_misses: int
+
+
+def synthetic_dataset(root: str, *, sequences: int, seq_len: int, shard_rows: int, vocab_size: int = 32000,
+                      seed: int = 0) -> Published:
+    """A throwaway published dataset of random tokens (one document per row), built the real way."""
+    from tokenizers import Tokenizer, models
+
+    os.makedirs(root, exist_ok=True)
+    tok = os.path.join(root, "tokenizer.json")
+    Tokenizer(models.WordLevel({"<eos>": 0, "<unk>": 1}, unk_token="<unk>")).save(tok)
+    staging = os.path.join(root, "staging")
+    b = DatasetBuilder(staging, dataset="synthetic", seq_len=seq_len, tokenizer_json=tok, vocab_size=vocab_size, eos_id=0)
+    rng = np.random.default_rng(seed)
+    done = 0
+    while done < sequences:
+        n = min(shard_rows, sequences - done)
+        b.add_shard("train", rng.integers(1, vocab_size, size=(n, seq_len + 1), dtype=np.int64))
+        done += n
+    shard = np.repeat(np.arange(len(b.shards), dtype=np.int32), [s.rows for s in b.shards])
+    row = np.concatenate([np.arange(s.rows) for s in b.shards])
+    doc_ids = [f"doc-{i}" for i in range(sequences)]
+    b.set_doc_index(pa.table(
+        {"shard": shard, "row": row, "start": np.zeros(sequences, np.int32), "length": np.full(sequences, seq_len + 1, np.int32),
+         "doc_id": doc_ids, "source": ["synthetic"] * sequences, "position": np.arange(sequences), "lang": [None] * sequences},
+        schema=DOC_INDEX_SCHEMA))
+    m = b.manifest(inputs=[Input("synthetic://random", 0, "0" * 64)], code_version="bench",
+                   config={"synthetic": {"sequences": sequences, "seq_len": seq_len, "shard_rows": shard_rows, "seed": seed}},
+                   stats={"pack": {"rows": sequences}})
+    pub = ManifestStore(os.path.join(root, "store")).publish(m, staging)
+    shutil.rmtree(staging)
+    return pub
+
+
+def run_pass(name: str, url: str, *, steps: int, step_s: float, storage_options: dict | None = None,
+             **loader_kw) -> PassResult:
+    """One simulated training run of ``steps`` steps; ``loader_kw`` go to :class:`Loader`."""
+    t_start = time.perf_counter()
+    waits, step_times = [], []
+    fetched = hits = misses = 0
+    with Loader(url, storage_options=storage_options, **loader_kw) as ld:
+        it = iter(ld)
+        for s in range(steps):
+            t0 = time.perf_counter()
+            try:
+                next(it)
+            except StopIteration:
+                break
+            if s == 0:
+                ttfb = time.perf_counter() - t_start
+            m = ld.last_metrics
+            waits.append(m["input_wait_s"])
+            fetched, hits, misses = fetched + m["bytes_downloaded"], hits + m["cache_hits"], misses + m["cache_misses"]
+            time.sleep(step_s)  # the trainer's compute: the CPU is free for the loader's threads
+            step_times.append(time.perf_counter() - t0)
+        wall = time.perf_counter() - t_start
+        tokens = len(waits) * ld.global_batch * ld.manifest.seq_len
+    after = np.array(waits[1:] or [0.0])
+    return PassResult(
+        name=name, steps=len(waits), time_to_first_batch_s=round(ttfb, 4),
+        wait_p50_ms=round(float(np.percentile(after, 50)) * 1e3, 3), wait_p95_ms=round(float(np.percentile(after, 95)) * 1e3, 3),
+        wait_max_ms=round(float(after.max()) * 1e3, 3),
+        wait_fraction=round(float(after.sum() / max(sum(step_times[1:]), 1e-12)), 5),
+        tokens_per_s=round(tokens / wall, 1), samples_per_s=round(len(waits) * loader_kw["global_batch"] / wall, 1),
+        bytes_fetched=fetched, cache_hits=hits, cache_misses=misses,
+    )
+
+
+def cold_and_warm(url: str, *, steps: int, step_s: float, latency_s: float, bandwidth_bps: float | None,
+                  cache_dir: str | None = None, **loader_kw) -> list[PassResult]:
+    """The cold pass (empty cache) then the warm pass (the cache it left), through the simulated store."""
+    opts = None
+    if "://" not in url or url.startswith("file://"):  # a local dataset: serve it as a slow remote
+        url = simulated_url(url.removeprefix("file://"))
+        opts = {"latency_s": latency_s, "bandwidth_bps": bandwidth_bps}
+    own = cache_dir is None
+    cache_dir = cache_dir or tempfile.mkdtemp(prefix="gristmill-bench-cache-")
+    try:
+        if not own:
+            shutil.rmtree(cache_dir, ignore_errors=True)
+        return [run_pass(name, url, steps=steps, step_s=step_s, storage_options=opts, cache_dir=cache_dir, **loader_kw)
+                for name in ("cold", "warm")]
+    finally:
+        if own:
+            shutil.rmtree(cache_dir, ignore_errors=True)
+
+
+COLUMNS = [("pass", "name", "{}"), ("steps", "steps", "{}"), ("first batch s", "time_to_first_batch_s", "{:.3f}"),
+           ("wait p50 ms", "wait_p50_ms", "{:.2f}"), ("wait p95 ms", "wait_p95_ms", "{:.2f}"),
+           ("wait max ms", "wait_max_ms", "{:.2f}"), ("wait/step", "wait_fraction", "{:.2%}"),
+           ("tokens/s", "tokens_per_s", "{:,.0f}"), ("MB fetched", "bytes_fetched", "{}"),
+           ("hits", "cache_hits", "{}"), ("misses", "cache_misses", "{}")]
+
+
+def table(results: list[PassResult]) -> str:
+    def cell(r, key, fmt):
+        v = getattr(r, key)
+        return f"{v / 1e6:,.1f}" if key == "bytes_fetched" else fmt.format(v)
+    rows = [[h for h, _, _ in COLUMNS]] + [[cell(r, k, f) for _, k, f in COLUMNS] for r in results]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def to_json(results: list[PassResult], config: dict) -> str:
+    return json.dumps({"config": config, "passes": [asdict(r) for r in results]}, indent=1, sort_keys=True)

@@ -1,0 +1,74 @@
+"""``gristmill loader bench``: input wait of a simulated trainer, cold and warm cache."""
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub) -> None:
+    p = sub.add_parser("loader", help="the training data loader")
+    lsub = p.add_subparsers(dest="loader_command", required=True, metavar="ACTION")
+    b = lsub.add_parser("bench", help="input wait of a simulated trainer reading through a simulated remote store",
+                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    b.add_argument("url", nargs="?", help="dataset version: <root>/<dataset>[/v<N>] (any fsspec URL)")
+    b.add_argument("--synthetic", action="store_true", help="build a throwaway random-token dataset instead of a URL")
+    b.add_argument("--sequences", type=int, default=4096, help="--synthetic: sequences in the dataset")
+    b.add_argument("--seq-len", type=int, default=2048, help="--synthetic: tokens per sequence")
+    b.add_argument("--shard-rows", type=int, default=512, help="--synthetic: sequences per shard")
+    b.add_argument("--order", choices=("global", "window", "sequential"), default="window")
+    b.add_argument("--window-shards", type=int, default=8)
+    b.add_argument("--global-batch", type=int, default=32)
+    b.add_argument("--steps", type=int, default=50, help="steps per pass (cold, then warm)")
+    b.add_argument("--step-ms", type=float, default=100.0, help="simulated compute time per step")
+    b.add_argument("--latency-ms", type=float, default=50.0, help="simulated per-request latency of the store")
+    b.add_argument("--bandwidth-mbps", type=float, default=1000.0, help="simulated store bandwidth, MB/s (0 = unlimited)")
+    b.add_argument("--prefetch", type=int, default=4)
+    b.add_argument("--workers", type=int, default=2, help="batch-assembly threads")
+    b.add_argument("--fetch-workers", type=int, default=8, help="download threads")
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--cache-dir", help="cache directory (emptied first; default: a temporary one)")
+    b.add_argument("--cache-limit-bytes", type=int)
+    b.add_argument("--json", metavar="PATH", help="also write the results as JSON here ('-' for stdout only)")
+    b.set_defaults(handler=_bench)
+
+
+def _bench(args) -> int:
+    import shutil
+    import tempfile
+
+    from gristmill.cli import UsageError
+
+    from .bench import cold_and_warm, synthetic_dataset, table, to_json
+    from .loader import CacheTooSmallError
+
+    if bool(args.url) == bool(args.synthetic):
+        raise UsageError("give either a dataset URL or --synthetic")
+    tmp = None
+    try:
+        url = args.url
+        if args.synthetic:
+            tmp = tempfile.mkdtemp(prefix="gristmill-bench-data-")
+            url = synthetic_dataset(tmp, sequences=args.sequences, seq_len=args.seq_len, shard_rows=args.shard_rows,
+                                    seed=args.seed).url
+        config = {k: v for k, v in vars(args).items() if k not in ("handler", "command", "loader_command", "verbose")}
+        try:
+            results = cold_and_warm(
+                url, steps=args.steps, step_s=args.step_ms / 1e3, latency_s=args.latency_ms / 1e3,
+                bandwidth_bps=args.bandwidth_mbps * 1e6 or None, cache_dir=args.cache_dir, order=args.order,
+                window_shards=args.window_shards, global_batch=args.global_batch, prefetch=args.prefetch,
+                workers=args.workers, fetch_workers=args.fetch_workers, seed=args.seed,
+                cache_limit_bytes=args.cache_limit_bytes)
+        except (CacheTooSmallError, ValueError) as e:
+            raise UsageError(str(e)) from e
+        if args.json != "-":
+            print(table(results))
+        if args.json:
+            text = to_json(results, config)
+            if args.json == "-":
+                print(text)
+            else:
+                with open(args.json, "w") as f:
+                    f.write(text + "\n")
+        return 0
+    finally:
+        if tmp:
+            shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,219 @@
+"""deploy/ names only things that exist: every YAML parses, every image is built by a Dockerfile
+in deploy/ at the package's version, every `gristmill` command line parses with the real CLI
+(subcommand and flags), and every job or config file it names is in the repo and loads.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import re
+import shlex
+import subprocess
+import tomllib
+
+import pytest
+import yaml
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEPLOY = os.path.join(REPO, "deploy")
+# deploy/gpu-benchmark.sh belongs to the trainer; it is checked by its own tests.
+SCRIPTS = sorted(p for p in glob.glob(os.path.join(DEPLOY, "**", "*"), recursive=True)
+                 if p.endswith((".sbatch", ".sh")) and os.path.basename(p) != "gpu-benchmark.sh")
+YAMLS = sorted(glob.glob(os.path.join(DEPLOY, "**", "*.yaml"), recursive=True)
+               + glob.glob(os.path.join(DEPLOY, "**", "*.yml"), recursive=True))
+IMAGE = re.compile(r"^(?:[\w.-]+(?::\d+)?/)*gristmill-(?P<kind>[a-z]+):(?P<tag>[\w.-]+)$")
+# `gristmill SUB ...` (the console script) or `-m gristmill.cli SUB ...` (under torchrun).
+COMMAND = re.compile(r"(?:^|[\s;&|(`'\"])(?:gristmill|-m\s+gristmill\.cli)\s+(?=[a-z])")
+SHELL_STOP = re.compile(r"\s(?:;|&&|\|\||\||>|2>|&)(?:\s|$)|;$")
+REPO_FILE = re.compile(r"(?<![\w/.])((?:configs|examples)/[\w./-]+\.ya?ml)\b")
+VAR = re.compile(r"\$\{?(\w+)\}?")
+
+
+def rel(path: str) -> str:
+    return os.path.relpath(path, REPO)
+
+
+def version() -> str:
+    with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
+        return tomllib.load(f)["project"]["version"]
+
+
+def walk(node, key=None):
+    """(key, value) for every scalar in a parsed YAML document."""
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from walk(v, k)
+    elif isinstance(node, list):
+        for v in node:
+            yield from walk(v, key)
+    else:
+        yield key, node
+
+
+def yaml_docs(path: str) -> list:
+    with open(path) as f:
+        return [d for d in yaml.safe_load_all(f) if d is not None]
+
+
+def env_defaults(doc) -> dict[str, str]:
+    """Container env entries of a Kubernetes document: the values its command's $VARs take."""
+    out = {}
+
+    def visit(node):
+        if isinstance(node, dict):
+            if isinstance(node.get("env"), list):
+                out.update({e["name"]: str(e.get("value", "")) for e in node["env"] if isinstance(e, dict) and "name" in e})
+            for v in node.values():
+                visit(v)
+        elif isinstance(node, list):
+            for v in node:
+                visit(v)
+    visit(doc)
+    return out
+
+
+def script_defaults(text: str) -> dict[str, str]:
+    """``NAME=${1:-${NAME:-default}}`` settings of a shell script: NAME -> default."""
+    out = {}
+    for m in re.finditer(r"^(\w+)=(\S+)", text, re.M):
+        defaults = re.findall(r":-([^}$]+)\}", m.group(2))
+        out[m.group(1)] = defaults[-1] if defaults else m.group(2)
+    return out
+
+
+def logical_lines(text: str) -> list[str]:
+    """A script's commands: comments (whole-line and trailing) dropped, backslash continuations joined."""
+    lines = text.replace("\\\n", " ").splitlines()
+    return [re.sub(r"\s+#\s.*$", "", line) for line in lines if not line.lstrip().startswith("#")]
+
+
+def gristmill_commands(text: str, variables: dict[str, str]) -> list[list[str]]:
+    """argv (after `gristmill`) of each gristmill command in ``text``, $VARs substituted."""
+    out = []
+    for m in COMMAND.finditer(text):
+        rest = text[m.end():].split("\n", 1)[0]
+        rest = SHELL_STOP.split(rest, 1)[0]
+        rest = VAR.sub(lambda v: variables.get(v.group(1), v.group(0)), rest)
+        out.append([a for a in shlex.split(rest) if a not in ("$@", "${@}")])
+    return out
+
+
+def sources() -> list[tuple[str, str, dict]]:
+    """(where, command text, variables) for every YAML string and every script."""
+    out = []
+    for path in YAMLS:
+        for i, doc in enumerate(yaml_docs(path)):
+            variables = env_defaults(doc)
+            for key, value in walk(doc):
+                if isinstance(value, str):
+                    out.append((f"{rel(path)} document {i} key {key}", value, variables))
+    for path in SCRIPTS:
+        text = open(path).read()
+        out.append((rel(path), "\n".join(logical_lines(text)), script_defaults(text)))
+    return out
+
+
+def test_deploy_has_every_artifact():
+    names = {rel(p) for p in glob.glob(os.path.join(DEPLOY, "**", "*"), recursive=True) if os.path.isfile(p)}
+    for want in ("deploy/Dockerfile.pipeline", "deploy/Dockerfile.trainer", "deploy/kuberay/rayjob-prepare.yaml",
+                 "deploy/kuberay/raycluster.yaml", "deploy/ray/cluster.yaml", "deploy/slurm/prepare.sbatch",
+                 "deploy/slurm/train.sbatch", "deploy/k8s/train-job.yaml"):
+        assert want in names, f"{want} is missing"
+
+
+@pytest.mark.parametrize("path", YAMLS, ids=rel)
+def test_yaml_parses_to_mappings(path):
+    docs = yaml_docs(path)
+    assert docs, f"{rel(path)} has no YAML document"
+    for i, doc in enumerate(docs):
+        assert isinstance(doc, dict), f"{rel(path)} document {i} is a {type(doc).__name__}, not a mapping"
+        if "apiVersion" in doc:  # a Kubernetes object
+            assert doc.get("kind") and doc.get("metadata", {}).get("name"), f"{rel(path)} document {i}: kind and metadata.name"
+
+
+@pytest.mark.parametrize("path", SCRIPTS, ids=rel)
+def test_scripts_are_valid_bash(path):
+    result = subprocess.run(["bash", "-n", path], capture_output=True, text=True)
+    assert result.returncode == 0, f"{rel(path)}: {result.stderr}"
+    assert os.access(path, os.X_OK), f"{rel(path)} is not executable (chmod +x)"
+
+
+def test_images_are_built_by_deploy_dockerfiles_at_the_package_version():
+    used = set()
+    for path in YAMLS:
+        for doc in yaml_docs(path):
+            for key, value in walk(doc):
+                if key != "image":
+                    continue
+                m = IMAGE.match(str(value))
+                assert m, f"{rel(path)}: image {value!r} is not REGISTRY/gristmill-<kind>:<tag>"
+                dockerfile = os.path.join(DEPLOY, f"Dockerfile.{m['kind']}")
+                assert os.path.exists(dockerfile), f"{rel(path)}: image {value!r} needs {rel(dockerfile)}, which does not exist"
+                assert m["tag"] == version(), f"{rel(path)}: image {value!r} is tagged {m['tag']}, the package is {version()}"
+                used.add(m["kind"])
+    assert used == {"pipeline", "trainer"}, f"images used by deploy/ manifests: {sorted(used)}"
+
+
+def test_every_gristmill_command_parses_with_the_cli():
+    from gristmill.cli import build_parser
+
+    parser = build_parser()
+    seen = set()
+    for where, text, variables in sources():
+        for argv in gristmill_commands(text, variables):
+            try:
+                args = parser.parse_args(argv)
+            except SystemExit:
+                pytest.fail(f"{where}: `gristmill {shlex.join(argv)}` does not parse with the gristmill CLI")
+            seen.add(args.command)
+            check_job_file(where, args)
+    assert {"prepare", "train"} <= seen, f"deploy/ runs only {sorted(seen)}"
+
+
+def check_job_file(where: str, args) -> None:
+    """The job file a command names loads with its part's own parser (train: with the --set overrides)."""
+    path = os.path.join(REPO, args.job) if not os.path.isabs(args.job) else args.job
+    if "$" in args.job or args.job.startswith("/jobs/") or args.job.startswith("/shared/"):
+        return  # supplied at run time (a ConfigMap, the shared filesystem): checked below or by the operator
+    assert os.path.exists(path), f"{where}: job file {args.job} is not in the repo"
+    if args.command == "train":
+        from trainer.config import load
+
+        load(path, args.overrides)
+    elif args.command == "prepare":
+        from pipeline.config import load_job
+
+        load_job(path)
+
+
+def test_files_named_in_deploy_exist():
+    for path in YAMLS + SCRIPTS:
+        for name in REPO_FILE.findall(open(path).read()):
+            assert os.path.exists(os.path.join(REPO, name)), f"{rel(path)} names {name}, which is not in the repo"
+
+
+def test_kuberay_job_file_is_a_valid_prepare_job():
+    from pipeline.config import JobConfig
+
+    docs = yaml_docs(os.path.join(DEPLOY, "kuberay", "rayjob-prepare.yaml"))
+    config_map = next(d for d in docs if d["kind"] == "ConfigMap")
+    rayjob = next(d for d in docs if d["kind"] == "RayJob")
+    job = JobConfig.from_dict(yaml.safe_load(config_map["data"]["prepare.yaml"]), where="ConfigMap prepare.yaml")
+    assert job.work_dir.startswith("/shared/"), "work_dir must be on the volume every worker mounts"
+    if job.fuzzy_dedup is not None:
+        from pipeline.fuzzy_dedup import FuzzyDedupConfig
+
+        FuzzyDedupConfig.from_dict(job.fuzzy_dedup)
+    mounted = {m["mountPath"] for c in rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"]
+               for m in c.get("volumeMounts", [])}
+    assert os.path.dirname(rayjob["spec"]["entrypoint"].split()[-1]) in mounted, "the job file's mount is missing on the head"
+
+
+def test_ray_versions_match_the_pipeline_image():
+    dockerfile = open(os.path.join(DEPLOY, "Dockerfile.pipeline")).read()
+    ray_version = re.search(r"^ARG RAY_VERSION=(\S+)", dockerfile, re.M).group(1)
+    for name in ("raycluster.yaml", "rayjob-prepare.yaml"):
+        for doc in yaml_docs(os.path.join(DEPLOY, "kuberay", name)):
+            for key, value in walk(doc):
+                if key == "rayVersion":
+                    assert value == ray_version, f"deploy/kuberay/{name}: rayVersion {value} != the image's Ray {ray_version}"

@@ -1,0 +1,98 @@
+"""The per-document logic of the stages, without Ray: dedup, split, tokenizer, packing."""
+import numpy as np
+import pyarrow as pa
+
+from manifests import DatasetBuilder, read_rows
+from pipeline.config import SplitConfig, TokenizerConfig
+from pipeline.documents import make_order, norm_hash, part_of
+from pipeline.exact_dedup import find_exact_duplicates, keys_table, plan_tasks
+from pipeline.pack import pack_split
+from pipeline.tokenize import TOKENS_SCHEMA, split_of, train_bpe
+from pipeline.workdir import ParquetPart
+
+
+def _keys(rows):
+    d = {"norm_hash": [], "order": [], "id": [], "part": [], "bytes": []}
+    for text, order in rows:
+        for k, v in zip(d, (norm_hash(text), order, f"doc{order}", part_of(order), len(text))):
+            d[k].append(v)
+    return keys_table(d)
+
+
+def test_exact_dedup_keeps_the_earliest_copy_whatever_the_input_order():
+    rows = [("Hello,  World!", make_order(2, 0)), ("hello world", make_order(0, 5)), ("unique text", make_order(1, 0)),
+            ("HELLO WORLD.", make_order(1, 3)), ("other", make_order(0, 1)), ("Other!", make_order(3, 0))]
+    out = find_exact_duplicates(_keys(rows))
+    expected = {f"doc{make_order(1, 3)}": f"doc{make_order(0, 5)}", f"doc{make_order(2, 0)}": f"doc{make_order(0, 5)}",
+                f"doc{make_order(3, 0)}": f"doc{make_order(0, 1)}"}
+    assert dict(zip(out.column("id").to_pylist(), out.column("duplicate_of").to_pylist())) == expected
+    assert out.column("order").to_pylist() == sorted(out.column("order").to_pylist())
+    shuffled = find_exact_duplicates(_keys(list(reversed(rows))))
+    assert shuffled.equals(out)
+
+
+def test_dedup_task_plan_covers_every_bucket_once():
+    for n in (0, 10, 5_000_000, 10**10):
+        tasks = plan_tasks(n)
+        covered = [b for t in tasks for b in range(t["lo"], t["hi"])]
+        assert covered == list(range(256))
+
+
+def test_split_is_a_pure_function_of_id_and_seed():
+    cfg = SplitConfig(validation_fraction=0.2, seed=0)
+    ids = [f"file.jsonl:{i}" for i in range(5000)]
+    splits = [split_of(i, cfg) for i in ids]
+    assert splits == [split_of(i, cfg) for i in ids]
+    assert 0.17 < splits.count("validation") / len(ids) < 0.23
+    other = [split_of(i, SplitConfig(0.2, seed=1)) for i in ids]
+    assert other != splits
+
+
+def test_bpe_training_is_deterministic(tmp_path):
+    texts = [f"The mill ground {i} bushels of grain while the river ran past the wheel number {i % 7}." for i in range(300)]
+    cfg = TokenizerConfig(vocab_size=400)
+    train_bpe(iter(texts), cfg, str(tmp_path / "a.json"))
+    train_bpe(iter(texts), cfg, str(tmp_path / "b.json"))
+    assert (tmp_path / "a.json").read_bytes() == (tmp_path / "b.json").read_bytes()
+
+
+def _token_file(path, docs):
+    """docs: list of (id, split, tokens) in order."""
+    p = ParquetPart(str(path), TOKENS_SCHEMA)
+    p.write({"id": [d[0] for d in docs], "order": list(range(len(docs))), "source": ["src"] * len(docs),
+             "position": list(range(len(docs))), "lang": ["en"] * len(docs), "split": [d[1] for d in docs],
+             "tokens": [d[2] for d in docs]})
+    p.commit()
+    return str(path)
+
+
+def test_pack_rows_and_doc_index_reconstruct_every_document(tmp_path):
+    from helpers import write_tokenizer
+
+    rng = np.random.default_rng(0)
+    docs = [(f"d{i}", "validation" if i % 5 == 0 else "train", list(rng.integers(1, 500, rng.integers(1, 40))) + [0])
+            for i in range(60)]
+    files = [_token_file(tmp_path / "t0.parquet", docs[:25]), _token_file(tmp_path / "t1.parquet", docs[25:])]
+    b = DatasetBuilder(str(tmp_path / "stage"), dataset="t", seq_len=8, tokenizer_json=write_tokenizer(str(tmp_path / "tok.json")),
+                       vocab_size=512, eos_id=0)
+    indexes, stats = [], {}
+    for split in ("train", "validation"):
+        idx, stats[split] = pack_split(b, files, split, seq_len=8, shard_bytes=9 * 2 * 5)  # 5 rows a shard
+        indexes.append(idx)
+    index = pa.concat_tables(indexes).to_pylist()
+    shards = [read_rows(str(tmp_path / "stage" / s.path)) for s in b.shards]
+    assert all(r.shape[1] == 9 for r in shards) and all(r.shape[0] <= 5 for r in shards)
+    for split in ("train", "validation"):
+        stream = np.concatenate([d[2] for d in docs if d[1] == split])
+        kept = stats[split]["rows"] * 9
+        assert stats[split]["tokens_dropped_tail"] == len(stream) - kept
+        packed = np.concatenate([shards[i].reshape(-1) for i, s in enumerate(b.shards) if s.split == split])
+        assert np.array_equal(packed, stream[:kept])  # documents in order, EOS after each, nothing reordered
+    got: dict[str, list] = {}
+    for span in index:
+        row = shards[span["shard"]][span["row"]]
+        got.setdefault(span["doc_id"], []).extend(row[span["start"]: span["start"] + span["length"]].tolist())
+    for doc_id, split, tokens in docs:
+        if doc_id in got:
+            assert got[doc_id] == [int(t) for t in tokens][: len(got[doc_id])]
+    assert len(got) >= 50

@@ -1,0 +1,93 @@
+"""Fast in-process checks of the trainer's pieces: job config, model, schedule, MFU, Young/Daly."""
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+
+from trainer import config
+from trainer.metrics import mfu, peak_flops, young_daly_interval_s
+from trainer.model import PRESETS, Transformer, count_params, flops_per_token, model_args
+from trainer.train import lr_at
+
+CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
+
+
+def write(tmp_path, text: str) -> str:
+    path = tmp_path / "job.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_presets_load(tmp_path):
+    for name in sorted(os.listdir(CONFIGS)):
+        cfg = config.load(os.path.join(CONFIGS, name))
+        assert cfg.data.manifest and cfg.model.preset in PRESETS
+
+
+def test_unknown_key_names_file_section_and_key(tmp_path):
+    path = write(tmp_path, "data: {manifest: x, global_batc: 8}\n")
+    with pytest.raises(config.ConfigError, match=r"job.yaml: unknown key\(s\) data.global_batc; data accepts .*global_batch"):
+        config.load(path)
+    with pytest.raises(config.ConfigError, match=r"unknown section\(s\) optimiser"):
+        config.load(write(tmp_path, "data: {manifest: x}\noptimiser: {lr: 1}\n"))
+
+
+def test_bad_values_are_named(tmp_path):
+    with pytest.raises(config.ConfigError, match=r"parallelism.activation_checkpoint: must be one of none, selective, full"):
+        config.load(write(tmp_path, "data: {manifest: x}\nparallelism: {activation_checkpoint: some}\n"))
+    with pytest.raises(config.ConfigError, match=r"data.global_batch: expected an integer, got '8'"):
+        config.load(write(tmp_path, "data: {manifest: x, global_batch: '8'}\n"))
+    with pytest.raises(config.ConfigError, match="data.manifest is required"):
+        config.load(write(tmp_path, "run: {steps: 3}\n"))
+
+
+def test_overrides_apply_on_top(tmp_path):
+    cfg = config.load(write(tmp_path, "data: {manifest: x}\n"), ["run.steps=7", "optimizer.betas=[0.8, 0.9]"])
+    assert cfg.run.steps == 7 and cfg.optimizer.betas == (0.8, 0.9)
+    with pytest.raises(config.ConfigError, match="expected section.key=value"):
+        config.load(write(tmp_path, "data: {manifest: x}\n"), ["steps=7"])
+
+
+def test_schedule_warms_up_then_decays_to_the_floor():
+    opt = config.OptimizerConfig(lr=1.0, warmup_steps=4, min_lr_ratio=0.1)
+    lrs = [lr_at(s, opt, 20) for s in range(1, 21)]
+    assert lrs[:4] == [0.25, 0.5, 0.75, 1.0]
+    assert all(a >= b for a, b in zip(lrs[3:], lrs[4:]))
+    assert lrs[-1] == pytest.approx(0.1)
+
+
+def test_param_count_matches_the_model_and_flops_formula():
+    args = model_args("tiny", vocab_size=100, max_seq_len=16, n_kv_heads=2)
+    model = Transformer(args)
+    n = count_params(args)
+    assert n["total"] == sum(p.numel() for p in model.parameters())
+    assert flops_per_token(args, 16) == 6 * n["non_embedding"] + 12 * args.n_layers * args.dim * 16
+    big = count_params(model_args("1b", vocab_size=128256, max_seq_len=2048))
+    assert 1.1e9 < big["total"] < 1.6e9  # the "1b" preset is Llama-3.2-1B shaped
+
+
+def test_model_is_causal():
+    torch.manual_seed(0)
+    model = Transformer(model_args("tiny", vocab_size=50, max_seq_len=8, n_kv_heads=2))
+    x = torch.randint(0, 50, (2, 8))
+    y = x.clone()
+    y[:, 5:] = (y[:, 5:] + 1) % 50
+    with torch.no_grad():
+        a, b = model(x), model(y)
+    assert torch.equal(a[:, :5], b[:, :5]) and not torch.allclose(a[:, 5:], b[:, 5:])
+
+
+def test_mfu_uses_known_peaks_and_refuses_to_guess():
+    assert peak_flops("NVIDIA H100 80GB HBM3") == 989e12
+    assert peak_flops("NVIDIA H100 PCIe") == 756e12
+    assert peak_flops("NVIDIA A100-SXM4-80GB") == 312e12
+    assert peak_flops("cpu") is None and peak_flops("NVIDIA GeForce GTX 1080") is None
+    assert mfu(1000.0, 1e9, None) is None
+    assert mfu(10_000.0, 7.5e9, 989e12) == pytest.approx(10_000 * 7.5e9 / 989e12)
+
+
+def test_young_daly_interval():
+    assert young_daly_interval_s(30.0, 24 * 3600) == pytest.approx(math.sqrt(2 * 30 * 86400))
