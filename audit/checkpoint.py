@@ -12,7 +12,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from manifests import ManifestError, Published, load_manifest
+from manifests import ManifestError, ManifestNotFoundError, Published, load_manifest
 
 META_FILE = "meta.json"
 FORMAT = "gristmill-checkpoint-v1"  # trainer/checkpoint.py (not imported: it pulls in torch)
@@ -34,7 +34,7 @@ class Checkpoint:
     global_batch: int
     next_index: int  # the next global sample index the loader would serve
     seed: int
-    order: str  # the loader's order ("global" or "window")
+    order: str  # the loader's order: global, window or sequential
     split: str
     window_shards: int | None  # the "window" order's window (None: the loader's default)
     manifest_sha256: str
@@ -135,7 +135,11 @@ def open_manifest(ckpt: Checkpoint, manifest_url: str | None = None) -> Publishe
     hash; here the hash must also equal the one the checkpoint trained on.
     """
     url = manifest_url or ckpt.manifest_url
-    published = load_manifest(url)
+    try:
+        published = load_manifest(url)
+    except ManifestNotFoundError as e:
+        raise AuditError(f"{e}; checkpoint {ckpt.path} was trained on manifest {ckpt.manifest_sha256} at "
+                         f"{ckpt.manifest_url}: if that version moved, pass its new location with --manifest") from e
     actual = published.manifest.sha256
     if actual != ckpt.manifest_sha256:
         raise AuditError(
@@ -143,3 +147,12 @@ def open_manifest(ckpt: Checkpoint, manifest_url: str | None = None) -> Publishe
             f"{ckpt.manifest_sha256}; refusing to audit against different data"
         )
     return published
+
+
+def verify_files(ckpt: Checkpoint) -> None:
+    """The trainer's own check that the checkpoint's files match meta.json (imports torch)."""
+    from trainer.checkpoint import verify
+
+    problems = verify(ckpt.path)
+    if problems:
+        raise AuditError(f"checkpoint {ckpt.path} does not verify: " + "; ".join(problems[:5]))

@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 import sys
 
+MAX_LINES = 30  # per breakdown in the human summary; --json and --out are complete
+
 
 def register(sub) -> None:
     p = sub.add_parser("audit", help="what a checkpoint's model saw: rows, documents, eval-set leaks")
@@ -15,6 +17,8 @@ def register(sub) -> None:
         q.add_argument("--steps", help="only optimizer steps A to B inclusive (A:B, A:, :B or one step N; numbered "
                                        "from 1 as in step-<N>/); default: every step the checkpoint trained")
         q.add_argument("--json", action="store_true", help="print the answer as JSON instead of a summary")
+        q.add_argument("--verify-checkpoint", action="store_true",
+                       help="also re-hash the checkpoint's weight files against meta.json (reads every file)")
 
     seen = asub.add_parser("seen", help="rows, documents and tokens consumed; per shard, source, file and language")
     common(seen)
@@ -44,19 +48,23 @@ def register(sub) -> None:
 
 
 def _open(args):
-    from .checkpoint import open_manifest, read_checkpoint
+    from .checkpoint import open_manifest, read_checkpoint, verify_files
     from .consumed import consumed, parse_steps
 
     ckpt = read_checkpoint(args.checkpoint)
+    if args.verify_checkpoint:
+        verify_files(ckpt)
     published = open_manifest(ckpt, args.manifest)
     steps = parse_steps(args.steps, ckpt)
     return ckpt, published, steps, consumed(published.manifest, ckpt, steps)
 
 
 def _seen(args) -> int:
-    from .output import write_table
+    from .output import check_output_path, write_table
     from .seen import audit_seen, consumed_table
 
+    check_output_path(args.out)
+    check_output_path(args.samples_out)
     ckpt, published, steps, used = _open(args)
     report = audit_seen(published, used, steps)
     if args.out:
@@ -77,11 +85,14 @@ def _seen(args) -> int:
     print(f"documents    {s['documents_seen']:,} seen: {s['documents_fully_seen']:,} fully, {s['documents_partly_seen']:,} partly")
     for title, key in (("by shard", "by_shard"), ("by source", "by_source"), ("by file", "by_file"), ("by language", "by_lang")):
         print(title)
-        for name, e in s[key].items():
+        entries = list(s[key].items())
+        for name, e in entries[:MAX_LINES]:
             if key == "by_shard":
                 print(f"  {name:<40} {e['rows_seen']:>10,} of {e['rows']:,} rows, {e['samples']:,} samples")
             else:
                 print(f"  {name:<40} {e['documents']:>10,} docs ({e['fully_seen']:,} fully) {e['tokens_seen']:>14,} tokens")
+        if len(entries) > MAX_LINES:
+            print(f"  ... {len(entries) - MAX_LINES:,} more (--json has all of them)")
     for path in (args.out, args.samples_out):
         if path:
             print(f"wrote {path}")
@@ -101,8 +112,10 @@ def _doc(args) -> int:
     how = "fully" if answer["fully_seen"] else "partly" if answer["seen"] else "NOT"
     print(f"{answer['doc_id']}: {how} seen ({answer['tokens_seen']:,} of {answer['tokens']:,} tokens) "
           f"in steps {steps[0]}:{steps[1]} of {ckpt.path}")
-    for o in answer["occurrences"]:
+    for o in answer["occurrences"][:MAX_LINES]:
         print(f"  step {o['step']:>8} rank {o['rank']:>4} index {o['index']:>12}  {o['shard']} row {o['row']} ({o['tokens']} tokens)")
+    if len(answer["occurrences"]) > MAX_LINES:
+        print(f"  ... {len(answer['occurrences']) - MAX_LINES:,} more (--json has all of them)")
     print(f"source       {p['source']} position {p['position']} lang {p['lang']}")
     print(f"input file   sha256 {p['input_sha256']} ({p['input_bytes']} bytes)" if p["input_sha256"] else
           "input file   not listed in the manifest's inputs")
@@ -112,8 +125,9 @@ def _doc(args) -> int:
 
 def _leak(args) -> int:
     from .leak import audit_leak
-    from .output import write_table
+    from .output import check_output_path, write_table
 
+    check_output_path(args.out)
     ckpt, published, steps, used = _open(args)
     report = audit_leak(published, used, args.eval_file, fields=args.fields, n=args.n, min_matches=args.min_matches,
                         id_field=args.id_field, fmt=args.format)
@@ -128,10 +142,10 @@ def _leak(args) -> int:
     print(f"{verdict}: {s['items_leaked']} of {s['items']} items of {s['eval_file']} occur in "
           f"{s['documents_leaked']} documents seen in steps {steps[0]}:{steps[1]} ({s['documents_checked']:,} documents, "
           f"{s['tokens_checked']:,} tokens checked, {s['n']}-grams)")
-    for row in report.matches.to_pylist()[:50]:
+    for row in report.matches.slice(0, MAX_LINES).to_pylist():
         print(f"  item {row['item']:>6} in {row['doc_id']}  steps {row['steps']}  ({row['ngrams']} matching n-grams)")
-    if report.matches.num_rows > 50:
-        print(f"  ... {report.matches.num_rows - 50} more (use --out)")
+    if report.matches.num_rows > MAX_LINES:
+        print(f"  ... {report.matches.num_rows - MAX_LINES:,} more (use --out)")
     if args.out:
         print(f"wrote {args.out}")
     return 1 if s["items_leaked"] else 0

@@ -8,9 +8,11 @@
      block 2049), both bare item iteration and iteration plus the same batch formation.
    Methods run interleaved, ``--repeats`` times; each one's best run is quoted, since the
    machine is shared and noisy.
-2. Cold cache behind a simulated store with 50 ms per request, 100 ms per step: the input
-   wait after the first batch as a fraction of step time (window and global order).
-3. Peak RSS of a fresh process running the loader over 1x and 10x the shards.
+2. Cold cache behind a simulated store (``gmsim://``) with 50 ms per request and 1 GB/s,
+   100 ms per step: the input wait after the first batch as a fraction of step time (window
+   and global order), on small shards so a pass crosses several windows.
+3. Peak RSS of a fresh process running the loader (global order, cold cache) over 1x and 10x
+   the shards, for the same number of steps (just under one epoch of the 1x dataset).
 
     python benchmarks/bench_loader.py [--sequences 50000] [--work /tmp/gristmill-bench-loader] [--json out.json]
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -176,18 +179,23 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=600, help="timed steps per throughput run")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--workers", type=int, default=1, help="loader assembly threads in the throughput run")
-    ap.add_argument("--cold-steps", type=int, default=40)
-    ap.add_argument("--rss-shards", type=int, default=10, help="shards of the 1x dataset for the RSS check")
+    ap.add_argument("--cold-steps", type=int, default=100)
+    ap.add_argument("--cold-sequences", type=int, default=8192)
+    ap.add_argument("--cold-shard-rows", type=int, default=256)
+    ap.add_argument("--rss-shards", type=int, default=20, help="shards (of 250 rows) of the 1x dataset for the RSS check")
     ap.add_argument("--work", default="/tmp/gristmill-bench-loader")
     ap.add_argument("--skip", nargs="*", default=[], choices=["warm", "cold", "rss", "litdata"])
     ap.add_argument("--json", help="write all results here")
     args = ap.parse_args()
+    import torch
+
+    torch.set_num_threads(1)  # 2 shared cores: intra-op threads only fight (LitData's batching uses torch ops)
     os.makedirs(args.work, exist_ok=True)
     results: dict = {"machine": "2-core shared CPU VM, no GPU", "args": vars(args)}
 
-    pub = dataset(args.work, f"main-{args.sequences}-{args.shard_rows}", args.sequences, args.shard_rows)
-    cache = os.path.join(args.work, "cache")
     if "warm" not in args.skip:
+        pub = dataset(args.work, f"main-{args.sequences}-{args.shard_rows}", args.sequences, args.shard_rows)
+        cache = os.path.join(args.work, "cache")
         warm_cache(pub, cache)
         mm = flat_memmap(pub, cache, args.work)
         lit = None if "litdata" in args.skip else litdata_dir(pub, mm, args.work)
@@ -214,22 +222,29 @@ def main() -> int:
                   f"loader / (litdata + batch) = {results['warm']['loader_vs_litdata_batched']:.2f}")
 
     if "cold" not in args.skip:
+        # Small shards so that a pass crosses several windows: prefetch has to hide each crossing.
+        cold = dataset(args.work, f"cold-{args.cold_sequences}-{args.cold_shard_rows}", args.cold_sequences,
+                       args.cold_shard_rows)
         results["cold"] = {}
         for order in ("window", "global"):
-            res = cold_and_warm(pub.url, steps=args.cold_steps, step_s=0.1, latency_s=0.05, bandwidth_bps=1e9,
+            res = cold_and_warm(cold.url, steps=args.cold_steps, step_s=0.1, latency_s=0.05, bandwidth_bps=1e9,
                                 order=order, window_shards=4, global_batch=BATCH, prefetch=4, workers=2, fetch_workers=8)
             results["cold"][order] = [r.__dict__ for r in res]
-            print(f"\ncold then warm cache, order={order}, 50 ms/request, 1 GB/s, 100 ms step:")
+            print(f"\n{len(cold.manifest.shards)} shards of {args.cold_shard_rows} rows, order={order} (window_shards=4), "
+                  f"50 ms/request, 1 GB/s, 100 ms step, cold then warm cache:")
             print(table(res))
 
     if "rss" not in args.skip:
         results["rss"] = {}
+        rows = 250
+        steps = args.rss_shards * rows // BATCH - 4  # 1x: just under one epoch, so both touch as many distinct rows
         for mult in (1, 10):
-            n = args.rss_shards * mult * 500
-            small = dataset(args.work, f"rss-{mult}x", n, 500)
+            small = dataset(args.work, f"rss-{mult}x", args.rss_shards * mult * rows, rows)
             rss_cache = os.path.join(args.work, f"rss-cache-{mult}x")
-            results["rss"][f"{mult}x"] = {"shards": len(small.manifest.shards), **peak_rss(small, rss_cache, 300)}
-        print("\npeak RSS, 300 steps of 32 x 2049 tokens, global order (fresh process each):")
+            shutil.rmtree(rss_cache, ignore_errors=True)  # cold: downloads are part of the footprint
+            results["rss"][f"{mult}x"] = {"shards": len(small.manifest.shards), "steps": steps,
+                                          **peak_rss(small, rss_cache, steps)}
+        print(f"\npeak RSS, {steps} steps of 32 x 2049 tokens, global order, cold cache, fresh process each:")
         for k, v in results["rss"].items():
             print(f"  {k:>3}: {v['shards']:>4} shards  after imports {v['rss_after_imports_mb']:.0f} MB  "
                   f"peak {v['peak_rss_mb']:.0f} MB")

@@ -1,7 +1,9 @@
 """How `gristmill prepare` cost grows with corpus size: the demo corpus at two scales (default 1x
-and 10x), the same job (every stage on, like examples/demo-job-full.yaml), side by side in one run.
+and 10x), the same job, side by side in one run. The job is examples/demo-job.yaml's (extract,
+language ID, exact dedup, tokenize, pack); --full adds fuzzy dedup and decontamination
+(examples/demo-job-full.yaml).
 
-    python benchmarks/bench_scaling.py [--scales 1 10] [--num-cpus 2] [--out /tmp/gm-scaling]
+    python benchmarks/bench_scaling.py [--scales 1 10] [--full] [--num-cpus 2] [--out /tmp/gm-scaling]
 
 Prints, per stage, core-seconds, wall seconds and the ratio between the scales, plus bytes in,
 documents and peak RSS per worker (from each run's report.json), and the largest single-process
@@ -22,9 +24,9 @@ import yaml
 BIN = os.path.dirname(sys.executable)
 
 
-def job_for(root: str, num_cpus: int) -> dict:
+def job_for(root: str, num_cpus: int, full: bool) -> dict:
     corpus = os.path.join(root, "corpus")
-    return {
+    job = {
         "inputs": [{"path": f"{corpus}/*.jsonl*"}, {"path": f"{corpus}/*.parquet", "text_field": "content"},
                    {"path": f"{corpus}/*.txt"}, {"path": f"{corpus}/*.warc.gz"}],
         "output": {"store": os.path.join(root, "store"), "dataset": "demo"},
@@ -32,23 +34,25 @@ def job_for(root: str, num_cpus: int) -> dict:
         "extract": {"max_chars": 100_000},
         "language": {"allowed": ["en"], "threshold": 0.65},
         "exact_dedup": {"enabled": True},
-        "fuzzy_dedup": {"threshold": 0.8},
-        "decontaminate": {"eval_sets": [{"name": "demo_qa", "path": os.path.join(root, "evals", "demo_qa.jsonl")}]},
         "split": {"validation_fraction": 0.05},
         "tokenizer": {"vocab_size": 4096, "sample_bytes": 2_000_000},
         "pack": {"seq_len": 256, "shard_bytes": 1_000_000},
         "ray": {"num_cpus": num_cpus},
     }
+    if full:
+        job["fuzzy_dedup"] = {"threshold": 0.8}
+        job["decontaminate"] = {"eval_sets": [{"name": "demo_qa", "path": os.path.join(root, "evals", "demo_qa.jsonl")}]}
+    return job
 
 
-def run_scale(out: str, scale: int, num_cpus: int) -> dict:
+def run_scale(out: str, scale: int, num_cpus: int, full: bool) -> dict:
     root = os.path.join(out, f"scale-{scale}")
     if not os.path.isdir(os.path.join(root, "corpus")):
         subprocess.run([f"{BIN}/gristmill", "demo-corpus", root, "--scale", str(scale)], check=True)
     corpus_bytes = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(os.path.join(root, "corpus")) for f in fs)
     job = os.path.join(root, "job.yaml")
     with open(job, "w") as f:
-        yaml.safe_dump(job_for(root, num_cpus), f)
+        yaml.safe_dump(job_for(root, num_cpus, full), f)
     # A fresh work dir and store: a resumed run would skip the work we want to time.
     subprocess.run(["rm", "-rf", os.path.join(root, "work"), os.path.join(root, "store")], check=True)
     t0 = time.perf_counter()
@@ -90,11 +94,12 @@ def print_table(runs: list[dict]) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--scales", type=int, nargs="+", default=[1, 10])
+    p.add_argument("--full", action="store_true", help="also fuzzy dedup and decontamination")
     p.add_argument("--num-cpus", type=int, default=2)
     p.add_argument("--out", default="/tmp/gm-scaling")
     p.add_argument("--json", help="also write the raw results here")
     args = p.parse_args()
-    runs = [run_scale(args.out, s, args.num_cpus) for s in args.scales]
+    runs = [run_scale(args.out, s, args.num_cpus, args.full) for s in args.scales]
     print_table(runs)
     if args.json:
         with open(args.json, "w") as f:

@@ -21,31 +21,8 @@ MANIFEST=${1:-}
 
 if [[ -z "$MANIFEST" ]]; then
   echo "building a synthetic dataset under $OUT/data" >&2
-  python - "$OUT/data" <<'PY'
-import os, sys
-import numpy as np
-import pyarrow as pa
-from tokenizers import Tokenizer, models
-from manifests import DatasetBuilder, Input, ManifestStore
-
-root, vocab, seq_len, rows = sys.argv[1], 128256, 2048, 1024
-os.makedirs(root, exist_ok=True)
-tok = os.path.join(root, "tokenizer.json")
-Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab)}, unk_token="t0")).save(tok)
-b = DatasetBuilder(os.path.join(root, "staging"), dataset="synthetic", seq_len=seq_len, tokenizer_json=tok,
-                   vocab_size=vocab, eos_id=0)
-rng = np.random.default_rng(0)
-doc = {k: [] for k in ("shard", "row", "start", "length", "doc_id", "source", "position", "lang")}
-for split, n in (("train", rows), ("validation", 64)):
-    shard = len(b.shards)
-    b.add_shard(split, rng.integers(1, vocab, size=(n, seq_len + 1), dtype=np.int64))
-    for r in range(n):
-        for k, v in zip(doc, (shard, r, 0, seq_len + 1, f"syn-{shard}-{r}", "synthetic", r, "xx")):
-            doc[k].append(v)
-b.set_doc_index(pa.table(doc))
-m = b.manifest(inputs=[Input("synthetic://", 0, "0" * 64)], config={"synthetic": True}, code_version="bench", stats={})
-print(ManifestStore(os.path.join(root, "store")).publish(m, b.dir).url)
-PY
+  python -c "import sys; from trainer.synthetic import build_synthetic; \
+print(build_synthetic(sys.argv[1], vocab_size=128256, seq_len=2048, train_rows=1024))" "$OUT/data" >&2
   MANIFEST="$OUT/data/store/synthetic"
 fi
 

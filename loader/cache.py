@@ -101,6 +101,7 @@ class ShardCache:
         self._entries: dict[str, _Entry] = {}
         self._reserved = 0  # bytes of downloads in progress in this process, not yet on disk
         self._clock = 0
+        self._open = 0  # entries with a mapping (pinned or idle)
         self._verified: set[tuple] = set()  # (name, inode, size, mtime_ns) hashed by this process
         self._remove_orphans()
 
@@ -134,24 +135,29 @@ class ShardCache:
         return total
 
     # -- pins (called by the loader's planner, before any thread touches the shard) -------
-    def pin(self, shard: Shard) -> bool:
-        """Count one more user of ``shard``; True when it is already usable (no ensure needed).
+    def pin(self, shards: list[Shard]) -> list[bool]:
+        """Count one more user of each shard; True where it is already usable (no ensure needed).
 
         An unpinned shard keeps its mapping and its shared lock while idle (up to ``max_open``
         of them), so a shard used again soon costs no system call at all.
         """
+        ready = []
         with self._lock:
-            e = self._entries.setdefault(shard.raw_sha256, _Entry())
-            e.refs += 1
             self._clock += 1
-            e.last_use = self._clock
-            return e.pin_fd is not None and e.mapped is not None
+            for shard in shards:
+                e = self._entries.get(shard.raw_sha256)
+                if e is None:
+                    e = self._entries[shard.raw_sha256] = _Entry()
+                e.refs += 1
+                e.last_use = self._clock
+                ready.append(e.pin_fd is not None and e.mapped is not None)
+        return ready
 
-    def unpin(self, shard: Shard) -> None:
+    def unpin(self, shards: list[Shard]) -> None:
         with self._lock:
-            e = self._entries[shard.raw_sha256]
-            e.refs -= 1
-            if e.refs == 0:
+            for shard in shards:
+                self._entries[shard.raw_sha256].refs -= 1
+            if self._open > self.max_open:
                 self._close_surplus_locked()
 
     def rows(self, shard: Shard) -> np.ndarray:
@@ -188,7 +194,9 @@ class ShardCache:
         with self._lock:
             if e.mapped is not None:
                 e.mapped.close()
+                self._open -= 1
             e.mapped, e.inode = mapped, st.st_ino
+            self._open += 1
         self._touch(path)
         return FetchResult(downloaded)
 
@@ -319,16 +327,17 @@ class ShardCache:
         return freed
 
     def _close_surplus_locked(self) -> None:
-        """Keep at most ``max_open`` unpinned mappings open (memory stays flat as datasets grow)."""
-        idle = [(e.last_use, k) for k, e in self._entries.items() if e.refs == 0 and e.mapped is not None]
-        for _, k in sorted(idle)[: max(0, len(idle) - self.max_open)]:
+        """Close least-recently-used idle mappings until at most ``max_open`` remain (memory stays
+        flat as datasets grow)."""
+        idle = sorted((e.last_use, k) for k, e in self._entries.items() if e.refs == 0 and e.mapped is not None)
+        for _, k in idle[: max(0, self._open - self.max_open)]:
             self._release_locked(self._entries[k])
 
-    @staticmethod
-    def _release_locked(e: _Entry) -> None:
+    def _release_locked(self, e: _Entry) -> None:
         if e.mapped is not None:
             e.mapped.close()
             e.mapped = None
+            self._open -= 1
         if e.pin_fd is not None:
             _unlock(e.pin_fd)
             e.pin_fd = None
@@ -370,3 +379,4 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+

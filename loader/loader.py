@@ -28,7 +28,7 @@ from .order import DEFAULT_WINDOW_SHARDS, Order
 
 log = logging.getLogger(__name__)
 
-PLAN_CHUNK_STEPS = 64  # steps located per vectorised call to the order
+PLAN_CHUNK_STEPS = 256  # steps located per vectorised call to the order (amortises numpy call overhead)
 
 
 class CacheTooSmallError(ValueError):
@@ -40,18 +40,40 @@ def default_cache_dir() -> str:
 
 
 class _Step:
-    """One rank's share of one step: which rows, grouped by shard for the gather."""
+    """One rank's share of one step: its global indices, the shards it pins, how to gather it.
 
-    __slots__ = ("start", "indices", "shards", "groups")
+    When several rows share a shard, each shard's rows are gathered with one fancy index
+    (``groups``); when nearly every row comes from a different shard (the global order with a
+    small batch) there is nothing to vectorise, and row-by-row copies (``rowwise``: one memcpy
+    each) are cheaper than one fancy index per shard.
+    """
 
-    def __init__(self, start: int, indices: np.ndarray, shards: np.ndarray, rows: np.ndarray):
-        self.start, self.indices = start, indices
-        # Group by shard once, vectorised: then the gather is one fancy-index per shard.
-        order = np.argsort(shards, kind="stable")
-        uniq, first = np.unique(shards[order], return_index=True)
-        bounds = np.append(first, order.size)
-        self.shards = uniq.tolist()
-        self.groups = [(order[a:b], rows[order[a:b]]) for a, b in zip(bounds[:-1], bounds[1:])]
+    __slots__ = ("start", "indices", "shards", "groups", "rowwise")
+
+    def __init__(self, start: int, indices: np.ndarray, shards: list[int], groups=None, rowwise=None):
+        self.start, self.indices, self.shards, self.groups, self.rowwise = start, indices, shards, groups, rowwise
+
+
+def plan_steps(order: Order, starts: np.ndarray, offset: int, size: int) -> list[_Step]:
+    """Locate the rows of many steps in one vectorised call and group each step's rows by shard."""
+    idx = starts[:, None] + offset + np.arange(size, dtype=np.int64)
+    shards, rows = order.locate(idx)
+    perm = np.argsort(shards, axis=1, kind="stable")
+    s_sorted, r_sorted = np.take_along_axis(shards, perm, 1), np.take_along_axis(rows, perm, 1)
+    first = np.ones(shards.shape, dtype=bool)
+    first[:, 1:] = s_sorted[:, 1:] != s_sorted[:, :-1]
+    n_distinct = first.sum(axis=1).tolist()
+    shard_lists, row_lists = shards.tolist(), rows.tolist()
+    steps = []
+    for k, start in enumerate(starts.tolist()):
+        if 3 * n_distinct[k] <= size:
+            bounds = np.flatnonzero(first[k])
+            ends = np.append(bounds[1:], size).tolist()
+            groups = [(perm[k, a:b], r_sorted[k, a:b]) for a, b in zip(bounds.tolist(), ends)]
+            steps.append(_Step(start, idx[k], s_sorted[k, bounds].tolist(), groups=groups))
+        else:
+            steps.append(_Step(start, idx[k], sorted(set(shard_lists[k])), rowwise=(shard_lists[k], row_lists[k])))
+    return steps
 
 
 class Loader:
@@ -146,12 +168,9 @@ class Loader:
     def _plan(self, start: int) -> _Step:
         """The step whose global batch starts at ``start``; located in vectorised chunks."""
         if start not in self._plans:
-            self._plans.clear()
             starts = start + self.global_batch * np.arange(PLAN_CHUNK_STEPS, dtype=np.int64)
-            idx = starts[:, None] + self.rank * self.local_batch + np.arange(self.local_batch, dtype=np.int64)
-            shards, rows = self.order.locate(idx)
-            for k, s in enumerate(starts.tolist()):
-                self._plans[s] = _Step(s, idx[k], shards[k], rows[k])
+            steps = plan_steps(self.order, starts, self.rank * self.local_batch, self.local_batch)
+            self._plans = {s.start: s for s in steps}
         return self._plans[start]
 
     # -- iteration -----------------------------------------------------------------------------
@@ -197,23 +216,27 @@ class Loader:
         self.close()
 
     # -- assembly (runs in a worker thread) --------------------------------------------------
-    def _assemble(self, step: _Step, fetches: list[tuple[object, Future | None, bool]]) -> tuple[dict, dict]:
-        shards = self.manifest.shards
+    def _assemble(self, step: _Step, fetches: list[tuple[Future, bool]]) -> tuple[dict, dict]:
+        pinned = [self.manifest.shards[k] for k in step.shards]
         try:
-            hits = misses = downloaded = 0
-            for _, fut, started_here in fetches:
-                n = fut.result().downloaded_bytes if fut is not None else 0
+            misses = downloaded = 0
+            for fut, started_here in fetches:
+                n = fut.result().downloaded_bytes
                 if started_here and n > 0:
                     misses, downloaded = misses + 1, downloaded + n
-                else:
-                    hits += 1
+            hits = len(pinned) - misses
             b, width = self.local_batch, self.manifest.row_tokens
             tokens = np.empty((b, width), dtype=self.manifest.token_dtype)
-            for shard_id, (pos, rows) in zip(step.shards, step.groups):
-                tokens[pos] = self.cache.rows(shards[shard_id])[rows]
+            views = [self.cache.rows(s) for s in pinned]
+            if step.groups is not None:
+                for view, (pos, rows) in zip(views, step.groups):
+                    tokens[pos] = view[rows]
+            else:
+                by_id = dict(zip(step.shards, views))
+                for j, (k, r) in enumerate(zip(*step.rowwise)):
+                    tokens[j] = by_id[k][r]
         finally:
-            for shard_id in step.shards:
-                self.cache.unpin(shards[shard_id])
+            self.cache.unpin(pinned)
         input_ids = torch.empty((b, width - 1), dtype=torch.long, pin_memory=self.pin_memory)
         labels = torch.empty((b, width - 1), dtype=torch.long, pin_memory=self.pin_memory)
         np.copyto(input_ids.numpy(), tokens[:, :-1])
@@ -239,18 +262,17 @@ class _Pipeline:
             if ld.stop_index is not None and self.next_submit + ld.global_batch > ld.stop_index:
                 return
             step = ld._plan(self.next_submit)
-            fetches = []
-            for shard_id in step.shards:
-                shard = ld.manifest.shards[shard_id]
-                if ld.cache.pin(shard):
-                    fetches.append((shard, None, False))
+            shards = [ld.manifest.shards[k] for k in step.shards]
+            fetches = []  # (future, started by this step) for each shard not ready yet
+            for shard, ready in zip(shards, ld.cache.pin(shards)):
+                if ready:
                     continue
                 fut = self.inflight.get(shard.raw_sha256)
                 started_here = fut is None or fut.done()
                 if started_here:
                     fut = self.fetch_pool.submit(ld.cache.ensure, shard)
                     self.inflight[shard.raw_sha256] = fut
-                fetches.append((shard, fut, started_here))
+                fetches.append((fut, started_here))
             self.pending.append((step, self.assemble_pool.submit(ld._assemble, step, fetches)))
             self.next_submit += ld.global_batch
         for key in [k for k, f in self.inflight.items() if f.done()]:
@@ -266,8 +288,7 @@ class _Pipeline:
     def close(self) -> None:
         for step, fut in self.pending:
             if fut.cancel():  # never ran: its pins are still held
-                for shard_id in step.shards:
-                    self.ld.cache.unpin(self.ld.manifest.shards[shard_id])
+                self.ld.cache.unpin([self.ld.manifest.shards[k] for k in step.shards])
             else:
                 try:
                     fut.result()

@@ -339,31 +339,33 @@ def _removed_rows(batch: pa.Table, verdicts_ref) -> pa.Table:
 
 
 # -- report ----------------------------------------------------------------------------------
-def report(index: ngrams.NgramIndex, cfg: DecontamConfig, records: list[dict], found: list[dict],
-           documents_in: int) -> dict:
-    """Per eval set: items found, the documents they were found in (id, provenance), removed/cut counts."""
-    per_set = {}
+def report(index: ngrams.NgramIndex, cfg: DecontamConfig, records: list[dict], found: list[dict]) -> dict:
+    """Per eval set: items found, the documents they were found in (id, provenance), removed/cut counts.
+
+    ``found`` is the scan's verdict rows in (order, id) order, so the report is deterministic.
+    A document that contains items of two eval sets counts in both.
+    """
+    per_set, by_item = {}, {}
     for s, name in enumerate(index.set_names):
         first, last = index.set_first[s], index.set_first[s + 1]
         per_set[name] = {"items": int(last - first), "items_indexed": int((index.item_grams[first:last] > 0).sum()),
-                         "items_found": 0, "documents_removed": 0, "documents_cut": 0, "found": {}}
-    for row in sorted(found, key=lambda r: (r["order"], r["id"])):
+                         "items_found": 0, "documents_removed": 0, "documents_cut": 0, "found": []}
+        by_item[name] = {item: [] for item in index.items_of(name)}  # file order
+    for row in found:
         action = "removed" if row[ACTION] == "drop" else "cut"
-        for eval_set, item, hits in json.loads(row[EVAL_MATCHES]):
-            doc = {"id": row["id"], "source": row["source"], "position": row["position"], "hits": hits, "action": action}
-            per_set[eval_set]["found"].setdefault(item, []).append(doc)
-        for eval_set in dict.fromkeys(m[0] for m in json.loads(row[EVAL_MATCHES])):
-            per_set[eval_set]["documents_removed" if action == "removed" else "documents_cut"] += 1
-    for s, name in enumerate(index.set_names):  # items in index (= file) order
-        by_item = per_set[name].pop("found")
-        order = {item: i for i, item in enumerate(index.items_of(name))}
-        per_set[name]["items_found"] = len(by_item)
-        per_set[name]["found"] = [{"item": item, "documents": docs}
-                                  for item, docs in sorted(by_item.items(), key=lambda kv: order[kv[0]])]
+        matches = json.loads(row[EVAL_MATCHES])
+        for eval_set, item, hits in matches:
+            by_item[eval_set][item].append({"id": row["id"], "source": row["source"], "position": row["position"],
+                                            "hits": hits, "action": action})
+        for eval_set in dict.fromkeys(m[0] for m in matches):
+            per_set[eval_set][f"documents_{action}"] += 1
+    for name, items in by_item.items():
+        per_set[name]["found"] = [{"item": item, "documents": docs} for item, docs in items.items() if docs]
+        per_set[name]["items_found"] = len(per_set[name]["found"])
     actions = [r[ACTION] for r in found]
     return {
         "n": cfg.n, "policy": cfg.policy, "margin": cfg.margin if cfg.policy == "cut" else None,
-        "min_matches": cfg.min_matches, "ngrams": index.ngrams, "documents_in": documents_in,
+        "min_matches": cfg.min_matches, "ngrams": index.ngrams,
         "documents_removed": actions.count("drop"), "documents_cut": actions.count("cut"),
         "eval_sets": records, "per_eval_set": per_set,
     }

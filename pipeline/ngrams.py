@@ -36,7 +36,7 @@ _BYTE_BASE = 0x100000001B3  # odd, so invertible mod 2**64
 _BYTE_BASE_INV = pow(_BYTE_BASE, -1, 1 << 64)
 _WORD_BASE = np.uint64(0x9E3779B97F4A7C15)
 _LEN_SALT = 0xD6E8FEB86659FD93
-_SEP = (0x20, 0x0A)  # a space separates words of a text, a newline separates texts in a batch
+_NEWLINE = 0x0A  # separates the texts of a batch (a normalised text has none)
 _CHUNK_BYTES = 1 << 20
 _FILTER_MAX_BITS = 24  # candidate bitmap: at most 16 MB per process  # hash at most ~1 MB of text per vectorised pass: bounds temporary memory
 
@@ -63,38 +63,50 @@ def _powers(base: int, size: int) -> np.ndarray:
     return have[:size]
 
 
+# For ASCII text NFKC is the identity and casefold is lower(), so ``pipeline.text.words`` is
+# exactly the runs of [a-z0-9] in the lower-cased text. One bytes.translate gives those words
+# without the regex that dominates ``normalize``'s cost; tests/test_decontam.py checks that it
+# agrees with ``pipeline.text.words`` on every ASCII character.
+_ASCII_WORDS = bytes(c + 32 if 65 <= c <= 90 else c if 48 <= c <= 57 or 97 <= c <= 122 else 32 for c in range(256))
+
+
+def word_bytes(text: str) -> bytes:
+    """The words of ``pipeline.text.words(text)`` as UTF-8, separated by one or more spaces."""
+    if text.isascii():
+        return text.encode("ascii").translate(_ASCII_WORDS)
+    return normalize(text).encode("utf-8")
+
+
 @dataclass
 class WordHashes:
-    """The words of a batch of normalised texts: one uint64 hash per word, and where it is."""
+    """The words of a batch of texts: one uint64 hash per word, and where it is."""
 
     hashes: np.ndarray  # uint64 [words]
     text: np.ndarray  # int64 [words]: which text of the batch the word belongs to
     first: np.ndarray  # int64 [texts + 1]: text t owns words first[t]:first[t+1]
 
 
-def word_hashes(normalized: list[str]) -> WordHashes:
-    """Hash every word of already-normalised texts (``pipeline.text.normalize`` output).
+def word_hashes(texts: list[str]) -> WordHashes:
+    """Hash every word (``pipeline.text.words``) of a batch of texts in a few numpy passes.
 
-    Normalised text is words separated by single spaces, with no other byte <= 0x20. The
-    non-empty texts are joined by newlines into one buffer, so every separator is one byte
-    between two words and the whole batch is hashed in a handful of numpy passes.
+    The texts' words are joined by newlines into one buffer; a word is a maximal run of
+    bytes above 0x20 (normalised text has no other byte <= 0x20 than the separators).
     """
-    nonempty = [t for t in normalized if t]
-    buf = np.frombuffer("\n".join(nonempty).encode("utf-8"), dtype=np.uint8)
-    sep = np.flatnonzero(buf <= 0x20)
-    starts = np.concatenate(([0], sep + 1)) if len(buf) else np.zeros(0, np.int64)
-    ends = np.concatenate((sep, [len(buf)])) if len(buf) else np.zeros(0, np.int64)
+    buf = np.frombuffer(b"\n".join(word_bytes(t) for t in texts), dtype=np.uint8)
+    is_word = buf > 0x20
+    edges = np.diff(is_word.view(np.int8), prepend=0, append=0)  # +1 at a word's first byte, -1 after its last
+    starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
+    if len(starts) == 0:
+        return WordHashes(np.zeros(0, np.uint64), np.zeros(0, np.int64), np.zeros(len(texts) + 1, np.int64))
     # Polynomial byte hash of buf[s:e] = sum b[k] * B**(e-1-k) = B**(e-1) * sum b[k] * B**-k.
     terms = buf.astype(np.uint64) * _powers(_BYTE_BASE_INV, len(buf))
-    terms[sep] = 0
-    sums = np.add.reduceat(terms, starts) if len(buf) else np.zeros(0, np.uint64)
-    raw = sums * _powers(_BYTE_BASE, len(buf) + 1)[ends - 1]
+    terms[~is_word] = 0
+    sums = np.add.reduceat(terms, starts)  # from a word's start to the next word's start
+    raw = sums * _powers(_BYTE_BASE, len(buf))[ends - 1]
     hashes = mix64(raw ^ (ends - starts).astype(np.uint64))
-    # Which text each word is in: count the newlines before it, then skip the empty texts.
-    in_nonempty = np.concatenate(([0], np.cumsum(buf[sep] == _SEP[1]))).astype(np.int64)
-    text = np.flatnonzero([bool(t) for t in normalized])[in_nonempty] if len(buf) else np.zeros(0, np.int64)
-    first = np.searchsorted(text, np.arange(len(normalized) + 1), side="left").astype(np.int64)
-    return WordHashes(hashes, text.astype(np.int64), first)
+    text = np.searchsorted(np.flatnonzero(buf == _NEWLINE), starts).astype(np.int64)  # newlines before the word
+    first = np.searchsorted(text, np.arange(len(texts) + 1), side="left").astype(np.int64)
+    return WordHashes(hashes, text, first)
 
 
 def gram_hashes(wh: WordHashes, length: int) -> tuple[np.ndarray, np.ndarray]:
@@ -112,7 +124,7 @@ def gram_hashes(wh: WordHashes, length: int) -> tuple[np.ndarray, np.ndarray]:
 
 def text_grams(text: str, n: int = DEFAULT_N) -> np.ndarray:
     """The distinct gram hashes of one text as an eval item: its n-grams, or itself if shorter."""
-    wh = word_hashes([normalize(text)])
+    wh = word_hashes([text])
     if len(wh.hashes) == 0:
         return np.zeros(0, np.uint64)
     return np.unique(gram_hashes(wh, min(n, len(wh.hashes)))[0])
@@ -190,16 +202,13 @@ class NgramIndex:
 
     def scan(self, texts: list[str], min_matches: int = 1) -> list[list[Match]]:
         """The matches of each text, item by item (in index order)."""
-        return self.scan_normalized([normalize(t) for t in texts], min_matches)
-
-    def scan_normalized(self, normalized: list[str], min_matches: int = 1) -> list[list[Match]]:
         out: list[list[Match]] = []
-        for chunk in _byte_chunks(normalized, _CHUNK_BYTES):
+        for chunk in _byte_chunks(texts, _CHUNK_BYTES):
             out.extend(self._scan_chunk(chunk, min_matches))
         return out
 
-    def _scan_chunk(self, normalized: list[str], min_matches: int) -> list[list[Match]]:
-        wh = word_hashes(normalized)
+    def _scan_chunk(self, texts: list[str], min_matches: int) -> list[list[Match]]:
+        wh = word_hashes(texts)
         # (text, item) -> spans of matching grams, gathered only where a hash hits: rare.
         found: dict[tuple[int, int], list[tuple[int, int]]] = {}
         for length in self.lengths:
@@ -215,7 +224,7 @@ class NgramIndex:
                 span = (w - int(wh.first[t]), w - int(wh.first[t]) + length)
                 for item in self.owners[self.owner_ptr[g] : self.owner_ptr[g + 1]]:
                     found.setdefault((t, int(item)), []).append(span)
-        out: list[list[Match]] = [[] for _ in normalized]
+        out: list[list[Match]] = [[] for _ in texts]
         for (t, item), spans in sorted(found.items()):
             if len(spans) >= self.required_hits(item, min_matches):
                 s = self.set_of(item)
@@ -296,7 +305,7 @@ def build_index(eval_sets: Iterable[tuple[str, Iterable[tuple[str, str]]]], n: i
         set_names.append(name)
         for item_id, text in items:
             item_ids.append(str(item_id))
-            texts.append(normalize(text or ""))
+            texts.append(text or "")
         set_first.append(len(item_ids))
     hash_parts, owner_parts, lengths, done = [], [], {n}, 0
     for chunk in _byte_chunks(texts, _CHUNK_BYTES):  # a batch of items at a time, like documents
@@ -318,9 +327,9 @@ def build_index(eval_sets: Iterable[tuple[str, Iterable[tuple[str, str]]]], n: i
                       lengths=tuple(sorted(lengths, reverse=True)))
 
 
-def _item_grams(normalized: list[str], n: int, min_item_words: int) -> tuple[np.ndarray, np.ndarray, set[int]]:
-    """(gram hashes, item of each, short lengths) of a batch of normalised eval items."""
-    wh = word_hashes(normalized)
+def _item_grams(texts: list[str], n: int, min_item_words: int) -> tuple[np.ndarray, np.ndarray, set[int]]:
+    """(gram hashes, item of each, short lengths) of a batch of eval items."""
+    wh = word_hashes(texts)
     size = np.diff(wh.first)  # words per item
     indexed = size >= max(1, min_item_words)
     hashes, owners, short = [], [], set()

@@ -137,6 +137,14 @@ def test_a_different_manifest_is_refused_naming_both_hashes(run, tmp_path):
     assert main(["audit", "seen", ckpt_dir, "--manifest", other.url]) == 2
 
 
+def test_a_moved_manifest_names_the_checkpoints_hash_and_the_way_out(run, tmp_path):
+    published, _ = run
+    ckpt = read_checkpoint(write_meta(str(tmp_path / "moved"), published, step=5, data__manifest_url=str(tmp_path / "gone")))
+    with pytest.raises(AuditError, match=f"trained on manifest {published.manifest.sha256} .*pass its new location with --manifest"):
+        open_manifest(ckpt)
+    assert open_manifest(ckpt, published.url).manifest.sha256 == published.manifest.sha256
+
+
 def test_a_seed_that_disagrees_with_the_job_config_is_refused(run, tmp_path):
     published, _ = run
     ckpt_dir = write_meta(str(tmp_path / "edited"), published, step=5, loader__seed=4)
@@ -179,6 +187,9 @@ def test_cli_seen_doc_outputs(run, tmp_path, capsys):
     doc = f"doc-{rows[0]['shard']}-{rows[0]['row']}"
     assert main(["audit", "doc", ckpt_dir, doc, "--steps", "1:2"]) == 0
     assert "step        1 rank    0 index            0" in capsys.readouterr().out
+    later = consumed(published.manifest, read_checkpoint(ckpt_dir), (3, 3))  # first epoch: rows not in steps 1-2
+    assert main(["audit", "doc", ckpt_dir, f"doc-{later.shard[0]}-{later.row[0]}", "--steps", "1:2"]) == 1
+    assert "NOT seen (0 of 17 tokens)" in capsys.readouterr().out
     assert main(["audit", "seen", ckpt_dir, "--out", str(tmp_path / "x.csv")]) == 2
     assert "use a .parquet or .jsonl" in capsys.readouterr().err
 
@@ -203,3 +214,14 @@ def test_steps_before_a_manifest_change_are_not_audited_against_the_new_manifest
     assert consumed(published.manifest, ckpt).index[0] == 6 * B
     with pytest.raises(AuditError, match=f"steps before 7 were trained on manifest {'a' * 64} \\(/old/v1\\)"):
         parse_steps("3:8", ckpt)
+
+
+def test_window_order_uses_the_recorded_window(run, tmp_path):
+    published, _ = run
+    ckpt = read_checkpoint(write_meta(str(tmp_path / "w"), published, step=15, order="window",
+                                      loader__window_shards=2))
+    used = consumed(published.manifest, ckpt)
+    shard, row = samples_at(published.manifest, "train", 3, "window", np.arange(120), 2)
+    assert used.shard.tolist() == shard.tolist() and used.row.tolist() == row.tolist()
+    default = samples_at(published.manifest, "train", 3, "window", np.arange(120))
+    assert (shard.tolist(), row.tolist()) != (default[0].tolist(), default[1].tolist())  # the window matters

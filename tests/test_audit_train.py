@@ -12,9 +12,10 @@ import sys
 
 import numpy as np
 import pytest
-from helpers import build_dataset
+from helpers import build_dataset, flip_byte
 
 from audit import AuditError, audit_doc, consumed, open_manifest, parse_steps, read_checkpoint
+from audit.checkpoint import verify_files
 from gristmill.cli import main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -86,7 +87,7 @@ def test_cli_doc_names_the_step_and_rank_of_a_logged_sample(trained, capsys):
     assert json.loads(capsys.readouterr().out)["steps"] == answer["steps"]
 
 
-def test_an_edited_seed_or_a_swapped_manifest_is_detected(trained, tmp_path):
+def test_an_edited_seed_a_corrupt_checkpoint_or_a_swapped_manifest_is_detected(trained, tmp_path, capsys):
     published, run_dir, _ = trained
     ckpt_dir = str(tmp_path / "step-6")
     shutil.copytree(os.path.join(run_dir, "checkpoints", "step-6"), ckpt_dir)
@@ -98,6 +99,14 @@ def test_an_edited_seed_or_a_swapped_manifest_is_detected(trained, tmp_path):
         json.dump(meta, f)
     with pytest.raises(AuditError, match=f"loader.seed {SEED + 1} differs from the job config's data.seed {SEED}"):
         read_checkpoint(ckpt_dir)
+    assert main(["audit", "seen", run_dir, "--verify-checkpoint", "--json"]) == 0
+    dcp_file = next(f for f in os.listdir(ckpt_dir) if f.endswith(".distcp"))
+    flip_byte(os.path.join(ckpt_dir, dcp_file))
+    meta["loader"]["seed"] = SEED
+    with open(meta_path, "w") as f:
+        json.dump(meta, f)
+    with pytest.raises(AuditError, match=f"{dcp_file}: sha256 .* does not match meta.json"):
+        verify_files(read_checkpoint(ckpt_dir))
     other = build_dataset(str(tmp_path / "other"), seed=1)
     assert main(["audit", "leak", run_dir, "--manifest", other.url, "--eval", meta_path]) == 2
 

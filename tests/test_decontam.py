@@ -18,7 +18,7 @@ from manifests import EvalSet
 from pipeline import ngrams
 from pipeline.decontam import DecontamConfig, DecontamConfigError, cut_text, decontaminate, decontaminate_against_docs
 from pipeline.ngrams import build_index, find_matches, read_eval_items, word_hashes
-from pipeline.text import normalize, words
+from pipeline.text import words
 
 VOCAB = [f"w{i}" for i in range(2000)]
 
@@ -39,14 +39,26 @@ def write_jsonl(path, records):
 
 def test_word_hashes_follow_text_words_and_do_not_depend_on_the_batch():
     texts = ["Hello, WORLD! It's ﬁne_ok", "", "  ...  ", "Straße ½ café ①", "hello world"]
-    batch = word_hashes([normalize(t) for t in texts])
+    batch = word_hashes(texts)
     for t, text in enumerate(texts):
-        alone = word_hashes([normalize(text)]).hashes
+        alone = word_hashes([text]).hashes
         assert len(alone) == len(words(text))
         assert np.array_equal(batch.hashes[batch.first[t]:batch.first[t + 1]], alone)
     # same word -> same hash wherever it is; different words -> different hashes
     assert np.array_equal(batch.hashes[:2], batch.hashes[-2:])
     assert len(set(batch.hashes.tolist())) == len(set(w for t in texts for w in words(t)))
+
+
+def test_ascii_fast_path_gives_exactly_pipeline_text_words():
+    rng = np.random.default_rng(3)
+    alphabet = [chr(c) for c in range(128)]
+    samples = ["".join(rng.choice(alphabet, size=int(rng.integers(0, 80)))) for _ in range(2000)]
+    samples += ["Don't_stop-me NOW!!\tOK\r\n42x", "__init__ a_b", "\x00\x1f\x7f"]
+    for text in samples:
+        assert ngrams.word_bytes(text).decode().split() == words(text), repr(text)
+    # an ASCII text and the same words in a non-ASCII text (regex path) hash alike
+    wh = word_hashes(["Hello, World 42!", "héllo hello world 42"])
+    assert np.array_equal(wh.hashes[:3], wh.hashes[-3:])
 
 
 def test_hashes_are_stable_across_processes():
@@ -195,7 +207,7 @@ def test_drop_finds_every_planted_item_and_removes_no_clean_document(ray_session
     assert kept["doc-1"] == rows[1]  # kept rows: every column, unchanged, nothing added
     assert removed["doc-0"]["text"] == rows[0]["text"] and removed["doc-0"]["lang"] == "en"
     stats = json.loads(json.dumps(result.stats))  # JSON-able
-    assert stats["documents_in"] == len(rows) and stats["documents_removed"] == len(truth)
+    assert stats["documents_removed"] == len(truth) and stats["documents_cut"] == 0
     found = {(s, f["item"]): [d["id"] for d in f["documents"]]
              for s, per in stats["per_eval_set"].items() for f in per["found"]}
     expected = {}
@@ -237,6 +249,20 @@ def test_cut_policy_keeps_the_rest_of_the_document(ray_session, tmp_path):
             assert find_matches(index, after) == []
         else:
             assert after == r["text"]
+
+
+def test_cut_that_leaves_nothing_drops_and_empty_references_remove_nothing(ray_session, tmp_path):
+    item = "an evaluation question that someone pasted into the corpus without any other text"
+    write_jsonl(tmp_path / "e.jsonl", [{"text": item}, {"text": ""}])
+    rows = [{"id": "only-item", "order": 0, "text": f"  {item.title()}!  ", "source": "s", "position": 0},
+            {"id": "clean", "order": 1, "text": "nothing to see here", "source": "s", "position": 1}]
+    cfg = DecontamConfig.from_dict({"eval_sets": [{"name": "e", "path": str(tmp_path / "e.jsonl")}], "policy": "cut"})
+    result = decontaminate(ray_session.data.from_items(rows), cfg, None)
+    assert [r["id"] for r in result.removed.take_all()] == ["only-item"]
+    assert result.stats["documents_removed"] == 1 and result.stats["documents_cut"] == 0
+    assert result.stats["per_eval_set"]["e"]["items"] == 2 and result.stats["per_eval_set"]["e"]["items_indexed"] == 1
+    none = decontaminate_against_docs(ray_session.data.from_items(rows), ray_session.data.from_items(rows[:0]), cfg)
+    assert none.removed.count() == 0 and none.kept.count() == 2 and none.stats["eval_sets"][0]["items"] == 0
 
 
 def test_min_matches_keeps_documents_with_too_few_hits(ray_session, tmp_path):

@@ -269,3 +269,40 @@ def test_temporary_files_of_dead_processes_are_removed(pub, tmp_path):
     live.write_bytes(b"x" * 10)
     Loader(pub.url, cache_dir=str(tmp_path)).close()
     assert not orphan.exists() and live.exists()
+
+
+def test_reads_a_dataset_published_to_memory_fs(tmp_path):
+    from manifests import ManifestStore
+
+    local = build_dataset(str(tmp_path / "ds"), publish=False)  # staging dir + manifest
+    pub_mem = ManifestStore("memory://gristmill-loader-test").publish(local.manifest, local.url)
+    pub_disk = ManifestStore(str(tmp_path / "store")).publish(local.manifest, local.url)
+    same(run(pub_mem, tmp_path / "c1", steps=3, url=pub_mem.url), run(pub_disk, tmp_path / "c2", steps=3))
+
+
+CHILD = """
+import json, sys
+from loader import Loader
+url, cache, rank = sys.argv[1], sys.argv[2], int(sys.argv[3])
+total = 0
+with Loader(url, storage_options={"latency_s": 0.05}, rank=rank, world_size=2, global_batch=8, cache_dir=cache) as ld:
+    for i, _ in enumerate(ld):
+        total += ld.last_metrics["bytes_downloaded"]
+        if i == 2:
+            break
+print(json.dumps(total))
+"""
+
+
+@pytest.mark.slow
+def test_processes_sharing_a_cache_download_each_shard_once(pub, tmp_path):
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": root}
+    procs = [subprocess.Popen([sys.executable, "-c", CHILD, simulated_url(pub.url), str(tmp_path), str(r)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
+    assert sum(int(o[0].strip().splitlines()[-1]) for o in outs) == sum(s.bytes for s in pub.manifest.shards_of("train"))

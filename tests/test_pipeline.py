@@ -1,5 +1,6 @@
-"""End to end on the demo corpus: accounting, planted truth, determinism, resume after kill -9."""
-import dataclasses
+"""End to end on the demo corpus: accounting, planted truth, determinism, resume after kill -9.
+
+Every test here runs the whole pipeline on Ray, so all are marked slow (they still run in CI)."""
 import glob
 import json
 import os
@@ -8,11 +9,12 @@ import subprocess
 import sys
 import time
 
-import pyarrow.parquet as pq
 import pytest
 import yaml
 
 from manifests import load_manifest, read_doc_index, verify_published
+
+pytestmark = pytest.mark.slow
 
 
 def _read_jsonl(path):
@@ -113,7 +115,6 @@ def test_rerun_skips_finished_work(corpus, first_run):
     assert resumed["extract"] == resumed["tokenize"] == len(glob.glob(os.path.join(result.run_dir, "docs", "*.parquet")))
 
 
-@pytest.mark.slow
 def test_kill_9_mid_run_then_rerun_gives_the_same_hash(corpus, first_run, tmp_path):
     result, _ = first_run
     job = tmp_path / "job.yaml"

@@ -134,7 +134,7 @@ def train(cfg: JobConfig, *, stop_after_step: int | None = None, allow_manifest_
     pub = load_manifest(cfg.data.manifest, expected_sha256=cfg.data.expected_sha256)
     manifest = pub.manifest
     seq_len, B = manifest.seq_len, cfg.data.global_batch
-    local_B, n_micro = local_batch_sizes(cfg, d.world_size)
+    _, n_micro = local_batch_sizes(cfg, d.world_size)
 
     # Model: built whole from the seed on every rank, then sharded.
     torch.manual_seed(cfg.run.seed)
@@ -209,8 +209,10 @@ def train(cfg: JobConfig, *, stop_after_step: int | None = None, allow_manifest_
 
     def save(step: int) -> None:
         blocked_s = ckpt.save(step, model, optimizer, meta_for(step))
+        interval_s = young_daly_interval_s(blocked_s, cfg.checkpoint.mtbf_hours * 3600)
+        metrics.write({"kind": "checkpoint", "step": step, "blocked_s": blocked_s, "young_daly_interval_s": interval_s})
         if rank0:
-            report_interval(blocked_s, cfg, last_step_s)
+            report_interval(blocked_s, interval_s, cfg, last_step_s)
 
     it = iter(loader)
     consecutive_bad, last_step_s, last_saved, losses = 0, None, start_step, []
@@ -367,10 +369,9 @@ def check_model_args(meta: dict, path: str, args) -> None:
                             f"max_seq_len come from the data manifest")
 
 
-def report_interval(save_s: float, cfg: JobConfig, step_s: float | None) -> None:
+def report_interval(save_s: float, interval: float, cfg: JobConfig, step_s: float | None) -> None:
     """Print the Young/Daly interval for the measured save cost (the time training was blocked)
     and the configured MTBF."""
-    interval = young_daly_interval_s(save_s, cfg.checkpoint.mtbf_hours * 3600)
     steps = f" = about {max(1, round(interval / step_s)):,} steps at {step_s:.3f} s/step" if step_s else ""
     log.info("checkpoint saved in %.2f s; Young/Daly interval for MTBF %.1f h: every %.0f s%s (checkpoint.every=%d)",
              save_s, cfg.checkpoint.mtbf_hours, interval, steps, cfg.checkpoint.every)
