@@ -40,11 +40,8 @@ class Checkpoint:
     manifest_sha256: str
     manifest_url: str
     manifest_changes: tuple[dict, ...]  # resumes onto another manifest, explicitly allowed (trainer)
+    world_sizes: tuple[tuple[int, int | None], ...]  # (last step, world size) per segment of the run; None: unknown
     meta: dict
-
-    @property
-    def local_batch(self) -> int:
-        return self.global_batch // self.world_size
 
     @property
     def first_step(self) -> int:
@@ -102,10 +99,36 @@ def read_checkpoint(path: str) -> Checkpoint:
         manifest_sha256=str(_get(meta, "data.manifest_sha256", meta_path)),
         manifest_url=str(_get(meta, "data.manifest_url", meta_path)),
         manifest_changes=tuple(meta.get("manifest_changes") or ()),
+        world_sizes=world_size_segments(ckpt_dir, meta),
         meta=meta,
     )
     _check_consistent(ckpt, loader, meta_path)
     return ckpt
+
+
+def world_size_segments(ckpt_dir: str, meta: dict) -> tuple[tuple[int, int | None], ...]:
+    """(last step, world size) of each segment of the run, oldest first, from the ``resumed_from`` chain.
+
+    A resume may change the world size (the loader's order does not depend on it, but the
+    rank slices do). Each checkpoint records the one it resumed from; that checkpoint's
+    meta.json gives the world size up to its step. When it has been pruned, the world size of
+    the steps before it is unknown (None) rather than guessed.
+    """
+    segments = [(int(meta["step"]), int(meta["world_size"]))]
+    while meta.get("resumed_from"):
+        # Same checkpoints/ directory, even if the run directory was moved since.
+        prev = os.path.join(os.path.dirname(ckpt_dir), os.path.basename(str(meta["resumed_from"]).rstrip("/")))
+        step = _STEP_DIR.match(os.path.basename(prev))
+        try:
+            with open(os.path.join(prev, META_FILE)) as f:
+                meta = json.load(f)
+        except (OSError, ValueError):
+            if step:
+                segments.append((int(step.group(1)), None))
+            break
+        segments.append((int(meta["step"]), int(meta["world_size"])))
+        ckpt_dir = prev
+    return tuple(reversed(segments))
 
 
 def _check_consistent(ckpt: Checkpoint, loader: dict, where: str) -> None:

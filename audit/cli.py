@@ -142,6 +142,8 @@ def _leak(args) -> int:
     print(f"{verdict}: {s['items_leaked']} of {s['items']} items of {s['eval_file']} occur in "
           f"{s['documents_leaked']} documents seen in steps {steps[0]}:{steps[1]} ({s['documents_checked']:,} documents, "
           f"{s['tokens_checked']:,} tokens checked, {s['n']}-grams)")
+    if s["decontaminated_against"]:
+        print(f"  (this file is the manifest's eval set {s['decontaminated_against']!r}: the dataset was decontaminated against it)")
     for row in report.matches.slice(0, MAX_LINES).to_pylist():
         print(f"  item {row['item']:>6} in {row['doc_id']}  steps {row['steps']}  ({row['ngrams']} matching n-grams)")
     if report.matches.num_rows > MAX_LINES:

@@ -23,7 +23,7 @@ class Consumed:
 
     index: np.ndarray  # global sample index
     step: np.ndarray  # optimizer step (1-based)
-    rank: np.ndarray  # rank that trained on it, at the checkpoint's world size
+    rank: np.ndarray  # rank that trained on it (-1: unknown, the run's world size then is not recorded)
     shard: np.ndarray  # position in manifest.shards
     row: np.ndarray  # row inside that shard
 
@@ -73,4 +73,18 @@ def consumed(manifest: Manifest, ckpt: Checkpoint, steps: tuple[int, int] | None
     B = ckpt.global_batch
     index = np.arange((first - 1) * B, last * B, dtype=np.int64)
     shard, row = order_at(manifest, ckpt, index)
-    return Consumed(index=index, step=index // B + 1, rank=(index % B) // ckpt.local_batch, shard=shard, row=row)
+    step = index // B + 1
+    return Consumed(index=index, step=step, rank=ranks(index, step, ckpt), shard=shard, row=row)
+
+
+def ranks(index: np.ndarray, step: np.ndarray, ckpt: Checkpoint) -> np.ndarray:
+    """The rank of each sample at the world size of its step's segment of the run."""
+    B = ckpt.global_batch
+    rank = np.full(len(index), -1, dtype=np.int64)
+    first = 1
+    for last, world_size in ckpt.world_sizes:
+        sel = (step >= first) & (step <= last)
+        if world_size:
+            rank[sel] = (index[sel] % B) // (B // world_size)
+        first = last + 1
+    return rank

@@ -38,6 +38,17 @@ from manifests import load_manifest  # noqa: E402
 SEQ_LEN, BATCH = 2048, 32
 
 
+class Timer:
+    """Wall time and this process's CPU time (all threads): on a shared machine the wall rate
+    swings with the neighbours' load, samples per CPU-second much less."""
+
+    def __init__(self):
+        self.wall, self.cpu = time.perf_counter(), time.process_time()
+
+    def rates(self, samples: int) -> tuple[float, float]:
+        return samples / (time.perf_counter() - self.wall), samples / max(time.process_time() - self.cpu, 1e-9)
+
+
 def dataset(work: str, name: str, sequences: int, shard_rows: int):
     """Build once per work dir; later runs reuse it."""
     root = os.path.join(work, name)
@@ -58,15 +69,15 @@ def warm_cache(pub, cache_dir: str) -> None:
 
 
 # -- 1. warm throughput --------------------------------------------------------------------
-def loader_rate(pub, cache_dir: str, steps: int, warmup: int, workers: int) -> float:
+def loader_rate(pub, cache_dir: str, steps: int, warmup: int, workers: int) -> tuple[float, float]:
     with Loader(pub, order="global", seed=0, global_batch=BATCH, cache_dir=cache_dir, workers=workers, prefetch=8) as ld:
         it = iter(ld)
         for _ in range(warmup):  # includes the once-per-process re-hash of every cached shard
             next(it)
-        t = time.perf_counter()
+        t = Timer()
         for _ in range(steps):
             next(it)
-        return steps * BATCH / (time.perf_counter() - t)
+        return t.rates(steps * BATCH)
 
 
 def flat_memmap(pub, cache_dir: str, work: str) -> np.ndarray:
@@ -90,7 +101,7 @@ def flat_memmap(pub, cache_dir: str, work: str) -> np.ndarray:
     return np.memmap(path, dtype=np.uint16, mode="r", shape=(n, SEQ_LEN + 1))
 
 
-def memmap_rate(pub, mm: np.ndarray, steps: int, warmup: int) -> float:
+def memmap_rate(pub, mm: np.ndarray, steps: int, warmup: int, to_int64: bool = False) -> tuple[float, float]:
     from loader.order import Order
 
     o = Order(pub.manifest, "train", 0, "global")
@@ -98,10 +109,19 @@ def memmap_rate(pub, mm: np.ndarray, steps: int, warmup: int) -> float:
     flat = (o.offsets[np.searchsorted(o.shard_ids, shards)] + rows).reshape(-1, BATCH)
     for b in flat[:warmup]:
         mm[b]
-    t = time.perf_counter()
-    for b in flat[warmup:]:
-        mm[b]
-    return steps * BATCH / (time.perf_counter() - t)
+    t = Timer()
+    if to_int64:  # the same output as the loader: contiguous int64 inputs and labels
+        import torch
+
+        for b in flat[warmup:]:
+            x = mm[b]
+            ids, labels = torch.empty((BATCH, SEQ_LEN), dtype=torch.long), torch.empty((BATCH, SEQ_LEN), dtype=torch.long)
+            np.copyto(ids.numpy(), x[:, :-1])
+            np.copyto(labels.numpy(), x[:, 1:])
+    else:
+        for b in flat[warmup:]:
+            mm[b]
+    return t.rates(steps * BATCH)
 
 
 def litdata_dir(pub, mm: np.ndarray, work: str) -> str | None:
@@ -129,7 +149,7 @@ def _litdata_rows(spec):
     yield torch.from_numpy(np.array(mm[start:start + count]).reshape(-1).astype(np.int16))  # 2-byte tokens, as ours
 
 
-def litdata_rate(out: str, steps: int, warmup: int, batched: bool) -> float:
+def litdata_rate(out: str, steps: int, warmup: int, batched: bool) -> tuple[float, float]:
     import torch
     from litdata import StreamingDataset, TokensLoader
 
@@ -142,27 +162,34 @@ def litdata_rate(out: str, steps: int, warmup: int, batched: bool) -> float:
     it = endless()
     for _ in range(warmup * BATCH):
         next(it)
-    t = time.perf_counter()
+    t = Timer()
     for _ in range(steps):
         items = [next(it) for _ in range(BATCH)]
         if batched:  # what a trainer must do next: one batch, int64, inputs and labels shifted by one
             x = torch.stack(items)
             input_ids, labels = x[:, :-1].long().contiguous(), x[:, 1:].long().contiguous()
-    return steps * BATCH / (time.perf_counter() - t)
+    return t.rates(steps * BATCH)
 
 
 # -- 3. memory ------------------------------------------------------------------------------
 RSS_CHILD = r"""
-import json, resource, sys
+import json, sys
 sys.path.insert(0, sys.argv[1])
 from loader import Loader
+
+def status():  # VmHWM is per address space; ru_maxrss would carry the parent's peak across exec
+    d = dict(line.split(":", 1) for line in open("/proc/self/status"))
+    return {k: int(d[k].split()[0]) / 1024 for k in ("VmHWM", "RssAnon", "RssFile")}
+
 url, cache, steps = sys.argv[2], sys.argv[3], int(sys.argv[4])
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+before = status()
 with Loader(url, order="global", global_batch=32, cache_dir=cache, prefetch=4) as ld:
     for i, _ in enumerate(ld):
         if i + 1 == steps:
             break
-print(json.dumps({"rss_after_imports_mb": before / 1024, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+    end = status()
+print(json.dumps({"after_imports_mb": before["VmHWM"], "peak_rss_mb": end["VmHWM"],
+                  "anon_end_mb": end["RssAnon"], "file_end_mb": end["RssFile"]}))
 """
 
 
@@ -178,7 +205,6 @@ def main() -> int:
     ap.add_argument("--shard-rows", type=int, default=2000)
     ap.add_argument("--steps", type=int, default=600, help="timed steps per throughput run")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--workers", type=int, default=1, help="loader assembly threads in the throughput run")
     ap.add_argument("--cold-steps", type=int, default=100)
     ap.add_argument("--cold-sequences", type=int, default=8192)
     ap.add_argument("--cold-shard-rows", type=int, default=256)
@@ -199,8 +225,10 @@ def main() -> int:
         warm_cache(pub, cache)
         mm = flat_memmap(pub, cache, args.work)
         lit = None if "litdata" in args.skip else litdata_dir(pub, mm, args.work)
-        methods = {"loader": lambda: loader_rate(pub, cache, args.steps, 50, args.workers),
-                   "numpy memmap gather": lambda: memmap_rate(pub, mm, args.steps, 50)}
+        methods = {"loader workers=0": lambda: loader_rate(pub, cache, args.steps, 50, 0),
+                   "loader workers=2": lambda: loader_rate(pub, cache, args.steps, 50, 2),
+                   "numpy memmap gather": lambda: memmap_rate(pub, mm, args.steps, 50),
+                   "memmap gather + int64": lambda: memmap_rate(pub, mm, args.steps, 50, to_int64=True)}
         if lit:
             methods["litdata items"] = lambda: litdata_rate(lit, args.steps, 50, batched=False)
             methods["litdata + batch"] = lambda: litdata_rate(lit, args.steps, 50, batched=True)
@@ -208,18 +236,21 @@ def main() -> int:
         for _ in range(args.repeats):
             for k, f in methods.items():
                 runs[k].append(f())
-        best = {k: max(v) for k, v in runs.items()}
-        results["warm"] = {"samples_per_s_runs": runs, "best": best,
-                           "loader_vs_memmap": best["loader"] / best["numpy memmap gather"]}
-        print(f"\nwarm cache, global shuffle, seq_len {SEQ_LEN}, batch {BATCH} (best of {args.repeats}, samples/s):")
-        for k, v in best.items():
-            print(f"  {k:<22} {v:>10,.0f}   runs: {', '.join(f'{x:,.0f}' for x in runs[k])}")
-        print(f"  loader / memmap ceiling = {results['warm']['loader_vs_memmap']:.2f}")
-        if lit:
-            results["warm"]["loader_vs_litdata_items"] = best["loader"] / best["litdata items"]
-            results["warm"]["loader_vs_litdata_batched"] = best["loader"] / best["litdata + batch"]
-            print(f"  loader / litdata items = {results['warm']['loader_vs_litdata_items']:.2f}, "
-                  f"loader / (litdata + batch) = {results['warm']['loader_vs_litdata_batched']:.2f}")
+        wall = {k: max(r[0] for r in v) for k, v in runs.items()}
+        cpu = {k: max(r[1] for r in v) for k, v in runs.items()}
+        best_loader = max(("loader workers=0", "loader workers=2"), key=lambda k: cpu[k])
+        ratios = {f"{metric}: loader / {other}": table_[best_loader] / table_[other]
+                  for metric, table_ in (("per CPU-second", cpu), ("wall", wall))
+                  for other in methods if not other.startswith("loader")}
+        results["warm"] = {"runs_wall_and_cpu_samples_per_s": runs, "best_wall": wall, "best_per_cpu_second": cpu,
+                           "best_loader_setting": best_loader, "ratios": ratios}
+        print(f"\nwarm cache, global shuffle, seq_len {SEQ_LEN}, batch {BATCH}, best of {args.repeats} interleaved runs:")
+        print(f"  {'method':<24} {'samples/s (wall)':>17} {'samples/CPU-s':>14}")
+        for k in methods:
+            print(f"  {k:<24} {wall[k]:>17,.0f} {cpu[k]:>14,.0f}")
+        print(f"  ratios with {best_loader}:")
+        for k, v in ratios.items():
+            print(f"    {k:<45} {v:6.2f}")
 
     if "cold" not in args.skip:
         # Small shards so that a pass crosses several windows: prefetch has to hide each crossing.
@@ -246,8 +277,9 @@ def main() -> int:
                                           **peak_rss(small, rss_cache, steps)}
         print(f"\npeak RSS, {steps} steps of 32 x 2049 tokens, global order, cold cache, fresh process each:")
         for k, v in results["rss"].items():
-            print(f"  {k:>3}: {v['shards']:>4} shards  after imports {v['rss_after_imports_mb']:.0f} MB  "
-                  f"peak {v['peak_rss_mb']:.0f} MB")
+            print(f"  {k:>3}: {v['shards']:>4} shards  after imports {v['after_imports_mb']:.0f} MB  "
+                  f"peak {v['peak_rss_mb']:.0f} MB  at the end: anonymous {v['anon_end_mb']:.0f} MB, "
+                  f"file-backed {v['file_end_mb']:.0f} MB")
 
     if args.json:
         with open(args.json, "w") as f:

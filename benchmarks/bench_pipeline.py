@@ -120,7 +120,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--scales", type=int, nargs="+", default=[1, 10])
     ap.add_argument("--out", default="/tmp/gm-bench-pipeline")
+    ap.add_argument("--only-tokenize", metavar="RUN_DIR", help="only the tokenize comparison, on a finished run dir")
     args = ap.parse_args()
+    if args.only_tokenize:
+        print(json.dumps(tokenize_vs_raw(args.only_tokenize, args.out), indent=1))
+        return 0
     os.makedirs(args.out, exist_ok=True)
     runs = [run_scale(s, args.out) for s in args.scales]
     tok = tokenize_vs_raw(runs[-1]["run_dir"], args.out)

@@ -160,11 +160,10 @@ class ShardCache:
             if self._open > self.max_open:
                 self._close_surplus_locked()
 
-    def rows(self, shard: Shard) -> np.ndarray:
-        """The shard's ``(rows, seq_len + 1)`` memory-mapped view; the shard must be pinned and ensured."""
-        e = self._entries[shard.raw_sha256]
-        assert e.refs > 0 and e.mapped is not None, f"{shard.path} used without pin/ensure"
-        return e.mapped.rows
+    def rows(self, shards: list[Shard]) -> list[np.ndarray]:
+        """Each shard's ``(rows, seq_len + 1)`` memory-mapped view; the shards must be pinned and ensured."""
+        entries = self._entries
+        return [entries[s.raw_sha256].mapped.rows for s in shards]
 
     # -- ensure: the shard is on disk, verified, pinned across processes and mapped -------
     def ensure(self, shard: Shard) -> FetchResult:
@@ -228,6 +227,8 @@ class ShardCache:
                     st = _stat(path)
                     self._verified.add((shard.raw_sha256, st.st_ino, st.st_size, st.st_mtime_ns))
                     return n
+                except CacheFullError:  # it already waited; not a fetch failure to retry
+                    raise
                 except (OSError, ManifestError) as err:
                     last = err
                     delay = min(self.backoff_s * 2 ** attempt, 10.0)
@@ -282,7 +283,7 @@ class ShardCache:
             if time.monotonic() > deadline:
                 raise CacheFullError(
                     f"cache {self.dir}: limit {self.limit_bytes:,} bytes cannot hold {need:,} more bytes: every cached "
-                    f"shard is pinned (by this or another process sharing the cache) for {self.full_timeout_s:.0f}s; "
+                    f"shard is pinned (by this or another process sharing the cache) for {self.full_timeout_s:g}s; "
                     f"raise cache_limit_bytes or lower prefetch")
             time.sleep(0.05)  # another rank will unpin soon
 

@@ -7,12 +7,15 @@ timing, thread count or history enters a batch, so the whole resume state is one
 
 Threads: ``fetch_workers`` threads download shards, ``workers`` threads assemble batches;
 both run ``prefetch`` steps ahead of the consumer (the future order is known exactly). The
-consumer takes finished batches strictly in step order.
+consumer takes finished batches strictly in step order. ``workers=0`` assembles in the
+consumer's thread (downloads still run ahead): the fastest on a CPU-bound box, where a
+hand-off between threads costs more than it saves.
 """
 from __future__ import annotations
 
 import collections
 import logging
+import numbers
 import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -63,16 +66,20 @@ def plan_steps(order: Order, starts: np.ndarray, offset: int, size: int) -> list
     first = np.ones(shards.shape, dtype=bool)
     first[:, 1:] = s_sorted[:, 1:] != s_sorted[:, :-1]
     n_distinct = first.sum(axis=1).tolist()
-    shard_lists, row_lists = shards.tolist(), rows.tolist()
+    # Slot of each row's shard among its step's distinct shards, vectorised over the chunk.
+    slots = np.empty_like(perm)
+    np.put_along_axis(slots, perm, np.cumsum(first, axis=1) - 1, axis=1)
+    slot_lists, row_lists = slots.tolist(), rows.tolist()
     steps = []
     for k, start in enumerate(starts.tolist()):
+        bounds = np.flatnonzero(first[k])
+        distinct = s_sorted[k, bounds].tolist()
         if 3 * n_distinct[k] <= size:
-            bounds = np.flatnonzero(first[k])
             ends = np.append(bounds[1:], size).tolist()
             groups = [(perm[k, a:b], r_sorted[k, a:b]) for a, b in zip(bounds.tolist(), ends)]
-            steps.append(_Step(start, idx[k], s_sorted[k, bounds].tolist(), groups=groups))
-        else:
-            steps.append(_Step(start, idx[k], sorted(set(shard_lists[k])), rowwise=(shard_lists[k], row_lists[k])))
+            steps.append(_Step(start, idx[k], distinct, groups=groups))
+        else:  # row j reads views[slot j]
+            steps.append(_Step(start, idx[k], distinct, rowwise=(slot_lists[k], row_lists[k])))
     return steps
 
 
@@ -87,8 +94,8 @@ class Loader:
         _check(world_size >= 1 and 0 <= rank < world_size, f"rank {rank} is outside world_size {world_size}")
         _check(global_batch % world_size == 0,
                f"global_batch {global_batch} is not divisible by world_size {world_size}: every rank takes an equal slice")
-        _check(prefetch >= 1 and workers >= 1 and fetch_workers >= 1,
-               f"prefetch, workers and fetch_workers must be >= 1, got {prefetch}, {workers}, {fetch_workers}")
+        _check(prefetch >= 1 and workers >= 0 and fetch_workers >= 1,
+               f"prefetch and fetch_workers must be >= 1 and workers >= 0, got {prefetch}, {fetch_workers}, {workers}")
         _check(start_index >= 0, f"start_index must be >= 0, got {start_index}")
         _check(epochs is None or epochs >= 1, f"epochs must be None (endless) or >= 1, got {epochs}")
         self.storage_options = dict(storage_options or {})
@@ -116,7 +123,7 @@ class Loader:
                     + (f" (window_shards={self.window_shards})" if order == "window" else "")
                     + f" with prefetch={prefetch} and {self.local_batch} samples per rank per step: up to "
                     f"{self.shards_in_flight()} shards ({need:,} bytes) are needed at once; raise the limit, "
-                    + ("use order='window' with fewer window_shards, " if order != "sequential" else "")
+                    + {"global": "use order='window', ", "window": "use fewer window_shards, "}.get(order, "")
                     + "or lower prefetch")
         self.cache = ShardCache(self.cache_dir, self.published.url, storage_options=self.storage_options,
                                 limit_bytes=cache_limit_bytes, retries=retries, backoff_s=backoff_s,
@@ -142,9 +149,9 @@ class Loader:
             if key in sd and sd[key] != mine[key]:
                 raise ValueError(f"loader state: {key} is {sd[key]!r} in the saved state but {mine[key]!r} in this "
                                  f"loader; resuming would serve a different sample order")
-        if not isinstance(sd.get("next_index"), int) or sd["next_index"] < 0:
+        if not isinstance(sd.get("next_index"), numbers.Integral) or sd["next_index"] < 0:
             raise ValueError(f"loader state: next_index must be a non-negative int, got {sd.get('next_index')!r}")
-        self.next_index = sd["next_index"]
+        self.next_index = int(sd["next_index"])
         self._generation += 1
 
     # -- sizing ----------------------------------------------------------------------------
@@ -195,7 +202,8 @@ class Loader:
     def _pools(self) -> tuple[ThreadPoolExecutor, ThreadPoolExecutor]:
         if self._fetch_pool is None:
             self._fetch_pool = ThreadPoolExecutor(self.fetch_workers, thread_name_prefix="gristmill-fetch")
-            self._assemble_pool = ThreadPoolExecutor(self.workers, thread_name_prefix="gristmill-batch")
+            if self.workers:  # workers=0: batches are assembled in the consumer's thread
+                self._assemble_pool = ThreadPoolExecutor(self.workers, thread_name_prefix="gristmill-batch")
         return self._fetch_pool, self._assemble_pool
 
     def close(self) -> None:
@@ -227,14 +235,13 @@ class Loader:
             hits = len(pinned) - misses
             b, width = self.local_batch, self.manifest.row_tokens
             tokens = np.empty((b, width), dtype=self.manifest.token_dtype)
-            views = [self.cache.rows(s) for s in pinned]
+            views = self.cache.rows(pinned)
             if step.groups is not None:
                 for view, (pos, rows) in zip(views, step.groups):
                     tokens[pos] = view[rows]
             else:
-                by_id = dict(zip(step.shards, views))
-                for j, (k, r) in enumerate(zip(*step.rowwise)):
-                    tokens[j] = by_id[k][r]
+                for j, (slot, row) in enumerate(zip(*step.rowwise)):
+                    tokens[j] = views[slot][row]
         finally:
             self.cache.unpin(pinned)
         input_ids = torch.empty((b, width - 1), dtype=torch.long, pin_memory=self.pin_memory)
@@ -273,17 +280,17 @@ class _Pipeline:
                     fut = self.fetch_pool.submit(ld.cache.ensure, shard)
                     self.inflight[shard.raw_sha256] = fut
                 fetches.append((fut, started_here))
-            self.pending.append((step, self.assemble_pool.submit(ld._assemble, step, fetches)))
+            job = _Inline(ld._assemble, step, fetches) if self.assemble_pool is None else \
+                self.assemble_pool.submit(ld._assemble, step, fetches)
+            self.pending.append((step, job))
             self.next_submit += ld.global_batch
         for key in [k for k, f in self.inflight.items() if f.done()]:
             del self.inflight[key]
 
     def next(self) -> tuple[dict, dict]:
-        step, fut = self.pending.popleft()
-        try:
-            return fut.result()
-        finally:
-            self._fill()
+        _, fut = self.pending.popleft()
+        self._fill()  # keep `prefetch` steps in flight while this one is awaited
+        return fut.result()
 
     def close(self) -> None:
         for step, fut in self.pending:
@@ -295,6 +302,19 @@ class _Pipeline:
                 except Exception:  # noqa: BLE001 - the consumer has stopped; its error is moot
                     pass
         self.pending.clear()
+
+
+class _Inline:
+    """A deferred call with the two Future methods the pipeline uses (workers=0)."""
+
+    def __init__(self, fn, *args):
+        self.fn, self.args = fn, args
+
+    def result(self):
+        return self.fn(*self.args)
+
+    def cancel(self) -> bool:
+        return True
 
 
 def _check(ok: bool, message: str) -> None:

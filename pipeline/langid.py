@@ -36,7 +36,7 @@ def identify(texts: list[str], model_path: str | None = None, max_chars: int = 4
     model = _model(model_path or default_model_path())
     langs, scores = [], []
     for t in texts:
-        labels, probs = model.predict(" ".join(t[:max_chars].split()), k=1)
+        labels, probs = model.predict(t[:max_chars].replace("\n", " ").replace("\r", " "), k=1)
         langs.append(labels[0][len(_LABEL):] if labels else "unknown")
         scores.append(round(float(min(probs[0], 1.0)), 4) if probs else 0.0)
     return langs, scores

@@ -67,11 +67,11 @@ class ParquetPart:
     finished stage never have to guess whether a partition is missing or merely empty.
     """
 
-    def __init__(self, path: str, schema: pa.Schema, row_group_size: int | None = None):
+    def __init__(self, path: str, schema: pa.Schema, row_group_size: int | None = None, compression: str = "zstd"):
         os.makedirs(os.path.dirname(path), exist_ok=True)
         self.path, self.schema, self.row_group_size = path, schema, row_group_size
         self.tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-        self.writer = pq.ParquetWriter(self.tmp, schema, compression="zstd")
+        self.writer = pq.ParquetWriter(self.tmp, schema, compression=compression)
         self.rows = 0
         self._pending: dict[str, list] = {k: [] for k in schema.names}
 

@@ -5,6 +5,7 @@ sample is, so the audit's answer is checked against the shards' content, not aga
 """
 import json
 import os
+import shutil
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -28,7 +29,7 @@ def write_meta(run_dir, published, *, step, seed=3, order="global", global_batch
             "loader": {"next_index": step * global_batch, "seed": seed, "order": order,
                        "manifest_sha256": published.manifest.sha256},
             "data": {"manifest_sha256": published.manifest.sha256, "manifest_url": published.url, "split": "train"},
-            "manifest_changes": [],
+            "manifest_changes": [], "resumed_from": None,
             "job": {"data": {"seed": seed, "order": order, "global_batch": global_batch}}}
     for key, value in extra.items():  # loader__seed=4 sets meta["loader"]["seed"]
         *path, last = key.split("__")
@@ -225,3 +226,16 @@ def test_window_order_uses_the_recorded_window(run, tmp_path):
     assert used.shard.tolist() == shard.tolist() and used.row.tolist() == row.tolist()
     default = samples_at(published.manifest, "train", 3, "window", np.arange(120))
     assert (shard.tolist(), row.tolist()) != (default[0].tolist(), default[1].tolist())  # the window matters
+
+
+def test_ranks_follow_a_resume_at_another_world_size(run, tmp_path):
+    published, _ = run
+    run_dir = str(tmp_path / "elastic")
+    first = write_meta(run_dir, published, step=5, world_size=2)
+    second = write_meta(run_dir, published, step=10, world_size=4, resumed_from="/old/place/checkpoints/step-5")
+    used = consumed(published.manifest, read_checkpoint(second))
+    # Steps 1-5 ran on 2 ranks of 4 samples, steps 6-10 on 4 ranks of 2 (the path moved: found by name).
+    assert used.rank.tolist() == [(i % B) // 4 for i in range(40)] + [(i % B) // 2 for i in range(40, 80)]
+    shutil.rmtree(first)  # pruned: the world size of steps 1-5 is no longer known, and not guessed
+    used = consumed(published.manifest, read_checkpoint(second))
+    assert used.rank.tolist() == [-1] * 40 + [(i % B) // 2 for i in range(40, 80)]

@@ -217,3 +217,16 @@ def test_ray_versions_match_the_pipeline_image():
             for key, value in walk(doc):
                 if key == "rayVersion":
                     assert value == ray_version, f"deploy/kuberay/{name}: rayVersion {value} != the image's Ray {ray_version}"
+
+
+def test_command_checker_finds_commands_and_catches_a_misspelled_flag():
+    from gristmill.cli import build_parser
+
+    text = 'srun torchrun --nnodes=2 -m gristmill.cli train "$JOB" --set run.steps=1 "$@" && echo done\n' \
+           "gristmill prepare job.yaml --adress 10.0.0.1:6379 > log.txt\n"
+    train, prepare = gristmill_commands(text, {"JOB": "configs/train-tiny.yaml"})
+    assert train == ["train", "configs/train-tiny.yaml", "--set", "run.steps=1"]
+    assert prepare == ["prepare", "job.yaml", "--adress", "10.0.0.1:6379"]
+    assert build_parser().parse_args(train).overrides == ["run.steps=1"]
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(prepare)

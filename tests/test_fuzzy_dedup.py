@@ -74,6 +74,7 @@ def one_worker(ray_session, corpus, tmp_path_factory):
     return _run(ray_session, corpus[0], cfg, tmp_path_factory.mktemp("fd1"), cpus=1)
 
 
+@pytest.mark.slow
 def test_recall_and_precision_on_planted_pairs(corpus, one_worker):
     rows, sims = corpus
     kept, removed, stats = one_worker
@@ -93,6 +94,7 @@ def test_recall_and_precision_on_planted_pairs(corpus, one_worker):
         assert sim >= 0.8  # verified Jaccard at or above the threshold
 
 
+@pytest.mark.slow
 def test_report(corpus, one_worker):
     rows, _ = corpus
     kept, removed, stats = one_worker
@@ -109,13 +111,15 @@ def test_report(corpus, one_worker):
     json.dumps(stats)  # JSON-able
 
 
+@pytest.mark.slow
 def test_same_result_with_one_and_two_workers(ray_session, corpus, one_worker, tmp_path):
-    cfg = FuzzyDedupConfig(num_partitions=5, batch_size=7)
+    cfg = FuzzyDedupConfig(num_partitions=3, batch_size=7)
     two = _run(ray_session, corpus[0], cfg, tmp_path, cpus=2)
     assert two[0] == one_worker[0] and two[1] == one_worker[1]
     assert two[2]["cluster_sizes"] == one_worker[2]["cluster_sizes"]
 
 
+@pytest.mark.slow
 def test_estimated_similarity_without_verification(ray_session, corpus, tmp_path):
     rows, sims = corpus
     cfg = FuzzyDedupConfig(verify=False, bands=9, rows=13, num_partitions=2)
@@ -163,6 +167,7 @@ def test_star_steps_find_components_of_a_long_chain_and_random_graph():
         assert got == _union_find(edges)
 
 
+@pytest.mark.slow
 def test_connected_components_on_ray_matches_union_find(ray_session):
     rng = np.random.default_rng(1)
     edges = [tuple(x) for x in rng.integers(0, 500, size=(400, 2)).tolist() if x[0] != x[1]]
@@ -186,3 +191,34 @@ def test_config_errors_name_the_key():
         FuzzyDedupConfig.from_dict({"bands": 20})
     with pytest.raises(ValueError, match="fuzzy_dedup.verify"):
         FuzzyDedupConfig.from_dict({"verify": "yes"})
+
+
+@pytest.mark.slow
+def test_demo_corpus_planted_pairs(ray_session, tmp_path):
+    """The demo corpus's planted near-duplicates (truth/near_duplicates.jsonl) in 00-books."""
+    import io
+    import json
+
+    import zstandard
+
+    from pipeline.demo_corpus import write_demo_corpus
+
+    write_demo_corpus(str(tmp_path / "demo"))
+    with open(tmp_path / "demo" / "corpus" / "00-books.jsonl.zst", "rb") as f:
+        lines = io.TextIOWrapper(zstandard.ZstdDecompressor().stream_reader(f), encoding="utf-8").read().splitlines()
+    rows = [{"id": f"00-books.jsonl.zst:{i}", "order": i, "text": json.loads(line)["text"]} for i, line in enumerate(lines)]
+    with open(tmp_path / "demo" / "truth" / "near_duplicates.jsonl") as f:
+        truth = [json.loads(line) for line in f]
+    text = {r["id"]: r["text"] for r in rows}
+    mh = MinHasher()
+    for t in truth:  # the corpus's Jaccard is ours: same words, same 5-word shingles
+        exact = jaccard(mh.shingles([text[t["a"]]]).hashes, mh.shingles([text[t["b"]]]).hashes)
+        assert abs(exact - t["jaccard"]) < 1e-5, t
+    kept, removed, stats = _run(ray_session, rows, FuzzyDedupConfig(num_partitions=2), tmp_path / "wd", cpus=2)
+    dup_of = {r[0]: r[1] for r in removed}
+    high = [t for t in truth if t["jaccard"] >= 0.85]
+    low = [t for t in truth if t["jaccard"] < 0.6]
+    assert len(high) >= 10 and len(low) >= 5
+    recall = sum(dup_of.get(t["b"]) == t["a"] for t in high) / len(high)
+    assert recall >= 0.95, [t for t in high if dup_of.get(t["b"]) != t["a"]]
+    assert all(t["b"] in kept and t["a"] in kept for t in low)
