@@ -77,6 +77,7 @@ def run_pass(name: str, url: str, *, steps: int, step_s: float, storage_options:
     t_start = time.perf_counter()
     waits, step_times = [], []
     fetched = hits = misses = 0
+    ttfb = float("nan")  # stays so if the dataset ends before the first batch
     with Loader(url, storage_options=storage_options, **loader_kw) as ld:
         it = iter(ld)
         for s in range(steps):
@@ -93,14 +94,15 @@ def run_pass(name: str, url: str, *, steps: int, step_s: float, storage_options:
             time.sleep(step_s)  # the trainer's compute: the CPU is free for the loader's threads
             step_times.append(time.perf_counter() - t0)
         wall = time.perf_counter() - t_start
-        tokens = len(waits) * ld.global_batch * ld.manifest.seq_len
+        samples = len(waits) * ld.global_batch
+        tokens = samples * ld.manifest.seq_len
     after = np.array(waits[1:] or [0.0])
     return PassResult(
         name=name, steps=len(waits), time_to_first_batch_s=round(ttfb, 4),
         wait_p50_ms=round(float(np.percentile(after, 50)) * 1e3, 3), wait_p95_ms=round(float(np.percentile(after, 95)) * 1e3, 3),
         wait_max_ms=round(float(after.max()) * 1e3, 3),
         wait_fraction=round(float(after.sum() / max(sum(step_times[1:]), 1e-12)), 5),
-        tokens_per_s=round(tokens / wall, 1), samples_per_s=round(len(waits) * loader_kw["global_batch"] / wall, 1),
+        tokens_per_s=round(tokens / wall, 1), samples_per_s=round(samples / wall, 1),
         bytes_fetched=fetched, cache_hits=hits, cache_misses=misses,
     )
 
@@ -112,16 +114,16 @@ def cold_and_warm(url: str, *, steps: int, step_s: float, latency_s: float, band
     if "://" not in url or url.startswith("file://"):  # a local dataset: serve it as a slow remote
         url = simulated_url(url.removeprefix("file://"))
         opts = {"latency_s": latency_s, "bandwidth_bps": bandwidth_bps}
-    own = cache_dir is None
-    cache_dir = cache_dir or tempfile.mkdtemp(prefix="gristmill-bench-cache-")
+    # A fresh directory (under ``cache_dir`` when given, e.g. on the NVMe to measure) so the
+    # first pass is truly cold; never an existing cache, which this would have to empty.
+    if cache_dir:
+        os.makedirs(cache_dir, exist_ok=True)
+    cache_dir = tempfile.mkdtemp(prefix="gristmill-bench-cache-", dir=cache_dir)
     try:
-        if not own:
-            shutil.rmtree(cache_dir, ignore_errors=True)
         return [run_pass(name, url, steps=steps, step_s=step_s, storage_options=opts, cache_dir=cache_dir, **loader_kw)
                 for name in ("cold", "warm")]
     finally:
-        if own:
-            shutil.rmtree(cache_dir, ignore_errors=True)
+        shutil.rmtree(cache_dir, ignore_errors=True)
 
 
 COLUMNS = [("pass", "name", "{}"), ("steps", "steps", "{}"), ("first batch s", "time_to_first_batch_s", "{:.3f}"),

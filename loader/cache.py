@@ -22,7 +22,6 @@ stays valid until it is closed.
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import logging
 import os
 import threading
@@ -33,7 +32,7 @@ import fsspec
 import numpy as np
 import pyarrow as pa
 
-from manifests import HashMismatchError, ManifestError, MappedShard, Shard, join
+from manifests import HashMismatchError, ManifestError, MappedShard, Shard, join, sha256_bytes, sha256_file
 from manifests.shards import read_table, rows_from_table, write_shard
 
 log = logging.getLogger(__name__)
@@ -65,14 +64,6 @@ def _flock(path: str, mode: int) -> int:
 def _unlock(fd: int) -> None:
     fcntl.flock(fd, fcntl.LOCK_UN)
     os.close(fd)
-
-
-def _sha256_path(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(8 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 class _Entry:
@@ -203,7 +194,7 @@ class ShardCache:
         key = (shard.raw_sha256, st.st_ino, st.st_size, st.st_mtime_ns)
         if key in self._verified:
             return True
-        ok = st.st_size == shard.raw_bytes and _sha256_path(path) == shard.raw_sha256
+        ok = st.st_size == shard.raw_bytes and sha256_file(path)[0] == shard.raw_sha256
         if ok:
             self._verified.add(key)
         else:
@@ -243,7 +234,7 @@ class ShardCache:
 
     def _fetch_once(self, shard: Shard, url: str, path: str) -> int:
         data = self.fs.cat_file(url)
-        actual = hashlib.sha256(data).hexdigest()
+        actual = sha256_bytes(data)
         if actual != shard.sha256:
             raise HashMismatchError(f"shard {shard.path} as downloaded from {url}", shard.sha256, actual)
         rows = rows_from_table(read_table(pa.py_buffer(data)))

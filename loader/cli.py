@@ -25,7 +25,8 @@ def register(sub) -> None:
     b.add_argument("--workers", type=int, default=2, help="batch-assembly threads")
     b.add_argument("--fetch-workers", type=int, default=8, help="download threads")
     b.add_argument("--seed", type=int, default=0)
-    b.add_argument("--cache-dir", help="cache directory (emptied first; default: a temporary one)")
+    b.add_argument("--cache-dir", help="put the bench's temporary cache under this directory (e.g. the NVMe); "
+                                       "removed afterwards, an existing cache is never touched")
     b.add_argument("--cache-limit-bytes", type=int)
     b.add_argument("--json", metavar="PATH", help="also write the results as JSON here ('-' for stdout only)")
     b.set_defaults(handler=_bench)

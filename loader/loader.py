@@ -289,8 +289,9 @@ class _Pipeline:
 
     def next(self) -> tuple[dict, dict]:
         _, fut = self.pending.popleft()
-        self._fill()  # keep `prefetch` steps in flight while this one is awaited
-        return fut.result()
+        out = fut.result()  # an error surfaces now, without planning (and fetching) more steps
+        self._fill()  # at most `prefetch` steps pinned at once: what the cache-limit check assumes
+        return out
 
     def close(self) -> None:
         for step, fut in self.pending:

@@ -9,6 +9,9 @@ from importlib import metadata
 
 @functools.cache
 def code_version() -> str:
+    # Images carry no .git: their build sets GRISTMILL_CODE_VERSION (deploy/Dockerfile.*).
+    if override := os.environ.get("GRISTMILL_CODE_VERSION"):
+        return override
     try:
         version = metadata.version("gristmill")
     except metadata.PackageNotFoundError:

@@ -21,7 +21,6 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from manifests import canonical_json, sha256_file, sha256_json
 from pipeline import ngrams

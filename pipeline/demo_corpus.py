@@ -108,10 +108,15 @@ FOOTER = "<footer>Copyright 2026 Example Pages. All rights reserved. Privacy | T
 
 
 def stdlib_paragraphs() -> list[str]:
-    """Prose paragraphs of the standard library's docstrings, in a fixed order, each once."""
-    paras, seen = [], set()
+    """Prose paragraphs of Python's help topics and the standard library's docstrings, each once."""
+    from pydoc_data.topics import topics
+
+    paras, seen = [], set()  # seen: paragraphs and their word 13-grams
+    docs = [topics[k] for k in sorted(topics)]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
+        for doc in docs:
+            _add_paragraphs(doc, paras, seen)
         for name in MODULES:
             try:
                 mod = importlib.import_module(name)
@@ -122,27 +127,53 @@ def stdlib_paragraphs() -> list[str]:
                 members = [obj] + ([getattr(obj, n, None) for n in sorted(vars(obj)) if not n.startswith("_")]
                                    if inspect.isclass(obj) else [])
                 for m in members:
-                    doc = inspect.getdoc(m) if m is not None else None
-                    for p in (doc or "").split("\n\n"):
-                        p = " ".join(p.split())
-                        if len(p.split()) < 20 or p in seen or sum(c.isalpha() or c == " " for c in p) < 0.85 * len(p):
-                            continue
-                        seen.add(p)
-                        paras.append(p)
+                    _add_paragraphs(inspect.getdoc(m) if m is not None else None, paras, seen)
     return paras
 
 
-def english_documents(paras: list[str], n: int, rng: random.Random) -> list[str]:
-    """``n`` documents of 3-7 paragraphs; a paragraph is reused only in a later pass over the pool."""
-    docs, pool = [], []
+def _add_paragraphs(doc: str | None, paras: list[str], seen: set) -> None:
+    """Keep prose paragraphs that share no word 13-gram with one kept before (docstrings repeat
+    sentences, e.g. str.lower and bytes.lower), so documents overlap only where planted."""
+    for p in (doc or "").split("\n\n"):
+        p = " ".join(p.split())
+        if len(p.split()) < 20 or sum(c.isalpha() or c == " " for c in p) < 0.85 * len(p):
+            continue
+        w = words(p)
+        grams = {tuple(w[i:i + 13]) for i in range(max(1, len(w) - 12))}
+        if grams & seen:
+            continue
+        seen.update(grams)
+        paras.append(p)
+
+
+def english_documents(paras: list[str], n: int, rng: random.Random, vocab: list[str]) -> list[str]:
+    """``n`` documents of 2-6 paragraphs, each paragraph used once per pass over the pool.
+
+    From the second pass on, every 5th word of a reused paragraph is replaced (at an offset that
+    depends on the pass), so no two documents share a word 5-gram or 13-gram by accident: the
+    only duplicates and contaminations in the corpus are the planted ones.
+    """
+    docs, pool, passes = [], [], 0
     while len(docs) < n:
-        if len(pool) < 7:
+        if len(pool) < 6:
             pool = list(paras)
             rng.shuffle(pool)
-        k = rng.randint(3, 7)
+            pool = [_perturb(p, passes, rng, vocab) for p in pool] if passes else pool
+            passes += 1
+        k = rng.randint(2, 6)
         docs.append("\n\n".join(pool[:k]))
         pool = pool[k:]
     return docs
+
+
+def _perturb(paragraph: str, passes: int, rng: random.Random, vocab: list[str]) -> str:
+    words = paragraph.split(" ")
+    for i in range((passes - 1) % 5, len(words), 5):
+        new = rng.choice(vocab)
+        while new.casefold() == words[i].casefold().strip(".,;:()"):
+            new = rng.choice(vocab)
+        words[i] = new
+    return " ".join(words)
 
 
 def shingles(text: str, n: int = 5) -> set[tuple[str, ...]]:
@@ -217,8 +248,8 @@ def write_demo_corpus(out_dir: str, scale: int = 1) -> dict:
     for d in (corpus, truth_dir, evals):
         os.makedirs(d, exist_ok=True)
     paras = stdlib_paragraphs()
-    vocab = sorted({w for p in paras[:200] for w in p.split() if w.isalpha()})
-    docs = english_documents(paras, 1400 * scale, rng)
+    vocab = sorted({w for p in paras[:400] for w in p.split() if w.isalpha() and len(w) > 2})
+    docs = english_documents(paras, 1400 * scale, rng, vocab)
     truth = {k: [] for k in ("exact_duplicates", "near_duplicates", "contaminated", "languages", "bad_records")}
     files: dict[str, bytes] = {}
 

@@ -192,6 +192,10 @@ def find_near_duplicates(docs, cfg: FuzzyDedupConfig, work_dir: str) -> StageRes
     n_candidates = scored.count()
     if cfg.verify:  # exact Jaccard below the threshold: an LSH false positive
         scored = scored.map_batches(_at_least, fn_args=(cfg.threshold,), batch_format="numpy").materialize()
+    n_linked = scored.count()
+    if n_linked == 0:  # nothing to cluster: every document survives
+        stats = _stats(docs.count(), None, params, cfg, n_candidates, 0)
+        return StageResult(kept=docs, removed=docs.limit(0), stats=stats)
 
     clusters = connected_components(scored.select_columns(["hi", "lo"]), p)
     # Per document, the most similar edge that linked it (repartitioned so a node's edges meet).
@@ -205,7 +209,7 @@ def find_near_duplicates(docs, cfg: FuzzyDedupConfig, work_dir: str) -> StageRes
     removed = docs.join(detail, "inner", p, on=("order",)).map_batches(_add_reason, batch_format="pyarrow")
     kept = docs.join(detail.select_columns(["order"]), "left_anti", p, on=("order",))
 
-    stats = _stats(docs.count(), removed_info, params, cfg, n_candidates, scored.count())
+    stats = _stats(docs.count(), removed_info, params, cfg, n_candidates, n_linked)
     return StageResult(kept=kept, removed=removed, stats=stats)
 
 
@@ -230,13 +234,14 @@ def _earliest(batch: dict, k: int) -> dict:
 def _stats(n_docs: int, removed_info, params: LSHParams, cfg: FuzzyDedupConfig, n_candidates: int,
            n_linked: int) -> dict:
     histogram: dict[int, int] = {}
-    per_survivor = removed_info.groupby("root").count()  # one row per cluster, on the workers
-    for row in per_survivor.map_batches(_size_histogram, batch_format="numpy").take_all():
-        histogram[int(row["size"])] = histogram.get(int(row["size"]), 0) + int(row["clusters"])
     sample = []
-    if cfg.sample_pairs:
-        rows = removed_info.map_batches(_earliest, fn_args=(cfg.sample_pairs,), batch_format="numpy").take_all()
-        sample = sorted(rows, key=lambda r: int(r["node"]))[: cfg.sample_pairs]
+    if removed_info is not None:
+        per_survivor = removed_info.groupby("root").count()  # one row per cluster, on the workers
+        for row in per_survivor.map_batches(_size_histogram, batch_format="numpy").take_all():
+            histogram[int(row["size"])] = histogram.get(int(row["size"]), 0) + int(row["clusters"])
+        if cfg.sample_pairs:
+            rows = removed_info.map_batches(_earliest, fn_args=(cfg.sample_pairs,), batch_format="numpy").take_all()
+            sample = sorted(rows, key=lambda r: int(r["node"]))[: cfg.sample_pairs]
     return {
         "documents_in": n_docs,
         "documents_removed": sum((size - 1) * n for size, n in histogram.items()),

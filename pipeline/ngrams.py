@@ -4,11 +4,11 @@ The decontamination stage runs this on Ray workers; the audit runs the same code
 texts to check a leak, so "contains eval item X" means the same thing in both places.
 
 Words are those of ``pipeline.text.words``: NFKC, case-folded, split on punctuation and
-space. A word is hashed from its code points with a polynomial hash mod 2**64, an n-gram
-from its word hashes the same way, and each is finished with the splitmix64 mixer. All of it is fixed integer
-arithmetic on numpy uint64 (wrapping), so the hashes are stable across processes, machines
-and runs (never Python's salted ``hash()``), and a whole batch of documents is hashed in a
-few vectorised passes instead of a Python loop per n-gram.
+space. A word is hashed from its code points with a polynomial hash mod 2**64, an n-gram from
+its word hashes the same way, and each is finished with the splitmix64 mixer. All of it is
+fixed integer arithmetic on numpy uint64 (wrapping), so the hashes are stable across
+processes, machines and runs (never Python's salted ``hash()``), and a whole batch of
+documents is hashed in a few vectorised passes instead of a Python loop per n-gram.
 
 An eval item with at least ``n`` words contributes its distinct n-grams; a shorter one
 contributes itself, whole, as one gram of its own length. A document "contains" item X with
@@ -26,7 +26,7 @@ from typing import Iterable, NamedTuple
 
 import numpy as np
 
-from pipeline.text import normalize, words
+from pipeline.text import words
 
 DEFAULT_N = 13
 
@@ -37,8 +37,8 @@ _BASE = 0x100000001B3  # odd, so invertible mod 2**64
 _BASE_INV = pow(_BASE, -1, 1 << 64)
 _WORD_BASE = np.uint64(0x9E3779B97F4A7C15)
 _LEN_SALT = 0xD6E8FEB86659FD93
-_CHUNK_BYTES = 1 << 20
-_FILTER_MAX_BITS = 24  # candidate bitmap: at most 16 MB per process  # hash at most ~1 MB of text per vectorised pass: bounds temporary memory
+_CHUNK_CHARS = 1 << 18  # characters hashed per vectorised pass: bounds memory, stays in cache
+_FILTER_MAX_BITS = 24  # candidate bitmap: at most 16 MB per process
 
 
 def mix64(z: np.ndarray) -> np.ndarray:
@@ -211,7 +211,7 @@ class NgramIndex:
     def scan(self, texts: list[str], min_matches: int = 1) -> list[list[Match]]:
         """The matches of each text, item by item (in index order)."""
         out: list[list[Match]] = []
-        for chunk in _byte_chunks(texts, _CHUNK_BYTES):
+        for chunk in _chunks(texts, _CHUNK_CHARS):
             out.extend(self._scan_chunk(chunk, min_matches))
         return out
 
@@ -285,7 +285,7 @@ def find_matches(index: NgramIndex, text: str, min_matches: int = 1) -> list[Mat
     return index.scan([text], min_matches)[0]
 
 
-def _byte_chunks(texts: list[str], limit: int) -> Iterable[list[str]]:
+def _chunks(texts: list[str], limit: int) -> Iterable[list[str]]:
     chunk, size = [], 0
     for t in texts:
         if chunk and size + len(t) > limit:
@@ -316,7 +316,7 @@ def build_index(eval_sets: Iterable[tuple[str, Iterable[tuple[str, str]]]], n: i
             texts.append(text or "")
         set_first.append(len(item_ids))
     hash_parts, owner_parts, lengths, done = [], [], {n}, 0
-    for chunk in _byte_chunks(texts, _CHUNK_BYTES):  # a batch of items at a time, like documents
+    for chunk in _chunks(texts, _CHUNK_CHARS):  # a batch of items at a time, like documents
         hashes, owners, short = _item_grams(chunk, n, min_item_words)
         hash_parts.append(hashes)
         owner_parts.append(owners + done)

@@ -49,6 +49,13 @@ def test_word_hashes_follow_text_words_and_do_not_depend_on_the_batch():
     assert len(set(batch.hashes.tolist())) == len(set(w for t in texts for w in words(t)))
 
 
+def test_word_char_table_is_the_text_regex_on_every_code_point():
+    from pipeline.text import _NON_WORD  # what pipeline.text splits words on
+
+    table = ngrams.word_char_table()
+    assert [c for c in range(0x110000) if (_NON_WORD.match(chr(c)) is None) != table[c]] == []
+
+
 def test_words_are_exactly_pipeline_text_words_on_any_unicode():
     rng = np.random.default_rng(3)
     # ASCII (all of it), Latin-1, combining marks, compatibility forms, CJK, digits, surrogates, emoji

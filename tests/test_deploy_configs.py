@@ -230,3 +230,36 @@ def test_command_checker_finds_commands_and_catches_a_misspelled_flag():
     assert build_parser().parse_args(train).overrides == ["run.steps=1"]
     with pytest.raises(SystemExit):
         build_parser().parse_args(prepare)
+
+
+def pod_specs(node):
+    """Every pod spec (a mapping with `containers`) inside a parsed Kubernetes document."""
+    if isinstance(node, dict):
+        if isinstance(node.get("containers"), list):
+            yield node
+        for v in node.values():
+            yield from pod_specs(v)
+    elif isinstance(node, list):
+        for v in node:
+            yield from pod_specs(v)
+
+
+@pytest.mark.parametrize("path", [p for p in YAMLS if "/ray/" not in p], ids=rel)
+def test_every_volume_mount_names_a_volume_of_its_pod(path):
+    specs = [s for doc in yaml_docs(path) for s in pod_specs(doc)]
+    assert specs, f"{rel(path)} has no pod template"
+    for spec in specs:
+        volumes = {v["name"] for v in spec.get("volumes", [])}
+        for c in spec["containers"]:
+            for m in c.get("volumeMounts", []):
+                assert m["name"] in volumes, f"{rel(path)}: container {c['name']} mounts {m['name']!r}, not a volume of its pod"
+
+
+def test_ray_cluster_launcher_config_passes_rays_own_validation():
+    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    config = yaml_docs(os.path.join(DEPLOY, "ray", "cluster.yaml"))[0]
+    full = prepare_config(config)  # fills the provider's defaults, as `ray up` does
+    validate_config(full)  # Ray's JSON schema: unknown or misspelled keys fail here
+    assert full["head_node_type"] in full["available_node_types"]
+    assert "--num-cpus=0" in " ".join(full["head_start_ray_commands"]), "the head should run no data tasks"

@@ -56,7 +56,7 @@ def _run(ray, rows, cfg, work_dir, cpus):
         ds = ray.data.from_items(rows, override_num_blocks=cpus * 2)
         res = find_near_duplicates(ds, cfg, str(work_dir))
         kept = sorted(r["id"] for r in res.kept.take_all())
-        removed = sorted((r["id"], r["duplicate_of"], r["cluster"], r["reason"], round(r["similarity"], 9), r["source"])
+        removed = sorted((r["id"], r["duplicate_of"], r["cluster"], r["reason"], round(r["similarity"], 9), r.get("source"))
                          for r in res.removed.take_all())
         return kept, removed, res.stats
     finally:
@@ -222,3 +222,13 @@ def test_demo_corpus_planted_pairs(ray_session, tmp_path):
     recall = sum(dup_of.get(t["b"]) == t["a"] for t in high) / len(high)
     assert recall >= 0.95, [t for t in high if dup_of.get(t["b"]) != t["a"]]
     assert all(t["b"] in kept and t["a"] in kept for t in low)
+
+
+@pytest.mark.slow
+def test_no_near_duplicates_keeps_everything(ray_session, tmp_path):
+    rng = random.Random(5)
+    vocab = _vocab(rng)
+    rows = [{"id": f"d{i}", "order": i, "text": " ".join(rng.choice(vocab) for _ in range(60))} for i in range(12)]
+    kept, removed, stats = _run(ray_session, rows, FuzzyDedupConfig(num_partitions=2), tmp_path, cpus=2)
+    assert kept == sorted(r["id"] for r in rows) and removed == []
+    assert stats["documents_removed"] == 0 and stats["cluster_sizes"] == {} and stats["sample_pairs"] == []

@@ -1,8 +1,6 @@
 """`gristmill loader bench`: runs end to end on a tiny synthetic dataset and on a given URL."""
 import json
 
-import pytest
-
 from gristmill.cli import main
 
 
