@@ -145,7 +145,8 @@ class Loader:
     def load_state_dict(self, sd: dict) -> None:
         """Resume at ``sd["next_index"]``. The global batch and world size may differ (elastic)."""
         mine = self.state_dict()
-        for key in ("manifest_sha256", "seed", "order", "window_shards", "split"):
+        keys = ("manifest_sha256", "seed", "order", "split") + (("window_shards",) if self.order_name == "window" else ())
+        for key in keys:
             if key in sd and sd[key] != mine[key]:
                 raise ValueError(f"loader state: {key} is {sd[key]!r} in the saved state but {mine[key]!r} in this "
                                  f"loader; resuming would serve a different sample order")

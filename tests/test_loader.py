@@ -306,3 +306,17 @@ def test_processes_sharing_a_cache_download_each_shard_once(pub, tmp_path):
     outs = [p.communicate(timeout=120) for p in procs]
     assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
     assert sum(int(o[0].strip().splitlines()[-1]) for o in outs) == sum(s.bytes for s in pub.manifest.shards_of("train"))
+
+
+@pytest.mark.parametrize("order", ["global", "window"])
+def test_a_batch_straddling_an_epoch_boundary_is_the_same_at_any_world_size(pub, rows_by_shard, tmp_path, order):
+    # 120 train rows: the batch at 112 covers the last 8 rows of epoch 0 and the first 8 of epoch 1.
+    one = run(pub, tmp_path, steps=2, order=order, window_shards=2, global_batch=16, start_index=96)
+    four = [run(pub, tmp_path, steps=2, order=order, window_shards=2, global_batch=16, start_index=96,
+                rank=r, world_size=4) for r in range(4)]
+    for step in range(2):
+        assert torch.equal(torch.cat([four[r][step]["input_ids"] for r in range(4)]), one[step]["input_ids"])
+    assert one[1]["indices"].tolist() == list(range(112, 128))
+    shards, rows = samples_at(pub.manifest, "train", 0, order, np.arange(112, 128), window=2)
+    want = np.stack([rows_by_shard[s][r] for s, r in zip(shards, rows)]).astype(np.int64)
+    assert np.array_equal(one[1]["labels"].numpy(), want[:, 1:])

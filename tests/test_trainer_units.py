@@ -91,3 +91,22 @@ def test_mfu_uses_known_peaks_and_refuses_to_guess():
 
 def test_young_daly_interval():
     assert young_daly_interval_s(30.0, 24 * 3600) == pytest.approx(math.sqrt(2 * 30 * 86400))
+
+
+@pytest.mark.parametrize("mode", ["selective", "full"])
+def test_activation_checkpointing_keeps_the_gradients(mode):
+    from trainer.parallelize import apply_activation_checkpointing
+
+    def grads(ac: str) -> dict[str, torch.Tensor]:
+        torch.manual_seed(0)
+        model = Transformer(model_args("tiny", vocab_size=50, max_seq_len=8))
+        apply_activation_checkpointing(model, ac)
+        x = torch.randint(0, 50, (2, 8))
+        model(x).logsumexp(-1).mean().backward()
+        # checkpoint_wrapper inserts a module level; compare by the original parameter names
+        return {n.replace("_checkpoint_wrapped_module.", ""): p.grad for n, p in model.named_parameters()}
+
+    base, wrapped = grads("none"), grads(mode)
+    assert base.keys() == wrapped.keys()
+    for name in base:
+        torch.testing.assert_close(wrapped[name], base[name], rtol=0, atol=0, msg=name)
