@@ -98,6 +98,7 @@ def main() -> None:
     ap.add_argument("--shards", type=int, default=8)
     ap.add_argument("--global-batch", type=int, default=512)
     ap.add_argument("--scalar-sample", type=int, default=20_000, help="indices timed through the scalar sample_at")
+    ap.add_argument("--repeat", type=int, default=3, help="in-process audits (first = cold; best reported too)")
     ap.add_argument("--leak-steps", type=int, default=100, help="steps whose text `audit leak` scans")
     ap.add_argument("--dir", default="/tmp/bench-audit")
     args = ap.parse_args()
@@ -116,22 +117,27 @@ def main() -> None:
     next_index = args.rows // args.global_batch * args.global_batch
     path = write_checkpoint(args.dir, published, next_index, args.global_batch, 8)
 
-    times = {}
-    t0 = t = time.perf_counter()
-    ckpt = read_checkpoint(path)
-    pub = open_manifest(ckpt)
-    steps = parse_steps(None, ckpt)
-    times["checkpoint + manifest"] = time.perf_counter() - t
-    t = time.perf_counter()
-    used = consumed(pub.manifest, ckpt, steps)
-    times["order (vectorised)"] = time.perf_counter() - t
-    t = time.perf_counter()
-    report = audit_seen(pub, used, steps)
-    times["join + aggregate"] = time.perf_counter() - t
-    t = time.perf_counter()
-    write_table(report.documents, os.path.join(args.dir, "seen.parquet"))
-    times["write documents"] = time.perf_counter() - t
-    total = time.perf_counter() - t0
+    def audit_once() -> tuple[dict, object, object, tuple]:
+        times, t = {}, time.perf_counter()
+        ckpt = read_checkpoint(path)
+        pub = open_manifest(ckpt)
+        steps = parse_steps(None, ckpt)
+        times["checkpoint + manifest"], t = time.perf_counter() - t, time.perf_counter()
+        used = consumed(pub.manifest, ckpt, steps)
+        times["order (vectorised)"], t = time.perf_counter() - t, time.perf_counter()
+        report = audit_seen(pub, used, steps)
+        times["join + aggregate"], t = time.perf_counter() - t, time.perf_counter()
+        write_table(report.documents, os.path.join(args.dir, "seen.parquet"))
+        times["write documents"] = time.perf_counter() - t
+        times["total"] = sum(times.values())
+        return times, (ckpt, pub, steps), used, report
+
+    # The first run is cold (fresh process state); the machine is shared, so also report the best of --repeat.
+    runs = [audit_once() for _ in range(args.repeat)]
+    first = runs[0][0]
+    best = {k: min(r[0][k] for r in runs) for k in first}
+    (ckpt, pub, steps), used, report = runs[-1][1], runs[-1][2], runs[-1][3]
+    total = best["total"]
 
     # `audit leak` over the first steps: read shards, detokenize the seen spans, scan for 1,000 eval items.
     eval_file = os.path.join(args.dir, "eval.jsonl")
@@ -160,16 +166,17 @@ def main() -> None:
     print(f"dataset: {args.rows:,} sequences of {args.seq_len + 1} tokens, {args.shards} shards, {n_docs:,} documents, "
           f"{n_spans:,} doc-index spans (built in {build_s:.1f} s)")
     print(f"audit seen over {len(used):,} consumed samples ({steps[1]} steps of {args.global_batch}):")
-    for k, v in times.items():
-        print(f"  {k:<24} {v:7.2f} s")
-    print(f"  {'total':<24} {total:7.2f} s   ({len(used) / total:,.0f} samples/s)")
+    print(f"  {'phase':<24} {'first':>7}   {'best of ' + str(args.repeat):>9}")
+    for k in first:
+        print(f"  {k:<24} {first[k]:7.2f} s {best[k]:7.2f} s")
+    print(f"  -> {len(used) / first['total']:,.0f} samples/s (first), {len(used) / total:,.0f} samples/s (best)")
     print(f"  -> {report.summary['documents_seen']:,} documents seen ({report.summary['documents_fully_seen']:,} fully)")
     ls = leak.summary
     print(f"audit leak, steps {leak_steps[0]}:{leak_steps[1]}: {ls['documents_checked']:,} documents, "
           f"{ls['tokens_checked']:,} tokens, 1,000 eval items in {leak_s:.2f} s ({ls['tokens_checked'] / leak_s:,.0f} tokens/s)")
     print(f"`gristmill audit seen CHECKPOINT --out FILE.parquet` in a fresh process: {cli_s:.2f} s")
     print(f"scalar sample_at per index: {scalar_per * 1e6:.1f} us -> {scalar_total:,.0f} s for {len(used):,} indices "
-          f"(order step alone: vectorised is {scalar_total / times['order (vectorised)']:,.0f}x faster; "
+          f"(order step alone: vectorised is {scalar_total / best['order (vectorised)']:,.0f}x faster; "
           f"whole audit is {scalar_total / total:,.0f}x faster than the per-index order alone)")
 
 

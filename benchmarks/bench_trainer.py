@@ -1,9 +1,11 @@
 """CPU sanity throughput of the bundled trainer, side by side in one run (ratios, not absolutes:
 the machine is shared and noisy).
 
-    python benchmarks/bench_trainer.py [--steps 30]
+    PYTHONPATH=. python benchmarks/bench_trainer.py [--steps 20]
 
-One process, gloo, fp32, synthetic tokens (vocab 512, seq_len 256, global batch 8). Rows:
+One process, one thread (on a shared, oversubscribed VM OpenMP's spinning threads make a
+multi-threaded step many times slower and the numbers meaningless), gloo, fp32, synthetic
+tokens (vocab 512, seq_len 128, global batch 8). Rows:
 the tiny preset with activation checkpointing none / selective / full, and the small preset;
 then a checkpoint of the small preset, synchronous vs asynchronous (seconds training was
 blocked). Tokens/s is the median over the steps after the first 5.
@@ -16,6 +18,8 @@ import os
 import statistics
 import tempfile
 import time
+
+import torch
 
 from trainer import config
 from trainer.synthetic import build_synthetic
@@ -42,10 +46,11 @@ def tokens_per_s(records: list[dict]) -> float:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--steps", type=int, default=20)
     args = p.parse_args()
+    torch.set_num_threads(1)
     root = tempfile.mkdtemp(prefix="bench-trainer-")
-    url = build_synthetic(os.path.join(root, "data"), vocab_size=512, seq_len=256, train_rows=512)
+    url = build_synthetic(os.path.join(root, "data"), vocab_size=512, seq_len=128, train_rows=512)
     t0 = time.perf_counter()
     rows = []
     for name, model, ac in (("tiny", "tiny", "none"), ("tiny-selective", "tiny", "selective"),

@@ -117,18 +117,33 @@ def library_versions() -> dict:
     return out
 
 
-def file_checksums(directory: str) -> dict[str, dict]:
-    """sha256 and size of every file under ``directory`` except meta.json, by relative path."""
-    out = {}
+def checkpoint_files(directory: str) -> list[str]:
+    """Relative paths of every file under ``directory`` except meta.json, sorted."""
+    out = []
     for root, _, names in os.walk(directory):
         for name in names:
-            path = os.path.join(root, name)
-            rel = os.path.relpath(path, directory).replace(os.sep, "/")
-            if rel == META_FILE:
-                continue
-            sha, size = sha256_file(path)
-            out[rel] = {"sha256": sha, "bytes": size}
-    return dict(sorted(out.items()))
+            rel = os.path.relpath(os.path.join(root, name), directory).replace(os.sep, "/")
+            if rel != META_FILE:
+                out.append(rel)
+    return sorted(out)
+
+
+def file_checksums(directory: str, files: list[str] | None = None) -> dict[str, dict]:
+    """sha256 and size of ``files`` (default: all but meta.json) under ``directory``, by relative path."""
+    out = {}
+    for rel in checkpoint_files(directory) if files is None else files:
+        sha, size = sha256_file(os.path.join(directory, rel))
+        out[rel] = {"sha256": sha, "bytes": size}
+    return out
+
+
+def collective_checksums(directory: str, rank: int, world_size: int) -> dict[str, dict]:
+    """``file_checksums`` with the hashing split across ranks (rank r hashes every W-th file), so a
+    large checkpoint is hashed in 1/W of the time. Every rank returns the whole result."""
+    mine = file_checksums(directory, checkpoint_files(directory)[rank::world_size])
+    parts = [None] * world_size
+    dist.all_gather_object(parts, mine)
+    return dict(sorted(kv for part in parts for kv in part.items()))
 
 
 def read_meta(path: str) -> dict:
@@ -145,15 +160,16 @@ def read_meta(path: str) -> dict:
     return meta
 
 
-def verify(path: str) -> list[str]:
-    """Problems with a committed checkpoint (empty when every file matches its recorded sha256)."""
+def verify(path: str, actual: dict[str, dict] | None = None) -> list[str]:
+    """Problems with a committed checkpoint (empty when every file matches its recorded sha256).
+    ``actual`` is the directory's ``file_checksums`` when the caller already computed them."""
     try:
         meta = read_meta(path)
     except CheckpointError as e:
         return [str(e)]
     recorded = meta.get("files", {})
+    actual = file_checksums(path) if actual is None else actual
     problems = []
-    actual = file_checksums(path)
     for rel, want in recorded.items():
         got = actual.get(rel)
         if got is None:
@@ -166,11 +182,11 @@ def verify(path: str) -> list[str]:
     return problems
 
 
-def find_resumable(run_dir: str) -> tuple[str | None, list[str]]:
+def find_resumable(run_dir: str, checksums=file_checksums) -> tuple[str | None, list[str]]:
     """The newest committed checkpoint that verifies, and why any newer ones were passed over."""
     passed_over = []
     for step, path in reversed(committed(run_dir)):
-        problems = verify(path)
+        problems = verify(path, checksums(path))
         if not problems:
             return path, passed_over
         passed_over.append(f"step-{step}: " + "; ".join(problems[:3]))
@@ -228,8 +244,8 @@ class Checkpointer:
     def save(self, step: int, model, optimizer, meta: dict) -> float:
         """Write step ``step``; synchronous saves are committed before this returns. Returns the
         seconds training was blocked (the whole save, or only the staging copy when async)."""
-        self.wait()  # one save in flight at a time
         started = time.perf_counter()
+        self.wait()  # one save in flight at a time
         tmp = os.path.join(checkpoints_dir(self.run_dir), f"{TMP_PREFIX}step-{step}")
         if self.rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -268,8 +284,9 @@ class Checkpointer:
 
     def _commit(self, step: int, tmp: str, meta: dict, started: float) -> None:
         final = step_dir(self.run_dir, step)
+        files = collective_checksums(tmp, self.rank, self.world_size)
         if self.rank == 0:
-            meta = {**meta, "files": file_checksums(tmp), "save_seconds": round(time.perf_counter() - started, 3),
+            meta = {**meta, "files": files, "save_seconds": round(time.perf_counter() - started, 3),
                     "created_at": dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat()}
             atomic_write(os.path.join(tmp, META_FILE), (json.dumps(meta, indent=1, sort_keys=True) + "\n").encode())
             _fsync_dir(tmp)
@@ -287,10 +304,12 @@ class Checkpointer:
 
     # -- restore --------------------------------------------------------------------------------
     def latest(self) -> tuple[str | None, dict | None]:
-        """Rank 0 picks the newest checkpoint that verifies; every rank gets its path and meta."""
+        """The newest checkpoint that verifies (all ranks share the hashing); rank 0 decides and
+        every rank gets its path and meta."""
+        path, passed_over = find_resumable(
+            self.run_dir, lambda d: collective_checksums(d, self.rank, self.world_size))
         choice = [None, None]
         if self.rank == 0:
-            path, passed_over = find_resumable(self.run_dir)
             for reason in passed_over:
                 log.warning("not resuming from %s", reason)
             choice = [path, read_meta(path) if path else None]
