@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 
 # Each module has `register(subparsers)`; its handlers return an exit code.
@@ -41,6 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     except (UsageError, ManifestError, FileNotFoundError) as e:
         print(f"gristmill {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `gristmill ... | head`: the reader left; not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

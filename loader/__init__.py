@@ -6,9 +6,21 @@
 
 See docs/loader.md. ``loader.order`` is the pure order function the audit shares.
 """
-from .cache import CacheFullError, ShardCache, ShardFetchError
-from .loader import CacheTooSmallError, Loader
-from .order import ORDERS, Order, sample_at, samples_at
+import importlib
+
+# Lazy: the audit imports only `loader.order` and should not pay for torch.
+_EXPORTS = {
+    "CacheFullError": "cache", "ShardCache": "cache", "ShardFetchError": "cache",
+    "CacheTooSmallError": "loader", "Loader": "loader",
+    "ORDERS": "order", "Order": "order", "sample_at": "order", "samples_at": "order",
+}
+
+
+def __getattr__(name):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'loader' has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+
 
 __all__ = ["ORDERS", "CacheFullError", "CacheTooSmallError", "Loader", "Order", "ShardCache", "ShardFetchError",
            "sample_at", "samples_at"]

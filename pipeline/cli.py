@@ -35,5 +35,5 @@ def _demo_corpus(args) -> int:
     from .demo_corpus import write_demo_corpus
 
     summary = write_demo_corpus(args.out_dir, scale=args.scale)
-    print(f"wrote {summary['files']} files, {summary['bytes']:,} bytes, {summary['records']:,} records to {args.out_dir}")
+    print(f"wrote {summary['files']} corpus files ({summary['bytes']:,} bytes), evals/ and truth/ to {args.out_dir}")
     return 0

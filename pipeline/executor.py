@@ -6,9 +6,10 @@ Stage order (the slots are fixed; optional stages are skipped when their section
 
 * Per-partition stages (extract + language fused, tokenize) run one Ray task per input file;
   each commits its output and a completion marker (pipeline/workdir.py).
-* Global stages (the dedups, decontamination) see all surviving documents as one
-  ray.data.Dataset and return the rows they remove; the executor writes those sorted by
-  ``order`` and later partitions drop them.
+* Global stages return the rows they remove; the executor writes those sorted by ``order``
+  and later partitions drop them. Exact dedup runs as Ray tasks over hash-bucket ranges of
+  the keys the extract stage wrote; fuzzy dedup and decontamination get the surviving
+  documents as one ray.data.Dataset (pipeline.stage.StageResult contract).
 * Pack and publish run in the driver, in ``order``: the output never depends on scheduling.
 """
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import glob as _glob
 import json
+import logging
 import os
 import posixpath
 import shutil
@@ -106,7 +108,8 @@ def _map_partitions(ray, stage: str, items: list[dict], fn, concurrency: int | N
     if not items:
         return []
     ctx = ray.data.DataContext.get_current()
-    ctx.enable_progress_bars = False
+    ctx.enable_progress_bars = False  # our own progress lines instead, one per finished partition
+    logging.getLogger("ray.data").setLevel(logging.WARNING)
     ds = ray.data.from_items(items, override_num_blocks=len(items))
     ds = ds.map(lambda item: {"stats": json.dumps(fn(item))}, num_cpus=1, concurrency=concurrency)
     out, t0 = [], time.perf_counter()

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import uuid
 
 import pyarrow as pa
@@ -104,9 +103,3 @@ class ParquetPart:
         if os.path.exists(self.tmp):
             os.unlink(self.tmp)
 
-
-def replace_dir(tmp: str, final: str) -> None:
-    """Move a finished directory into place (a rerun may find an old, unmarked one there)."""
-    if os.path.exists(final):
-        shutil.rmtree(final)
-    os.replace(tmp, final)

@@ -1,6 +1,5 @@
 """Readers and the job file: every bad record is reported, every bad option is named."""
 import gzip
-import io
 import json
 import os
 import random
