@@ -4,6 +4,7 @@ Every test here runs the whole pipeline on Ray, so all are marked slow (they sti
 import glob
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -137,4 +138,7 @@ def test_kill_9_mid_run_then_rerun_gives_the_same_hash(corpus, first_run, tmp_pa
     rerun = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert result.manifest_sha256 in rerun.stdout
-    assert f"{done_before} of 27 partitions already done" in rerun.stderr
+    # A Ray worker that was mid-commit may still finish after the driver died: at least what
+    # was committed before the kill is skipped, and nothing is redone twice or half-read.
+    skipped = int(re.search(r"\[extract\] (\d+) of 27 partitions already done", rerun.stderr).group(1))
+    assert done_before <= skipped < 27

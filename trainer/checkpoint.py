@@ -39,7 +39,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from manifests import code_version, sha256_file
+from manifests import sha256_file
 from manifests.shards import atomic_write
 
 from . import faults

@@ -84,10 +84,6 @@ def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
 
 
-def is_finite(x: float) -> bool:
-    return math.isfinite(x)
-
-
 class SampleLog:
     """Rank 0 writes ``<run_dir>/samples.jsonl``: one line per optimizer step with the global sample
     indices it consumed, in rank order. On resume, lines after the checkpoint's step are dropped
@@ -229,9 +225,9 @@ def train(cfg: JobConfig, *, stop_after_step: int | None = None, allow_manifest_
         lr = lr_at(step, cfg.optimizer, cfg.run.steps)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        loss, grad_norm = train_step(model, optimizer, batch, n_micro, cfg.optimizer.grad_clip, d.device,
+        loss, grad_norm = train_step(model, batch, n_micro, cfg.optimizer.grad_clip, d.device,
                                      nan=faults.enabled("nan_loss", step))
-        ok = is_finite(loss) and is_finite(grad_norm)
+        ok = math.isfinite(loss) and math.isfinite(grad_norm)
         if ok:
             optimizer.step()
             consecutive_bad = 0
@@ -290,7 +286,7 @@ def train(cfg: JobConfig, *, stop_after_step: int | None = None, allow_manifest_
             "resumed_from": resumed_from}
 
 
-def train_step(model, optimizer, batch: dict, n_micro: int, grad_clip: float, device, *, nan: bool = False
+def train_step(model, batch: dict, n_micro: int, grad_clip: float, device, *, nan: bool = False
                ) -> tuple[float, float]:
     """Forward and backward over ``n_micro`` micro-batches, then clip. Returns the global mean loss
     and the global gradient norm; the caller decides whether to step."""
