@@ -48,4 +48,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run the importable module, not this __main__ copy, so `except UsageError` catches the
+    # class the handlers raise.
+    from gristmill.cli import main as _main
+
+    sys.exit(_main())

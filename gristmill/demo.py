@@ -43,7 +43,7 @@ def main() -> int:
     for i, (what, args) in enumerate(STEPS, 1):
         print(f"\n=== [{i}/{len(STEPS)}] {what}\n$ gristmill {shlex.join(args)}", flush=True)
         t = time.time()
-        rc = subprocess.call([sys.executable, "-m", "gristmill.cli", *args], cwd=ROOT)
+        rc = subprocess.call([sys.executable, "-m", "gristmill", *args], cwd=ROOT)
         if rc != 0:
             print(f"\ndemo: step {i} failed with exit code {rc}", file=sys.stderr)
             return rc

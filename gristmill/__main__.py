@@ -1,0 +1,5 @@
+import sys
+
+from gristmill.cli import main
+
+sys.exit(main())
