@@ -1,4 +1,4 @@
-"""The loader's targets, measured side by side in one run (see docs/bench/loader.md).
+"""The loader's targets, measured side by side in one run (see docs/benchmarks.md).
 
 1. Warm cache, global shuffle, seq_len 2048, batches of 32: samples/s of the Loader (int64
    ``input_ids`` + ``labels`` ready for a trainer) against

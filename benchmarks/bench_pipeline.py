@@ -1,4 +1,4 @@
-"""Corpus preparation throughput, side by side in one run (numbers in docs/bench/pipeline.md).
+"""Corpus preparation throughput, side by side in one run (numbers in docs/benchmarks.md).
 
     python benchmarks/bench_pipeline.py [--scales 1 10] [--out /tmp/gm-bench-pipeline]
 

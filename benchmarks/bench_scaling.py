@@ -7,7 +7,7 @@ language ID, exact dedup, tokenize, pack); --full adds fuzzy dedup and decontami
 
 Prints, per stage, core-seconds, wall seconds and the ratio between the scales, plus bytes in,
 documents and peak RSS per worker (from each run's report.json), and the largest single-process
-RSS of the whole run (driver, Ray and its workers). Results: docs/bench/scaling.md.
+RSS of the whole run (driver, Ray and its workers). Results: docs/benchmarks.md.
 """
 from __future__ import annotations
 
