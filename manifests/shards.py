@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import uuid
 from dataclasses import dataclass
 
 import numpy as np
@@ -69,7 +70,8 @@ def write_shard(path: str | None, rows: np.ndarray, *, compressed: bool = True) 
 
 def atomic_write(path: str, data) -> None:
     """Write under a temporary name, fsync, rename: a crash leaves nothing that looks valid."""
-    tmp = f"{path}.tmp-{os.getpid()}"
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = f"{path}.tmp-{uuid.uuid4().hex[:12]}"  # unique per writer, threads and processes alike
     try:
         with open(tmp, "wb") as f:
             f.write(data)

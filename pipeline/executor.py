@@ -30,6 +30,7 @@ import pyarrow.parquet as pq
 from fsspec.core import url_to_fs
 
 from manifests import DatasetBuilder, EvalSet, Input, ManifestStore, code_version, sha256_json
+from manifests.shards import atomic_write
 
 from . import exact_dedup
 from . import report as rep
@@ -38,7 +39,7 @@ from .documents import OVERRIDE_SCHEMA, REMOVED_SCHEMA, to_removed_rows
 from .extract import extract_partition
 from .pack import pack_split
 from .tokenize import load_tokenizer, overridden_texts, removed_ids, split_of, tokenize_partition, train_bpe
-from .workdir import ParquetPart, WorkDir, part_name, write_atomic
+from .workdir import ParquetPart, WorkDir, part_name
 
 GLOBAL_STAGES = ("exact_dedup", "fuzzy_dedup", "decontaminate")
 
@@ -367,7 +368,7 @@ class Executor:
 
     def _write_outputs(self, report: dict) -> None:
         """report.json, plus the quarantine and removed records as JSONL for people to read."""
-        write_atomic(self.wd.path("report.json"), (json.dumps(report, indent=1, sort_keys=True) + "\n").encode())
+        atomic_write(self.wd.path("report.json"), (json.dumps(report, indent=1, sort_keys=True) + "\n").encode())
         rep.export_jsonl([self.wd.path("quarantine", f"{part_name(t['part'])}.parquet") for t in self.tasks],
                          self.wd.path("quarantine.jsonl"))
         removed = [self.wd.path("removed", "language", f"{part_name(t['part'])}.parquet") for t in self.tasks]

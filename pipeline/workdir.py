@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from manifests.hashing import canonical_json
+from manifests.shards import atomic_write
 
 
 def part_name(part: int) -> str:
@@ -46,17 +47,7 @@ class WorkDir:
             return None
 
     def mark_done(self, stage: str, name: str, stats: dict) -> None:
-        write_atomic(self.marker(stage, name), canonical_json(stats))
-
-
-def write_atomic(path: str, data: bytes) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+        atomic_write(self.marker(stage, name), canonical_json(stats))
 
 
 class ParquetPart:
