@@ -14,7 +14,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "demo-out")
-DATASET = os.path.join(OUT, "store", "demo")
+DATASET = os.path.join(OUT, "store", "demo-full")  # the dataset examples/demo-job-full.yaml publishes
 RUN = os.path.join(OUT, "run")
 
 STEPS = [
