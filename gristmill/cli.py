@@ -17,17 +17,15 @@ class UsageError(Exception):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gristmill", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="gristmill",
+        description="Raw corpora -> content-hashed token shards -> deterministic loader -> FSDP2 trainer -> audit.",
+        epilog="Docs: README.md and docs/ in the repository.",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as e:
-            if not name.startswith(str(e.name)):  # a real missing dependency: say so
-                raise
-            continue  # that part of gristmill is not built yet
-        module.register(sub)
+        importlib.import_module(name).register(sub)
     return parser
 
 
