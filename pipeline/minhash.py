@@ -7,9 +7,9 @@ maps it to ``a_k * h + b_k mod 2**32`` with ``(a, b)`` drawn exactly as datasket
 our shingle hashes gives bit-identical signatures (tests/test_minhash.py checks this).
 
 What differs is the speed. datasketch hashes shingles one by one in Python; here a whole batch
-of documents becomes one code-point buffer (ASCII texts as they are, others after the NFKC +
-casefold of ``pipeline.text.normalize``; words are runs of ``str.isalnum`` characters, exactly
-``pipeline.text.words``), and two numba loops do the rest in one pass each:
+of documents becomes one code-point buffer (``pipeline.wordhash.code_points``; words are exactly
+``pipeline.text.words``, hashed as ``pipeline.wordhash.word_hashes`` hashes them), and two numba
+loops do the rest in one pass each:
 
 1. shingles: a polynomial hash of each word's code points, mixed; ``n`` consecutive word hashes
    combined with per-position multipliers, mixed again (64 bits per shingle);
@@ -24,10 +24,11 @@ treat two empty signatures as similar (the fuzzy-dedup stage skips empty documen
 """
 from __future__ import annotations
 
-import unicodedata
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from pipeline.wordhash import ASCII_LOWER, P, code_points, mix64, mix64_jit, word_hashes, word_table_for
 
 try:  # numba fuses the loops (an order of magnitude faster than numpy); results are identical without it
     import numba
@@ -35,18 +36,7 @@ except ImportError:  # pragma: no cover - exercised by forcing use_numba=False i
     numba = None
 
 MAX_HASH = np.uint32(0xFFFFFFFF)  # the value of an empty signature, as in datasketch
-_P = 0x100000001B3  # FNV-1a 64-bit prime: odd, so invertible mod 2**64
-_P_INV = pow(_P, -1, 1 << 64)
 _CHUNK_ROWS = 8192  # shingle rows per (rows, num_perm) matrix: 4 MiB at 128 permutations, cache-friendly
-
-
-def _fmix64(h: np.ndarray) -> np.ndarray:
-    """MurmurHash3's 64-bit finalizer: an avalanching bijection (wrapping uint64 arithmetic)."""
-    h = h ^ (h >> np.uint64(33))
-    h = h * np.uint64(0xFF51AFD7ED558CCD)
-    h = h ^ (h >> np.uint64(33))
-    h = h * np.uint64(0xC4CEB9FE1A85EC53)
-    return h ^ (h >> np.uint64(33))
 
 
 def _fmix32(h: np.ndarray) -> np.ndarray:
@@ -56,53 +46,6 @@ def _fmix32(h: np.ndarray) -> np.ndarray:
     h = h ^ (h >> np.uint32(13))
     h = h * np.uint32(0xC2B2AE35)
     return h ^ (h >> np.uint32(16))
-
-
-def _powers(base: int, n: int) -> np.ndarray:
-    """``base**i mod 2**64`` for i in [0, n) (numpy's uint64 products wrap, which is the modulo)."""
-    out = np.full(n, base, dtype=np.uint64)
-    out[0] = 1
-    return np.cumprod(out, dtype=np.uint64)
-
-
-# Word characters and lower case for ASCII, by table. The word rule is pipeline.text's: a word is
-# a maximal run of characters that are not matched by [\W_], i.e. for which str.isalnum() holds.
-_ASCII_IS_WORD = np.array([chr(c).isalnum() for c in range(128)])
-_ASCII_LOWER = np.array([ord(chr(c).lower()) for c in range(128)], dtype=np.uint32)
-
-
-def _code_points(texts) -> tuple[np.ndarray, np.ndarray]:
-    """The code points of all texts, prepared as ``pipeline.text.normalize`` prepares them, joined.
-
-    ``normalize`` is NFKC, then casefold, then every non-word run to one space. For ASCII text
-    NFKC is the identity and casefold is ``lower()`` (done by table in ``_ascii_lower``), so only
-    non-ASCII texts pay for the Unicode calls; the punctuation step becomes the word mask of
-    ``_is_word``. Texts are joined by a space so no word spans two texts. Returns the code points
-    (uint8 when all are ASCII) and the index where each text starts.
-    """
-    prepped = [t if t.isascii() else unicodedata.normalize("NFKC", t).casefold() for t in texts]
-    lengths = np.fromiter((len(t) + 1 for t in prepped), dtype=np.int64, count=len(prepped))
-    doc_starts = np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64)
-    joined = " ".join(prepped)
-    if joined.isascii():
-        return np.frombuffer(joined.encode("ascii"), dtype=np.uint8), doc_starts
-    return np.frombuffer(joined.encode("utf-32-le"), dtype=np.uint32), doc_starts
-
-
-def _is_word(cps: np.ndarray) -> np.ndarray:
-    """Which code points are word characters (str.isalnum), by table for ASCII, by lookup otherwise."""
-    word = _ASCII_IS_WORD[np.minimum(cps, 127)]
-    high = cps >= 128
-    if high.any():
-        values = cps[high]
-        uniq, inverse = np.unique(values, return_inverse=True)
-        word[high] = np.array([chr(c).isalnum() for c in uniq.tolist()], dtype=bool)[inverse]
-    return word
-
-
-def _ascii_lower(cps: np.ndarray) -> np.ndarray:
-    """Lower-case ASCII letters; other code points unchanged (non-ASCII texts are casefolded already)."""
-    return np.where(cps < 128, _ASCII_LOWER[np.minimum(cps, 127)], cps)
 
 
 def permutations(num_perm: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -136,52 +79,29 @@ class MinHasher:
     seed: int = 1
     _a: np.ndarray = field(init=False, repr=False)
     _b: np.ndarray = field(init=False, repr=False)
-    _pinv: np.ndarray = field(init=False, repr=False)
-    _pow: np.ndarray = field(init=False, repr=False)
+    _mult: np.ndarray = field(init=False, repr=False)
 
     def __post_init__(self):
         if self.num_perm < 1 or self.ngram < 1:
             raise ValueError(f"num_perm and ngram must be >= 1, got num_perm={self.num_perm}, ngram={self.ngram}")
         self._a, self._b = permutations(self.num_perm, self.seed)
         # Per-position shingle multipliers: odd, distinct, fixed (shingles are order-sensitive).
-        self._mult = _fmix64(np.arange(1, self.ngram + 1, dtype=np.uint64)) | np.uint64(1)
-        self._pinv = _powers(_P_INV, 1 << 16)
-        self._pow = _powers(_P, 1 << 16)
-
-    def _ensure_powers(self, n: int) -> None:
-        if n > len(self._pow):
-            size = 1 << int(n - 1).bit_length()
-            self._pinv, self._pow = _powers(_P_INV, size), _powers(_P, size)
+        self._mult = mix64(np.arange(1, self.ngram + 1, dtype=np.uint64)) | np.uint64(1)
 
     def word_hashes(self, texts) -> tuple[np.ndarray, np.ndarray]:
         """uint64 hashes of the words of ``pipeline.text.words(t)`` for every text, and word counts."""
-        cps, doc_starts = _code_points(texts)
-        if len(cps) == 0:
-            return np.zeros(0, dtype=np.uint64), np.zeros(len(texts), dtype=np.int64)
-        self._ensure_powers(len(cps) + 1)
-        word = _is_word(cps)
-        edge = np.diff(word.view(np.int8), prepend=np.int8(0), append=np.int8(0))
-        starts, ends = np.flatnonzero(edge == 1), np.flatnonzero(edge == -1)
-        # prefix[i] = sum_{j<i} c_j * P^-j, so a word's polynomial hash sum_{j in [s,e)} c_j * P^(e-1-j),
-        # independent of where the word sits, is (prefix[e] - prefix[s]) * P^(e-1).
-        prefix = np.zeros(len(cps) + 1, dtype=np.uint64)
-        np.cumsum(_ascii_lower(cps).astype(np.uint64) * self._pinv[: len(cps)], out=prefix[1:])
-        poly = (prefix[ends] - prefix[starts]) * self._pow[ends - 1]
-        doc = np.searchsorted(doc_starts, starts, side="right") - 1
-        counts = np.bincount(doc, minlength=len(texts)).astype(np.int64)
-        return _fmix64(poly ^ (ends - starts).astype(np.uint64)), counts
+        wh = word_hashes(texts)  # pipeline.wordhash: the project's one vectorised word hasher
+        return wh.hashes, wh.counts()
 
     def shingles(self, texts, use_numba: bool | None = None) -> Shingles:
         """uint64 hashes of each text's ``ngram``-word shingles (a short text is one shingle)."""
         if not _numba_on(use_numba):
             return self._shingles_numpy(texts)
-        cps, doc_starts = _code_points(texts)
+        cps, doc_starts = code_points(texts)
         ends = np.append(doc_starts[1:] - 1, len(cps)).astype(np.int64)  # each text's last code point + 1
         out = np.empty(len(cps) // 2 + len(texts) + 1, dtype=np.uint64)  # words <= (chars + 1) / 2
         counts = np.zeros(len(texts), dtype=np.int64)
-        high = np.unique(cps[cps >= 128]) if cps.dtype != np.uint8 else np.zeros(0, dtype=np.uint32)
-        high_word = np.array([chr(c).isalnum() for c in high.tolist()], dtype=bool)
-        n = _shingle_loops(cps, high, high_word, doc_starts, ends, self._mult, out, counts)
+        n = _shingle_loops(cps, word_table_for(cps), ASCII_LOWER, doc_starts, ends, self._mult, out, counts)
         offsets = np.zeros(len(texts) + 1, dtype=np.int64)
         np.cumsum(counts, out=offsets[1:])
         return Shingles(out[:n].copy(), offsets)
@@ -206,7 +126,7 @@ class MinHasher:
         doc_start = np.concatenate(([0], np.cumsum(counts)[:-1])) + np.arange(len(counts)) * (n - 1)
         doc_of_shingle = np.repeat(np.arange(len(counts)), n_shingles)
         pos = doc_start[doc_of_shingle] + (np.arange(offsets[-1]) - offsets[doc_of_shingle])
-        return Shingles(_fmix64(window[pos]), offsets)
+        return Shingles(mix64(window[pos]), offsets)
 
     def signatures_of(self, sh: Shingles, use_numba: bool | None = None) -> np.ndarray:
         """``(docs, num_perm)`` uint32 MinHash signatures of precomputed shingles."""
@@ -234,24 +154,20 @@ def _jit(fn):
 
 
 @_jit
-def _fmix64_scalar(h):
-    h ^= h >> np.uint64(33)
-    h *= np.uint64(0xFF51AFD7ED558CCD)
-    h ^= h >> np.uint64(33)
-    h *= np.uint64(0xC4CEB9FE1A85EC53)
-    return h ^ (h >> np.uint64(33))
-
-
-@_jit
-def _shingle_loops(cps, high, high_word, starts, ends, mult, out, counts) -> int:
+def _shingle_loops(cps, word_table, ascii_lower, starts, ends, mult, out, counts) -> int:
     """One pass over the code points: Horner word hashes, a ring of the last n, one hash per window.
 
-    Same values as the numpy path: Horner's sum c_j * P^(e-1-j) is the prefix-sum formula, and a
-    short document's window is its m < n words with the multipliers mult[0..m-1].
+    Kept fused here (not built on ``wordhash.word_hashes``) because one pass with no temporaries is
+    what makes it fast; its tables, base and mixer all come from ``pipeline.wordhash``, so it gives
+    the same values as the numpy path: Horner's sum c_j * P^(e-1-j) is the prefix-sum formula, and
+    a short document's window is its m < n words with the multipliers mult[0..m-1].
+
+    Caveat: numba's disk cache (``cache=True``) is keyed on this file only; it does not notice a
+    change to ``wordhash.mix64`` or ``wordhash.P``, which are compiled into it. After changing those
+    delete ``pipeline/__pycache__/minhash.*.nbi/.nbc`` (the numba-vs-numpy test catches a stale one).
     """
     n = len(mult)
     ring = np.zeros(n, dtype=np.uint64)
-    ascii_word, ascii_lower = _ASCII_IS_WORD, _ASCII_LOWER
     emitted = 0
     for d in range(len(starts)):
         n_words = 0
@@ -259,18 +175,16 @@ def _shingle_loops(cps, high, high_word, starts, ends, mult, out, counts) -> int
         length = np.uint64(0)
         for i in range(starts[d], ends[d] + 1):
             c = np.uint32(cps[i]) if i < ends[d] else np.uint32(32)
-            if c < 128:
-                is_word = ascii_word[c]
+            is_word = word_table[c]  # all of Unicode for a uint32 buffer, ASCII for a uint8 one
+            if c < 128:  # non-ASCII texts were NFKC + casefolded by code_points already
                 c = ascii_lower[c]
-            else:  # a non-ASCII text, already NFKC + casefolded: look its character up
-                is_word = high_word[np.searchsorted(high, c)]
             if is_word:
-                h = h * np.uint64(_P) + np.uint64(c)
+                h = h * np.uint64(P) + np.uint64(c)
                 length += np.uint64(1)
                 continue
             if length == 0:
                 continue
-            ring[n_words % n] = _fmix64_scalar(h ^ length)
+            ring[n_words % n] = mix64_jit(h ^ length)
             n_words += 1
             h = np.uint64(0)
             length = np.uint64(0)
@@ -278,13 +192,13 @@ def _shingle_loops(cps, high, high_word, starts, ends, mult, out, counts) -> int
                 acc = np.uint64(0)
                 for j in range(n):
                     acc += ring[(n_words - n + j) % n] * mult[j]
-                out[emitted] = _fmix64_scalar(acc)
+                out[emitted] = mix64_jit(acc)
                 emitted += 1
         if 0 < n_words < n:
             acc = np.uint64(0)
             for j in range(n_words):
                 acc += ring[j] * mult[j]
-            out[emitted] = _fmix64_scalar(acc)
+            out[emitted] = mix64_jit(acc)
             emitted += 1
         counts[d] = max(n_words - n + 1, 1) if n_words else 0
     return emitted

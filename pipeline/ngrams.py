@@ -4,8 +4,9 @@ The decontamination stage runs this on Ray workers; the audit runs the same code
 texts to check a leak, so "contains eval item X" means the same thing in both places.
 
 Words are those of ``pipeline.text.words``: NFKC, case-folded, split on punctuation and
-space. A word is hashed from its code points with a polynomial hash mod 2**64, an n-gram from
-its word hashes the same way, and each is finished with the splitmix64 mixer. All of it is
+space. Word hashes come from ``pipeline.wordhash`` (shared with MinHash): a polynomial hash of
+the word's code points mod 2**64, finished with its 64-bit mixer ``mix64`` (MurmurHash3
+fmix64). An n-gram is hashed from its word hashes the same way. All of it is
 fixed integer arithmetic on numpy uint64 (wrapping), so the hashes are stable across
 processes, machines and runs (never Python's salted ``hash()``), and a whole batch of
 documents is hashed in a few vectorised passes instead of a Python loop per n-gram.
@@ -20,101 +21,26 @@ import io
 import json
 import posixpath
 import re
-import unicodedata
 from dataclasses import dataclass, field
 from typing import Iterable, NamedTuple
 
 import numpy as np
 
 from pipeline.text import words
+# The word splitter and hasher live in pipeline.wordhash (one implementation for the whole
+# project); re-exported here because callers and tests use them as ngrams.<name>.
+from pipeline.wordhash import WordHashes, fold, mix64, word_char_table, word_hashes  # noqa: F401
 
 DEFAULT_N = 13
 
-# Hash constants. Changing any of them changes every hash: bump HASH_VERSION if you do.
-HASH_VERSION = "gristmill-ngram-v1"
+# Hash constants. Changing any of them, or those of pipeline.wordhash, changes every hash:
+# bump HASH_VERSION if you do.
+HASH_VERSION = "gristmill-ngram-v2"  # v2: word/gram finaliser is wordhash.mix64 (fmix64)
 _M64 = (1 << 64) - 1
-_BASE = 0x100000001B3  # odd, so invertible mod 2**64
-_BASE_INV = pow(_BASE, -1, 1 << 64)
 _WORD_BASE = np.uint64(0x9E3779B97F4A7C15)
 _LEN_SALT = 0xD6E8FEB86659FD93
 _CHUNK_CHARS = 1 << 18  # characters hashed per vectorised pass: bounds memory, stays in cache
 _FILTER_MAX_BITS = 24  # candidate bitmap: at most 16 MB per process
-
-
-def mix64(z: np.ndarray) -> np.ndarray:
-    """splitmix64 finaliser: spreads every input bit over every output bit."""
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return z ^ (z >> np.uint64(31))
-
-
-_powers_cache: dict[int, np.ndarray] = {}
-
-
-def _powers(base: int, size: int) -> np.ndarray:
-    """base**k mod 2**64 for k < size (cached, grown in powers of two)."""
-    have = _powers_cache.get(base)
-    if have is None or len(have) < size:
-        length = 1 << max(10, (size - 1).bit_length())
-        p = np.full(length, base, dtype=np.uint64)
-        p[0] = 1
-        have = np.cumprod(p, dtype=np.uint64)  # wraps mod 2**64, deterministically
-        _powers_cache[base] = have
-    return have[:size]
-
-
-_word_char: np.ndarray | None = None
-
-
-def word_char_table() -> np.ndarray:
-    r"""``table[c]``: code point ``c`` is part of a word. ``pipeline.text`` splits on the regex
-    ``[\W_]+``, and for every code point ``[^\W_]`` matches exactly when ``str.isalnum()`` is
-    true, so this table gives the same words without running the regex (the bulk of
-    ``normalize``'s cost). Built once per process (0.1 s, 1.1 MB)."""
-    global _word_char
-    if _word_char is None:
-        _word_char = np.fromiter((chr(c).isalnum() for c in range(0x110000)), dtype=bool, count=0x110000)
-    return _word_char
-
-
-def fold(text: str) -> str:
-    """``pipeline.text.normalize`` before its punctuation step: NFKC, then case folding.
-    For ASCII text both reduce to ``lower()``."""
-    return text.lower() if text.isascii() else unicodedata.normalize("NFKC", text).casefold()
-
-
-@dataclass
-class WordHashes:
-    """The words of a batch of texts: one uint64 hash per word, and where it is."""
-
-    hashes: np.ndarray  # uint64 [words]
-    text: np.ndarray  # int64 [words]: which text of the batch the word belongs to
-    first: np.ndarray  # int64 [texts + 1]: text t owns words first[t]:first[t+1]
-
-
-def word_hashes(texts: list[str]) -> WordHashes:
-    """Hash every word (those of ``pipeline.text.words``) of a batch of texts in a few numpy passes.
-
-    The folded texts are joined by newlines into one array of code points; a word is a
-    maximal run of word characters (``word_char_table``), hashed from its code points.
-    """
-    folded = [fold(t) for t in texts]
-    cps = np.frombuffer("\n".join(folded).encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
-    is_word = word_char_table()[cps]
-    edges = np.diff(is_word.view(np.int8), prepend=0, append=0)  # +1 at a word's first char, -1 after its last
-    starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
-    if len(starts) == 0:
-        return WordHashes(np.zeros(0, np.uint64), np.zeros(0, np.int64), np.zeros(len(texts) + 1, np.int64))
-    # Polynomial hash of cps[s:e] = sum c[k] * B**(e-1-k) = B**(e-1) * sum c[k] * B**-k,
-    # the inner sum a difference of prefix sums.
-    prefix = np.cumsum(cps * _powers(_BASE_INV, len(cps)), dtype=np.uint64)
-    sums = prefix[ends - 1] - np.where(starts > 0, prefix[starts - 1], np.uint64(0))
-    raw = sums * _powers(_BASE, len(cps))[ends - 1]
-    hashes = mix64(raw ^ (ends - starts).astype(np.uint64))
-    bounds = np.cumsum([len(t) + 1 for t in folded])  # where each text (and its newline) ends
-    text = np.searchsorted(bounds, starts, side="right").astype(np.int64)
-    first = np.searchsorted(text, np.arange(len(texts) + 1), side="left").astype(np.int64)
-    return WordHashes(hashes, text, first)
 
 
 def gram_hashes(wh: WordHashes, length: int) -> tuple[np.ndarray, np.ndarray]:
