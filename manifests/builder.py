@@ -14,7 +14,7 @@ import pyarrow as pa
 from .doc_index import write_doc_index
 from .hashing import sha256_file, sha256_json
 from .manifest import SCHEMA_VERSION, EvalSet, FileRef, Input, Manifest, Shard, Tokenizer, token_dtype_for
-from .shards import rows_from_table, read_table, write_shard
+from .shards import write_shard
 
 DOC_INDEX_FILE = "doc_index.parquet"
 TOKENIZER_FILE = "tokenizer.json"
@@ -41,18 +41,10 @@ class DatasetBuilder:
             raise ValueError(f"rows are {rows.shape[1]} tokens wide; this dataset packs seq_len + 1 = {self.seq_len + 1}")
         number = sum(s.split == split for s in self.shards) if number is None else number
         rel = self.shard_path(split, number)
-        stats = write_shard(os.path.join(self.dir, rel), rows.astype(self.dtype, copy=False))
-        shard = self.register_shard(rel, split)
-        assert shard.sha256 == stats.sha256
-        return shard
-
-    def register_shard(self, rel: str, split: str) -> Shard:
-        """Add an already-written shard file (e.g. by a Ray worker) to the manifest."""
-        path = os.path.join(self.dir, rel)
-        sha, size = sha256_file(path)
-        rows = rows_from_table(read_table(path))
-        raw = write_shard(None, rows, compressed=False)
-        shard = Shard(rel, split, sha, size, int(rows.shape[0]), int(rows.size), raw.sha256, raw.bytes)
+        rows = rows.astype(self.dtype, copy=False)
+        published = write_shard(os.path.join(self.dir, rel), rows)
+        raw = write_shard(None, rows, compressed=False)  # pin the cache form's hash too, from the same rows
+        shard = Shard(rel, split, published.sha256, published.bytes, published.rows, published.tokens, raw.sha256, raw.bytes)
         self.shards.append(shard)
         return shard
 

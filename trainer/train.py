@@ -21,6 +21,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from manifests import ManifestError, code_version, load_manifest
+from manifests.shards import atomic_write
 
 from . import config as config_mod
 from . import faults
@@ -101,10 +102,7 @@ class SampleLog:
             return
         with open(self.path) as f:
             keep = [line for line in f if line.strip() and json.loads(line)["step"] <= step]
-        tmp = self.path + ".tmp"
-        with open(tmp, "w") as f:
-            f.writelines(keep)
-        os.replace(tmp, self.path)
+        atomic_write(self.path, "".join(keep).encode())
 
     def append(self, step: int, indices: list[int]) -> None:
         if self.enabled:
