@@ -2,14 +2,18 @@
 
     python benchmarks/bench_pipeline.py [--scales 1 10] [--out /tmp/gm-bench-pipeline]
 
-For each corpus scale (the demo corpus, ``gristmill demo-corpus --scale N``) it starts a fresh
-local Ray (2 CPUs, so worker peak RSS is per run), runs ``prepare`` and reads report.json:
+For each corpus scale (the demo corpus, ``gristmill demo-corpus --scale N``) it runs, in a fresh
+process with a fresh local Ray (2 CPUs, so every peak RSS is per run), ``prepare`` and reads
+report.json:
 
 * each stage's throughput in MB of text per core-second (summed task time);
 * whole pipeline vs its slowest stage: stages are separated by barriers, so a stage's wall time
   in the run is that stage running alone on the cluster; the ratio is
   ``slowest stage wall / whole pipeline wall`` (Ray start-up excluded, tokenizer training included);
-* peak RSS of a Ray worker (extract, tokenize) and of the driver, 1x vs the largest scale.
+* two bounds on that ratio: ``slowest / sum of stage walls`` (no time lost between stages) and
+  ``slowest core-s / all stages' core-s`` (perfect streaming overlap of stages that share the
+  same cores: no scheduler can beat it when every stage is CPU-bound);
+* peak RSS of a Ray worker (extract, tokenize) and of the driver (pack and publish run there).
 
 Then, on the largest corpus, the tokenize stage (``tokenize_partition``: read parquet, encode,
 EOS, split, write parquet) against raw ``Tokenizer.encode_batch`` over the same documents, same
@@ -23,6 +27,7 @@ import json
 import os
 import resource
 import shutil
+import subprocess
 import sys
 import time
 
@@ -31,7 +36,7 @@ import pyarrow.parquet as pq
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def job_dict(corpus: str, out: str) -> dict:
+def job_dict(corpus: str, out: str, shard_mb: int = 32) -> dict:
     c = os.path.join(corpus, "corpus")
     return {
         "inputs": [os.path.join(c, "*.jsonl*"), {"path": os.path.join(c, "*.parquet"), "text_field": "content"},
@@ -41,11 +46,11 @@ def job_dict(corpus: str, out: str) -> dict:
         "extract": {"max_chars": 100_000},
         "split": {"validation_fraction": 0.01},
         "tokenizer": {"vocab_size": 8192, "sample_bytes": 2_000_000},
-        "pack": {"seq_len": 2048, "shard_bytes": 32 << 20},
+        "pack": {"seq_len": 2048, "shard_bytes": shard_mb << 20},
     }
 
 
-def run_scale(scale: int, root: str) -> dict:
+def run_scale(scale: int, root: str, shard_mb: int) -> dict:
     import ray
 
     from pipeline.config import JobConfig
@@ -59,18 +64,24 @@ def run_scale(scale: int, root: str) -> dict:
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
         t0 = time.perf_counter()
-        result = prepare(JobConfig.from_dict(job_dict(corpus, out)), quiet=True)
+        result = prepare(JobConfig.from_dict(job_dict(corpus, out, shard_mb)), quiet=True)
         wall = time.perf_counter() - t0
     finally:
         ray.shutdown()
     r = result.report
     stage_wall = {s["stage"]: s.get("wall_seconds") or 0.0 for s in r["stages"]}
     stage_wall["tokenizer_training"] = json.load(open(glob.glob(os.path.join(result.run_dir, "_done", "tokenizer", "*.json"))[0]))["seconds"]
+    core_s = {s["stage"]: s.get("core_seconds") or 0.0 for s in r["stages"]}
+    core_s["extract"] += core_s.pop("language")  # one fused task: measured alone as one stage
+    core_s["tokenizer_training"] = stage_wall["tokenizer_training"]  # counted as one core: a bound that errs high
     text_mb = r["stats"]["extract"]["bytes_out"] / 1e6
     slowest = max((k for k in stage_wall if k not in ("total",)), key=lambda k: stage_wall[k])
     return {"scale": scale, "run_dir": result.run_dir, "text_mb": text_mb, "input_mb": r["stats"]["extract"]["bytes_in"] / 1e6,
-            "documents": r["accounting"]["input"], "wall_s": wall, "stage_wall_s": stage_wall, "slowest": slowest,
+            "documents": r["accounting"]["input"], "partitions": len(glob.glob(os.path.join(result.run_dir, "docs", "*.parquet"))),
+            "wall_s": wall, "stage_wall_s": stage_wall, "stage_core_s": core_s, "slowest": slowest,
             "whole_vs_slowest": stage_wall[slowest] / wall,
+            "bound_no_gaps": stage_wall[slowest] / sum(stage_wall.values()),
+            "bound_cpu_share": max(core_s.values()) / sum(core_s.values()),
             "mb_per_core_s": {s["stage"]: s.get("mb_per_core_s") for s in r["stages"] if s.get("mb_per_core_s")},
             "peak_rss_mb_worker": r["peak_rss_mb_per_worker"],
             "peak_rss_mb_driver": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
@@ -121,21 +132,34 @@ def main() -> int:
     ap.add_argument("--scales", type=int, nargs="+", default=[1, 10])
     ap.add_argument("--out", default="/tmp/gm-bench-pipeline")
     ap.add_argument("--only-tokenize", metavar="RUN_DIR", help="only the tokenize comparison, on a finished run dir")
+    ap.add_argument("--shard-mb", type=int, default=32, help="pack.shard_bytes in MiB; the driver holds one shard while packing")
+    ap.add_argument("--scale-only", type=int, help=argparse.SUPPRESS)  # one scale, JSON on stdout (run by main)
     args = ap.parse_args()
     if args.only_tokenize:
         print(json.dumps(tokenize_vs_raw(args.only_tokenize, args.out), indent=1))
         return 0
     os.makedirs(args.out, exist_ok=True)
-    runs = [run_scale(s, args.out) for s in args.scales]
+    if args.scale_only is not None:
+        print(json.dumps(run_scale(args.scale_only, args.out, args.shard_mb)))
+        return 0
+    runs = []
+    for scale in args.scales:  # a process per scale: peak RSS is a high-water mark
+        proc = subprocess.run([sys.executable, __file__, "--scale-only", str(scale), "--out", args.out,
+                               "--shard-mb", str(args.shard_mb)],
+                              capture_output=True, text=True, check=True)
+        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
     tok = tokenize_vs_raw(runs[-1]["run_dir"], args.out)
     print(json.dumps({"runs": runs, "tokenize_vs_raw": tok}, indent=1))
     print()
-    print(f"{'scale':>5} {'docs':>7} {'text MB':>8} {'wall s':>7} {'slowest stage':>20} {'whole/slowest':>14} "
-          f"{'RSS worker MB (extract/tokenize)':>34} {'RSS driver MB':>14}")
+    print(f"{'scale':>5} {'docs':>7} {'parts':>5} {'text MB':>8} {'wall s':>7} {'slowest stage':>20} {'whole/slowest':>14} "
+          f"{'bound: no gaps':>15} {'bound: CPU share':>17} {'RSS worker MB (extract/tokenize)':>34} {'RSS driver MB':>14}")
     for r in runs:
         w, slow = r["peak_rss_mb_worker"], f"{r['slowest']} {r['stage_wall_s'][r['slowest']]:.1f}s"
-        print(f"{r['scale']:>5} {r['documents']:>7,} {r['text_mb']:>8.1f} {r['wall_s']:>7.1f} {slow:>20} "
-              f"{r['whole_vs_slowest']:>14.2f} {w['extract']:>16.0f} / {w['tokenize']:<15.0f} {r['peak_rss_mb_driver']:>14.0f}")
+        print(f"{r['scale']:>5} {r['documents']:>7,} {r['partitions']:>5} {r['text_mb']:>8.1f} {r['wall_s']:>7.1f} {slow:>20} "
+              f"{r['whole_vs_slowest']:>14.2f} {r['bound_no_gaps']:>15.2f} {r['bound_cpu_share']:>17.2f} "
+              f"{w['extract']:>16.0f} / {w['tokenize']:<15.0f} {r['peak_rss_mb_driver']:>14.0f}")
+        print(f"      stage wall s {({k: round(v, 2) for k, v in r['stage_wall_s'].items()})}")
+        print(f"      stage core s {({k: round(v, 2) for k, v in r['stage_core_s'].items()})}")
     print("MB/s per core by stage (largest scale):", {k: round(v, 2) for k, v in runs[-1]["mb_per_core_s"].items()})
     print(f"tokenize stage {tok['stage_mb_s']:.2f} MB/s vs raw encode_batch {tok['raw_mb_s']:.2f} MB/s: "
           f"{tok['stage_vs_raw']:.2f}x (vs encode_batch_fast {tok['raw_fast_mb_s']:.2f} MB/s: {tok['stage_vs_raw_fast']:.2f}x)")

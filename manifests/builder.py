@@ -5,13 +5,14 @@ so there is a single writer of the format.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 
 import numpy as np
 import pyarrow as pa
 
-from .doc_index import write_doc_index
+from .doc_index import DocIndexWriter
 from .hashing import sha256_file, sha256_json
 from .manifest import SCHEMA_VERSION, EvalSet, FileRef, Input, Manifest, Shard, Tokenizer, token_dtype_for
 from .shards import write_shard
@@ -48,12 +49,20 @@ class DatasetBuilder:
         self.shards.append(shard)
         return shard
 
-    # The document index's `shard` column is the position in this list: keep insertion order.
-    def set_doc_index(self, table: pa.Table) -> FileRef:
+    # The document index's `shard` column is the position in self.shards: keep insertion order.
+    @contextlib.contextmanager
+    def doc_index_writer(self):
+        """Stream the document index (see DocIndexWriter); pinned in the manifest when closed."""
         path = os.path.join(self.dir, DOC_INDEX_FILE)
-        write_doc_index(path, table)
+        with DocIndexWriter(path) as w:
+            yield w
         sha, size = sha256_file(path)
         self.doc_index = FileRef(DOC_INDEX_FILE, sha, size)
+
+    def set_doc_index(self, table: pa.Table) -> FileRef:
+        """The whole document index at once (small datasets, tests)."""
+        with self.doc_index_writer() as w:
+            w.write(table)
         return self.doc_index
 
     def manifest(self, *, inputs: list[Input], config: dict, code_version: str, stats: dict,

@@ -184,12 +184,17 @@ class RayConfig:
     num_cpus: int | None = None  # embedded local Ray only
     concurrency: int | None = None  # parallel partition tasks; None = one per CPU
     records_per_batch: int = 1024  # rows per batch inside a partition task
+    # Consecutive small input files share a partition (one task) up to this many input bytes,
+    # so a corpus of many small files does not pay a task's fixed cost per file; a larger file
+    # is a partition of its own. The document sequence, hence the output, does not depend on it.
+    partition_bytes: int = 1 << 20
 
     @classmethod
     def parse(cls, d: dict, where: str) -> "RayConfig":
         pos = dict(check=lambda v: v >= 1, why="must be >= 1")
         return cls(_typed(d, "num_cpus", int, None, where, **pos), _typed(d, "concurrency", int, None, where, **pos),
-                   _typed(d, "records_per_batch", int, 1024, where, **pos))
+                   _typed(d, "records_per_batch", int, 1024, where, **pos),
+                   _typed(d, "partition_bytes", int, cls.partition_bytes, where, **pos))
 
 
 # The job file's top-level keys, in stage order. `fuzzy_dedup` and `decontaminate` are passed

@@ -4,8 +4,9 @@ Stage order (the slots are fixed; optional stages are skipped when their section
 
     extract -> language -> exact_dedup -> fuzzy_dedup -> decontaminate -> tokenize -> pack -> publish
 
-* Per-partition stages (extract + language fused, tokenize) run one Ray task per input file;
-  each commits its output and a completion marker (pipeline/workdir.py).
+* Per-partition stages (extract + language fused, tokenize) run one Ray task per partition (an
+  input file, or a run of small consecutive files); each commits its output and a completion
+  marker (pipeline/workdir.py).
 * Global stages return the rows they remove; the executor writes those sorted by ``order``
   and later partitions drop them. Exact dedup runs as Ray tasks over hash-bucket ranges of
   the keys the extract stage wrote; fuzzy dedup and decontamination get the surviving
@@ -55,7 +56,13 @@ class RunResult:
 
 # -- planning --------------------------------------------------------------------------------
 def plan_inputs(job: JobConfig) -> list[dict]:
-    """Expand every input path/glob; one task (partition) per file, in sorted URI order."""
+    """Expand every input path/glob into files in sorted URI order and group them into partitions.
+
+    A partition (one task, one set of stage outputs) is a run of consecutive files: small files
+    share one up to ``ray.partition_bytes``, a larger file is a partition of its own. Records are
+    numbered in file order inside a partition, so the global document sequence is the same for
+    any grouping; only the bookkeeping (tasks, markers) changes with it.
+    """
     found: dict[str, dict] = {}
     for i, spec in enumerate(job.inputs):
         fs, _ = url_to_fs(spec.path)
@@ -65,23 +72,38 @@ def plan_inputs(job: JobConfig) -> list[dict]:
             raise JobConfigError(f"inputs[{i}].path: no input file matches {spec.path!r}")
         for p in paths:
             uri = os.path.abspath(p) if "://" not in spec.path else fs.unstrip_protocol(p)
-            found.setdefault(uri, {"uri": uri, "format": spec.format, "text_field": spec.text_field, "id_field": spec.id_field})
+            if uri not in found:
+                info = fs.info(p)
+                found[uri] = {"uri": uri, "format": spec.format, "text_field": spec.text_field, "id_field": spec.id_field,
+                              "bytes": info.get("size"),
+                              "mtime": str(info.get("mtime") or info.get("LastModified") or info.get("ETag") or "")}
     uris = sorted(found)
     common = posixpath.commonpath([u.split("://")[-1] for u in uris]) if len(uris) > 1 else posixpath.dirname(uris[0].split("://")[-1])
-    tasks = []
-    for part, uri in enumerate(uris):
-        rel = posixpath.relpath(uri.split("://")[-1], common) if common else uri
-        tasks.append({**found[uri], "part": part, "rel": rel})
-    return tasks
+    files = [{**found[u], "rel": posixpath.relpath(u.split("://")[-1], common) if common else u} for u in uris]
+    return [{"part": part, "files": group} for part, group in enumerate(group_files(files, job.ray.partition_bytes))]
+
+
+def group_files(files: list[dict], limit: int) -> list[list[dict]]:
+    """Consecutive files, each group at most ``limit`` bytes unless it is a single file.
+
+    A file of unknown size (some HTTP servers) is taken to be large: it stands alone.
+    """
+    groups: list[list[dict]] = []
+    size = 0
+    for f in files:
+        n = limit if f["bytes"] is None else f["bytes"]
+        if not groups or size + n > limit:
+            groups.append([])
+            size = 0
+        groups[-1].append(f)
+        size += n
+    return groups
 
 
 def run_key(job: JobConfig, tasks: list[dict]) -> str:
-    """Names the run dir: the job's content plus each input's identity (uri, size, mtime)."""
-    ids = []
-    for t in tasks:
-        fs, path = url_to_fs(t["uri"])
-        info = fs.info(path)
-        ids.append([t["uri"], info.get("size"), str(info.get("mtime") or info.get("LastModified") or info.get("ETag") or "")])
+    """Names the run dir: the job's content, each input's identity (uri, size, mtime) and the
+    partitioning (finished partitions are only reused under the same grouping)."""
+    ids = [[[f["uri"], f["bytes"], f["mtime"]] for f in t["files"]] for t in tasks]
     return sha256_json({"job": job.content_dict(), "inputs": ids})[:16]
 
 
@@ -176,7 +198,8 @@ class Executor:
 
     def run(self) -> RunResult:
         t_all = time.perf_counter()
-        self.log(f"[prepare] {len(self.tasks)} input files; work dir {self.wd.root}")
+        self.log(f"[prepare] {sum(len(t['files']) for t in self.tasks)} input files in {len(self.tasks)} partitions; "
+                 f"work dir {self.wd.root}")
         with ray_runtime(self.job, self.address) as ray:
             extract_stats = self._extract(ray)
             removed_files, global_stats, eval_sets = [], {}, []
@@ -348,15 +371,14 @@ class Executor:
         builder = DatasetBuilder(staging, dataset=job.output.dataset, seq_len=job.pack.seq_len, tokenizer_json=tok_path,
                                  vocab_size=vocab, eos_id=eos_id)
         token_files = [self.wd.path("tokens", f"{part_name(t['part'])}.parquet") for t in self.tasks]
-        indexes, pack_stats = [], {}
-        for split in ("train", "validation"):
-            index, pack_stats[split] = pack_split(builder, token_files, split, job.pack.seq_len, job.pack.shard_bytes)
-            indexes.append(index)
-        builder.set_doc_index(pa.concat_tables(indexes))
+        pack_stats = {}
+        with builder.doc_index_writer() as index:
+            for split in ("train", "validation"):
+                pack_stats[split] = pack_split(builder, token_files, split, job.pack.seq_len, job.pack.shard_bytes, index)
         self.timings["pack"] = {"seconds": time.perf_counter() - t0, "resumed_parts": 0}
         t0 = time.perf_counter()
         stats = rep.manifest_stats(extract_stats, global_stats, tok_stats, pack_stats, self.global_stages)
-        inputs = [Input(s["uri"], s["input"]["bytes"], s["input"]["sha256"]) for s in extract_stats]
+        inputs = [Input(f["uri"], f["bytes"], f["sha256"]) for s in extract_stats for f in s["inputs"]]
         manifest = builder.manifest(inputs=inputs, config=job.content_dict(), code_version=code_version(), stats=stats,
                                     eval_sets=[EvalSet(**e) for e in eval_sets])
         published = ManifestStore(job.output.store).publish(manifest, staging)

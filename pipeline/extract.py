@@ -1,4 +1,4 @@
-"""Stage 1, per partition (one input file): read, extract, language-filter, hash for dedup.
+"""Stage 1, per partition (an input file or a run of small ones): read, extract, language-filter, hash for dedup.
 
 The three per-document steps run fused in one pass over the file (no intermediate copy), but
 each keeps its own counters and time so the report shows them as separate stages. Output of a
@@ -24,53 +24,56 @@ STAGE = "extract"
 
 def extract_partition(task: dict, extract: ExtractConfig, language: LanguageConfig, work_root: str,
                       batch_rows: int = 1024) -> dict:
-    """Process one input file; returns (and commits in the marker) the partition's stats."""
+    """Process one partition's files in order; returns (and commits in the marker) its stats."""
     wd, part, name = WorkDir(work_root), task["part"], part_name(task["part"])
     if (stats := wd.done(STAGE, name)) is not None:
         return stats
-    sha, size = sha256_file(task["uri"])
     docs = ParquetPart(wd.path("docs", f"{name}.parquet"), DOC_SCHEMA)
     removed = ParquetPart(wd.path("removed", "language", f"{name}.parquet"), REMOVED_SCHEMA)
     quarantine = ParquetPart(wd.path("quarantine", f"{name}.parquet"), QUARANTINE_SCHEMA)
     ex = {"records": 0, "documents": 0, "bytes_out": 0, "quarantined": {}, "seconds": 0.0}
     lg = {"documents_in": 0, "bytes_in": 0, "documents_out": 0, "bytes_out": 0, "removed": {}, "languages": {}, "seconds": 0.0}
     keys = {k: [] for k in KEY_SCHEMA.names[1:]}  # one partition's dedup keys (~80 B a document)
-    t0 = time.perf_counter()
-    batch: list[dict] = []
-    for index, rec in enumerate(read_records(task["uri"], task["format"], task["text_field"], task["id_field"],
-                                             main_content=extract.html_main_content, batch_rows=batch_rows)):
-        ex["records"] += 1
-        rec["order"] = make_order(part, index)
-        if "reason" not in rec:
-            rec["text"] = rec["text"].strip()
-            if len(rec["text"]) < extract.min_chars:
-                rec.update(reason="empty", detail=f"{len(rec['text'])} characters after stripping (min_chars {extract.min_chars})",
-                           raw=rec["text"][:500])
-            elif len(rec["text"]) > extract.max_chars:
-                rec.update(reason="huge", detail=f"{len(rec['text'])} characters (max_chars {extract.max_chars})", raw=rec["text"][:500])
-        if "reason" in rec:
-            ex["quarantined"][rec["reason"]] = ex["quarantined"].get(rec["reason"], 0) + 1
-            quarantine.append({"source": task["uri"], "position": rec["position"], "part": part, "reason": rec["reason"],
-                               "detail": rec["detail"], "raw": rec.get("raw", "")})
-            continue
-        batch.append(rec)
-        if len(batch) >= batch_rows:
-            ex["seconds"] += time.perf_counter() - t0
-            _finish_batch(batch, task, language, docs, removed, keys, ex, lg)
-            batch, t0 = [], time.perf_counter()
-    ex["seconds"] += time.perf_counter() - t0
-    _finish_batch(batch, task, language, docs, removed, keys, ex, lg)
+    inputs = []
+    for file in task["files"]:
+        sha, size = sha256_file(file["uri"])
+        inputs.append({"uri": file["uri"], "bytes": size, "sha256": sha})
+        t0 = time.perf_counter()
+        batch: list[dict] = []
+        for rec in read_records(file["uri"], file["format"], file["text_field"], file["id_field"],
+                                main_content=extract.html_main_content, batch_rows=batch_rows):
+            rec["order"] = make_order(part, ex["records"])  # numbered across the partition's files, in file order
+            ex["records"] += 1
+            if "reason" not in rec:
+                rec["text"] = rec["text"].strip()
+                if len(rec["text"]) < extract.min_chars:
+                    rec.update(reason="empty", detail=f"{len(rec['text'])} characters after stripping (min_chars {extract.min_chars})",
+                               raw=rec["text"][:500])
+                elif len(rec["text"]) > extract.max_chars:
+                    rec.update(reason="huge", detail=f"{len(rec['text'])} characters (max_chars {extract.max_chars})", raw=rec["text"][:500])
+            if "reason" in rec:
+                ex["quarantined"][rec["reason"]] = ex["quarantined"].get(rec["reason"], 0) + 1
+                quarantine.append({"source": file["uri"], "position": rec["position"], "part": part, "reason": rec["reason"],
+                                   "detail": rec["detail"], "raw": rec.get("raw", "")})
+                continue
+            batch.append(rec)
+            if len(batch) >= batch_rows:
+                ex["seconds"] += time.perf_counter() - t0
+                _finish_batch(batch, file, part, language, docs, removed, keys, ex, lg)
+                batch, t0 = [], time.perf_counter()
+        ex["seconds"] += time.perf_counter() - t0
+        _finish_batch(batch, file, part, language, docs, removed, keys, ex, lg)
     key_file = ParquetPart(wd.path("keys", f"{name}.parquet"), KEY_SCHEMA, row_group_size=4096)
     key_file.write(keys_table(keys))
     for p in (docs, removed, quarantine, key_file):
         p.commit()
-    stats = {"part": part, "uri": task["uri"], "input": {"bytes": size, "sha256": sha}, "extract": ex, "language": lg,
+    stats = {"part": part, "inputs": inputs, "input": {"bytes": sum(i["bytes"] for i in inputs)}, "extract": ex, "language": lg,
              "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
     wd.mark_done(STAGE, name, stats)
     return stats
 
 
-def _finish_batch(batch: list[dict], task: dict, language: LanguageConfig, docs: ParquetPart, removed: ParquetPart,
+def _finish_batch(batch: list[dict], file: dict, part: int, language: LanguageConfig, docs: ParquetPart, removed: ParquetPart,
                   keys: dict, ex: dict, lg: dict) -> None:
     if not batch:
         return
@@ -87,7 +90,7 @@ def _finish_batch(batch: list[dict], task: dict, language: LanguageConfig, docs:
             for lang, score in zip(langs, scores)]
     lg["documents_in"] += len(batch)
     lg["bytes_in"] += sum(nbytes)
-    ids = [r.get("user_id") or make_id(task["rel"], r["position"]) for r in batch]
+    ids = [r.get("user_id") or make_id(file["rel"], r["position"]) for r in batch]
     out = {k: [] for k in DOC_SCHEMA.names}
     for r, i, lang, score, k, n in zip(batch, ids, langs, scores, keep, nbytes):
         if lang is not None:
@@ -95,13 +98,13 @@ def _finish_batch(batch: list[dict], task: dict, language: LanguageConfig, docs:
         if not k:
             reason = "language" if lang not in language.allowed else "language_score"
             lg["removed"][reason] = lg["removed"].get(reason, 0) + 1
-            removed.append({"id": i, "order": r["order"], "part": task["part"], "bytes": n, "stage": "language", "reason": reason,
+            removed.append({"id": i, "order": r["order"], "part": part, "bytes": n, "stage": "language", "reason": reason,
                             "detail": json.dumps({"lang": lang, "lang_score": score})})
             continue
         lg["documents_out"] += 1
         lg["bytes_out"] += n
-        for key, v in (("id", i), ("order", r["order"]), ("text", r["text"]), ("source", task["uri"]),
-                       ("position", r["position"]), ("lang", lang), ("lang_score", score), ("part", task["part"]), ("bytes", n)):
+        for key, v in (("id", i), ("order", r["order"]), ("text", r["text"]), ("source", file["uri"]),
+                       ("position", r["position"]), ("lang", lang), ("lang_score", score), ("part", part), ("bytes", n)):
             out[key].append(v)
     lg["seconds"] += time.perf_counter() - t0
     t0 = time.perf_counter()

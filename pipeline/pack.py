@@ -8,27 +8,34 @@ of how the parallel stages were scheduled, and it is cheap (array copies, no tex
 """
 from __future__ import annotations
 
+import bisect
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from manifests import DatasetBuilder
-from manifests.doc_index import DOC_INDEX_SCHEMA
+from manifests.doc_index import DOC_INDEX_SCHEMA, DocIndexWriter
 
 _IDX = DOC_INDEX_SCHEMA.names
 
 
 class SplitPacker:
-    def __init__(self, builder: DatasetBuilder, split: str, seq_len: int, shard_bytes: int):
-        self.b, self.split, self.width = builder, split, seq_len + 1
+    """One split's packing pass. Spans go to the document index as soon as their rows are in a
+    written shard, so memory is one shard plus the spans of its rows, whatever the corpus size."""
+
+    def __init__(self, builder: DatasetBuilder, split: str, seq_len: int, shard_bytes: int, index: DocIndexWriter):
+        self.b, self.split, self.width, self.index_writer = builder, split, seq_len + 1, index
         itemsize = np.dtype(builder.dtype).itemsize
         self.rows_per_shard = max(1, shard_bytes // (self.width * itemsize))
+        self.shard_base = len(builder.shards)  # this split's shards follow the ones already added
         self.pending: list[np.ndarray] = []
         self.pending_tokens = 0
         self.offset = 0  # global token offset in this split's stream
         self.shards_written = 0
         self.index = {k: [] for k in _IDX}
+        self.span_rows: list[int] = []  # split-global row of each buffered span, ascending
         self.stats = {"documents": 0, "tokens_in": 0, "rows": 0, "shards": 0, "tokens_dropped_tail": 0}
 
     def add(self, table: pa.Table) -> None:
@@ -54,8 +61,9 @@ class SplitPacker:
             row, start = divmod(g, self.width)
             length = min(self.width - start, n)
             shard, row_in_shard = divmod(row, self.rows_per_shard)
-            for k, v in zip(_IDX, (shard, row_in_shard, start, length, doc_id, source, position, lang)):
+            for k, v in zip(_IDX, (self.shard_base + shard, row_in_shard, start, length, doc_id, source, position, lang)):
                 self.index[k].append(v)
+            self.span_rows.append(row)
             g += length
             n -= length
 
@@ -67,32 +75,31 @@ class SplitPacker:
         self.shards_written += 1
         self.stats["rows"] += n_tokens // self.width
         self.stats["shards"] += 1
+        self._flush_index()
 
-    def finish(self, shard_base: int) -> pa.Table:
-        """Write the last (short) shard; returns this split's document-index spans.
+    def _flush_index(self) -> None:
+        """Write the spans whose rows are now in a shard; spans past the last row stay (or, at the
+        end, are the dropped tail: they point nowhere)."""
+        n = bisect.bisect_left(self.span_rows, self.stats["rows"])
+        if n:
+            self.index_writer.write(pa.table({k: v[:n] for k, v in self.index.items()}))
+            for v in self.index.values():
+                del v[:n]
+            del self.span_rows[:n]
 
-        ``shard_base`` is the position of this split's first shard in the manifest's list.
-        """
+    def finish(self) -> None:
+        """Write the last (short) shard and the remaining spans that land in it."""
         full = (self.pending_tokens // self.width) * self.width
         if full:
             self._emit(full)
         self.stats["tokens_dropped_tail"] = self.pending_tokens
         self.pending, self.pending_tokens = [], 0
-        total_rows = self.stats["rows"]
-        t = pa.table({k: self.index[k] for k in _IDX})
-        if t.num_rows:
-            global_row = np.asarray(self.index["shard"], np.int64) * self.rows_per_shard + np.asarray(self.index["row"], np.int64)
-            t = t.filter(pa.array(global_row < total_rows))  # spans inside the dropped tail point nowhere
-            t = t.set_column(0, "shard", pa.array(np.asarray(t.column("shard").to_numpy()) + shard_base, pa.int32()))
-        self.index = {k: [] for k in _IDX}
-        return t.cast(DOC_INDEX_SCHEMA)
 
 
 def pack_split(builder: DatasetBuilder, token_files: list[str], split: str, seq_len: int, shard_bytes: int,
-               batch_rows: int = 4096) -> tuple[pa.Table, dict]:
-    """Pack one split from the tokenize stage's partition files, read in partition order."""
-    packer = SplitPacker(builder, split, seq_len, shard_bytes)
-    shard_base = len(builder.shards)
+               index: DocIndexWriter, batch_rows: int = 4096) -> dict:
+    """Pack one split from the tokenize stage's partition files, read in partition order; returns its stats."""
+    packer = SplitPacker(builder, split, seq_len, shard_bytes, index)
     for f in token_files:  # sorted by partition; rows inside a partition are in order already
         pf = pq.ParquetFile(f)
         for batch in pf.iter_batches(batch_size=batch_rows):
@@ -100,5 +107,5 @@ def pack_split(builder: DatasetBuilder, token_files: list[str], split: str, seq_
             t = t.filter(pc.equal(t.column("split"), split))
             if t.num_rows:
                 packer.add(t)
-    index = packer.finish(shard_base)
-    return index, packer.stats
+    packer.finish()
+    return packer.stats

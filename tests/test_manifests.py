@@ -4,12 +4,15 @@ import os
 import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
+import pyarrow.parquet as pq
 import pytest
 from helpers import build_dataset, flip_byte
 
 from manifests import (
+    DOC_INDEX_SCHEMA,
     HashMismatchError,
     Manifest,
+    ManifestError,
     ManifestStore,
     MappedShard,
     MissingFieldError,
@@ -17,6 +20,7 @@ from manifests import (
     UnsafePathError,
     VersionExistsError,
     load_manifest,
+    read_doc_index,
     read_rows,
     verify_published,
     write_cache_form,
@@ -149,3 +153,37 @@ def test_cli_show_verify_list(tmp_path, capsys):
     assert "FAILED shards/train-00002.arrow" in capsys.readouterr().out
     assert main(["manifest", "show", str(tmp_path / "nowhere")]) == 2
     assert "no manifest at" in capsys.readouterr().err
+
+
+def _spans(n, seed=0):
+    rng = np.random.default_rng(seed)
+    return pa.table({"shard": rng.integers(0, 4, n).astype(np.int32), "row": np.arange(n), "start": np.zeros(n, np.int32),
+                     "length": np.full(n, 9, np.int32), "doc_id": [f"d{i}" for i in range(n)],
+                     "source": ["s3://b/x.jsonl"] * n, "position": np.arange(n), "lang": ["en"] * n})
+
+
+def test_doc_index_streamed_in_any_chunks_is_byte_identical(tmp_path, monkeypatch):
+    import manifests.doc_index as di
+
+    monkeypatch.setattr(di, "ROW_GROUP_ROWS", 100)  # several row groups from a small table
+    table = _spans(1_037)
+    di.write_doc_index(str(tmp_path / "whole.parquet"), table)
+    with di.DocIndexWriter(str(tmp_path / "streamed.parquet")) as w:
+        for lo, hi in ((0, 1), (1, 250), (250, 251), (251, 900), (900, 1_037)):
+            w.write(table.slice(lo, hi - lo))
+    whole, streamed = (tmp_path / "whole.parquet").read_bytes(), (tmp_path / "streamed.parquet").read_bytes()
+    assert whole == streamed
+    meta = pq.ParquetFile(tmp_path / "whole.parquet").metadata
+    assert [meta.row_group(i).num_rows for i in range(meta.num_row_groups)] == [100] * 10 + [37]
+    assert read_doc_index(str(tmp_path / "streamed.parquet")).equals(table.cast(DOC_INDEX_SCHEMA))
+
+
+def test_doc_index_writer_that_fails_leaves_no_index(tmp_path):
+    from manifests.doc_index import DocIndexWriter
+
+    path = tmp_path / "doc_index.parquet"
+    with pytest.raises(ManifestError, match="does not match the schema"):
+        with DocIndexWriter(str(path)) as w:
+            w.write(_spans(10))
+            w.write(pa.table({"shard": [1]}))  # a bad batch mid-stream
+    assert not path.exists() and not list(tmp_path.iterdir())

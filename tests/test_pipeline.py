@@ -102,9 +102,12 @@ def test_published_dataset_is_valid_and_splits_are_disjoint(first_run):
     assert {i.uri.rsplit("/", 1)[-1] for i in m.inputs} >= {"00-books.jsonl.zst", "06-web.warc.gz"}
 
 
-def test_same_hash_whatever_the_parallelism_and_batch_sizes(corpus, first_run, tmp_path):
+def test_same_hash_whatever_the_parallelism_batch_sizes_and_partitioning(corpus, first_run, tmp_path):
     result, _ = first_run
-    other = _prepare(corpus, tmp_path, ray={"concurrency": 1, "records_per_batch": 7})
+    # partition_bytes=1: one partition per file (27) instead of the default grouping (1 here)
+    other = _prepare(corpus, tmp_path, ray={"concurrency": 1, "records_per_batch": 7, "partition_bytes": 1})
+    assert len(glob.glob(os.path.join(other.run_dir, "docs", "*.parquet"))) == 27
+    assert len(glob.glob(os.path.join(result.run_dir, "docs", "*.parquet"))) < 27
     assert other.manifest_sha256 == result.manifest_sha256
 
 
@@ -119,7 +122,8 @@ def test_rerun_skips_finished_work(corpus, first_run):
 def test_kill_9_mid_run_then_rerun_gives_the_same_hash(corpus, first_run, tmp_path):
     result, _ = first_run
     job = tmp_path / "job.yaml"
-    job.write_text(yaml.safe_dump(_job_dict(corpus, tmp_path, ray={"num_cpus": 2})))
+    # one partition per file, so the kill lands between partitions' commits
+    job.write_text(yaml.safe_dump(_job_dict(corpus, tmp_path, ray={"num_cpus": 2, "partition_bytes": 1})))
     cmd = [sys.executable, "-c", "import sys; from gristmill.cli import main; sys.exit(main())", "prepare", str(job)]
     proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     markers = []

@@ -1,11 +1,11 @@
 """The per-document logic of the stages, without Ray: dedup, split, tokenizer, packing."""
 import numpy as np
-import pyarrow as pa
 
-from manifests import DatasetBuilder, read_rows
+from manifests import DatasetBuilder, read_doc_index, read_rows
 from pipeline.config import SplitConfig, TokenizerConfig
 from pipeline.documents import make_order, norm_hash, part_of
 from pipeline.exact_dedup import find_exact_duplicates, keys_table, plan_tasks
+from pipeline.executor import group_files
 from pipeline.pack import pack_split
 from pipeline.tokenize import TOKENS_SCHEMA, split_of, train_bpe
 from pipeline.workdir import ParquetPart
@@ -36,6 +36,17 @@ def test_dedup_task_plan_covers_every_bucket_once():
         tasks = plan_tasks(n)
         covered = [b for t in tasks for b in range(t["lo"], t["hi"])]
         assert covered == list(range(256))
+
+
+def test_small_files_share_a_partition_large_ones_stand_alone():
+    sizes = [5, 300, 40, 40, 30, None, 10, 10, 100, 1]
+    files = [{"uri": f"f{i}", "bytes": n} for i, n in enumerate(sizes)]
+    groups = group_files(files, limit=100)
+    assert [[f["uri"] for f in g] for g in groups] == [
+        ["f0"], ["f1"], ["f2", "f3"], ["f4"], ["f5"], ["f6", "f7"], ["f8"], ["f9"]]
+    assert [f for g in groups for f in g] == files  # consecutive, in order, each file once
+    assert all(len(g) == 1 or sum(f["bytes"] for f in g) <= 100 for g in groups)
+    assert len(group_files(files, limit=1)) == len(files)
 
 
 def test_split_is_a_pure_function_of_id_and_seed():
@@ -75,11 +86,13 @@ def test_pack_rows_and_doc_index_reconstruct_every_document(tmp_path):
     files = [_token_file(tmp_path / "t0.parquet", docs[:25]), _token_file(tmp_path / "t1.parquet", docs[25:])]
     b = DatasetBuilder(str(tmp_path / "stage"), dataset="t", seq_len=8, tokenizer_json=write_tokenizer(str(tmp_path / "tok.json")),
                        vocab_size=512, eos_id=0)
-    indexes, stats = [], {}
-    for split in ("train", "validation"):
-        idx, stats[split] = pack_split(b, files, split, seq_len=8, shard_bytes=9 * 2 * 5)  # 5 rows a shard
-        indexes.append(idx)
-    index = pa.concat_tables(indexes).to_pylist()
+    stats = {}
+    with b.doc_index_writer() as w:
+        for split in ("train", "validation"):
+            stats[split] = pack_split(b, files, split, seq_len=8, shard_bytes=9 * 2 * 5, index=w)  # 5 rows a shard
+    index = read_doc_index(str(tmp_path / "stage" / b.doc_index.path)).to_pylist()
+    assert [(s["shard"], s["row"], s["start"]) for s in index] == sorted((s["shard"], s["row"], s["start"]) for s in index)
+    assert all(s["row"] < b.shards[s["shard"]].rows for s in index)  # no span points into the dropped tails
     shards = [read_rows(str(tmp_path / "stage" / s.path)) for s in b.shards]
     assert all(r.shape[1] == 9 for r in shards) and all(r.shape[0] <= 5 for r in shards)
     for split in ("train", "validation"):
