@@ -1,18 +1,24 @@
 """The loader's targets, measured side by side in one run (see docs/benchmarks.md).
 
-1. Warm cache, global shuffle, seq_len 2048, batches of 32: samples/s of the Loader (int64
-   ``input_ids`` + ``labels`` ready for a trainer) against
+1. Warm cache, global shuffle, seq_len 2048, batches of 32 (and 256): samples/s of the Loader
+   in both output modes (``token_dtype=None``: the shards' uint16, what the trainer asks for;
+   ``token_dtype=torch.int64``: the default) against
    - the ceiling: a raw numpy memmap gather of the same rows in the same order (uint16, no
      conversion, order precomputed outside the timer);
+   - that gather plus widening to the same int64 output (one contiguous (B, 2049) tensor);
    - LitData ``StreamingDataset(shuffle=True)`` over the same tokens (``TokensLoader``,
      block 2049), both bare item iteration and iteration plus the same batch formation.
    Methods run interleaved, ``--repeats`` times; each one's best run is quoted, since the
-   machine is shared and noisy.
+   machine is shared and noisy. Every loader and the memmap are opened once and read on from
+   run to run (repeat r reads the same steps in every method), so each method's best run is
+   in the steady state of a long run: its pages already mapped, as in the ceiling's.
 2. Cold cache behind a simulated store (``gmsim://``) with 50 ms per request and 1 GB/s,
    100 ms per step: the input wait after the first batch as a fraction of step time (window
    and global order), on small shards so a pass crosses several windows.
 3. Peak RSS of a fresh process running the loader (global order, cold cache) over 1x and 10x
-   the shards, for the same number of steps (just under one epoch of the 1x dataset).
+   the shards, for the same number of steps (just under one epoch of the 1x dataset), with the
+   default ``mapped_limit_bytes`` (256 MiB of shard pages kept mapped) and with a limit both
+   datasets exceed (``--rss-limit-mb``), which the warm section also prices.
 
     python benchmarks/bench_loader.py [--sequences 50000] [--work /tmp/gristmill-bench-loader] [--json out.json]
 """
@@ -69,15 +75,24 @@ def warm_cache(pub, cache_dir: str) -> None:
 
 
 # -- 1. warm throughput --------------------------------------------------------------------
-def loader_rate(pub, cache_dir: str, steps: int, warmup: int, workers: int) -> tuple[float, float]:
-    with Loader(pub, order="global", seed=0, global_batch=BATCH, cache_dir=cache_dir, workers=workers, prefetch=8) as ld:
-        it = iter(ld)
-        for _ in range(warmup):  # includes the once-per-process re-hash of every cached shard
-            next(it)
+class LoaderRun:
+    """One loader, opened once and read on from run to run (warm-up: the once-per-process
+    re-hash of every cached shard and the numba kernel's load)."""
+
+    def __init__(self, pub, cache_dir: str, batch: int, warmup: int, workers: int, token_dtype, mapped_limit=None):
+        # mapped_limit None: no limit. Alone, a loader over this 205 MB dataset stays under the default
+        # 256 MiB and never releases; but the limit is per process and five loaders live in this one.
+        self.ld = Loader(pub, order="global", seed=0, global_batch=batch, cache_dir=cache_dir, workers=workers,
+                         prefetch=8, token_dtype=token_dtype, mapped_limit_bytes=mapped_limit)
+        self.it, self.batch = iter(self.ld), batch
+        for _ in range(warmup):
+            next(self.it)
+
+    def rate(self, steps: int) -> tuple[float, float]:
         t = Timer()
         for _ in range(steps):
-            next(it)
-        return t.rates(steps * BATCH)
+            next(self.it)
+        return t.rates(steps * self.batch)
 
 
 def flat_memmap(pub, cache_dir: str, work: str) -> np.ndarray:
@@ -101,27 +116,29 @@ def flat_memmap(pub, cache_dir: str, work: str) -> np.ndarray:
     return np.memmap(path, dtype=np.uint16, mode="r", shape=(n, SEQ_LEN + 1))
 
 
-def memmap_rate(pub, mm: np.ndarray, steps: int, warmup: int, to_int64: bool = False) -> tuple[float, float]:
+def flat_rows(pub, batch: int, steps: int) -> np.ndarray:
+    """The rows of the loader's first ``steps`` steps as row numbers of the flat file, (steps, batch)."""
     from loader.order import Order
 
     o = Order(pub.manifest, "train", 0, "global")
-    shards, rows = o.locate(np.arange((warmup + steps) * BATCH))
-    flat = (o.offsets[np.searchsorted(o.shard_ids, shards)] + rows).reshape(-1, BATCH)
-    for b in flat[:warmup]:
-        mm[b]
-    t = Timer()
-    if to_int64:  # the same output as the loader: contiguous int64 inputs and labels
-        import torch
+    shards, rows = o.locate(np.arange(steps * batch))
+    return (o.offsets[np.searchsorted(o.shard_ids, shards)] + rows).reshape(-1, batch)
 
-        for b in flat[warmup:]:
-            x = mm[b]
-            ids, labels = torch.empty((BATCH, SEQ_LEN), dtype=torch.long), torch.empty((BATCH, SEQ_LEN), dtype=torch.long)
-            np.copyto(ids.numpy(), x[:, :-1])
-            np.copyto(labels.numpy(), x[:, 1:])
+
+def memmap_rate(mm: np.ndarray, flat: np.ndarray, to_int64: bool = False) -> tuple[float, float]:
+    import torch
+
+    batch = flat.shape[1]
+    t = Timer()
+    if to_int64:  # the loader's int64 output: one contiguous (B, seq_len + 1) tensor
+        for b in flat:
+            out = np.empty((batch, SEQ_LEN + 1), np.int64)
+            np.copyto(out, mm[b])
+            torch.from_numpy(out)
     else:
-        for b in flat[warmup:]:
+        for b in flat:
             mm[b]
-    return t.rates(steps * BATCH)
+    return t.rates(flat.size)
 
 
 def litdata_dir(pub, mm: np.ndarray, work: str) -> str | None:
@@ -165,9 +182,8 @@ def litdata_rate(out: str, steps: int, warmup: int, batched: bool) -> tuple[floa
     t = Timer()
     for _ in range(steps):
         items = [next(it) for _ in range(BATCH)]
-        if batched:  # what a trainer must do next: one batch, int64, inputs and labels shifted by one
-            x = torch.stack(items)
-            input_ids, labels = x[:, :-1].long().contiguous(), x[:, 1:].long().contiguous()
+        if batched:  # what a trainer must do next: the loader's int64 output, one contiguous (B, 2049) tensor
+            torch.stack(items).long()
     return t.rates(steps * BATCH)
 
 
@@ -181,21 +197,23 @@ def status():  # VmHWM is per address space; ru_maxrss would carry the parent's 
     d = dict(line.split(":", 1) for line in open("/proc/self/status"))
     return {k: int(d[k].split()[0]) / 1024 for k in ("VmHWM", "RssAnon", "RssFile")}
 
-url, cache, steps = sys.argv[2], sys.argv[3], int(sys.argv[4])
+url, cache, steps, limit = sys.argv[2], sys.argv[3], int(sys.argv[4]), json.loads(sys.argv[5])
 before = status()
-with Loader(url, order="global", global_batch=32, cache_dir=cache, prefetch=4) as ld:
+kw = {} if limit is None else {"mapped_limit_bytes": limit}
+with Loader(url, order="global", global_batch=32, cache_dir=cache, prefetch=4, **kw) as ld:
     for i, _ in enumerate(ld):
         if i + 1 == steps:
             break
-    end = status()
-print(json.dumps({"after_imports_mb": before["VmHWM"], "peak_rss_mb": end["VmHWM"],
+    end, releases = status(), ld.page_releases
+print(json.dumps({"after_imports_mb": before["VmHWM"], "peak_rss_mb": end["VmHWM"], "page_releases": releases,
                   "anon_end_mb": end["RssAnon"], "file_end_mb": end["RssFile"]}))
 """
 
 
-def peak_rss(pub, cache_dir: str, steps: int) -> dict:
-    out = subprocess.run([sys.executable, "-c", RSS_CHILD, ROOT, pub.url, cache_dir, str(steps)], check=True,
-                         capture_output=True, text=True)
+def peak_rss(pub, cache_dir: str, steps: int, mapped_limit: int | None) -> dict:
+    """``mapped_limit`` None: the Loader's default."""
+    out = subprocess.run([sys.executable, "-c", RSS_CHILD, ROOT, pub.url, cache_dir, str(steps),
+                          json.dumps(mapped_limit)], check=True, capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -203,12 +221,16 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sequences", type=int, default=50_000)
     ap.add_argument("--shard-rows", type=int, default=2000)
-    ap.add_argument("--steps", type=int, default=600, help="timed steps per throughput run")
+    ap.add_argument("--steps", type=int, default=600, help="timed steps of 32 per throughput run")
+    ap.add_argument("--big-batch", type=int, default=256, help="the larger batch of the warm section")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--cold-steps", type=int, default=100)
     ap.add_argument("--cold-sequences", type=int, default=8192)
     ap.add_argument("--cold-shard-rows", type=int, default=256)
     ap.add_argument("--rss-shards", type=int, default=20, help="shards (of 250 rows) of the 1x dataset for the RSS check")
+    ap.add_argument("--rss-mults", type=int, nargs="+", default=[1, 10, 100], help="dataset sizes of the RSS check, in 1x units")
+    ap.add_argument("--rss-limit-mb", type=int, default=16,
+                    help="mapped_limit_bytes (MiB) of the second RSS pair, below both datasets (priced in the warm section)")
     ap.add_argument("--work", default="/tmp/gristmill-bench-loader")
     ap.add_argument("--skip", nargs="*", default=[], choices=["warm", "cold", "rss", "litdata"])
     ap.add_argument("--json", help="write all results here")
@@ -225,34 +247,50 @@ def main() -> int:
         warm_cache(pub, cache)
         mm = flat_memmap(pub, cache, args.work)
         lit = None if "litdata" in args.skip else litdata_dir(pub, mm, args.work)
-        methods = {"loader workers=0": lambda: loader_rate(pub, cache, args.steps, 50, 0),
-                   "loader workers=2": lambda: loader_rate(pub, cache, args.steps, 50, 2),
-                   "numpy memmap gather": lambda: memmap_rate(pub, mm, args.steps, 50),
-                   "memmap gather + int64": lambda: memmap_rate(pub, mm, args.steps, 50, to_int64=True)}
-        if lit:
-            methods["litdata items"] = lambda: litdata_rate(lit, args.steps, 50, batched=False)
-            methods["litdata + batch"] = lambda: litdata_rate(lit, args.steps, 50, batched=True)
-        runs = {k: [] for k in methods}
-        for _ in range(args.repeats):
-            for k, f in methods.items():
-                runs[k].append(f())
-        wall = {k: max(r[0] for r in v) for k, v in runs.items()}
-        cpu = {k: max(r[1] for r in v) for k, v in runs.items()}
-        ratios = {}  # each metric compares the loader's best setting by that metric
-        for metric, table_ in (("per CPU-second", cpu), ("wall", wall)):
-            best_loader = max(("loader workers=0", "loader workers=2"), key=lambda k: table_[k])
-            for other in methods:
-                if not other.startswith("loader"):
-                    ratios[f"{metric}: {best_loader} / {other}"] = table_[best_loader] / table_[other]
-        results["warm"] = {"runs_wall_and_cpu_samples_per_s": runs, "best_wall": wall, "best_per_cpu_second": cpu,
-                           "ratios": ratios}
-        print(f"\nwarm cache, global shuffle, seq_len {SEQ_LEN}, batch {BATCH}, best of {args.repeats} interleaved runs:")
-        print(f"  {'method':<24} {'samples/s (wall)':>17} {'samples/CPU-s':>14}")
-        for k in methods:
-            print(f"  {k:<24} {wall[k]:>17,.0f} {cpu[k]:>14,.0f}")
-        print("  ratios:")
-        for k, v in ratios.items():
-            print(f"    {k:<62} {v:6.2f}")
+        results["warm"] = {}
+        for batch in (BATCH, args.big_batch):
+            # The same samples at either batch size; repeat r of every method reads steps [r*steps, (r+1)*steps).
+            steps, warmup = args.steps * BATCH // batch, max(2, 50 * BATCH // batch)
+            flat = flat_rows(pub, batch, warmup + args.repeats * steps)
+            for b in flat[:warmup]:
+                mm[b]
+            loaders = {f"loader {mode} workers={w}": LoaderRun(pub, cache, batch, warmup, w, dtype)
+                       for mode, dtype in (("uint16", None), ("int64", torch.int64)) for w in (0, 2)}
+            # what a mapped-page limit below the dataset costs: the RSS section's second setting
+            loaders[f"loader uint16 workers=0 mapped_limit={args.rss_limit_mb}MiB"] = LoaderRun(
+                pub, cache, batch, warmup, 0, None, args.rss_limit_mb << 20)
+            window = lambda r: flat[warmup + r * steps: warmup + (r + 1) * steps]  # noqa: E731
+            methods = {**{k: (lambda r, run=run: run.rate(steps)) for k, run in loaders.items()},
+                       "numpy memmap gather": lambda r: memmap_rate(mm, window(r)),
+                       "memmap gather + int64": lambda r: memmap_rate(mm, window(r), to_int64=True)}
+            if lit and batch == BATCH:
+                methods["litdata items"] = lambda r: litdata_rate(lit, args.steps, 50, batched=False)
+                methods["litdata + batch"] = lambda r: litdata_rate(lit, args.steps, 50, batched=True)
+            runs = {k: [] for k in methods}
+            for r in range(args.repeats):
+                for k, f in methods.items():
+                    runs[k].append(f(r))
+            for run in loaders.values():
+                run.ld.close()
+            wall = {k: max(x[0] for x in v) for k, v in runs.items()}
+            cpu = {k: max(x[1] for x in v) for k, v in runs.items()}
+            ratios = {}  # each metric compares the loader's best worker setting by that metric
+            for metric, table_ in (("per CPU-second", cpu), ("wall", wall)):
+                for mode in ("uint16", "int64"):
+                    best = max((f"loader {mode} workers=0", f"loader {mode} workers=2"), key=lambda k: table_[k])
+                    for other in methods:
+                        if not other.startswith("loader"):
+                            ratios[f"{metric}: {best} / {other}"] = table_[best] / table_[other]
+            results["warm"][f"batch {batch}"] = {"steps": steps, "runs_wall_and_cpu_samples_per_s": runs,
+                                                 "best_wall": wall, "best_per_cpu_second": cpu, "ratios": ratios}
+            print(f"\nwarm cache, global shuffle, seq_len {SEQ_LEN}, batch {batch}, {steps} steps, best of "
+                  f"{args.repeats} interleaved runs:")
+            print(f"  {'method':<46} {'samples/s (wall)':>17} {'samples/CPU-s':>14}")
+            for k in methods:
+                print(f"  {k:<46} {wall[k]:>17,.0f} {cpu[k]:>14,.0f}")
+            print("  ratios:")
+            for k, v in ratios.items():
+                print(f"    {k:<70} {v:6.2f}")
 
     if "cold" not in args.skip:
         # Small shards so that a pass crosses several windows: prefetch has to hide each crossing.
@@ -271,16 +309,19 @@ def main() -> int:
         results["rss"] = {}
         rows = 250
         steps = args.rss_shards * rows // BATCH - 4  # 1x: just under one epoch, so both touch as many distinct rows
-        for mult in (1, 10):
-            small = dataset(args.work, f"rss-{mult}x", args.rss_shards * mult * rows, rows)
-            rss_cache = os.path.join(args.work, f"rss-cache-{mult}x")
-            shutil.rmtree(rss_cache, ignore_errors=True)  # cold: downloads are part of the footprint
-            results["rss"][f"{mult}x"] = {"shards": len(small.manifest.shards), "steps": steps,
-                                          **peak_rss(small, rss_cache, steps)}
+        for limit in (None, args.rss_limit_mb << 20):
+            for mult in args.rss_mults:
+                small = dataset(args.work, f"rss-{mult}x", args.rss_shards * mult * rows, rows)
+                rss_cache = os.path.join(args.work, f"rss-cache-{mult}x")
+                shutil.rmtree(rss_cache, ignore_errors=True)  # cold: downloads are part of the footprint
+                name = "default" if limit is None else f"{args.rss_limit_mb}MiB"
+                results["rss"][f"{mult}x mapped_limit={name}"] = {
+                    "shards": len(small.manifest.shards), "steps": steps, "mapped_limit_bytes": limit,
+                    **peak_rss(small, rss_cache, steps, limit)}
         print(f"\npeak RSS, {steps} steps of 32 x 2049 tokens, global order, cold cache, fresh process each:")
         for k, v in results["rss"].items():
-            print(f"  {k:>3}: {v['shards']:>4} shards  after imports {v['after_imports_mb']:.0f} MB  "
-                  f"peak {v['peak_rss_mb']:.0f} MB  at the end: anonymous {v['anon_end_mb']:.0f} MB, "
+            print(f"  {k:>30}: {v['shards']:>4} shards  after imports {v['after_imports_mb']:.0f} MB  "
+                  f"peak {v['peak_rss_mb']:.0f} MB  releases {v['page_releases']}  at the end: anonymous {v['anon_end_mb']:.0f} MB, "
                   f"file-backed {v['file_end_mb']:.0f} MB")
 
     if args.json:

@@ -2,7 +2,7 @@
 
     from loader import Loader
     for batch in Loader(url, seed=0, global_batch=32, rank=r, world_size=w):
-        batch["input_ids"], batch["labels"], batch["indices"], batch["step"]
+        batch["tokens"], batch["input_ids"], batch["labels"], batch["indices"], batch["step"]
 
 See docs/loader.md. ``loader.order`` is the pure order function the audit shares.
 """

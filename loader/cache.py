@@ -21,8 +21,10 @@ stays valid until it is closed.
 """
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import logging
+import mmap
 import os
 import threading
 import time
@@ -67,18 +69,20 @@ def _unlock(fd: int) -> None:
 
 
 class _Entry:
-    """One shard as this process sees it: its pin count, pin lock and mapping."""
+    """One shard as this process sees it: its pin lock and mapping. Its pin count, last use,
+    readiness and row address live in the cache's arrays at ``id``, so a whole step's shards
+    are pinned and located with a few numpy calls."""
 
-    __slots__ = ("refs", "pin_fd", "mapped", "inode", "last_use")
+    __slots__ = ("id", "pin_fd", "mapped", "inode", "pages")
 
-    def __init__(self):
-        self.refs, self.pin_fd, self.mapped, self.inode, self.last_use = 0, None, None, None, 0
+    def __init__(self, id: int):
+        self.id, self.pin_fd, self.mapped, self.inode, self.pages = id, None, None, None, None
 
 
 class ShardCache:
     def __init__(self, cache_dir: str, base_url: str, *, storage_options: dict | None = None,
                  limit_bytes: int | None = None, retries: int = 5, backoff_s: float = 0.2,
-                 max_open: int = 64, full_timeout_s: float = 60.0):
+                 max_open: int = 64, full_timeout_s: float = 60.0, release_on_open: bool = False):
         if limit_bytes is not None and limit_bytes <= 0:
             raise ValueError(f"cache_limit_bytes must be positive or None, got {limit_bytes}")
         if retries < 1:
@@ -87,9 +91,14 @@ class ShardCache:
         self.dir, self.base_url = cache_dir, base_url
         self.fs = fsspec.core.url_to_fs(base_url, **(storage_options or {}))[0]
         self.limit_bytes, self.retries, self.backoff_s = limit_bytes, retries, backoff_s
-        self.max_open, self.full_timeout_s = max_open, full_timeout_s
-        self._lock = threading.Lock()  # guards _entries, _reserved, _clock
-        self._entries: dict[str, _Entry] = {}
+        self.max_open, self.full_timeout_s, self.release_on_open = max_open, full_timeout_s, release_on_open
+        self._lock = threading.Lock()  # guards the entries and their arrays, _reserved, _clock
+        self._entries: dict[str, _Entry] = {}  # raw_sha256 -> entry; ids never change while the cache lives
+        self._by_id: list[_Entry] = []
+        self._refs = np.zeros(0, np.int64)  # pins held in this process
+        self._last_use = np.zeros(0, np.int64)  # _clock at the last pin or ensure
+        self._ready = np.zeros(0, bool)  # mapped (and so pinned across processes): no ensure needed
+        self._address = np.zeros(0, np.int64)  # the first row's address while mapped
         self._reserved = 0  # bytes of downloads in progress in this process, not yet on disk
         self._clock = 0
         self._open = 0  # entries with a mapping (pinned or idle)
@@ -126,35 +135,71 @@ class ShardCache:
         return total
 
     # -- pins (called by the loader's planner, before any thread touches the shard) -------
-    def pin(self, shards: list[Shard]) -> list[bool]:
-        """Count one more user of each shard; True where it is already usable (no ensure needed).
+    def ids(self, shards: list[Shard]) -> np.ndarray:
+        """The entry id of each shard (shards with the same cache form share one), for the ``*_ids`` methods."""
+        with self._lock:
+            for shard in shards:
+                if shard.raw_sha256 not in self._entries:
+                    e = self._entries[shard.raw_sha256] = _Entry(len(self._by_id))
+                    self._by_id.append(e)
+            if len(self._by_id) > self._refs.size:
+                grow = 2 * len(self._by_id) - self._refs.size
+                self._refs, self._last_use, self._ready, self._address = (
+                    np.concatenate([a, np.zeros(grow, a.dtype)])
+                    for a in (self._refs, self._last_use, self._ready, self._address))
+            return np.array([self._entries[s.raw_sha256].id for s in shards], dtype=np.int64)
+
+    def pin_ids(self, ids: np.ndarray) -> np.ndarray:
+        """Count one more user of each entry (``ids`` distinct); returns the ids not usable yet (each needs ``ensure``).
 
         An unpinned shard keeps its mapping and its shared lock while idle (up to ``max_open``
         of them), so a shard used again soon costs no system call at all.
         """
-        ready = []
         with self._lock:
             self._clock += 1
-            for shard in shards:
-                e = self._entries.get(shard.raw_sha256)
-                if e is None:
-                    e = self._entries[shard.raw_sha256] = _Entry()
-                e.refs += 1
-                e.last_use = self._clock
-                ready.append(e.pin_fd is not None and e.mapped is not None)
-        return ready
+            self._refs[ids] += 1
+            self._last_use[ids] = self._clock
+            return ids[~self._ready[ids]]
 
-    def unpin(self, shards: list[Shard]) -> None:
+    def unpin_ids(self, ids: np.ndarray) -> None:
         with self._lock:
-            for shard in shards:
-                self._entries[shard.raw_sha256].refs -= 1
+            self._refs[ids] -= 1
             if self._open > self.max_open:
                 self._close_surplus_locked()
+
+    def addresses(self, ids: np.ndarray) -> np.ndarray:
+        """The address of each entry's first row (C-contiguous rows follow); valid while it stays pinned."""
+        return self._address[ids]
+
+    def pin(self, shards: list[Shard]) -> list[bool]:
+        """:meth:`pin_ids` by shard: True where the shard is already usable."""
+        ids = self.ids(shards)
+        waiting = set()
+        for i in ids.tolist():  # one id at a time: the same shard may be listed twice
+            waiting.update(self.pin_ids(np.array([i])).tolist())
+        return [i not in waiting for i in ids.tolist()]
+
+    def unpin(self, shards: list[Shard]) -> None:
+        for i in self.ids(shards).tolist():
+            self.unpin_ids(np.array([i]))
 
     def rows(self, shards: list[Shard]) -> list[np.ndarray]:
         """Each shard's ``(rows, seq_len + 1)`` memory-mapped view; the shards must be pinned and ensured."""
         entries = self._entries
         return [entries[s.raw_sha256].mapped.rows for s in shards]
+
+    def release_pages(self) -> None:
+        """Unmap the resident pages of every open mapping (``MADV_DONTNEED``) without closing it.
+
+        The pages a process has read through a mapping count in its RSS until unmapped; on a
+        large dataset they grow with the shards a run reads. The data stays in the page cache,
+        so the next read of a released page is a minor fault, not I/O. Safe while other threads
+        read pinned shards: a read-only file mapping refaults the same bytes.
+        """
+        with self._lock:  # held throughout: a mapping closed meanwhile could leave its addresses to other memory
+            for e in self._by_id:
+                if e.mapped is not None and e.pages is not None:
+                    _dontneed(e.pages)
 
     # -- ensure: the shard is on disk, verified, pinned across processes and mapped -------
     def ensure(self, shard: Shard) -> FetchResult:
@@ -162,7 +207,7 @@ class ShardCache:
         with self._lock:
             e = self._entries[shard.raw_sha256]
             self._clock += 1
-            e.last_use = self._clock
+            self._last_use[e.id] = self._clock
             fd_needed = e.pin_fd is None
         if fd_needed:
             fd = _flock(self._lock_path(shard, "pin"), fcntl.LOCK_SH)
@@ -185,7 +230,10 @@ class ShardCache:
             if e.mapped is not None:
                 e.mapped.close()
                 self._open -= 1
-            e.mapped, e.inode = mapped, st.st_ino
+            e.mapped, e.inode, e.pages = mapped, st.st_ino, _file_pages(mapped)
+            if self.release_on_open and e.pages is not None:  # what reading the Arrow footer mapped
+                _dontneed(e.pages)
+            self._address[e.id], self._ready[e.id] = mapped.rows.ctypes.data, True
             self._open += 1
         self._touch(path)
         return FetchResult(downloaded)
@@ -294,7 +342,7 @@ class ShardCache:
         with self._lock:
             def rank(c):
                 e = self._entries.get(c[1])
-                return (1, e.last_use) if e is not None and e.mapped is not None else (0, c[0])
+                return (1, int(self._last_use[e.id])) if e is not None and e.mapped is not None else (0, c[0])
             candidates.sort(key=rank)
         freed = 0
         for _, name, size in candidates:
@@ -302,7 +350,7 @@ class ShardCache:
                 break
             with self._lock:
                 e = self._entries.get(name)
-                if e is not None and e.refs > 0:
+                if e is not None and self._refs[e.id] > 0:
                     continue
                 if e is not None:  # idle here: drop our own mapping and shared lock first
                     self._release_locked(e)
@@ -321,14 +369,16 @@ class ShardCache:
     def _close_surplus_locked(self) -> None:
         """Close least-recently-used idle mappings until at most ``max_open`` remain (memory stays
         flat as datasets grow)."""
-        idle = sorted((e.last_use, k) for k, e in self._entries.items() if e.refs == 0 and e.mapped is not None)
-        for _, k in idle[: max(0, self._open - self.max_open)]:
-            self._release_locked(self._entries[k])
+        idle = np.flatnonzero(self._ready & (self._refs == 0))
+        oldest = idle[np.argsort(self._last_use[idle], kind="stable")[: max(0, self._open - self.max_open)]]
+        for i in oldest.tolist():
+            self._release_locked(self._by_id[i])
 
     def _release_locked(self, e: _Entry) -> None:
         if e.mapped is not None:
             e.mapped.close()
             e.mapped = None
+            self._address[e.id], self._ready[e.id] = 0, False
             self._open -= 1
         if e.pin_fd is not None:
             _unlock(e.pin_fd)
@@ -344,9 +394,31 @@ class ShardCache:
 
     def close(self) -> None:
         with self._lock:
-            for e in self._entries.values():
+            for e in self._by_id:
                 self._release_locked(e)
-            self._entries.clear()
+            self._refs[:] = 0
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+_MADV_DONTNEED = 4  # Linux
+_PAGE = mmap.PAGESIZE
+
+
+def _file_pages(mapped: MappedShard) -> tuple[int, int] | None:
+    """The shard's file mapping as (start address, length), or None when its rows are not in it
+    (MADV_DONTNEED on ordinary memory would zero them). The whole file: reading the Arrow
+    footer maps pages too."""
+    start, end = mapped.rows.ctypes.data, mapped.rows.ctypes.data + mapped.rows.nbytes
+    lo, size = mapped.mapping()
+    if not (lo <= start and end <= lo + size) or lo % _PAGE:
+        return None
+    return lo, size
+
+
+def _dontneed(pages: tuple[int, int]) -> None:
+    if _libc.madvise(pages[0], pages[1], _MADV_DONTNEED) != 0:
+        log.debug("madvise(MADV_DONTNEED) failed: errno %d", ctypes.get_errno())
 
 
 def _stat(path: str):

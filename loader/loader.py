@@ -10,6 +10,10 @@ both run ``prefetch`` steps ahead of the consumer (the future order is known exa
 consumer takes finished batches strictly in step order. ``workers=0`` assembles in the
 consumer's thread (downloads still run ahead): the fastest on a CPU-bound box, where a
 hand-off between threads costs more than it saves.
+
+A batch is one contiguous ``(B/W, seq_len + 1)`` buffer, ``tokens``, in ``token_dtype``;
+``input_ids`` and ``labels`` are views of it. The rows are copied into it by one numba call
+(loader/gather.py) from addresses inside the pinned shards' mappings.
 """
 from __future__ import annotations
 
@@ -27,11 +31,15 @@ from manifests import HashMismatchError, Published, load_manifest
 
 from . import simstore  # noqa: F401  (registers the gmsim:// simulated store)
 from .cache import ShardCache
+from .gather import gather_rows
 from .order import DEFAULT_WINDOW_SHARDS, Order
 
 log = logging.getLogger(__name__)
 
 PLAN_CHUNK_STEPS = 256  # steps located per vectorised call to the order (amortises numpy call overhead)
+DEFAULT_MAPPED_LIMIT = 256 << 20  # shard pages kept mapped per process (see Loader._bound_mapped_pages)
+MAPPED_CHECK_STEPS = 2  # steps between two reads of /proc/self/statm (the overshoot is what 2 steps map)
+_PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 
 
 class CacheTooSmallError(ValueError):
@@ -43,44 +51,31 @@ def default_cache_dir() -> str:
 
 
 class _Step:
-    """One rank's share of one step: its global indices, the shards it pins, how to gather it.
+    """One rank's share of one step: its global indices, the cache entries (shards) it pins, and
+    for each row its entry and its byte offset inside that shard's rows."""
 
-    When several rows share a shard, each shard's rows are gathered with one fancy index
-    (``groups``); when nearly every row comes from a different shard (the global order with a
-    small batch) there is nothing to vectorise, and row-by-row copies (``rowwise``: one memcpy
-    each) are cheaper than one fancy index per shard.
-    """
+    __slots__ = ("start", "indices", "entries", "row_entries", "offsets")
 
-    __slots__ = ("start", "indices", "shards", "groups", "rowwise")
-
-    def __init__(self, start: int, indices: np.ndarray, shards: list[int], groups=None, rowwise=None):
-        self.start, self.indices, self.shards, self.groups, self.rowwise = start, indices, shards, groups, rowwise
+    def __init__(self, start: int, indices: np.ndarray, entries: np.ndarray, row_entries: np.ndarray,
+                 offsets: np.ndarray):
+        self.start, self.indices, self.entries, self.row_entries, self.offsets = (
+            start, indices, entries, row_entries, offsets)
 
 
-def plan_steps(order: Order, starts: np.ndarray, offset: int, size: int) -> list[_Step]:
-    """Locate the rows of many steps in one vectorised call and group each step's rows by shard."""
+def plan_steps(order: Order, starts: np.ndarray, offset: int, size: int, entry_of_shard: np.ndarray,
+               row_bytes: int) -> list[_Step]:
+    """Locate the rows of many steps in one vectorised call; ``entry_of_shard`` maps a shard's
+    position in the manifest to its cache entry."""
     idx = starts[:, None] + offset + np.arange(size, dtype=np.int64)
     shards, rows = order.locate(idx)
-    perm = np.argsort(shards, axis=1, kind="stable")
-    s_sorted, r_sorted = np.take_along_axis(shards, perm, 1), np.take_along_axis(rows, perm, 1)
-    first = np.ones(shards.shape, dtype=bool)
-    first[:, 1:] = s_sorted[:, 1:] != s_sorted[:, :-1]
-    n_distinct = first.sum(axis=1).tolist()
-    # Slot of each row's shard among its step's distinct shards, vectorised over the chunk.
-    slots = np.empty_like(perm)
-    np.put_along_axis(slots, perm, np.cumsum(first, axis=1) - 1, axis=1)
-    slot_lists, row_lists = slots.tolist(), rows.tolist()
-    steps = []
-    for k, start in enumerate(starts.tolist()):
-        bounds = np.flatnonzero(first[k])
-        distinct = s_sorted[k, bounds].tolist()
-        if 3 * n_distinct[k] <= size:
-            ends = np.append(bounds[1:], size).tolist()
-            groups = [(perm[k, a:b], r_sorted[k, a:b]) for a, b in zip(bounds.tolist(), ends)]
-            steps.append(_Step(start, idx[k], distinct, groups=groups))
-        else:  # row j reads views[slot j]
-            steps.append(_Step(start, idx[k], distinct, rowwise=(slot_lists[k], row_lists[k])))
-    return steps
+    row_entries = entry_of_shard[shards]
+    ordered = np.sort(row_entries, axis=1)
+    first = np.ones(ordered.shape, dtype=bool)
+    first[:, 1:] = ordered[:, 1:] != ordered[:, :-1]
+    distinct, ends = ordered[first], np.cumsum(first.sum(axis=1)).tolist()
+    offsets = rows * row_bytes
+    return [_Step(start, idx[k], distinct[a:b], row_entries[k], offsets[k])  # distinct[a:b]: the step's entries
+            for k, (start, a, b) in enumerate(zip(starts.tolist(), [0] + ends[:-1], ends))]
 
 
 class Loader:
@@ -89,7 +84,8 @@ class Loader:
                  cache_dir: str | None = None, cache_limit_bytes: int | None = None, prefetch: int = 4,
                  start_index: int = 0, expected_sha256: str | None = None, storage_options: dict | None = None,
                  workers: int = 2, fetch_workers: int = 8, epochs: int | None = None, retries: int = 5,
-                 backoff_s: float = 0.2, pin_memory: bool | None = None):
+                 backoff_s: float = 0.2, pin_memory: bool | None = None, token_dtype: torch.dtype | None = torch.int64,
+                 mapped_limit_bytes: int | None = DEFAULT_MAPPED_LIMIT):
         _check(global_batch >= 1, f"global_batch must be >= 1, got {global_batch}")
         _check(world_size >= 1 and 0 <= rank < world_size, f"rank {rank} is outside world_size {world_size}")
         _check(global_batch % world_size == 0,
@@ -98,6 +94,8 @@ class Loader:
                f"prefetch and fetch_workers must be >= 1 and workers >= 0, got {prefetch}, {fetch_workers}, {workers}")
         _check(start_index >= 0, f"start_index must be >= 0, got {start_index}")
         _check(epochs is None or epochs >= 1, f"epochs must be None (endless) or >= 1, got {epochs}")
+        _check(mapped_limit_bytes is None or mapped_limit_bytes > 0,
+               f"mapped_limit_bytes must be None (no limit) or > 0, got {mapped_limit_bytes}")
         self.storage_options = dict(storage_options or {})
         self.published = manifest_url if isinstance(manifest_url, Published) else _load_with_retries(
             manifest_url, expected_sha256, self.storage_options, retries, backoff_s)
@@ -113,6 +111,19 @@ class Loader:
         self.num_samples = self.order.num_samples  # rows per epoch
         self.stop_index = None if epochs is None else epochs * self.num_samples
         self.pin_memory = torch.cuda.is_available() if pin_memory is None else bool(pin_memory)
+        stored = np.dtype(self.manifest.token_dtype)
+        stored_torch = torch.from_numpy(np.empty(0, stored)).dtype
+        self.token_dtype = stored_torch if token_dtype is None else token_dtype
+        t = self.token_dtype
+        wider_int = t.is_signed and not (t.is_floating_point or t.is_complex) and t.itemsize > stored.itemsize
+        _check(t == stored_torch or wider_int,
+               f"token_dtype {self.token_dtype} cannot hold the shards' {stored} tokens; use None (the stored dtype) "
+               f"or torch.int64")
+        self._row_like = np.empty((0, self.manifest.row_tokens), stored)  # tells the gather kernel the shards' dtype
+        self._buf_dtype = torch.empty(0, dtype=t).numpy().dtype
+        self.mapped_limit_bytes = mapped_limit_bytes
+        self._steps_since_check, self.page_releases = 0, 0
+        self._mapped_base = file_backed_resident()  # before any shard is mapped
         self.cache_dir = cache_dir or default_cache_dir()
         self.cache_limit_bytes = cache_limit_bytes
         if cache_limit_bytes is not None:
@@ -127,7 +138,10 @@ class Loader:
                     + "or lower prefetch")
         self.cache = ShardCache(self.cache_dir, self.published.url, storage_options=self.storage_options,
                                 limit_bytes=cache_limit_bytes, retries=retries, backoff_s=backoff_s,
-                                max_open=max(64, self.shards_in_flight()))
+                                max_open=max(64, self.shards_in_flight()),
+                                release_on_open=mapped_limit_bytes is not None)
+        self._entry_of_shard = self.cache.ids(self.manifest.shards)
+        self._shard_of_entry = {int(e): s for e, s in zip(self._entry_of_shard, self.manifest.shards)}
         self.next_index = int(start_index)
         self.last_metrics: dict = {}
         self._generation = 0  # bumped by load_state_dict: a running iterator restarts from the new index
@@ -177,7 +191,8 @@ class Loader:
         """The step whose global batch starts at ``start``; located in vectorised chunks."""
         if start not in self._plans:
             starts = start + self.global_batch * np.arange(PLAN_CHUNK_STEPS, dtype=np.int64)
-            steps = plan_steps(self.order, starts, self.rank * self.local_batch, self.local_batch)
+            steps = plan_steps(self.order, starts, self.rank * self.local_batch, self.local_batch, self._entry_of_shard,
+                               self._row_like.shape[1] * self._row_like.itemsize)
             self._plans = {s.start: s for s in steps}
         return self._plans[start]
 
@@ -192,13 +207,40 @@ class Loader:
                         return
                     t0 = time.perf_counter()
                     batch, metrics = pipeline.next()
+                    self._bound_mapped_pages()
                     metrics["input_wait_s"] = time.perf_counter() - t0
+                    metrics["page_releases"] = self.page_releases
                     self.next_index += self.global_batch
                     self.last_metrics = metrics
                     yield batch
             finally:
                 pipeline.close()
                 self._live.discard(pipeline)
+
+    def _bound_mapped_pages(self) -> None:
+        """Keep the shard pages mapped into this process under ``mapped_limit_bytes``.
+
+        A page read through a mapping counts in the process's RSS until it is unmapped, and the
+        kernel maps whole page-cache folios per fault, so unchecked RSS grows towards the size of
+        every shard the run has read. Every few steps the growth of file-backed resident memory
+        since the last release is read from /proc/self/statm (a few microseconds); past the limit
+        the pages of every mapping are released (MADV_DONTNEED). The data stays in the page
+        cache: reading it again costs a minor fault, not I/O. What else in the process maps files
+        (a library loaded meanwhile) only brings one release forward: the baseline is re-read
+        after each.
+        """
+        if self.mapped_limit_bytes is None:
+            return
+        self._steps_since_check += 1
+        if self._steps_since_check < MAPPED_CHECK_STEPS:
+            return
+        self._steps_since_check = 0
+        now = file_backed_resident()
+        if now is None or self._mapped_base is None or now - self._mapped_base <= self.mapped_limit_bytes:
+            return
+        self.cache.release_pages()
+        self.page_releases += 1
+        self._mapped_base = file_backed_resident()
 
     def _pools(self) -> tuple[ThreadPoolExecutor, ThreadPoolExecutor]:
         if self._fetch_pool is None:
@@ -226,32 +268,27 @@ class Loader:
 
     # -- assembly (runs in a worker thread) --------------------------------------------------
     def _assemble(self, step: _Step, fetches: list[tuple[Future, bool]]) -> tuple[dict, dict]:
-        pinned = [self.manifest.shards[k] for k in step.shards]
+        shape = (self.local_batch, self._row_like.shape[1])
+        if self.pin_memory:
+            tokens = torch.empty(shape, dtype=self.token_dtype, pin_memory=True)
+            buf = tokens.numpy()
+        else:  # the cheaper way to the same tensor
+            buf = np.empty(shape, self._buf_dtype)
+            tokens = torch.from_numpy(buf)
         try:
             misses = downloaded = 0
             for fut, started_here in fetches:
                 n = fut.result().downloaded_bytes
                 if started_here and n > 0:
                     misses, downloaded = misses + 1, downloaded + n
-            hits = len(pinned) - misses
-            b, width = self.local_batch, self.manifest.row_tokens
-            tokens = np.empty((b, width), dtype=self.manifest.token_dtype)
-            views = self.cache.rows(pinned)
-            if step.groups is not None:
-                for view, (pos, rows) in zip(views, step.groups):
-                    tokens[pos] = view[rows]
-            else:
-                for j, (slot, row) in enumerate(zip(*step.rowwise)):
-                    tokens[j] = views[slot][row]
+            gather_rows(buf, self.cache.addresses(step.row_entries) + step.offsets, self._row_like)
         finally:
-            self.cache.unpin(pinned)
-        input_ids = torch.empty((b, width - 1), dtype=torch.long, pin_memory=self.pin_memory)
-        labels = torch.empty((b, width - 1), dtype=torch.long, pin_memory=self.pin_memory)
-        np.copyto(input_ids.numpy(), tokens[:, :-1])
-        np.copyto(labels.numpy(), tokens[:, 1:])
-        batch = {"input_ids": input_ids, "labels": labels, "indices": torch.from_numpy(step.indices.copy()),
-                 "step": step.start // self.global_batch}
-        return batch, {"step": batch["step"], "cache_hits": hits, "cache_misses": misses, "bytes_downloaded": downloaded}
+            self.cache.unpin_ids(step.entries)
+        # Inputs and labels are views of one buffer: no copy, and one transfer to the GPU.
+        batch = {"tokens": tokens, "input_ids": tokens[:, :-1], "labels": tokens[:, 1:],
+                 "indices": torch.from_numpy(step.indices.copy()), "step": step.start // self.global_batch}
+        return batch, {"step": batch["step"], "cache_hits": step.entries.size - misses, "cache_misses": misses,
+                       "bytes_downloaded": downloaded}
 
 
 class _Pipeline:
@@ -270,11 +307,9 @@ class _Pipeline:
             if ld.stop_index is not None and self.next_submit + ld.global_batch > ld.stop_index:
                 return
             step = ld._plan(self.next_submit)
-            shards = [ld.manifest.shards[k] for k in step.shards]
             fetches = []  # (future, started by this step) for each shard not ready yet
-            for shard, ready in zip(shards, ld.cache.pin(shards)):
-                if ready:
-                    continue
+            for entry in ld.cache.pin_ids(step.entries).tolist():
+                shard = ld._shard_of_entry[entry]
                 fut = self.inflight.get(shard.raw_sha256)
                 started_here = fut is None or fut.done()
                 if started_here:
@@ -297,7 +332,7 @@ class _Pipeline:
     def close(self) -> None:
         for step, fut in self.pending:
             if fut.cancel():  # never ran: its pins are still held
-                self.ld.cache.unpin([self.ld.manifest.shards[k] for k in step.shards])
+                self.ld.cache.unpin_ids(step.entries)
             else:
                 try:
                     fut.result()
@@ -317,6 +352,26 @@ class _Inline:
 
     def cancel(self) -> bool:
         return True
+
+
+class _FileBackedResident:
+    """Bytes of file-backed (and shared) memory resident in this process, from /proc/self/statm;
+    None where there is no /proc. About 2 us a call: the file stays open (and is reopened after
+    a fork, since /proc/self is resolved when it is opened)."""
+
+    def __init__(self):
+        self.fd, self.pid = None, None
+
+    def __call__(self) -> int | None:
+        if self.pid != os.getpid():
+            try:
+                self.fd, self.pid = os.open("/proc/self/statm", os.O_RDONLY), os.getpid()
+            except OSError:
+                return None
+        return int(os.pread(self.fd, 256, 0).split()[2]) * _PAGE_SIZE
+
+
+file_backed_resident = _FileBackedResident()
 
 
 def _check(ok: bool, message: str) -> None:

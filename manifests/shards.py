@@ -141,6 +141,13 @@ class MappedShard:
     def take(self, row_ids: np.ndarray) -> np.ndarray:
         return self.rows[row_ids]
 
+    def mapping(self) -> tuple[int, int]:
+        """(address, size) of the file's memory mapping. ``rows`` lies inside it unless the table
+        had several chunks, which are concatenated into ordinary memory."""
+        self._source.seek(0)
+        buf = self._source.read_buffer(self._source.size())  # zero-copy: a view of the mapping
+        return buf.address, buf.size
+
     def close(self):
         self.rows = None
         self._table = None

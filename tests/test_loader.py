@@ -46,17 +46,74 @@ def same(a, b):
             assert torch.equal(x[k], y[k]), k
 
 
-def test_batches_are_the_rows_the_order_names_shifted_by_one(pub, rows_by_shard, tmp_path):
-    batches = run(pub, tmp_path, steps=4, seed=3, order="global")
+@pytest.mark.parametrize("token_dtype, want_dtype", [(torch.int64, torch.int64), (None, torch.uint16)])
+def test_batches_are_the_rows_the_order_names_shifted_by_one(pub, rows_by_shard, tmp_path, token_dtype, want_dtype):
+    batches = run(pub, tmp_path, steps=4, seed=3, order="global", token_dtype=token_dtype)
     for step, b in enumerate(batches):
         assert b["step"] == step
         assert b["indices"].tolist() == list(range(step * 8, step * 8 + 8))
-        assert b["input_ids"].dtype == torch.long and b["input_ids"].shape == (8, 16) == b["labels"].shape
-        assert b["input_ids"].is_contiguous() and b["labels"].is_contiguous()
+        tokens = b["tokens"]
+        assert tokens.dtype == want_dtype and tokens.shape == (8, 17) and tokens.is_contiguous()
+        assert b["input_ids"].shape == (8, 16) == b["labels"].shape
+        # inputs and labels are views of the one buffer, not copies
+        assert b["input_ids"].data_ptr() == tokens.data_ptr()
+        assert b["labels"].data_ptr() == tokens.data_ptr() + tokens.element_size()
+        assert b["input_ids"].untyped_storage().data_ptr() == tokens.untyped_storage().data_ptr()
         shards, rows = samples_at(pub.manifest, "train", 3, "global", b["indices"].numpy())
         want = np.stack([rows_by_shard[s][r] for s, r in zip(shards, rows)]).astype(np.int64)
-        assert np.array_equal(b["input_ids"].numpy(), want[:, :-1])
-        assert np.array_equal(b["labels"].numpy(), want[:, 1:])
+        assert np.array_equal(tokens.long().numpy(), want)
+        assert np.array_equal(b["input_ids"].long().numpy(), want[:, :-1])
+        assert np.array_equal(b["labels"].long().numpy(), want[:, 1:])
+
+
+def test_every_order_and_batch_shape_gathers_the_named_rows(pub, rows_by_shard, tmp_path):
+    """Batches where rows share shards (sequential, window) and where every row has its own."""
+    for order, batch in (("sequential", 8), ("window", 16), ("global", 2), ("sequential", 64)):
+        for b in run(pub, tmp_path, steps=3, order=order, window_shards=2, global_batch=batch, token_dtype=None):
+            shards, rows = samples_at(pub.manifest, "train", 0, order, b["indices"].numpy(), 2)
+            want = np.stack([rows_by_shard[s][r] for s, r in zip(shards, rows)])
+            assert np.array_equal(b["tokens"].numpy(), want), (order, batch)
+
+
+def test_token_dtype_must_hold_the_stored_tokens(pub, tmp_path):
+    for bad in (torch.int8, torch.uint8, torch.float32, torch.int16):
+        with pytest.raises(ValueError, match="token_dtype"):
+            Loader(pub.url, cache_dir=str(tmp_path), token_dtype=bad)
+
+
+def test_released_pages_change_nothing_served(pub, tmp_path, monkeypatch):
+    import loader.loader as ll
+
+    monkeypatch.setattr(ll, "MAPPED_CHECK_STEPS", 1)
+    plain = run(pub, tmp_path / "a", steps=9, global_batch=8, mapped_limit_bytes=None)
+    with Loader(pub.url, global_batch=8, cache_dir=str(tmp_path / "b"), workers=0, mapped_limit_bytes=1) as ld:
+        it = iter(ld)
+        released = [next(it) for _ in range(9)]
+        assert ld.page_releases >= 1 and ld.last_metrics["page_releases"] == ld.page_releases
+    same(plain, released)
+
+
+def test_mapped_pages_stay_under_the_limit(tmp_path, monkeypatch):
+    """RSS of file-backed pages stays near the limit while a run reads far more shard bytes than it."""
+    import loader.loader as ll
+    from helpers import build_dataset
+
+    assert ll.file_backed_resident() is not None  # Linux: the limit works from /proc/self/statm
+    monkeypatch.setattr(ll, "MAPPED_CHECK_STEPS", 1)
+    pub = build_dataset(str(tmp_path / "data"), shard_rows=(256,) * 8, seq_len=2047)  # 8 shards of 1 MiB
+    limit = 1 << 20
+    with Loader(pub.url, global_batch=16, cache_dir=str(tmp_path / "warm"), workers=0) as ld:
+        next(iter(ld))  # libraries and compiled kernels mapped before measuring
+    peaks = {}
+    for name, mapped_limit in (("unbounded", None), ("bounded", limit)):
+        with Loader(pub.url, global_batch=16, cache_dir=str(tmp_path / name), workers=0, mapped_limit_bytes=mapped_limit,
+                    epochs=1) as ld:
+            base, peak = ll.file_backed_resident(), 0
+            for _ in ld:
+                peak = max(peak, ll.file_backed_resident() - base)
+            peaks[name] = peak
+    assert peaks["unbounded"] > 4 * limit  # the run maps most of the 8 MiB it reads
+    assert peaks["bounded"] < peaks["unbounded"] / 2
 
 
 @pytest.mark.parametrize("order", ["global", "window"])

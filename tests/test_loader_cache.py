@@ -108,3 +108,28 @@ def test_limits_are_validated(pub, tmp_path):
         ShardCache(str(tmp_path), pub.url, limit_bytes=0)
     with pytest.raises(ValueError, match="retries must be >= 1"):
         ShardCache(str(tmp_path), pub.url, retries=0)
+
+
+def test_released_pages_read_back_the_same_rows(pub, tmp_path):
+    a = pub.manifest.shards[0]
+    cache = cache_for(pub, tmp_path)
+    use(cache, a)
+    before = cache.rows([a])[0].copy()
+    cache.release_pages()
+    assert (cache.rows([a])[0] == before).all()
+    cache.close()
+
+
+def test_rows_outside_the_file_mapping_are_never_released():
+    """A multi-chunk shard's rows are concatenated into ordinary memory, which MADV_DONTNEED would zero."""
+    import numpy as np
+
+    from loader.cache import _file_pages
+
+    class Copied:  # rows in ordinary memory, the mapping elsewhere
+        rows = np.ones((4, 8), np.uint16)
+
+        def mapping(self):
+            return self.rows.ctypes.data + self.rows.nbytes + 4096, 1 << 20
+
+    assert _file_pages(Copied()) is None

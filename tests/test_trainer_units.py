@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 import os
 
+import numpy as np
 import pytest
 import torch
 
@@ -110,3 +111,37 @@ def test_activation_checkpointing_keeps_the_gradients(mode):
     assert base.keys() == wrapped.keys()
     for name in base:
         torch.testing.assert_close(wrapped[name], base[name], rtol=0, atol=0, msg=name)
+
+
+def test_the_loaders_stored_dtype_batch_gives_the_int64_loss(tmp_path):
+    """The trainer asks the loader for uint16 tokens and widens them itself: same inputs, labels, loss."""
+    from helpers import build_dataset
+    from loader import Loader
+    from trainer.train import cross_entropy, inputs_and_labels
+
+    pub = build_dataset(str(tmp_path / "data"))
+    batches = {}
+    for dtype in (None, torch.int64):
+        with Loader(pub.url, global_batch=4, cache_dir=str(tmp_path / "cache"), token_dtype=dtype) as ld:
+            batches[dtype] = next(iter(ld))
+    assert batches[None]["tokens"].dtype == torch.uint16
+    x, y = inputs_and_labels(batches[None], "cpu")
+    assert x.dtype == y.dtype == torch.int64
+    assert torch.equal(x, batches[torch.int64]["input_ids"]) and torch.equal(y, batches[torch.int64]["labels"])
+    torch.manual_seed(0)
+    model = Transformer(model_args("tiny", vocab_size=512, max_seq_len=16, n_kv_heads=2))
+    with torch.no_grad():
+        assert torch.equal(cross_entropy(model(x), y),
+                           cross_entropy(model(batches[torch.int64]["input_ids"]), batches[torch.int64]["labels"]))
+
+
+def test_unsigned_tokens_widen_to_their_values():
+    """Token ids past the signed range survive the trip (they travel as int16/int32 bytes)."""
+    from trainer.train import inputs_and_labels
+
+    for np_dtype in (np.uint16, np.uint32):
+        top = np.iinfo(np_dtype).max
+        rows = np.array([[0, 1, top // 2 + 1, top - 1, top]], dtype=np_dtype)
+        x, y = inputs_and_labels({"tokens": torch.from_numpy(rows)}, "cpu")
+        assert x.dtype == y.dtype == torch.int64
+        assert x.tolist() == [rows[0, :-1].astype(np.int64).tolist()] and y.tolist() == [rows[0, 1:].astype(np.int64).tolist()]

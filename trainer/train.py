@@ -85,6 +85,23 @@ def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
 
 
+# torch's uint16/uint32 have only limited eager support (on CUDA above all): their bytes travel as
+# the signed type of the same width and are masked back to the unsigned value after widening.
+_AS_SIGNED = {torch.uint16: (torch.int16, 0xFFFF), torch.uint32: (torch.int32, 0xFFFFFFFF)}
+
+
+def inputs_and_labels(batch: dict, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The batch's int64 inputs and labels on ``device``. The loader hands over one (B, seq_len + 1)
+    buffer in the shards' dtype (a quarter of int64's bytes over PCIe), widened and shifted here."""
+    tokens = batch["tokens"]
+    if tokens.dtype in _AS_SIGNED:
+        signed, mask = _AS_SIGNED[tokens.dtype]
+        tokens = tokens.view(signed).to(device, non_blocking=True).long() & mask
+    else:
+        tokens = tokens.to(device, non_blocking=True).long()
+    return tokens[:, :-1], tokens[:, 1:]
+
+
 class SampleLog:
     """Rank 0 writes ``<run_dir>/samples.jsonl``: one line per optimizer step with the global sample
     indices it consumed, in rank order. On resume, lines after the checkpoint's step are dropped
@@ -166,7 +183,7 @@ def train(cfg: JobConfig, *, stop_after_step: int | None = None, allow_manifest_
     Loader = loader_class(cfg.data.loader)
     loader = Loader(pub.url, split="train", seed=cfg.data.seed, global_batch=B, rank=d.rank, world_size=d.world_size,
                     order=cfg.data.order, cache_dir=cfg.data.cache_dir, prefetch=cfg.data.prefetch,
-                    expected_sha256=manifest.sha256)
+                    expected_sha256=manifest.sha256, token_dtype=None)
     if loader_state is not None:
         loader.load_state_dict(loader_state)
 
@@ -288,8 +305,8 @@ def train_step(model, batch: dict, n_micro: int, grad_clip: float, device, *, na
                ) -> tuple[float, float]:
     """Forward and backward over ``n_micro`` micro-batches, then clip. Returns the global mean loss
     and the global gradient norm; the caller decides whether to step."""
-    inputs = batch["input_ids"].to(device, non_blocking=True).chunk(n_micro)
-    labels = batch["labels"].to(device, non_blocking=True).chunk(n_micro)
+    inputs, labels = inputs_and_labels(batch, device)
+    inputs, labels = inputs.chunk(n_micro), labels.chunk(n_micro)
     loss_sum = torch.zeros((), device=device)
     for i, (x, y) in enumerate(zip(inputs, labels)):
         # Reduce-scatter gradients only after the last micro-batch; earlier ones accumulate locally.
@@ -316,12 +333,14 @@ def evaluate(model, cfg: JobConfig, url: str, sha256: str, d, Loader) -> float:
     if B % d.world_size:
         raise TrainingError(f"eval.global_batch={B} does not divide by the world size {d.world_size}")
     val = Loader(url, split="validation", seed=cfg.data.seed, global_batch=B, rank=d.rank, world_size=d.world_size,
-                 order="sequential", cache_dir=cfg.data.cache_dir, prefetch=cfg.data.prefetch, expected_sha256=sha256)
+                 order="sequential", cache_dir=cfg.data.cache_dir, prefetch=cfg.data.prefetch, expected_sha256=sha256,
+                 token_dtype=None)
     model.eval()
     total = torch.zeros((), device=d.device)
     n = 0
     for batch in val:
-        total += cross_entropy(model(batch["input_ids"].to(d.device)), batch["labels"].to(d.device))
+        inputs, labels = inputs_and_labels(batch, d.device)
+        total += cross_entropy(model(inputs), labels)
         n += 1
         if n == cfg.eval.batches:
             break
