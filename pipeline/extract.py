@@ -34,7 +34,7 @@ def extract_partition(task: dict, extract: ExtractConfig, language: LanguageConf
     ex = {"records": 0, "documents": 0, "bytes_out": 0, "quarantined": {}, "seconds": 0.0}
     lg = {"documents_in": 0, "bytes_in": 0, "documents_out": 0, "bytes_out": 0, "removed": {}, "languages": {}, "seconds": 0.0}
     keys = {k: [] for k in KEY_SCHEMA.names[1:]}  # one partition's dedup keys (~80 B a document)
-    inputs = []
+    inputs, cpu0 = [], time.process_time()
     for file in task["files"]:
         sha, size = sha256_file(file["uri"])
         inputs.append({"uri": file["uri"], "bytes": size, "sha256": sha})
@@ -68,6 +68,7 @@ def extract_partition(task: dict, extract: ExtractConfig, language: LanguageConf
     for p in (docs, removed, quarantine, key_file):
         p.commit()
     stats = {"part": part, "inputs": inputs, "input": {"bytes": sum(i["bytes"] for i in inputs)}, "extract": ex, "language": lg,
+             "cpu_seconds": time.process_time() - cpu0,  # the whole task, all threads (a worker runs one task at a time)
              "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
     wd.mark_done(STAGE, name, stats)
     return stats

@@ -42,7 +42,7 @@ class SplitPacker:
         """Append a batch of tokenized documents (already in global order)."""
         lists = table.column("tokens").combine_chunks()
         lengths = pc.list_value_length(lists).to_numpy()
-        values = lists.flatten().to_numpy()
+        values = lists.flatten().to_numpy().astype(self.b.dtype)  # held in the shard's dtype: half of uint32
         self.pending.append(values)
         self.pending_tokens += len(values)
         for doc_id, source, position, lang, n in zip(table.column("id").to_pylist(), table.column("source").to_pylist(),
@@ -97,7 +97,7 @@ class SplitPacker:
 
 
 def pack_split(builder: DatasetBuilder, token_files: list[str], split: str, seq_len: int, shard_bytes: int,
-               index: DocIndexWriter, batch_rows: int = 4096) -> dict:
+               index: DocIndexWriter, batch_rows: int = 1024) -> dict:
     """Pack one split from the tokenize stage's partition files, read in partition order; returns its stats."""
     packer = SplitPacker(builder, split, seq_len, shard_bytes, index)
     for f in token_files:  # sorted by partition; rows inside a partition are in order already

@@ -70,6 +70,7 @@ def tokenize_partition(part: int, tokenizer_path: str, cfg: TokenizerConfig, spl
     wd, name = WorkDir(work_root), part_name(part)
     if (stats := wd.done(STAGE, name)) is not None:
         return stats
+    cpu0 = time.process_time()
     tok, _, eos_id = load_tokenizer(tokenizer_path, cfg.eos_token)
     drop = removed_ids(removed_files, part)
     new_text = overridden_texts(override_files, part)
@@ -104,6 +105,7 @@ def tokenize_partition(part: int, tokenizer_path: str, cfg: TokenizerConfig, spl
         tok_col = pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat, pa.uint32()))
         out.write(table.drop_columns(["text", "bytes"]).append_column("split", pa.array(splits)).append_column("tokens", tok_col))
     out.commit()
+    st["cpu_seconds"] = time.process_time() - cpu0  # the whole task, the tokenizer's threads included
     st["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     wd.mark_done(STAGE, name, st)
     return st
