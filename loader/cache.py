@@ -82,7 +82,7 @@ class _Entry:
 class ShardCache:
     def __init__(self, cache_dir: str, base_url: str, *, storage_options: dict | None = None,
                  limit_bytes: int | None = None, retries: int = 5, backoff_s: float = 0.2,
-                 max_open: int = 64, full_timeout_s: float = 60.0, release_on_open: bool = False):
+                 max_open: int = 64, full_timeout_s: float = 60.0, mapped_limit_bytes: int | None = None):
         if limit_bytes is not None and limit_bytes <= 0:
             raise ValueError(f"cache_limit_bytes must be positive or None, got {limit_bytes}")
         if retries < 1:
@@ -91,7 +91,9 @@ class ShardCache:
         self.dir, self.base_url = cache_dir, base_url
         self.fs = fsspec.core.url_to_fs(base_url, **(storage_options or {}))[0]
         self.limit_bytes, self.retries, self.backoff_s = limit_bytes, retries, backoff_s
-        self.max_open, self.full_timeout_s, self.release_on_open = max_open, full_timeout_s, release_on_open
+        self.max_open, self.full_timeout_s, self.mapped_limit_bytes = max_open, full_timeout_s, mapped_limit_bytes
+        self.page_releases = 0  # times bound_mapped_pages released every mapping's pages
+        self._mapped_base = file_backed_resident()  # before any shard is mapped
         self._lock = threading.Lock()  # guards the entries and their arrays, _reserved, _clock
         self._entries: dict[str, _Entry] = {}  # raw_sha256 -> entry; ids never change while the cache lives
         self._by_id: list[_Entry] = []
@@ -171,18 +173,6 @@ class ShardCache:
         """The address of each entry's first row (C-contiguous rows follow); valid while it stays pinned."""
         return self._address[ids]
 
-    def pin(self, shards: list[Shard]) -> list[bool]:
-        """:meth:`pin_ids` by shard: True where the shard is already usable."""
-        ids = self.ids(shards)
-        waiting = set()
-        for i in ids.tolist():  # one id at a time: the same shard may be listed twice
-            waiting.update(self.pin_ids(np.array([i])).tolist())
-        return [i not in waiting for i in ids.tolist()]
-
-    def unpin(self, shards: list[Shard]) -> None:
-        for i in self.ids(shards).tolist():
-            self.unpin_ids(np.array([i]))
-
     def rows(self, shards: list[Shard]) -> list[np.ndarray]:
         """Each shard's ``(rows, seq_len + 1)`` memory-mapped view; the shards must be pinned and ensured."""
         entries = self._entries
@@ -200,6 +190,25 @@ class ShardCache:
             for e in self._by_id:
                 if e.mapped is not None and e.pages is not None:
                     _dontneed(e.pages)
+
+    def bound_mapped_pages(self) -> None:
+        """Keep the shard pages mapped into this process under ``mapped_limit_bytes``.
+
+        A page read through a mapping counts in the process's RSS until it is unmapped, and the
+        kernel maps whole page-cache folios per fault, so unchecked RSS grows towards the size of
+        every shard the run has read. This reads the growth of file-backed resident memory since
+        the last release from /proc/self/statm (about 2 us) and, past the limit, releases the
+        pages of every mapping. What else in the process maps files (a library loaded meanwhile)
+        only brings one release forward: the baseline is re-read after each.
+        """
+        if self.mapped_limit_bytes is None:
+            return
+        now = file_backed_resident()
+        if now is None or self._mapped_base is None or now - self._mapped_base <= self.mapped_limit_bytes:
+            return
+        self.release_pages()
+        self.page_releases += 1
+        self._mapped_base = file_backed_resident()
 
     # -- ensure: the shard is on disk, verified, pinned across processes and mapped -------
     def ensure(self, shard: Shard) -> FetchResult:
@@ -231,7 +240,7 @@ class ShardCache:
                 e.mapped.close()
                 self._open -= 1
             e.mapped, e.inode, e.pages = mapped, st.st_ino, _file_pages(mapped)
-            if self.release_on_open and e.pages is not None:  # what reading the Arrow footer mapped
+            if self.mapped_limit_bytes is not None and e.pages is not None:  # what reading the Arrow footer mapped
                 _dontneed(e.pages)
             self._address[e.id], self._ready[e.id] = mapped.rows.ctypes.data, True
             self._open += 1
@@ -403,6 +412,26 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 _MADV_DONTNEED = 4  # Linux
 _PAGE = mmap.PAGESIZE
+
+
+class _FileBackedResident:
+    """Bytes of file-backed (and shared) memory resident in this process, from /proc/self/statm;
+    None where there is no /proc. About 2 us a call: the file stays open (and is reopened after
+    a fork, since /proc/self is resolved when it is opened)."""
+
+    def __init__(self):
+        self.fd, self.pid = None, None
+
+    def __call__(self) -> int | None:
+        if self.pid != os.getpid():
+            try:
+                self.fd, self.pid = os.open("/proc/self/statm", os.O_RDONLY), os.getpid()
+            except OSError:
+                return None
+        return int(os.pread(self.fd, 256, 0).split()[2]) * _PAGE
+
+
+file_backed_resident = _FileBackedResident()
 
 
 def _file_pages(mapped: MappedShard) -> tuple[int, int] | None:

@@ -37,9 +37,8 @@ from .order import DEFAULT_WINDOW_SHARDS, Order
 log = logging.getLogger(__name__)
 
 PLAN_CHUNK_STEPS = 256  # steps located per vectorised call to the order (amortises numpy call overhead)
-DEFAULT_MAPPED_LIMIT = 256 << 20  # shard pages kept mapped per process (see Loader._bound_mapped_pages)
-MAPPED_CHECK_STEPS = 2  # steps between two reads of /proc/self/statm (the overshoot is what 2 steps map)
-_PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+DEFAULT_MAPPED_LIMIT = 256 << 20  # shard pages kept mapped per process (see ShardCache.bound_mapped_pages)
+MAPPED_CHECK_STEPS = 2  # steps between two checks of the mapped pages (the overshoot is what 2 steps map)
 
 
 class CacheTooSmallError(ValueError):
@@ -121,9 +120,7 @@ class Loader:
                f"or torch.int64")
         self._row_like = np.empty((0, self.manifest.row_tokens), stored)  # tells the gather kernel the shards' dtype
         self._buf_dtype = torch.empty(0, dtype=t).numpy().dtype
-        self.mapped_limit_bytes = mapped_limit_bytes
-        self._steps_since_check, self.page_releases = 0, 0
-        self._mapped_base = file_backed_resident()  # before any shard is mapped
+        self._steps_since_check = 0
         self.cache_dir = cache_dir or default_cache_dir()
         self.cache_limit_bytes = cache_limit_bytes
         if cache_limit_bytes is not None:
@@ -139,7 +136,7 @@ class Loader:
         self.cache = ShardCache(self.cache_dir, self.published.url, storage_options=self.storage_options,
                                 limit_bytes=cache_limit_bytes, retries=retries, backoff_s=backoff_s,
                                 max_open=max(64, self.shards_in_flight()),
-                                release_on_open=mapped_limit_bytes is not None)
+                                mapped_limit_bytes=mapped_limit_bytes)
         self._entry_of_shard = self.cache.ids(self.manifest.shards)
         self._shard_of_entry = {int(e): s for e, s in zip(self._entry_of_shard, self.manifest.shards)}
         self.next_index = int(start_index)
@@ -217,30 +214,16 @@ class Loader:
                 pipeline.close()
                 self._live.discard(pipeline)
 
-    def _bound_mapped_pages(self) -> None:
-        """Keep the shard pages mapped into this process under ``mapped_limit_bytes``.
+    @property
+    def page_releases(self) -> int:
+        return self.cache.page_releases
 
-        A page read through a mapping counts in the process's RSS until it is unmapped, and the
-        kernel maps whole page-cache folios per fault, so unchecked RSS grows towards the size of
-        every shard the run has read. Every few steps the growth of file-backed resident memory
-        since the last release is read from /proc/self/statm (a few microseconds); past the limit
-        the pages of every mapping are released (MADV_DONTNEED). The data stays in the page
-        cache: reading it again costs a minor fault, not I/O. What else in the process maps files
-        (a library loaded meanwhile) only brings one release forward: the baseline is re-read
-        after each.
-        """
-        if self.mapped_limit_bytes is None:
-            return
+    def _bound_mapped_pages(self) -> None:
+        """Every MAPPED_CHECK_STEPS steps, the cache releases its mapped pages past the limit."""
         self._steps_since_check += 1
-        if self._steps_since_check < MAPPED_CHECK_STEPS:
-            return
-        self._steps_since_check = 0
-        now = file_backed_resident()
-        if now is None or self._mapped_base is None or now - self._mapped_base <= self.mapped_limit_bytes:
-            return
-        self.cache.release_pages()
-        self.page_releases += 1
-        self._mapped_base = file_backed_resident()
+        if self._steps_since_check >= MAPPED_CHECK_STEPS:
+            self._steps_since_check = 0
+            self.cache.bound_mapped_pages()
 
     def _pools(self) -> tuple[ThreadPoolExecutor, ThreadPoolExecutor]:
         if self._fetch_pool is None:
@@ -352,26 +335,6 @@ class _Inline:
 
     def cancel(self) -> bool:
         return True
-
-
-class _FileBackedResident:
-    """Bytes of file-backed (and shared) memory resident in this process, from /proc/self/statm;
-    None where there is no /proc. About 2 us a call: the file stays open (and is reopened after
-    a fork, since /proc/self is resolved when it is opened)."""
-
-    def __init__(self):
-        self.fd, self.pid = None, None
-
-    def __call__(self) -> int | None:
-        if self.pid != os.getpid():
-            try:
-                self.fd, self.pid = os.open("/proc/self/statm", os.O_RDONLY), os.getpid()
-            except OSError:
-                return None
-        return int(os.pread(self.fd, 256, 0).split()[2]) * _PAGE_SIZE
-
-
-file_backed_resident = _FileBackedResident()
 
 
 def _check(ok: bool, message: str) -> None:

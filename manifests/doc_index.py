@@ -41,7 +41,7 @@ class DocIndexWriter:
     def __init__(self, path: str):
         self.part = ParquetPart(path, DOC_INDEX_SCHEMA, row_group_size=ROW_GROUP_ROWS)
         self.pending: list[pa.Table] = []
-        self.pending_rows = self.rows = 0
+        self.pending_rows = 0
 
     def write(self, table: pa.Table) -> None:
         try:
@@ -50,7 +50,6 @@ class DocIndexWriter:
             raise ManifestError(f"document index does not match the schema in docs/format.md: {e}") from e
         self.pending.append(table)
         self.pending_rows += table.num_rows
-        self.rows += table.num_rows
         if self.pending_rows >= ROW_GROUP_ROWS:
             self._flush(final=False)
 

@@ -404,7 +404,7 @@ def _stage_docs(stage: str, s: dict) -> int:
 
 
 def _stage_bytes(stage: str, s: dict) -> int:
-    return s["input"]["bytes"] if stage == "extract" else s.get("bytes_in", 0)
+    return sum(f["bytes"] for f in s["inputs"]) if stage == "extract" else s.get("bytes_in", 0)
 
 
 def _add_counts(into: dict, counts: dict) -> None:

@@ -67,7 +67,7 @@ def extract_partition(task: dict, extract: ExtractConfig, language: LanguageConf
     key_file.write(keys_table(keys))
     for p in (docs, removed, quarantine, key_file):
         p.commit()
-    stats = {"part": part, "inputs": inputs, "input": {"bytes": sum(i["bytes"] for i in inputs)}, "extract": ex, "language": lg,
+    stats = {"part": part, "inputs": inputs, "extract": ex, "language": lg,
              "cpu_seconds": time.process_time() - cpu0,  # the whole task, all threads (a worker runs one task at a time)
              "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
     wd.mark_done(STAGE, name, stats)

@@ -27,7 +27,7 @@ def manifest_stats(extract: list[dict], global_stats: dict, tokenize: list[dict]
     for s in extract:
         ex["records"] += s["extract"]["records"]
         ex["documents_out"] += s["extract"]["documents"]
-        ex["bytes_in"] += s["input"]["bytes"]
+        ex["bytes_in"] += sum(f["bytes"] for f in s["inputs"])
         ex["bytes_out"] += s["extract"]["bytes_out"]
         _add(ex["quarantined"], s["extract"]["quarantined"])
         for k in ("documents_in", "bytes_in", "documents_out", "bytes_out"):

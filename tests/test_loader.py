@@ -98,7 +98,9 @@ def test_mapped_pages_stay_under_the_limit(tmp_path, monkeypatch):
     import loader.loader as ll
     from helpers import build_dataset
 
-    assert ll.file_backed_resident() is not None  # Linux: the limit works from /proc/self/statm
+    from loader.cache import file_backed_resident
+
+    assert file_backed_resident() is not None  # Linux: the limit works from /proc/self/statm
     monkeypatch.setattr(ll, "MAPPED_CHECK_STEPS", 1)
     pub = build_dataset(str(tmp_path / "data"), shard_rows=(256,) * 8, seq_len=2047)  # 8 shards of 1 MiB
     limit = 1 << 20
@@ -108,9 +110,9 @@ def test_mapped_pages_stay_under_the_limit(tmp_path, monkeypatch):
     for name, mapped_limit in (("unbounded", None), ("bounded", limit)):
         with Loader(pub.url, global_batch=16, cache_dir=str(tmp_path / name), workers=0, mapped_limit_bytes=mapped_limit,
                     epochs=1) as ld:
-            base, peak = ll.file_backed_resident(), 0
+            base, peak = file_backed_resident(), 0
             for _ in ld:
-                peak = max(peak, ll.file_backed_resident() - base)
+                peak = max(peak, file_backed_resident() - base)
             peaks[name] = peak
     assert peaks["unbounded"] > 4 * limit  # the run maps most of the 8 MiB it reads
     assert peaks["bounded"] < peaks["unbounded"] / 2

@@ -21,9 +21,17 @@ def cache_for(pub, tmp_path, shards_room=None, **kw):
     return ShardCache(str(tmp_path), pub.url, limit_bytes=limit, backoff_s=0.0, **kw)
 
 
+def pin(cache, shard):
+    cache.pin_ids(cache.ids([shard]))
+
+
+def unpin(cache, shard):
+    cache.unpin_ids(cache.ids([shard]))
+
+
 def use(cache, shard):
     """Pin and ensure: what the loader does before gathering."""
-    cache.pin([shard])
+    pin(cache, shard)
     return cache.ensure(shard)
 
 
@@ -49,14 +57,14 @@ def test_eviction_never_touches_a_pinned_shard_and_frees_lru_first(pub, tmp_path
     with pytest.raises(CacheFullError, match="every cached shard is pinned"):
         use(cache, c)  # a and b are both pinned: nothing may go
     assert on_disk(cache, [a, b, c]) == [True, True, False]
-    cache.unpin([c])  # the failed attempt's pin
-    cache.unpin([a])
+    unpin(cache, c)  # the failed attempt's pin
+    unpin(cache, a)
     use(cache, c)  # room is made by evicting a, the only unpinned shard
     assert on_disk(cache, [a, b, c]) == [False, True, True]
-    cache.unpin([b])
-    cache.unpin([c])
+    unpin(cache, b)
+    unpin(cache, c)
     use(cache, c)  # c used again: b is now the least recently used
-    cache.unpin([c])
+    unpin(cache, c)
     use(cache, d)
     assert on_disk(cache, [b, c, d]) == [False, True, True]
     assert cache.cached_bytes() <= 2 * a.raw_bytes
@@ -68,7 +76,7 @@ def test_a_pin_held_by_another_process_blocks_eviction(pub, tmp_path):
     cache = cache_for(pub, tmp_path, shards_room=2, full_timeout_s=0.2)
     for s in (a, b):
         use(cache, s)
-        cache.unpin([s])
+        unpin(cache, s)
     # Another process pins a: flock locks belong to open file descriptions, so a second open
     # of the .pin file behaves exactly like another process.
     fd = os.open(os.path.join(str(tmp_path), f"{a.raw_sha256}.pin"), os.O_RDWR)
@@ -97,7 +105,7 @@ def test_a_corrupt_cached_file_is_replaced_on_first_use(pub, tmp_path):
 def test_a_shard_missing_from_the_store_names_itself(pub, tmp_path):
     ghost = dataclasses.replace(pub.manifest.shards[0], path="shards/missing.arrow")
     cache = cache_for(pub, tmp_path, retries=2)
-    cache.pin([ghost])
+    pin(cache, ghost)
     with pytest.raises(ShardFetchError, match="shard shards/missing.arrow .* failed 2 attempts"):
         cache.ensure(ghost)
     cache.close()
