@@ -12,14 +12,15 @@ import os
 import re
 from dataclasses import dataclass
 
-from manifests import ManifestError, ManifestNotFoundError, Published, load_manifest
+from gristmill.manifests import ManifestError, ManifestNotFoundError, Published, load_manifest
+from gristmill.errors import GristmillError
 
 META_FILE = "meta.json"
 FORMAT = "gristmill-checkpoint-v1"  # trainer/checkpoint.py (not imported: it pulls in torch)
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
-class AuditError(ManifestError):
+class AuditError(GristmillError):
     """The checkpoint and the data do not fit together, or the question cannot be answered."""
 
 
@@ -174,7 +175,7 @@ def open_manifest(ckpt: Checkpoint, manifest_url: str | None = None) -> Publishe
 
 def verify_files(ckpt: Checkpoint) -> None:
     """The trainer's own check that the checkpoint's files match meta.json (imports torch)."""
-    from trainer.checkpoint import verify
+    from gristmill.trainer.checkpoint import verify
 
     problems = verify(ckpt.path)
     if problems:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from manifests import Manifest
+from gristmill.manifests import Manifest
 
 from .checkpoint import AuditError, Checkpoint
 
@@ -60,7 +60,7 @@ def parse_steps(text: str | None, ckpt: Checkpoint) -> tuple[int, int]:
 
 def order_at(manifest: Manifest, ckpt: Checkpoint, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(shard, row) of every global index through the loader's one order implementation."""
-    from loader import order
+    from gristmill.loader import order
 
     window = ckpt.window_shards if ckpt.window_shards is not None else order.DEFAULT_WINDOW_SHARDS
     shard, row = order.samples_at(manifest, ckpt.split, ckpt.seed, ckpt.order, indices, window)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow.compute as pc
 
-from manifests import Published
+from gristmill.manifests import Published
 
 from .checkpoint import AuditError, Checkpoint
 from .consumed import Consumed

@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from manifests import Published, sha256_file
+from gristmill.manifests import Published, sha256_file
 
 from .consumed import Consumed
 from .seen import read_spans, row_offsets, row_use, seen_spans
@@ -33,7 +33,7 @@ class LeakReport:
 
 
 def load_index(eval_file: str, *, n: int | None = None, fields=None, id_field: str | None = None, fmt: str | None = None):
-    from pipeline.ngrams import DEFAULT_N, index_from_file
+    from gristmill.pipeline.ngrams import DEFAULT_N, index_from_file
 
     name = os.path.basename(eval_file)
     try:

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from manifests import HashMismatchError, Manifest, Published, join, read_doc_index, sha256_bytes
+from gristmill.manifests import HashMismatchError, Manifest, Published, join, read_doc_index, sha256_bytes
 
 from .consumed import Consumed
 

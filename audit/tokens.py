@@ -17,8 +17,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from manifests import HashMismatchError, Manifest, Published, join, sha256_bytes
-from manifests.shards import read_table, rows_from_table
+from gristmill.manifests import HashMismatchError, Manifest, Published, join, sha256_bytes
+from gristmill.manifests.shards import read_table, rows_from_table
 
 
 def load_tokenizer(published: Published):

@@ -33,7 +33,7 @@ sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]  # this checkout's packages; 
 
 def build(root: str, rows: int, seq_len: int, shards: int, seed: int = 0):
     from helpers import write_tokenizer
-    from manifests import DatasetBuilder, Input, ManifestStore
+    from gristmill.manifests import DatasetBuilder, Input, ManifestStore
 
     rng = np.random.default_rng(seed)
     width = seq_len + 1
@@ -103,12 +103,12 @@ def main() -> None:
     ap.add_argument("--dir", default="/tmp/bench-audit")
     args = ap.parse_args()
 
-    from audit.checkpoint import open_manifest, read_checkpoint
-    from audit.consumed import consumed, parse_steps
-    from audit.leak import audit_leak
-    from audit.output import write_table
-    from audit.seen import audit_seen
-    from loader.order import sample_at
+    from gristmill.audit.checkpoint import open_manifest, read_checkpoint
+    from gristmill.audit.consumed import consumed, parse_steps
+    from gristmill.audit.leak import audit_leak
+    from gristmill.audit.output import write_table
+    from gristmill.audit.seen import audit_seen
+    from gristmill.loader.order import sample_at
 
     shutil.rmtree(args.dir, ignore_errors=True)
     t = time.perf_counter()

@@ -17,8 +17,8 @@ import time
 
 import numpy as np
 
-from pipeline.ngrams import DEFAULT_N, build_index
-from pipeline.text import normalize, words
+from gristmill.pipeline.ngrams import DEFAULT_N, build_index
+from gristmill.pipeline.text import normalize, words
 
 
 def vocabulary(rng, size=30_000):
@@ -134,7 +134,7 @@ def stage_throughput(texts, evals, n):
 
     import ray
 
-    from pipeline.decontam import DecontamConfig, decontaminate
+    from gristmill.pipeline.decontam import DecontamConfig, decontaminate
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     ray.data.DataContext.get_current().enable_progress_bars = False

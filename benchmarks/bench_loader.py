@@ -37,9 +37,9 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT]  # this checkout's packages
 
-from loader import Loader  # noqa: E402
-from loader.bench import cold_and_warm, synthetic_dataset, table  # noqa: E402
-from manifests import load_manifest  # noqa: E402
+from gristmill.loader import Loader  # noqa: E402
+from gristmill.loader.bench import cold_and_warm, synthetic_dataset, table  # noqa: E402
+from gristmill.manifests import load_manifest  # noqa: E402
 
 SEQ_LEN, BATCH = 2048, 32
 
@@ -97,7 +97,7 @@ class LoaderRun:
 
 def flat_memmap(pub, cache_dir: str, work: str) -> np.ndarray:
     """All rows of the split in one (N, seq_len + 1) uint16 file: the simplest possible reader."""
-    from manifests import MappedShard
+    from gristmill.manifests import MappedShard
 
     m = pub.manifest
     path = os.path.join(work, f"flat-{m.sha256[:12]}.u16")
@@ -118,7 +118,7 @@ def flat_memmap(pub, cache_dir: str, work: str) -> np.ndarray:
 
 def flat_rows(pub, batch: int, steps: int) -> np.ndarray:
     """The rows of the loader's first ``steps`` steps as row numbers of the flat file, (steps, batch)."""
-    from loader.order import Order
+    from gristmill.loader.order import Order
 
     o = Order(pub.manifest, "train", 0, "global")
     shards, rows = o.locate(np.arange(steps * batch))
@@ -191,7 +191,7 @@ def litdata_rate(out: str, steps: int, warmup: int, batched: bool) -> tuple[floa
 RSS_CHILD = r"""
 import json, sys
 sys.path.insert(0, sys.argv[1])
-from loader import Loader
+from gristmill.loader import Loader
 
 def status():  # VmHWM is per address space; ru_maxrss would carry the parent's peak across exec
     d = dict(line.split(":", 1) for line in open("/proc/self/status"))

@@ -27,8 +27,8 @@ os.environ.setdefault("NUMBA_NUM_THREADS", "1")
 
 import numpy as np  # noqa: E402
 
-from pipeline.minhash import MinHasher, jaccard  # noqa: E402
-from pipeline.text import words  # noqa: E402
+from gristmill.pipeline.minhash import MinHasher, jaccard  # noqa: E402
+from gristmill.pipeline.text import words  # noqa: E402
 
 
 def make_docs(n: int, seed: int = 0, n_words: int = 480, dup_every: int = 10) -> list[str]:
@@ -157,7 +157,7 @@ class PeakWorkerRSS:
 def bench_stage(n_docs: int, scales: list[int], workers: list[int]) -> None:
     import ray
 
-    from pipeline.fuzzy_dedup import FuzzyDedupConfig, find_near_duplicates
+    from gristmill.pipeline.fuzzy_dedup import FuzzyDedupConfig, find_near_duplicates
 
     ray.init(num_cpus=max(workers), include_dashboard=False, log_to_driver=False, configure_logging=False)
     ctx = ray.data.DataContext.get_current()

@@ -54,9 +54,9 @@ def job_dict(corpus: str, out: str, shard_mb: int = 32) -> dict:
 def run_scale(scale: int, root: str, shard_mb: int) -> dict:
     import ray
 
-    from pipeline.config import JobConfig
-    from pipeline.demo_corpus import write_demo_corpus
-    from pipeline.executor import prepare
+    from gristmill.pipeline.config import JobConfig
+    from gristmill.pipeline.demo_corpus import write_demo_corpus
+    from gristmill.pipeline.executor import prepare
 
     corpus, out = os.path.join(root, f"corpus-{scale}"), os.path.join(root, f"run-{scale}")
     if not os.path.exists(os.path.join(corpus, "truth")):
@@ -103,8 +103,8 @@ def warm_up_workers(ray) -> None:
 
 def tokenize_vs_raw(run_dir: str, root: str) -> dict:
     """The tokenize stage vs raw encode_batch on the same documents, batch size and threads."""
-    from pipeline.config import SplitConfig, TokenizerConfig
-    from pipeline.tokenize import load_tokenizer, tokenize_partition
+    from gristmill.pipeline.config import SplitConfig, TokenizerConfig
+    from gristmill.pipeline.tokenize import load_tokenizer, tokenize_partition
 
     cfg = TokenizerConfig(batch_size=512)
     tok_path = os.path.join(run_dir, "tokenizer.json")

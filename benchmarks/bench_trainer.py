@@ -21,9 +21,9 @@ import time
 
 import torch
 
-from trainer import config
-from trainer.synthetic import build_synthetic
-from trainer.train import train
+from gristmill.trainer import config
+from gristmill.trainer.synthetic import build_synthetic
+from gristmill.trainer.train import train
 
 WARMUP = 5
 

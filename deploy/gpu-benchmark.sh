@@ -29,7 +29,7 @@ fi
 python -c "import flash_attn" 2>/dev/null && echo "flash-attn: installed" >&2 || echo "flash-attn: not installed (SDPA flash backend)" >&2
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader >&2
 
-torchrun --standalone --nproc_per_node "$NPROC" -m trainer "configs/train-$PRESET.yaml" \
+torchrun --standalone --nproc_per_node "$NPROC" -m gristmill.trainer "configs/train-$PRESET.yaml" \
   --set "data.manifest=$MANIFEST" --set "run.dir=$OUT/run" --set "run.steps=$STEPS" --set run.log_every=1 \
   --set "data.global_batch=$((NPROC * MICRO))" --set "data.micro_batch=$MICRO" --set "data.cache_dir=$OUT/cache" \
   --set checkpoint.enabled=false --set eval.every=0 --set optimizer.warmup_steps=5 --set run.tensorboard=false

@@ -7,13 +7,13 @@ import importlib
 import logging
 import os
 import sys
+import traceback
+
+from gristmill.errors import GristmillError
 
 # Each module has `register(subparsers)`; its handlers return an exit code.
-COMMAND_MODULES = ("manifests.cli", "pipeline.cli", "loader.cli", "trainer.cli", "audit.cli")
-
-
-class UsageError(Exception):
-    """A user-facing error: printed as one line, exit code 2, no traceback."""
+COMMAND_MODULES = ("gristmill.manifests.cli", "gristmill.pipeline.cli", "gristmill.loader.cli",
+                   "gristmill.trainer.cli", "gristmill.audit.cli")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -22,7 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Raw corpora -> content-hashed token shards -> deterministic loader -> FSDP2 trainer -> audit.",
         epilog="Docs: README.md and docs/ in the repository.",
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging, and full tracebacks for errors")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
@@ -33,11 +33,12 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(name)s: %(message)s",
                         datefmt="%H:%M:%S")
-    from manifests.errors import ManifestError
-
     try:
         return int(args.handler(args) or 0)
-    except (UsageError, ManifestError, FileNotFoundError) as e:
+    except GristmillError as e:
+        # An error gristmill raised on purpose says what to do in one line; -v shows where.
+        if args.verbose:
+            traceback.print_exc()
         print(f"gristmill {args.command}: error: {e}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `gristmill ... | head`: the reader left; not an error of ours
@@ -46,8 +47,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # Run the importable module, not this __main__ copy, so `except UsageError` catches the
-    # class the handlers raise.
-    from gristmill.cli import main as _main
-
-    sys.exit(_main())
+    sys.exit(main())

@@ -1,6 +1,6 @@
 """Training batches as a pure function of (manifest, seed, global index), from a local NVMe cache.
 
-    from loader import Loader
+    from gristmill.loader import Loader
     for batch in Loader(url, seed=0, global_batch=32, rank=r, world_size=w):
         batch["tokens"], batch["input_ids"], batch["labels"], batch["indices"], batch["step"]
 

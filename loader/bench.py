@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pyarrow as pa
 
-from manifests import DOC_INDEX_SCHEMA, DatasetBuilder, Input, ManifestStore, Published
+from gristmill.manifests import DOC_INDEX_SCHEMA, DatasetBuilder, Input, ManifestStore, Published
 
 from .loader import Loader
 from .simstore import simulated_url

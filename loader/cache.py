@@ -34,17 +34,22 @@ import fsspec
 import numpy as np
 import pyarrow as pa
 
-from manifests import HashMismatchError, ManifestError, MappedShard, Shard, join, sha256_bytes, sha256_file
-from manifests.shards import read_table, rows_from_table, write_shard
+from gristmill.manifests import HashMismatchError, ManifestError, MappedShard, Shard, join, sha256_bytes, sha256_file
+from gristmill.manifests.shards import read_table, rows_from_table, write_shard
+from gristmill.errors import GristmillError, UsageError
 
 log = logging.getLogger(__name__)
 
 
-class ShardFetchError(ManifestError):
+class CacheError(GristmillError):
+    """The local shard cache cannot serve a shard: a fetch that kept failing, or no room."""
+
+
+class ShardFetchError(CacheError):
     """A shard could not be fetched and verified after every retry."""
 
 
-class CacheFullError(ManifestError):
+class CacheFullError(CacheError):
     """No unpinned shard is left to evict and the limit would be exceeded."""
 
 
@@ -84,9 +89,9 @@ class ShardCache:
                  limit_bytes: int | None = None, retries: int = 5, backoff_s: float = 0.2,
                  max_open: int = 64, full_timeout_s: float = 60.0, mapped_limit_bytes: int | None = None):
         if limit_bytes is not None and limit_bytes <= 0:
-            raise ValueError(f"cache_limit_bytes must be positive or None, got {limit_bytes}")
+            raise UsageError(f"cache_limit_bytes must be positive or None, got {limit_bytes}")
         if retries < 1:
-            raise ValueError(f"retries must be >= 1, got {retries}")
+            raise UsageError(f"retries must be >= 1, got {retries}")
         os.makedirs(cache_dir, exist_ok=True)
         self.dir, self.base_url = cache_dir, base_url
         self.fs = fsspec.core.url_to_fs(base_url, **(storage_options or {}))[0]

@@ -36,10 +36,9 @@ def _bench(args) -> int:
     import shutil
     import tempfile
 
-    from gristmill.cli import UsageError
+    from gristmill.errors import UsageError
 
     from .bench import cold_and_warm, synthetic_dataset, table, to_json
-    from .loader import CacheTooSmallError
 
     if bool(args.url) == bool(args.synthetic):
         raise UsageError("give either a dataset URL or --synthetic")
@@ -51,15 +50,12 @@ def _bench(args) -> int:
             url = synthetic_dataset(tmp, sequences=args.sequences, seq_len=args.seq_len, shard_rows=args.shard_rows,
                                     seed=args.seed).url
         config = {k: v for k, v in vars(args).items() if k not in ("handler", "command", "loader_command", "verbose")}
-        try:
-            results = cold_and_warm(
-                url, steps=args.steps, step_s=args.step_ms / 1e3, latency_s=args.latency_ms / 1e3,
-                bandwidth_bps=args.bandwidth_mbps * 1e6 or None, cache_dir=args.cache_dir, order=args.order,
-                window_shards=args.window_shards, global_batch=args.global_batch, prefetch=args.prefetch,
-                workers=args.workers, fetch_workers=args.fetch_workers, seed=args.seed,
-                cache_limit_bytes=args.cache_limit_bytes)
-        except (CacheTooSmallError, ValueError) as e:
-            raise UsageError(str(e)) from e
+        results = cold_and_warm(
+            url, steps=args.steps, step_s=args.step_ms / 1e3, latency_s=args.latency_ms / 1e3,
+            bandwidth_bps=args.bandwidth_mbps * 1e6 or None, cache_dir=args.cache_dir, order=args.order,
+            window_shards=args.window_shards, global_batch=args.global_batch, prefetch=args.prefetch,
+            workers=args.workers, fetch_workers=args.fetch_workers, seed=args.seed,
+            cache_limit_bytes=args.cache_limit_bytes)
         if args.json != "-":
             print(table(results))
         if args.json:

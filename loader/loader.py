@@ -27,12 +27,13 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 import torch
 
-from manifests import HashMismatchError, Published, load_manifest
+from gristmill.manifests import HashMismatchError, Published, load_manifest
 
 from . import simstore  # noqa: F401  (registers the gmsim:// simulated store)
-from .cache import ShardCache
+from .cache import CacheError, ShardCache
 from .gather import gather_rows
 from .order import DEFAULT_WINDOW_SHARDS, Order
+from gristmill.errors import UsageError
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,7 @@ DEFAULT_MAPPED_LIMIT = 256 << 20  # shard pages kept mapped per process (see Sha
 MAPPED_CHECK_STEPS = 2  # steps between two checks of the mapped pages (the overshoot is what 2 steps map)
 
 
-class CacheTooSmallError(ValueError):
+class CacheTooSmallError(CacheError):
     """cache_limit_bytes cannot hold the shards the chosen order needs at once."""
 
 
@@ -159,10 +160,10 @@ class Loader:
         keys = ("manifest_sha256", "seed", "order", "split") + (("window_shards",) if self.order_name == "window" else ())
         for key in keys:
             if key in sd and sd[key] != mine[key]:
-                raise ValueError(f"loader state: {key} is {sd[key]!r} in the saved state but {mine[key]!r} in this "
+                raise UsageError(f"loader state: {key} is {sd[key]!r} in the saved state but {mine[key]!r} in this "
                                  f"loader; resuming would serve a different sample order")
         if not isinstance(sd.get("next_index"), numbers.Integral) or sd["next_index"] < 0:
-            raise ValueError(f"loader state: next_index must be a non-negative int, got {sd.get('next_index')!r}")
+            raise UsageError(f"loader state: next_index must be a non-negative int, got {sd.get('next_index')!r}")
         self.next_index = int(sd["next_index"])
         self._generation += 1
 
@@ -339,7 +340,7 @@ class _Inline:
 
 def _check(ok: bool, message: str) -> None:
     if not ok:
-        raise ValueError(message)
+        raise UsageError(message)
 
 
 def _load_with_retries(url: str, expected_sha256, storage_options: dict, retries: int, backoff_s: float) -> Published:

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from manifests import Manifest
+from gristmill.manifests import Manifest
+from gristmill.errors import UsageError
 
 ORDERS = ("global", "window", "sequential")
 DEFAULT_WINDOW_SHARDS = 8
@@ -101,17 +102,17 @@ class Order:
     def __init__(self, manifest: Manifest, split: str, seed: int, order: str = "global",
                  window_shards: int = DEFAULT_WINDOW_SHARDS):
         if order not in ORDERS:
-            raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
+            raise UsageError(f"order must be one of {ORDERS}, got {order!r}")
         if order == "window" and int(window_shards) < 1:
-            raise ValueError(f"window_shards must be >= 1, got {window_shards!r}")
+            raise UsageError(f"window_shards must be >= 1, got {window_shards!r}")
         self.shard_ids = np.array([i for i, s in enumerate(manifest.shards) if s.split == split], dtype=np.int64)
         if self.shard_ids.size == 0:
-            raise ValueError(f"manifest {manifest.dataset!r} has no shards in split {split!r}")
+            raise UsageError(f"manifest {manifest.dataset!r} has no shards in split {split!r}")
         self.rows = np.array([manifest.shards[i].rows for i in self.shard_ids], dtype=np.int64)
         self.offsets = np.concatenate([[0], np.cumsum(self.rows)])  # split-local row offsets
         self.num_samples = int(self.offsets[-1])
         if self.num_samples == 0:
-            raise ValueError(f"split {split!r} of manifest {manifest.dataset!r} has no rows")
+            raise UsageError(f"split {split!r} of manifest {manifest.dataset!r} has no rows")
         self.split, self.seed, self.order, self.window_shards = split, int(seed), order, int(window_shards)
         self._epochs: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
 
@@ -120,7 +121,7 @@ class Order:
         """Global sample indices (any int array) -> (shard positions in manifest.shards, rows)."""
         g = np.asarray(indices, dtype=np.int64)
         if g.size and g.min() < 0:
-            raise ValueError(f"global indices must be >= 0, got {int(g.min())}")
+            raise UsageError(f"global indices must be >= 0, got {int(g.min())}")
         epoch, pos = np.divmod(g, self.num_samples)
         if self.order == "sequential":
             flat = pos  # split-local flat row position

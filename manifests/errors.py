@@ -1,7 +1,8 @@
 """Errors raised by the manifest contract. Each names what is wrong and where."""
+from gristmill.errors import GristmillError
 
 
-class ManifestError(Exception):
+class ManifestError(GristmillError):
     """Base class: something about a manifest or the files it pins is not valid."""
 
 

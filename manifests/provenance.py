@@ -4,7 +4,8 @@ from __future__ import annotations
 import functools
 import os
 import subprocess
-from importlib import metadata
+
+from gristmill import __version__
 
 
 @functools.cache
@@ -12,10 +13,7 @@ def code_version() -> str:
     # Images carry no .git: their build sets GRISTMILL_CODE_VERSION (deploy/Dockerfile.*).
     if override := os.environ.get("GRISTMILL_CODE_VERSION"):
         return override
-    try:
-        version = metadata.version("gristmill")
-    except metadata.PackageNotFoundError:
-        version = "0+unknown"
+    version = __version__
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     try:
         commit = subprocess.run(

@@ -15,18 +15,12 @@ def register(sub) -> None:
 
 
 def _prepare(args) -> int:
-    from gristmill.cli import UsageError
-
-    from .config import JobConfigError, load_job
+    from .config import load_job
     from .executor import prepare
     from .report import format_table
-    from .tokenize import TokenizerError
 
-    try:
-        job = load_job(args.job)
-        result = prepare(job, address=args.address, quiet=args.quiet)
-    except (JobConfigError, TokenizerError) as e:
-        raise UsageError(str(e)) from None
+    job = load_job(args.job)
+    result = prepare(job, address=args.address, quiet=args.quiet)
     print(format_table(result.report))
     return 0 if result.report["accounting"]["balanced"] else 1
 

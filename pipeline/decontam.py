@@ -22,9 +22,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from manifests import canonical_json, sha256_file, sha256_json
-from pipeline import ngrams
-from pipeline.stage import StageResult
+from gristmill.manifests import canonical_json, sha256_file, sha256_json
+from gristmill.pipeline import ngrams
+from gristmill.pipeline.stage import StageResult
+from gristmill.errors import ConfigError
 
 POLICIES = ("drop", "cut")
 REASON = "contaminated"
@@ -36,7 +37,7 @@ VERDICT = {ACTION: pa.string(), EVAL_SET: pa.string(), EVAL_ITEM: pa.string(), M
 BATCH_SIZE = 512
 
 
-class DecontamConfigError(ValueError):
+class DecontamConfigError(ConfigError):
     """The job file's ``decontaminate`` section is not valid; the message names the key."""
 
 

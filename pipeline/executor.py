@@ -30,8 +30,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from fsspec.core import url_to_fs
 
-from manifests import DatasetBuilder, EvalSet, Input, ManifestStore, code_version, sha256_json
-from manifests.shards import atomic_write
+from gristmill.manifests import DatasetBuilder, EvalSet, Input, ManifestStore, code_version, sha256_json
+from gristmill.manifests.shards import atomic_write
 
 from . import exact_dedup
 from . import report as rep
@@ -178,7 +178,7 @@ class Executor:
 
     @staticmethod
     def _stage_module(stage: str):
-        module = {"fuzzy_dedup": "pipeline.fuzzy_dedup", "decontaminate": "pipeline.decontam"}[stage]
+        module = {"fuzzy_dedup": "gristmill.pipeline.fuzzy_dedup", "decontaminate": "gristmill.pipeline.decontam"}[stage]
         try:
             return __import__(module, fromlist=["_"])
         except ModuleNotFoundError as e:

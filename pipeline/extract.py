@@ -10,7 +10,7 @@ import json
 import resource
 import time
 
-from manifests.hashing import sha256_file
+from gristmill.manifests.hashing import sha256_file
 
 from .config import ExtractConfig, LanguageConfig
 from .documents import DOC_SCHEMA, QUARANTINE_SCHEMA, REMOVED_SCHEMA, make_id, make_order, norm_hash

@@ -22,10 +22,10 @@ from dataclasses import asdict, dataclass, fields
 import numpy as np
 import pyarrow as pa
 
-from pipeline.components import connected_components
-from pipeline.lsh import LSHParams, band_keys, make_params, optimal_params
-from pipeline.minhash import MinHasher, jaccard
-from pipeline.stage import StageResult
+from gristmill.pipeline.components import connected_components
+from gristmill.pipeline.lsh import LSHParams, band_keys, make_params, optimal_params
+from gristmill.pipeline.minhash import MinHasher, jaccard
+from gristmill.pipeline.stage import StageResult
 
 REASON = "near_duplicate"
 

@@ -26,10 +26,11 @@ from typing import Iterable, NamedTuple
 
 import numpy as np
 
-from pipeline.text import words
+from gristmill.pipeline.text import words
 # The word splitter and hasher live in pipeline.wordhash (one implementation for the whole
 # project); re-exported here because callers and tests use them as ngrams.<name>.
-from pipeline.wordhash import WordHashes, fold, mix64, word_char_table, word_hashes  # noqa: F401
+from gristmill.pipeline.wordhash import WordHashes, fold, mix64, word_char_table, word_hashes  # noqa: F401
+from gristmill.errors import UsageError
 
 DEFAULT_N = 13
 
@@ -168,7 +169,7 @@ class NgramIndex:
     # -- persistence (the stage caches the index in its work dir; the audit may reload it) -------
     def save(self, path: str) -> None:
         """Write to a local ``.npz`` atomically (temporary name, then rename)."""
-        from manifests.shards import atomic_write
+        from gristmill.manifests.shards import atomic_write
 
         meta = {"hash_version": HASH_VERSION, "n": self.n, "set_names": self.set_names, "item_ids": self.item_ids,
                 "lengths": list(self.lengths)}
@@ -231,11 +232,11 @@ def build_index(eval_sets: Iterable[tuple[str, Iterable[tuple[str, str]]]], n: i
     the file) but index nothing (``item_grams`` 0), and so never match.
     """
     if n < 1:
-        raise ValueError(f"n-gram size must be >= 1, got {n}")
+        raise UsageError(f"n-gram size must be >= 1, got {n}")
     set_names, set_first, item_ids, texts = [], [0], [], []
     for name, items in eval_sets:
         if name in set_names:
-            raise ValueError(f"eval set name {name!r} is used twice; names must be unique")
+            raise UsageError(f"eval set name {name!r} is used twice; names must be unique")
         set_names.append(name)
         for item_id, text in items:
             item_ids.append(str(item_id))
@@ -298,7 +299,7 @@ def infer_format(path: str) -> str:
         base = base.removesuffix(suffix)
     fmt = _SUFFIX_FORMAT.get(posixpath.splitext(base)[1])
     if fmt is None:
-        raise ValueError(f"eval file {path}: cannot tell its format from the name; set format to one of {FORMATS}")
+        raise UsageError(f"eval file {path}: cannot tell its format from the name; set format to one of {FORMATS}")
     return fmt
 
 
@@ -324,12 +325,12 @@ def read_eval_items(path: str, fmt: str | None = None, fields: Iterable[str] = (
     elif fmt == "text":
         return _read_text(path, split)
     else:
-        raise ValueError(f"eval file {path}: unknown format {fmt!r}; expected one of {FORMATS}")
+        raise UsageError(f"eval file {path}: unknown format {fmt!r}; expected one of {FORMATS}")
     items, seen = [], set()
     for number, (where, rec) in enumerate(records):
         item_id = str(number) if id_field is None else str(_field(rec, id_field, path, where))
         if item_id in seen:
-            raise ValueError(f"eval file {path} {where}: item id {item_id!r} (field {id_field!r}) is not unique")
+            raise UsageError(f"eval file {path} {where}: item id {item_id!r} (field {id_field!r}) is not unique")
         seen.add(item_id)
         items.append((item_id, "\n".join(_as_text(_field(rec, f, path, where)) for f in fields)))
     return items
@@ -337,7 +338,7 @@ def read_eval_items(path: str, fmt: str | None = None, fields: Iterable[str] = (
 
 def _field(rec: dict, name: str, path: str, where: str):
     if name not in rec:
-        raise ValueError(f"eval file {path} {where}: no field {name!r} (fields: {', '.join(sorted(rec))})")
+        raise UsageError(f"eval file {path} {where}: no field {name!r} (fields: {', '.join(sorted(rec))})")
     return rec[name]
 
 

@@ -15,8 +15,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from manifests import DatasetBuilder
-from manifests.doc_index import DOC_INDEX_SCHEMA, DocIndexWriter
+from gristmill.manifests import DatasetBuilder
+from gristmill.manifests.doc_index import DOC_INDEX_SCHEMA, DocIndexWriter
 
 _IDX = DOC_INDEX_SCHEMA.names
 

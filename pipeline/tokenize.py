@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 from .config import SplitConfig, TokenizerConfig
 from .documents import stable_fraction
 from .workdir import ParquetPart, WorkDir, part_name
+from gristmill.errors import GristmillError
 
 STAGE = "tokenize"
 TOKENS_SCHEMA = pa.schema([
@@ -27,7 +28,7 @@ TOKENS_SCHEMA = pa.schema([
 ])
 
 
-class TokenizerError(ValueError):
+class TokenizerError(GristmillError):
     pass
 
 

@@ -15,9 +15,9 @@ from __future__ import annotations
 import json
 import os
 
-from manifests.hashing import canonical_json
-from manifests.parquet_part import ParquetPart  # noqa: F401  (the stages' output writer)
-from manifests.shards import atomic_write
+from gristmill.manifests.hashing import canonical_json
+from gristmill.manifests.parquet_part import ParquetPart  # noqa: F401  (the stages' output writer)
+from gristmill.manifests.shards import atomic_write
 
 
 def part_name(part: int) -> str:

@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pyarrow as pa
 
-from manifests import DatasetBuilder, Input, ManifestStore, Published
+from gristmill.manifests import DatasetBuilder, Input, ManifestStore, Published
 
 
 def write_tokenizer(path: str, vocab_size: int = 512) -> str:

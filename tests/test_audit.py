@@ -12,10 +12,10 @@ import pyarrow.parquet as pq
 import pytest
 from helpers import build_dataset
 
-from audit import AuditError, audit_doc, audit_seen, consumed, open_manifest, parse_steps, read_checkpoint
+from gristmill.audit import AuditError, audit_doc, audit_seen, consumed, open_manifest, parse_steps, read_checkpoint
 from gristmill.cli import main
-from loader.order import samples_at
-from manifests import HashMismatchError, read_rows
+from gristmill.loader.order import samples_at
+from gristmill.manifests import HashMismatchError, read_rows
 
 B, W = 8, 2  # global batch, world size
 

@@ -9,10 +9,10 @@ import pytest
 from helpers import write_tokenizer
 from test_audit import write_meta
 
-from audit import consumed, read_checkpoint
-from audit.leak import audit_leak
+from gristmill.audit import consumed, read_checkpoint
+from gristmill.audit.leak import audit_leak
 from gristmill.cli import main
-from manifests import DatasetBuilder, Input, ManifestStore
+from gristmill.manifests import DatasetBuilder, Input, ManifestStore
 
 SEQ_LEN = 16
 WIDTH = SEQ_LEN + 1
@@ -136,8 +136,8 @@ def test_bad_eval_file_is_a_one_line_error(text_run, tmp_path, capsys):
 
 def test_byte_level_bpe_text_is_recovered_from_the_tokens(tmp_path):
     """The pipeline's tokenizer (byte-level BPE): text cut across rows decodes back, accents included."""
-    from pipeline.config import TokenizerConfig
-    from pipeline.tokenize import load_tokenizer, train_bpe
+    from gristmill.pipeline.config import TokenizerConfig
+    from gristmill.pipeline.tokenize import load_tokenizer, train_bpe
 
     rng = np.random.default_rng(1)
     vocab = ("the mill grinds grain into flour while the river turns its wheel and the café owner counts "

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from helpers import build_dataset, flip_byte
 
-from audit import AuditError, audit_doc, consumed, open_manifest, parse_steps, read_checkpoint
-from audit.checkpoint import verify_files
+from gristmill.audit import AuditError, audit_doc, consumed, open_manifest, parse_steps, read_checkpoint
+from gristmill.audit.checkpoint import verify_files
 from gristmill.cli import main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -59,7 +59,7 @@ def test_audit_equals_the_indices_the_trainer_logged(trained):
 
 def test_audit_rows_are_the_rows_the_loader_served(trained):
     published, run_dir, _ = trained
-    from loader import Loader
+    from gristmill.loader import Loader
 
     ckpt = read_checkpoint(run_dir)
     used = consumed(published.manifest, ckpt, parse_steps("2:4", ckpt))
@@ -113,7 +113,7 @@ def test_an_edited_seed_a_corrupt_checkpoint_or_a_swapped_manifest_is_detected(t
 
 def test_leak_of_a_trained_row_is_found_at_its_step_and_a_clean_set_is_not(trained, tmp_path, capsys):
     published, run_dir, logged = trained
-    from manifests import read_rows
+    from gristmill.manifests import read_rows
     from tokenizers import Tokenizer
 
     ckpt = read_checkpoint(run_dir)

@@ -14,11 +14,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from manifests import EvalSet
-from pipeline import ngrams
-from pipeline.decontam import DecontamConfig, DecontamConfigError, cut_text, decontaminate, decontaminate_against_docs
-from pipeline.ngrams import build_index, find_matches, read_eval_items, word_hashes
-from pipeline.text import words
+from gristmill.manifests import EvalSet
+from gristmill.pipeline import ngrams
+from gristmill.pipeline.decontam import DecontamConfig, DecontamConfigError, cut_text, decontaminate, decontaminate_against_docs
+from gristmill.pipeline.ngrams import build_index, find_matches, read_eval_items, word_hashes
+from gristmill.pipeline.text import words
 
 VOCAB = [f"w{i}" for i in range(2000)]
 
@@ -50,7 +50,7 @@ def test_word_hashes_follow_text_words_and_do_not_depend_on_the_batch():
 
 
 def test_word_char_table_is_the_text_regex_on_every_code_point():
-    from pipeline.text import _NON_WORD  # what pipeline.text splits words on
+    from gristmill.pipeline.text import _NON_WORD  # what pipeline.text splits words on
 
     table = ngrams.word_char_table()
     assert [c for c in range(0x110000) if (_NON_WORD.match(chr(c)) is None) != table[c]] == []
@@ -323,9 +323,9 @@ def test_rerun_is_deterministic_and_reuses_the_cached_index(ray_session, tmp_pat
 
 @pytest.mark.slow
 def test_demo_corpus_planted_items_are_all_found_and_nothing_else(ray_session, tmp_path):
-    from pipeline.demo_corpus import write_demo_corpus
-    from pipeline.documents import make_id, make_order
-    from pipeline.readers import read_jsonl
+    from gristmill.pipeline.demo_corpus import write_demo_corpus
+    from gristmill.pipeline.documents import make_id, make_order
+    from gristmill.pipeline.readers import read_jsonl
 
     write_demo_corpus(str(tmp_path))
     rows = []

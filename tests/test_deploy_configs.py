@@ -9,7 +9,6 @@ import os
 import re
 import shlex
 import subprocess
-import tomllib
 
 import pytest
 import yaml
@@ -34,8 +33,9 @@ def rel(path: str) -> str:
 
 
 def version() -> str:
-    with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
-        return tomllib.load(f)["project"]["version"]
+    import gristmill  # the one place the version is defined (pyproject reads it from there)
+
+    return gristmill.__version__
 
 
 def walk(node, key=None):
@@ -177,11 +177,11 @@ def check_job_file(where: str, args) -> None:
         return  # supplied at run time (a ConfigMap, the shared filesystem): checked below or by the operator
     assert os.path.exists(path), f"{where}: job file {args.job} is not in the repo"
     if args.command == "train":
-        from trainer.config import load
+        from gristmill.trainer.config import load
 
         load(path, args.overrides)
     elif args.command == "prepare":
-        from pipeline.config import load_job
+        from gristmill.pipeline.config import load_job
 
         load_job(path)
 
@@ -193,7 +193,7 @@ def test_files_named_in_deploy_exist():
 
 
 def test_kuberay_job_file_is_a_valid_prepare_job():
-    from pipeline.config import JobConfig
+    from gristmill.pipeline.config import JobConfig
 
     docs = yaml_docs(os.path.join(DEPLOY, "kuberay", "rayjob-prepare.yaml"))
     config_map = next(d for d in docs if d["kind"] == "ConfigMap")
@@ -201,7 +201,7 @@ def test_kuberay_job_file_is_a_valid_prepare_job():
     job = JobConfig.from_dict(yaml.safe_load(config_map["data"]["prepare.yaml"]), where="ConfigMap prepare.yaml")
     assert job.work_dir.startswith("/shared/"), "work_dir must be on the volume every worker mounts"
     if job.fuzzy_dedup is not None:
-        from pipeline.fuzzy_dedup import FuzzyDedupConfig
+        from gristmill.pipeline.fuzzy_dedup import FuzzyDedupConfig
 
         FuzzyDedupConfig.from_dict(job.fuzzy_dedup)
     mounted = {m["mountPath"] for c in rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"]

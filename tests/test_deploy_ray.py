@@ -194,9 +194,9 @@ def pipeline_task_nodes(dashboard: str, job_hex: str) -> set[str]:
 def test_prepare_on_two_node_ray_cluster_matches_single_process(tmp_path, ray_session):
     from ray.job_submission import JobStatus, JobSubmissionClient
 
-    from manifests import ManifestStore, verify_published
-    from pipeline.config import load_job
-    from pipeline.executor import prepare
+    from gristmill.manifests import ManifestStore, verify_published
+    from gristmill.pipeline.config import load_job
+    from gristmill.pipeline.executor import prepare
 
     corpus = write_corpus(str(tmp_path / "corpus"))
     cluster_job = write_job(str(tmp_path / "cluster-job.yaml"), corpus, str(tmp_path / "cluster"))

@@ -5,9 +5,9 @@ import random
 import numpy as np
 import pytest
 
-from pipeline.components import connected_components, large_star, small_star
-from pipeline.fuzzy_dedup import FuzzyDedupConfig, find_near_duplicates
-from pipeline.minhash import MinHasher, jaccard
+from gristmill.pipeline.components import connected_components, large_star, small_star
+from gristmill.pipeline.fuzzy_dedup import FuzzyDedupConfig, find_near_duplicates
+from gristmill.pipeline.minhash import MinHasher, jaccard
 
 
 def _vocab(rng, n=3000):
@@ -201,7 +201,7 @@ def test_demo_corpus_planted_pairs(ray_session, tmp_path):
 
     import zstandard
 
-    from pipeline.demo_corpus import write_demo_corpus
+    from gristmill.pipeline.demo_corpus import write_demo_corpus
 
     write_demo_corpus(str(tmp_path / "demo"))
     with open(tmp_path / "demo" / "corpus" / "00-books.jsonl.zst", "rb") as f:

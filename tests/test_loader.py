@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from helpers import build_dataset, flip_byte
-from loader import CacheTooSmallError, Loader, ShardFetchError, samples_at
-from loader.simstore import simulated_url
-from manifests import HashMismatchError, join, read_rows
+from gristmill.loader import CacheTooSmallError, Loader, ShardFetchError, samples_at
+from gristmill.loader.simstore import simulated_url
+from gristmill.manifests import HashMismatchError, join, read_rows
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +82,7 @@ def test_token_dtype_must_hold_the_stored_tokens(pub, tmp_path):
 
 
 def test_released_pages_change_nothing_served(pub, tmp_path, monkeypatch):
-    import loader.loader as ll
+    import gristmill.loader.loader as ll
 
     monkeypatch.setattr(ll, "MAPPED_CHECK_STEPS", 1)
     plain = run(pub, tmp_path / "a", steps=9, global_batch=8, mapped_limit_bytes=None)
@@ -95,10 +95,10 @@ def test_released_pages_change_nothing_served(pub, tmp_path, monkeypatch):
 
 def test_mapped_pages_stay_under_the_limit(tmp_path, monkeypatch):
     """RSS of file-backed pages stays near the limit while a run reads far more shard bytes than it."""
-    import loader.loader as ll
+    import gristmill.loader.loader as ll
     from helpers import build_dataset
 
-    from loader.cache import file_backed_resident
+    from gristmill.loader.cache import file_backed_resident
 
     assert file_backed_resident() is not None  # Linux: the limit works from /proc/self/statm
     monkeypatch.setattr(ll, "MAPPED_CHECK_STEPS", 1)
@@ -229,7 +229,7 @@ def test_a_corrupted_cached_shard_is_detected_and_fetched_again(pub, tmp_path):
             misses += ld.last_metrics["cache_misses"]
     same(again, clean)
     assert misses == 3  # every corrupted shard was re-fetched
-    from manifests import sha256_file
+    from gristmill.manifests import sha256_file
     by_raw = {s.raw_sha256 for s in pub.manifest.shards}
     for name in cached:
         assert sha256_file(str(cache / name))[0] == name[: -len(".arrow")] and name[:-6] in by_raw
@@ -331,7 +331,7 @@ def test_temporary_files_of_dead_processes_are_removed(pub, tmp_path):
 
 
 def test_reads_a_dataset_published_to_memory_fs(tmp_path):
-    from manifests import ManifestStore
+    from gristmill.manifests import ManifestStore
 
     local = build_dataset(str(tmp_path / "ds"), publish=False)  # staging dir + manifest
     pub_mem = ManifestStore("memory://gristmill-loader-test").publish(local.manifest, local.url)
@@ -341,7 +341,7 @@ def test_reads_a_dataset_published_to_memory_fs(tmp_path):
 
 CHILD = """
 import json, sys
-from loader import Loader
+from gristmill.loader import Loader
 url, cache, rank = sys.argv[1], sys.argv[2], int(sys.argv[3])
 total = 0
 with Loader(url, storage_options={"latency_s": 0.05}, rank=rank, world_size=2, global_batch=8, cache_dir=cache) as ld:

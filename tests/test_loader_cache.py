@@ -6,7 +6,7 @@ import os
 import pytest
 
 from helpers import build_dataset, flip_byte
-from loader.cache import CacheFullError, ShardCache, ShardFetchError
+from gristmill.loader.cache import CacheFullError, ShardCache, ShardFetchError
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +97,7 @@ def test_a_corrupt_cached_file_is_replaced_on_first_use(pub, tmp_path):
     flip_byte(first.path(a))
     second = cache_for(pub, tmp_path)
     assert use(second, a).downloaded_bytes == a.bytes  # detected by the raw_sha256 check, fetched again
-    from manifests import sha256_file
+    from gristmill.manifests import sha256_file
     assert sha256_file(second.path(a))[0] == a.raw_sha256
     second.close()
 
@@ -132,7 +132,7 @@ def test_rows_outside_the_file_mapping_are_never_released():
     """A multi-chunk shard's rows are concatenated into ordinary memory, which MADV_DONTNEED would zero."""
     import numpy as np
 
-    from loader.cache import _file_pages
+    from gristmill.loader.cache import _file_pages
 
     class Copied:  # rows in ordinary memory, the mapping elsewhere
         rows = np.ones((4, 8), np.uint16)

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from loader.order import ORDERS, Order, derive_key, feistel, sample_at, samples_at
+from gristmill.loader.order import ORDERS, Order, derive_key, feistel, sample_at, samples_at
 from helpers import build_dataset
 
 

@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 from helpers import build_dataset, flip_byte
 
-from manifests import (
+from gristmill.manifests import (
     DOC_INDEX_SCHEMA,
     HashMismatchError,
     Manifest,
@@ -26,7 +26,7 @@ from manifests import (
     write_cache_form,
     write_shard,
 )
-from manifests.shards import shard_schema
+from gristmill.manifests.shards import shard_schema
 
 
 def test_shard_round_trip_and_random_access(tmp_path):
@@ -163,7 +163,7 @@ def _spans(n, seed=0):
 
 
 def test_doc_index_streamed_in_any_chunks_is_byte_identical(tmp_path, monkeypatch):
-    import manifests.doc_index as di
+    import gristmill.manifests.doc_index as di
 
     monkeypatch.setattr(di, "ROW_GROUP_ROWS", 100)  # several row groups from a small table
     table = _spans(1_037)
@@ -179,7 +179,7 @@ def test_doc_index_streamed_in_any_chunks_is_byte_identical(tmp_path, monkeypatc
 
 
 def test_doc_index_writer_that_fails_leaves_no_index(tmp_path):
-    from manifests.doc_index import DocIndexWriter
+    from gristmill.manifests.doc_index import DocIndexWriter
 
     path = tmp_path / "doc_index.parquet"
     with pytest.raises(ManifestError, match="does not match the schema"):

@@ -6,9 +6,9 @@ import pytest
 from datasketch import MinHash
 from datasketch.lsh import _optimal_param
 
-from pipeline.lsh import band_keys, make_params, optimal_params
-from pipeline.minhash import MAX_HASH, MinHasher, estimate_jaccard, jaccard, numba, permutations
-from pipeline.text import words
+from gristmill.pipeline.lsh import band_keys, make_params, optimal_params
+from gristmill.pipeline.minhash import MAX_HASH, MinHasher, estimate_jaccard, jaccard, numba, permutations
+from gristmill.pipeline.text import words
 
 PATHS = [False, True] if numba is not None else [False]
 

@@ -13,7 +13,7 @@ import time
 import pytest
 import yaml
 
-from manifests import load_manifest, read_doc_index, verify_published
+from gristmill.manifests import load_manifest, read_doc_index, verify_published
 
 pytestmark = pytest.mark.slow
 
@@ -25,7 +25,7 @@ def _read_jsonl(path):
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    from pipeline.demo_corpus import write_demo_corpus
+    from gristmill.pipeline.demo_corpus import write_demo_corpus
 
     out = tmp_path_factory.mktemp("demo")
     write_demo_corpus(str(out))
@@ -48,8 +48,8 @@ def _job_dict(corpus, out, **over):
 
 
 def _prepare(corpus, out, **over):
-    from pipeline.config import JobConfig
-    from pipeline.executor import prepare
+    from gristmill.pipeline.config import JobConfig
+    from gristmill.pipeline.executor import prepare
 
     return prepare(JobConfig.from_dict(_job_dict(corpus, out, **over)), quiet=True)
 

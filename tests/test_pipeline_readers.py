@@ -9,9 +9,9 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from pipeline.config import JobConfig, JobConfigError, load_job
-from pipeline.demo_corpus import _gz, _html, _warc_record
-from pipeline.readers import read_records
+from gristmill.pipeline.config import JobConfig, JobConfigError, load_job
+from gristmill.pipeline.demo_corpus import _gz, _html, _warc_record
+from gristmill.pipeline.readers import read_records
 
 
 def _lines(n):
@@ -125,13 +125,13 @@ def test_job_file_errors_and_relative_paths(tmp_path):
 def test_missing_input_and_unavailable_stage_fail_before_any_work(tmp_path, monkeypatch):
     import sys
 
-    from pipeline.executor import Executor
+    from gristmill.pipeline.executor import Executor
 
     d = _job(tmp_path)
     d["inputs"] = [str(tmp_path / "missing-*.jsonl")]
     with pytest.raises(JobConfigError, match=r"inputs\[0\].path: no input file matches"):
         Executor(JobConfig.from_dict(d))
-    monkeypatch.setitem(sys.modules, "pipeline.fuzzy_dedup", None)  # as if the module were not there
-    with pytest.raises(JobConfigError, match="fuzzy_dedup: is set but pipeline.fuzzy_dedup is not available"):
+    monkeypatch.setitem(sys.modules, "gristmill.pipeline.fuzzy_dedup", None)  # as if the module were not there
+    with pytest.raises(JobConfigError, match="fuzzy_dedup: is set but gristmill.pipeline.fuzzy_dedup is not available"):
         Executor(JobConfig.from_dict(_job(tmp_path, fuzzy_dedup={})))
     assert not os.path.exists(tmp_path / "w" / "_done")

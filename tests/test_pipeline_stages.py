@@ -1,14 +1,14 @@
 """The per-document logic of the stages, without Ray: dedup, split, tokenizer, packing."""
 import numpy as np
 
-from manifests import DatasetBuilder, read_doc_index, read_rows
-from pipeline.config import SplitConfig, TokenizerConfig
-from pipeline.documents import make_order, norm_hash, part_of
-from pipeline.exact_dedup import find_exact_duplicates, keys_table, plan_tasks
-from pipeline.executor import group_files
-from pipeline.pack import pack_split
-from pipeline.tokenize import TOKENS_SCHEMA, split_of, train_bpe
-from pipeline.workdir import ParquetPart
+from gristmill.manifests import DatasetBuilder, read_doc_index, read_rows
+from gristmill.pipeline.config import SplitConfig, TokenizerConfig
+from gristmill.pipeline.documents import make_order, norm_hash, part_of
+from gristmill.pipeline.exact_dedup import find_exact_duplicates, keys_table, plan_tasks
+from gristmill.pipeline.executor import group_files
+from gristmill.pipeline.pack import pack_split
+from gristmill.pipeline.tokenize import TOKENS_SCHEMA, split_of, train_bpe
+from gristmill.pipeline.workdir import ParquetPart
 
 
 def _keys(rows):

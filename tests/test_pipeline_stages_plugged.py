@@ -25,9 +25,9 @@ def _corpus(tmp_path):
 
 @pytest.mark.parametrize("policy", ["drop", "cut"])
 def test_decontamination_plugged_in(tmp_path, ray_session, policy):
-    from manifests import load_manifest
-    from pipeline.config import JobConfig
-    from pipeline.executor import prepare
+    from gristmill.manifests import load_manifest
+    from gristmill.pipeline.config import JobConfig
+    from gristmill.pipeline.executor import prepare
 
     _corpus(tmp_path)
     job = JobConfig.from_dict({
@@ -54,7 +54,7 @@ def test_decontamination_plugged_in(tmp_path, ray_session, policy):
         assert sorted(r["id"] for r in cut) == ["a.jsonl:3", "a.jsonl:7"]
         assert all("lighthouse" not in r["text"] and "river runs past" in r["text"] for r in cut)
         # the cut documents were tokenized shorter than their uncut twins in the corpus
-        from manifests import read_doc_index
+        from gristmill.manifests import read_doc_index
 
         index = read_doc_index(os.path.join(result.url, m.doc_index.path)).to_pandas()
         length = index.groupby("doc_id")["length"].sum()

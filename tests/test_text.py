@@ -1,4 +1,4 @@
-from pipeline.text import normalize, words
+from gristmill.pipeline.text import normalize, words
 
 
 def test_normalize_folds_case_punctuation_width_and_space():

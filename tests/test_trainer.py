@@ -18,7 +18,7 @@ import pyarrow as pa
 import pytest
 
 from helpers import build_dataset, flip_byte, write_tokenizer
-from manifests import DatasetBuilder, Input, ManifestStore
+from gristmill.manifests import DatasetBuilder, Input, ManifestStore
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JOB = os.path.join(ROOT, "configs", "train-tiny.yaml")
@@ -53,7 +53,7 @@ def build_learnable(root: str, vocab: int = 64, seq_len: int = 16) -> str:
 
 def train(manifest: str, run_dir: str, *sets: str, nproc: int = 1, extra=(), env=None, check=True,
           popen=False, cli=False):
-    """Run ``python -m trainer`` (``gristmill train`` with ``cli``, torchrun with ``nproc`` > 1) on the tiny job."""
+    """Run ``python -m gristmill.trainer`` (``gristmill train`` with ``cli``, torchrun with ``nproc`` > 1) on the tiny job."""
     launcher = [sys.executable, "-m", "gristmill.cli", "train"] if cli else [sys.executable, "-m", "trainer"]
     if nproc > 1:
         launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
@@ -179,7 +179,7 @@ def test_kill_during_checkpoint_save_resumes_from_previous(reference, data, tmp_
 
 
 def test_corrupt_newest_checkpoint_falls_back_to_previous(reference, tmp_path):
-    from trainer.checkpoint import find_resumable
+    from gristmill.trainer.checkpoint import find_resumable
 
     run_dir = str(tmp_path / "corrupt")
     shutil.copytree(reference, run_dir)

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from trainer import config
-from trainer.metrics import mfu, peak_flops, young_daly_interval_s
-from trainer.model import PRESETS, Transformer, count_params, flops_per_token, model_args
-from trainer.train import lr_at
+from gristmill.trainer import config
+from gristmill.trainer.metrics import mfu, peak_flops, young_daly_interval_s
+from gristmill.trainer.model import PRESETS, Transformer, count_params, flops_per_token, model_args
+from gristmill.trainer.train import lr_at
 
 CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
 
@@ -96,7 +96,7 @@ def test_young_daly_interval():
 
 @pytest.mark.parametrize("mode", ["selective", "full"])
 def test_activation_checkpointing_keeps_the_gradients(mode):
-    from trainer.parallelize import apply_activation_checkpointing
+    from gristmill.trainer.parallelize import apply_activation_checkpointing
 
     def grads(ac: str) -> dict[str, torch.Tensor]:
         torch.manual_seed(0)
@@ -116,8 +116,8 @@ def test_activation_checkpointing_keeps_the_gradients(mode):
 def test_the_loaders_stored_dtype_batch_gives_the_int64_loss(tmp_path):
     """The trainer asks the loader for uint16 tokens and widens them itself: same inputs, labels, loss."""
     from helpers import build_dataset
-    from loader import Loader
-    from trainer.train import cross_entropy, inputs_and_labels
+    from gristmill.loader import Loader
+    from gristmill.trainer.train import cross_entropy, inputs_and_labels
 
     pub = build_dataset(str(tmp_path / "data"))
     batches = {}
@@ -137,7 +137,7 @@ def test_the_loaders_stored_dtype_batch_gives_the_int64_loss(tmp_path):
 
 def test_unsigned_tokens_widen_to_their_values():
     """Token ids past the signed range survive the trip (they travel as int16/int32 bytes)."""
-    from trainer.train import inputs_and_labels
+    from gristmill.trainer.train import inputs_and_labels
 
     for np_dtype in (np.uint16, np.uint32):
         top = np.iinfo(np_dtype).max

@@ -1,4 +1,4 @@
-"""``python -m trainer JOB.yaml`` / ``torchrun --nproc_per_node N -m trainer JOB.yaml``."""
+"""``python -m gristmill.trainer JOB.yaml`` / ``torchrun --nproc_per_node N -m gristmill.trainer JOB.yaml``."""
 import sys
 
 from .train import main

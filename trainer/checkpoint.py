@@ -39,10 +39,12 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from manifests import sha256_file
-from manifests.shards import atomic_write
+import gristmill
+from gristmill.manifests import sha256_file
+from gristmill.manifests.shards import atomic_write
 
 from . import faults
+from gristmill.errors import GristmillError
 
 log = logging.getLogger("gristmill.trainer")
 
@@ -52,7 +54,7 @@ _STEP_DIR = re.compile(r"^step-(\d+)$")
 TMP_PREFIX = ".tmp-"
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(GristmillError):
     """A checkpoint cannot be used: names the directory and what is wrong with it."""
 
 
@@ -108,8 +110,9 @@ def set_rng_state(state: dict) -> None:
 
 # -- metadata -------------------------------------------------------------------------------
 def library_versions() -> dict:
-    out = {"python": sys.version.split()[0], "torch": torch.__version__, "numpy": np.__version__}
-    for name in ("pyarrow", "gristmill", "flash-attn"):
+    out = {"python": sys.version.split()[0], "torch": torch.__version__, "numpy": np.__version__,
+           "gristmill": gristmill.__version__}
+    for name in ("pyarrow", "flash-attn"):
         try:
             out[name] = metadata.version(name)
         except metadata.PackageNotFoundError:

@@ -1,6 +1,6 @@
 """``gristmill train JOB.yaml``. Several processes: run it under torchrun, e.g.
 ``torchrun --nproc_per_node 8 $(which gristmill) train configs/train-1b.yaml``
-(or ``torchrun --nproc_per_node 8 -m trainer configs/train-1b.yaml``)."""
+(or ``torchrun --nproc_per_node 8 -m gristmill.trainer configs/train-1b.yaml``)."""
 from __future__ import annotations
 
 import argparse
@@ -24,13 +24,7 @@ def register(sub) -> None:
 def _train(args) -> int:
     import logging
 
-    from gristmill.cli import UsageError
-
-    from .config import ConfigError
-    from .train import TrainingError, run
+    from .train import run
 
     logging.getLogger("gristmill.trainer").setLevel(logging.INFO)
-    try:
-        return run(args)
-    except (ConfigError, TrainingError) as e:
-        raise UsageError(str(e)) from e
+    return run(args)

@@ -9,9 +9,10 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 import yaml
+from gristmill.errors import ConfigError as _ConfigError
 
 
-class ConfigError(ValueError):
+class ConfigError(_ConfigError):
     """The job file is malformed: names the file, the key and what was expected."""
 
 

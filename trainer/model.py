@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from gristmill.errors import UsageError
 
 
 @dataclass(frozen=True)
@@ -47,11 +48,11 @@ PRESETS: dict[str, ModelArgs] = {
 
 def model_args(preset: str, vocab_size: int, max_seq_len: int, **overrides) -> ModelArgs:
     if preset not in PRESETS:
-        raise ValueError(f"model.preset: unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
+        raise UsageError(f"model.preset: unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
     args = replace(PRESETS[preset], vocab_size=vocab_size, max_seq_len=max_seq_len,
                    **{k: v for k, v in overrides.items() if v is not None})
     if args.dim % args.n_heads or args.n_heads % args.n_kv_heads:
-        raise ValueError(f"model: dim ({args.dim}) must divide by n_heads ({args.n_heads}) and n_heads by "
+        raise UsageError(f"model: dim ({args.dim}) must divide by n_heads ({args.n_heads}) and n_heads by "
                          f"n_kv_heads ({args.n_kv_heads})")
     return args
 
@@ -170,7 +171,7 @@ class Transformer(nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         S = tokens.shape[1]
         if S > self.args.max_seq_len:
-            raise ValueError(f"sequence of {S} tokens is longer than the model's max_seq_len {self.args.max_seq_len}")
+            raise UsageError(f"sequence of {S} tokens is longer than the model's max_seq_len {self.args.max_seq_len}")
         cos, sin = self.rope_cos[:S], self.rope_sin[:S]
         h = self.tok_embeddings(tokens)
         for layer in self.layers.values():

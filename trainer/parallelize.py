@@ -14,6 +14,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from gristmill.errors import UsageError
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,7 @@ def build_mesh(device: torch.device, world_size: int, dp_shard: int = -1) -> Dev
     """
     shard = world_size if dp_shard in (-1, 0) else dp_shard
     if world_size % shard:
-        raise ValueError(f"parallelism.dp_shard={dp_shard} does not divide the world size {world_size}")
+        raise UsageError(f"parallelism.dp_shard={dp_shard} does not divide the world size {world_size}")
     if shard == world_size:
         return init_device_mesh(device.type, (world_size,), mesh_dim_names=("dp_shard",))
     return init_device_mesh(device.type, (world_size // shard, shard), mesh_dim_names=("dp_replicate", "dp_shard"))
@@ -75,7 +76,7 @@ def resolve_attention(mode: str, device: torch.device) -> str:
 
     if mode == "flash":
         if device.type != "cuda" or _flash_attn() is None:
-            raise ValueError("parallelism.attention=flash needs a CUDA device and the flash-attn package "
+            raise UsageError("parallelism.attention=flash needs a CUDA device and the flash-attn package "
                              "(pip install flash-attn); use auto or sdpa")
         return "flash"
     if mode == "auto" and device.type == "cuda" and _flash_attn() is not None:
@@ -109,7 +110,7 @@ def apply_activation_checkpointing(model: nn.Module, mode: str) -> None:
     if mode == "selective":
         kwargs["context_fn"] = partial(create_selective_checkpoint_contexts, _selective_policy)
     elif mode != "full":
-        raise ValueError(f"parallelism.activation_checkpoint: expected none, selective or full, got {mode!r}")
+        raise UsageError(f"parallelism.activation_checkpoint: expected none, selective or full, got {mode!r}")
     for name, block in list(model.layers.items()):
         model.layers[name] = checkpoint_wrapper(block, **kwargs)
 

@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pyarrow as pa
 
-from manifests import DatasetBuilder, Input, ManifestStore
+from gristmill.manifests import DatasetBuilder, Input, ManifestStore
 
 
 def build_synthetic(root: str, *, vocab_size: int, seq_len: int, train_rows: int, val_rows: int = 64,

@@ -1,4 +1,4 @@
-"""The training loop: ``torchrun --nproc_per_node N -m trainer.train JOB.yaml`` (or ``gristmill train``).
+"""The training loop: ``torchrun --nproc_per_node N -m gristmill.trainer.train JOB.yaml`` (or ``gristmill train``).
 
 One optimizer step n (1-based) consumes the loader's step n-1, i.e. the global sample indices
 [(n-1)*B, n*B) of the manifest's training order, split across ranks by the loader. Checkpoint
@@ -20,8 +20,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from manifests import ManifestError, code_version, load_manifest
-from manifests.shards import atomic_write
+from gristmill.manifests import ManifestError, code_version, load_manifest
+from gristmill.manifests.shards import atomic_write
 
 from . import config as config_mod
 from . import faults
@@ -31,11 +31,12 @@ from .config import JobConfig
 from .metrics import MetricsLog, device_name, format_step, mfu, peak_flops, young_daly_interval_s
 from .model import Transformer, count_params, flops_per_token, model_args
 from .parallelize import build_mesh, init_distributed, parallelize, resolve_attention, resolve_mixed_precision
+from gristmill.errors import GristmillError
 
 log = logging.getLogger("gristmill.trainer")
 
 
-class TrainingError(RuntimeError):
+class TrainingError(GristmillError):
     """The run cannot continue: the message says why and what to do."""
 
 
@@ -402,7 +403,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m trainer.train", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m gristmill.trainer.train", description=__doc__.split("\n")[0])
     add_arguments(p)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
