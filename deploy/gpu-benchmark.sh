@@ -21,7 +21,7 @@ MANIFEST=${1:-}
 
 if [[ -z "$MANIFEST" ]]; then
   echo "building a synthetic dataset under $OUT/data" >&2
-  python -c "import sys; from trainer.synthetic import build_synthetic; \
+  python -c "import sys; from gristmill.trainer.synthetic import build_synthetic; \
 print(build_synthetic(sys.argv[1], vocab_size=128256, seq_len=2048, train_rows=1024))" "$OUT/data" >&2
   MANIFEST="$OUT/data/store/synthetic"
 fi
