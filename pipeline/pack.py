@@ -1,22 +1,37 @@
 """Pack tokenized documents into rows of ``seq_len + 1`` tokens, shards, and the document index.
 
 Documents are concatenated in global ``order`` (EOS already follows each) and cut into rows; a
-document may continue into the next row. The tail that does not fill a whole row is dropped
-and counted (``tokens_dropped_tail``). A shard holds ``shard_bytes // row bytes`` rows (the
-last one fewer). Packing is a single sequential pass: it is what makes the output independent
-of how the parallel stages were scheduled, and it is cheap (array copies, no text).
+document may continue into the next row. A shard holds ``shard_bytes // row bytes`` rows (the
+last one of a range fewer).
+
+Packing runs in parallel over fixed *ranges* of consecutive partitions, planned from the
+tokenize stage's token counts (about ``pack.range_tokens`` tokens a range), never from the
+worker count: each range is one Ray task that packs its documents, in ``order``, into its own
+shards (``shards/<split>-<range>-<n>.arrow``) and its own slice of the document index (shard
+numbers local to the range). The tail of a range that does not fill a whole row is dropped and
+counted (``tokens_dropped_tail``), at most ``seq_len`` tokens a range. A last task merges the
+slices into the one document index, offsetting shard numbers to their place in the manifest
+(train shards of every range in range order, then validation). So the output, and the manifest
+hash, are a function of the data alone: the same for any worker count and after any resume.
 """
 from __future__ import annotations
 
 import bisect
+import os
+from dataclasses import asdict
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from gristmill.manifests import DatasetBuilder
+from gristmill.manifests import DatasetBuilder, Shard, sha256_file
 from gristmill.manifests.doc_index import DOC_INDEX_SCHEMA, DocIndexWriter
+from gristmill.manifests.manifest import token_dtype_for
+from gristmill.manifests.shards import write_shard
+
+SPLITS = ("train", "validation")
+RANGE_TOKENS = 64 << 20  # tokens a pack range holds before the next one starts (a task of a few seconds)
 
 _IDX = DOC_INDEX_SCHEMA.names
 
@@ -25,7 +40,8 @@ class SplitPacker:
     """One split's packing pass. Spans go to the document index as soon as their rows are in a
     written shard, so memory is one shard plus the spans of its rows, whatever the corpus size."""
 
-    def __init__(self, builder: DatasetBuilder, split: str, seq_len: int, shard_bytes: int, index: DocIndexWriter):
+    def __init__(self, builder: DatasetBuilder | RangeShards, split: str, seq_len: int, shard_bytes: int,
+                 index: DocIndexWriter):
         self.b, self.split, self.width, self.index_writer = builder, split, seq_len + 1, index
         itemsize = np.dtype(builder.dtype).itemsize
         self.rows_per_shard = max(1, shard_bytes // (self.width * itemsize))
@@ -96,7 +112,64 @@ class SplitPacker:
         self.pending, self.pending_tokens = [], 0
 
 
-def pack_split(builder: DatasetBuilder, token_files: list[str], split: str, seq_len: int, shard_bytes: int,
+class RangeShards:
+    """Where one range's packer puts its shards: ``shards/<split>-<range>-<n>.arrow`` in staging,
+    each pinned by both hashes as ``DatasetBuilder.add_shard`` does."""
+
+    def __init__(self, staging: str, range_no: int, vocab_size: int):
+        self.dir, self.range_no = staging, range_no
+        self.dtype = token_dtype_for(vocab_size)
+        self.shards: list[Shard] = []
+
+    def add_shard(self, split: str, rows: np.ndarray, number: int) -> Shard:
+        rel = f"shards/{split}-{self.range_no:05d}-{number:05d}.arrow"
+        rows = rows.astype(self.dtype, copy=False)
+        published = write_shard(os.path.join(self.dir, rel), rows)
+        raw = write_shard(None, rows, compressed=False)  # pin the cache form's hash too, from the same rows
+        shard = Shard(rel, split, published.sha256, published.bytes, published.rows, published.tokens, raw.sha256, raw.bytes)
+        self.shards.append(shard)
+        return shard
+
+
+def plan_ranges(tokens_per_part: list[int], range_tokens: int) -> list[list[int]]:
+    """Consecutive partitions, each range closed once it holds ``range_tokens`` tokens."""
+    ranges, size = [[]], 0
+    for p, n in enumerate(tokens_per_part):
+        if ranges[-1] and size >= range_tokens:
+            ranges.append([])
+            size = 0
+        ranges[-1].append(p)
+        size += n
+    return ranges if ranges[0] else []
+
+
+def pack_range_task(item: dict, token_files: list[str], staging: str, index_dir: str, seq_len: int, shard_bytes: int,
+                    vocab_size: int) -> dict:
+    """Pack one range of partitions, both splits: its shards and its document-index slices."""
+    sink = RangeShards(staging, item["range"], vocab_size)
+    out = {"splits": {}}
+    for split in SPLITS:
+        path = os.path.join(index_dir, f"{item['name']}-{split}.parquet")
+        with DocIndexWriter(path) as index:
+            stats = pack_split(sink, [token_files[p] for p in item["parts"]], split, seq_len, shard_bytes, index)
+        out["splits"][split] = {"stats": stats, "shards": [asdict(s) for s in sink.shards if s.split == split],
+                                "index": path}
+    return out
+
+
+def merge_doc_index(item: dict, slices: list[tuple[str, int]], out_path: str) -> dict:
+    """Concatenate the ranges' index slices in manifest order; ``base`` turns a slice's shard
+    number (a position in its range's shard list) into a position in the manifest's."""
+    with DocIndexWriter(out_path) as w:
+        for path, base in slices:
+            for batch in pq.ParquetFile(path).iter_batches(batch_size=1 << 16):
+                t = pa.Table.from_batches([batch])
+                w.write(t.set_column(0, "shard", pc.add(t.column("shard"), base).cast(t.schema.field("shard").type)))
+    sha, size = sha256_file(out_path)
+    return {"sha256": sha, "bytes": size}
+
+
+def pack_split(builder: DatasetBuilder | RangeShards, token_files: list[str], split: str, seq_len: int, shard_bytes: int,
                index: DocIndexWriter, batch_rows: int = 1024) -> dict:
     """Pack one split from the tokenize stage's partition files, read in partition order; returns its stats."""
     packer = SplitPacker(builder, split, seq_len, shard_bytes, index)
