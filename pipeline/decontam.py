@@ -232,7 +232,8 @@ def reference_index(items: list[tuple[str, str]], cfg: DecontamConfig, name: str
 def decontaminate_against_docs(train_docs: pa.Table, reference_docs: pa.Table, cfg: DecontamConfig,
                                name: str = "validation") -> StageResult:
     """Check ``train_docs`` against the texts of ``reference_docs`` (the validation split)."""
-    pairs = zip(reference_docs.column("id").to_pylist(), reference_docs.column("text").to_pylist())
+    pairs = zip(reference_docs.column("id").to_pylist(), reference_docs.column("text").to_pylist()) \
+        if reference_docs.num_rows else ()
     index, record = reference_index(list(pairs), cfg, name)
     return scan(train_docs, index, cfg, [record])
 

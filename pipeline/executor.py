@@ -131,9 +131,10 @@ class Executor:
         with ray_runtime(self.job, self.address) as ray:
             ctx = st.Context(self.job, self.wd, ray, self.tasks, Progress(quiet=self.quiet), self.log)
             for stage in self.stages:
-                t0, c0 = time.perf_counter(), ctx.cpu_seconds()
+                t0, c0, r0 = time.perf_counter(), ctx.cpu_seconds(), ctx.resumed_tasks
                 ctx.results[stage.name] = stage.run(ctx)
-                ctx.timings[stage.name] = {"seconds": time.perf_counter() - t0, "cpu_seconds": ctx.cpu_seconds() - c0}
+                ctx.timings[stage.name] = {"seconds": time.perf_counter() - t0, "cpu_seconds": ctx.cpu_seconds() - c0,
+                                           "resumed_parts": ctx.resumed_tasks - r0}
         ctx.timings["total"] = {"seconds": time.perf_counter() - t_all}
         return self._publish(ctx, t_all)
 

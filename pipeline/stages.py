@@ -49,6 +49,7 @@ class Context:
     removed_files: list[str] = field(default_factory=list)  # every removal so far (REMOVED_SCHEMA files)
     override_files: list[str] = field(default_factory=list)  # every text override so far, later ones win
     task_cpu_seconds: float = 0.0
+    resumed_tasks: int = 0  # tasks found finished (marker present) when their step started
 
     @property
     def root(self) -> str:
@@ -58,6 +59,7 @@ class Context:
         return [self.wd.path("docs", f"{part_name(t['part'])}.parquet") for t in self.partitions]
 
     def run_tasks(self, step: str, items: list[dict], fn, measure=None) -> list[dict]:
+        self.resumed_tasks += sum(os.path.exists(self.wd.marker(step, it["name"])) for it in items)
         out = run_tasks(self.ray, self.wd, step, items, fn, progress=self.progress, measure=measure,
                         max_in_flight=self.job.ray.concurrency)
         self.task_cpu_seconds += sum(s.get("_cpu_seconds", 0.0) for s in out)
