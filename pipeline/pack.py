@@ -4,19 +4,22 @@ Documents are concatenated in global ``order`` (EOS already follows each) and cu
 document may continue into the next row. A shard holds ``shard_bytes // row bytes`` rows (the
 last one of a range fewer).
 
-Packing runs in parallel over fixed *ranges* of consecutive partitions, planned from the
-tokenize stage's token counts (about ``pack.range_tokens`` tokens a range), never from the
-worker count: each range is one Ray task that packs its documents, in ``order``, into its own
-shards (``shards/<split>-<range>-<n>.arrow``) and its own slice of the document index (shard
-numbers local to the range). The tail of a range that does not fill a whole row is dropped and
-counted (``tokens_dropped_tail``), at most ``seq_len`` tokens a range. A last task merges the
-slices into the one document index, offsetting shard numbers to their place in the manifest
-(train shards of every range in range order, then validation). So the output, and the manifest
-hash, are a function of the data alone: the same for any worker count and after any resume.
+Packing runs in parallel over fixed *ranges* of each split's token stream (``RANGE_TOKENS``
+tokens of document starts a range), planned from the tokenize stage's per-partition token
+counts: positions in the document sequence, never the worker count or the file grouping. Each
+range is one Ray task that packs its documents, in ``order``, into its own shards
+(``shards/<split>-<range>-<n>.arrow``) and its own slice of the document index (shard numbers
+local to the range). The tail of a range that does not fill a whole row is dropped and counted
+(``tokens_dropped_tail``), at most ``seq_len`` tokens a range. A last task merges the slices
+into the one document index, offsetting shard numbers to their place in the manifest (train
+shards of every range in range order, then validation). So the output, and the manifest hash,
+are a function of the documents alone: the same for any worker count, any partitioning and
+after any resume.
 """
 from __future__ import annotations
 
 import bisect
+import math
 import os
 from dataclasses import asdict
 
@@ -131,30 +134,55 @@ class RangeShards:
         return shard
 
 
-def plan_ranges(tokens_per_part: list[int], range_tokens: int) -> list[list[int]]:
-    """Consecutive partitions, each range closed once it holds ``range_tokens`` tokens."""
-    ranges, size = [[]], 0
-    for p, n in enumerate(tokens_per_part):
-        if ranges[-1] and size >= range_tokens:
-            ranges.append([])
-            size = 0
-        ranges[-1].append(p)
-        size += n
-    return ranges if ranges[0] else []
+def plan_ranges(tokens_per_part: dict[str, list[int]], range_tokens: int) -> list[dict]:
+    """Pack tasks: per split, range k holds the documents whose first token falls in
+    ``[k * range_tokens, (k + 1) * range_tokens)`` of that split's token stream. Ranges are
+    positions in the document sequence, so they do not depend on how files were grouped into
+    partitions, nor on the worker count; each lists the partitions it must read."""
+    items = []
+    for split in SPLITS:
+        counts = tokens_per_part[split]
+        starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64) if counts else np.zeros(0, np.int64)
+        total = int(sum(counts))
+        for k in range(math.ceil(total / range_tokens)):
+            lo, hi = k * range_tokens, (k + 1) * range_tokens
+            parts = [p for p, (s0, c) in enumerate(zip(starts.tolist(), counts)) if c and s0 < hi and s0 + c > lo]
+            items.append({"name": f"{split}-{k:05d}", "split": split, "range": k, "lo": lo, "hi": hi, "parts": parts,
+                          "offsets": [int(starts[p]) for p in parts]})
+    return items
+
+
+def range_docs(token_file: str, split: str, offset: int, lo: int, hi: int, batch_rows: int = 1024):
+    """The documents of one partition's ``split`` whose first token (at split offset ``offset`` +
+    tokens before it in this partition) falls in ``[lo, hi)``, in order."""
+    pos = offset
+    for batch in pq.ParquetFile(token_file).iter_batches(batch_size=batch_rows):
+        t = pa.Table.from_batches([batch])
+        t = t.filter(pc.equal(t.column("split"), split))
+        if not t.num_rows:
+            continue
+        lengths = pc.list_value_length(t.column("tokens")).to_numpy()
+        starts = pos + np.concatenate([[0], np.cumsum(lengths)[:-1]])
+        pos += int(lengths.sum())
+        keep = (starts >= lo) & (starts < hi)
+        if keep.any():
+            yield t.filter(pa.array(keep))
+        if pos >= hi:
+            return
 
 
 def pack_range_task(item: dict, token_files: list[str], staging: str, index_dir: str, seq_len: int, shard_bytes: int,
                     vocab_size: int) -> dict:
-    """Pack one range of partitions, both splits: its shards and its document-index slices."""
+    """Pack one range of one split: its shards and its document-index slice."""
     sink = RangeShards(staging, item["range"], vocab_size)
-    out = {"splits": {}}
-    for split in SPLITS:
-        path = os.path.join(index_dir, f"{item['name']}-{split}.parquet")
-        with DocIndexWriter(path) as index:
-            stats = pack_split(sink, [token_files[p] for p in item["parts"]], split, seq_len, shard_bytes, index)
-        out["splits"][split] = {"stats": stats, "shards": [asdict(s) for s in sink.shards if s.split == split],
-                                "index": path}
-    return out
+    path = os.path.join(index_dir, f"{item['name']}.parquet")
+    with DocIndexWriter(path) as index:
+        packer = SplitPacker(sink, item["split"], seq_len, shard_bytes, index)
+        for p, off in zip(item["parts"], item["offsets"]):
+            for t in range_docs(token_files[p], item["split"], off, item["lo"], item["hi"]):
+                packer.add(t)
+        packer.finish()
+    return {"split": item["split"], "stats": packer.stats, "shards": [asdict(s) for s in sink.shards], "index": path}
 
 
 def merge_doc_index(item: dict, slices: list[tuple[str, int]], out_path: str) -> dict:

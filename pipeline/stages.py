@@ -250,24 +250,20 @@ class Pack(Stage):
         staging = ctx.wd.path("staging")
         builder = DatasetBuilder(staging, dataset=job.output.dataset, seq_len=job.pack.seq_len, tokenizer_json=tok_path,
                                  vocab_size=vocab, eos_id=eos_id)
-        tokens = [s["tokens_out"] for s in ctx.results["tokenize"]]
-        ranges = pack.plan_ranges(tokens, pack.RANGE_TOKENS)
+        tokens = {split: [s["splits"][split]["tokens"] for s in ctx.results["tokenize"]] for split in pack.SPLITS}
         token_files = [ctx.wd.path("tokens", f"{part_name(t['part'])}.parquet") for t in ctx.partitions]
-        items = [{"name": f"range-{r:05d}", "range": r, "parts": parts} for r, parts in enumerate(ranges)]
+        items = pack.plan_ranges(tokens, pack.RANGE_TOKENS)  # every train range, then every validation one
         out = ctx.run_tasks("pack", items, functools.partial(
             pack.pack_range_task, token_files=token_files, staging=staging, index_dir=ctx.wd.path("pack_index"),
             seq_len=job.pack.seq_len, shard_bytes=job.pack.shard_bytes, vocab_size=vocab))
-        shards, slices, split_stats = [], [], {}
-        for split in pack.SPLITS:  # manifest order: every train shard (range order), then validation
-            agg = {"documents": 0, "tokens_in": 0, "rows": 0, "shards": 0, "tokens_dropped_tail": 0}
-            for o in out:
-                part = o["splits"][split]
-                local_first = sum(len(o["splits"][s]["shards"]) for s in pack.SPLITS[: pack.SPLITS.index(split)])
-                slices.append((part["index"], len(shards) - local_first))
-                shards += [Shard(**s) for s in part["shards"]]
-                for k in agg:
-                    agg[k] += part["stats"][k]
-            split_stats[split] = agg
+        shards, slices = [], []
+        split_stats = {split: {"documents": 0, "tokens_in": 0, "rows": 0, "shards": 0, "tokens_dropped_tail": 0}
+                       for split in pack.SPLITS}
+        for o in out:  # manifest order: the items' order
+            slices.append((o["index"], len(shards)))
+            shards += [Shard(**s) for s in o["shards"]]
+            for k, v in o["stats"].items():
+                split_stats[o["split"]][k] += v
         (merged,) = ctx.run_tasks("pack.doc_index", [{"name": "merge"}], functools.partial(
             pack.merge_doc_index, slices=slices, out_path=os.path.join(staging, DOC_INDEX_FILE)))
         builder.shards = shards
