@@ -69,9 +69,9 @@ class Context:
         """The driver's CPU time plus that of every task run so far (resumed ones as recorded)."""
         return time.process_time() + self.task_cpu_seconds
 
-    def add_outputs(self, stage: str) -> None:
-        self.removed_files += sorted(glob.glob(self.wd.path("removed", stage, "*.parquet")))
-        self.override_files += sorted(glob.glob(self.wd.path("overrides", stage, "*.parquet")))
+    def add_outputs(self, stage: str, pattern: str = "*.parquet") -> None:
+        self.removed_files += sorted(glob.glob(self.wd.path("removed", stage, pattern)))
+        self.override_files += sorted(glob.glob(self.wd.path("overrides", stage, pattern)))
 
 
 class Stage:
@@ -155,7 +155,9 @@ class Decontaminate(Stage):
         first = self._pass(ctx, "decontaminate", index_path, "", None)
         detail = decontam.report(index, cfg, [r for r, _ in loaded], [f for s in first for f in s["found"]])
         stats = list(first)
-        ctx.add_outputs(self.name)  # the validation pass sees the eval pass's cuts and removals
+        # The validation pass sees the eval pass's cuts and removals, and only those: on a rerun a
+        # validation task killed after committing its files must not read them as removals.
+        ctx.add_outputs(self.name, "part-*.parquet")
         if cfg.against_validation and split.validation_fraction > 0:
             docs = ctx.docs_files()
             (built,) = ctx.run_tasks("decontaminate.validation_index", [{"name": "index", "out": "decontam/validation.npz"}],
@@ -169,13 +171,7 @@ class Decontaminate(Stage):
             detail = {**detail, "against_validation": val_detail,
                       "eval_sets": list(detail.get("eval_sets", [])) + list(val_detail.get("eval_sets", []))}
             stats += second
-            before = set(ctx.removed_files) | set(ctx.override_files)
-            for f in sorted(glob.glob(ctx.wd.path("removed", self.name, "val-*.parquet"))):
-                if f not in before:
-                    ctx.removed_files.append(f)
-            for f in sorted(glob.glob(ctx.wd.path("overrides", self.name, "val-*.parquet"))):
-                if f not in before:
-                    ctx.override_files.append(f)
+            ctx.add_outputs(self.name, "val-*.parquet")
         removed, nbytes = _merge_removed(stats)
         return {"removed": removed, "removed_bytes": nbytes, "detail": detail}
 

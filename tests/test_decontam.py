@@ -343,3 +343,59 @@ def test_demo_corpus_planted_items_are_all_found_and_nothing_else(tmp_path):
     (record,) = result.stats["eval_sets"]
     data = (tmp_path / "evals" / "demo_qa.jsonl").read_bytes()
     assert record["sha256"] == hashlib.sha256(data).hexdigest() and record["items"] == len(data.splitlines())
+
+
+def _validation_stage_run(ray, tmp_path, docs_files, eval_path):
+    """The executor's decontaminate stage (both passes) over ``docs_files``, as a fresh run of
+    `prepare` in the same work dir would run it; the ids still in the run afterwards."""
+    from gristmill.pipeline import stages
+    from gristmill.pipeline.config import JobConfig
+    from gristmill.pipeline.progress import Progress
+    from gristmill.pipeline.survivors import surviving_docs
+    from gristmill.pipeline.workdir import WorkDir
+
+    job = JobConfig.from_dict({"inputs": ["unused.jsonl"], "output": {"store": str(tmp_path / "store"), "dataset": "d"},
+                               "work_dir": str(tmp_path / "work"), "split": {"validation_fraction": 0.5},
+                               "decontaminate": {"eval_sets": [{"name": "e", "path": eval_path}]}})
+    (stage,) = [s for s in stages.build(job) if s.name == "decontaminate"]
+    ctx = stages.Context(job, WorkDir(str(tmp_path / "work")), ray, [{"part": p} for p in range(len(docs_files))],
+                         Progress(quiet=True), lambda msg: None)
+    stage.run(ctx)
+    return sorted(i for p, f in enumerate(docs_files)
+                  for t in surviving_docs(f, p, ctx.removed_files, ctx.override_files, ["id"], 100)
+                  for i in t.column("id").to_pylist())
+
+
+def test_validation_pass_redone_after_a_kill_between_its_outputs_and_its_marker(ray_session, tmp_path):
+    """A validation-pass task killed after committing its removed file but before its marker is
+    redone on the rerun; the rerun must not read that file as an earlier stage's removals (it
+    would skip the documents the file removed and rewrite it without them)."""
+    from gristmill.pipeline.config import SplitConfig
+    from gristmill.pipeline.documents import make_order
+    from gristmill.pipeline.tokenize import split_of
+    from gristmill.pipeline.workdir import ParquetPart
+
+    rng = np.random.default_rng(3)
+    split = SplitConfig(validation_fraction=0.5)
+    ids = [f"doc-{i}" for i in range(40)]
+    val_ids = [i for i in ids if split_of(i, split) == "validation"][:2]
+    train_ids = [i for i in ids if split_of(i, split) == "train"][:6]
+    texts = {i: phrase(rng, 60) for i in val_ids + train_ids}
+    texts[train_ids[4]] += " " + " ".join(texts[val_ids[1]].split()[5:35])  # a validation passage leaked into train
+    schema = pa.schema([("id", pa.string()), ("order", pa.int64()), ("part", pa.int32()), ("bytes", pa.int64()),
+                        ("source", pa.string()), ("position", pa.int64()), ("text", pa.string())])
+    docs_files = []
+    for p, chunk in enumerate([val_ids[:1] + train_ids[:3], val_ids[1:] + train_ids[3:]]):
+        out = ParquetPart(str(tmp_path / "work" / "docs" / f"part-{p:05d}.parquet"), schema)
+        out.write(pa.table({"id": chunk, "order": [make_order(p, k) for k in range(len(chunk))], "part": [p] * len(chunk),
+                            "bytes": [len(texts[i].encode()) for i in chunk], "source": ["s"] * len(chunk),
+                            "position": list(range(len(chunk))), "text": [texts[i] for i in chunk]}, schema=schema))
+        out.commit()
+        docs_files.append(out.path)
+    eval_path = write_jsonl(tmp_path / "e.jsonl", [{"text": phrase(rng, 20)}])  # matches nothing
+
+    first = _validation_stage_run(ray_session, tmp_path, docs_files, eval_path)
+    assert train_ids[4] not in first and len(first) == len(val_ids + train_ids) - 1
+    # kill -9 after the task's outputs were renamed into place, before its marker was written
+    os.remove(tmp_path / "work" / "_done" / "decontaminate.validation" / "part-00001.json")
+    assert _validation_stage_run(ray_session, tmp_path, docs_files, eval_path) == first
