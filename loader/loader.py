@@ -134,7 +134,7 @@ class Loader:
                     f"{self.shards_in_flight()} shards ({need:,} bytes) are needed at once; raise the limit, "
                     + {"global": "use order='window', ", "window": "use fewer window_shards, "}.get(order, "")
                     + "or lower prefetch")
-        self.cache = ShardCache(self.cache_dir, self.published.url, storage_options=self.storage_options,
+        self.cache = ShardCache(self.cache_dir, self.published, storage_options=self.storage_options,
                                 limit_bytes=cache_limit_bytes, retries=retries, backoff_s=backoff_s,
                                 max_open=max(64, self.shards_in_flight()),
                                 mapped_limit_bytes=mapped_limit_bytes)
@@ -265,7 +265,8 @@ class Loader:
                 n = fut.result().downloaded_bytes
                 if started_here and n > 0:
                     misses, downloaded = misses + 1, downloaded + n
-            gather_rows(buf, self.cache.addresses(step.row_entries) + step.offsets, self._row_like)
+            starts, ends = self.cache.bounds(step.row_entries)
+            gather_rows(buf, starts + step.offsets, starts, ends, self._row_like)
         finally:
             self.cache.unpin_ids(step.entries)
         # Inputs and labels are views of one buffer: no copy, and one transfer to the GPU.
