@@ -27,7 +27,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 import torch
 
-from gristmill.manifests import HashMismatchError, Published, load_manifest
+from gristmill.manifests import EditedManifestError, HashMismatchError, ManifestDecodeError, Published, load_manifest
 
 from . import simstore  # noqa: F401  (registers the gmsim:// simulated store)
 from .cache import CacheError, ShardCache
@@ -345,11 +345,18 @@ def _check(ok: bool, message: str) -> None:
 
 
 def _load_with_retries(url: str, expected_sha256, storage_options: dict, retries: int, backoff_s: float) -> Published:
+    """Read the manifest, retrying what a flaky remote does to a read: an I/O error, bytes that do not
+    decode (not UTF-8 / JSON) or that do not hash to the sha256 they record (a byte flipped in transit).
+    A manifest that reads back valid but is refused (a wrong pinned hash, a bad field) is final."""
     for attempt in range(retries):
         try:
             return load_manifest(url, expected_sha256=expected_sha256, **storage_options)
-        except OSError as e:  # a flaky remote; a bad manifest (ManifestError) is final
+        except (OSError, ManifestDecodeError, EditedManifestError) as e:
             if attempt + 1 == retries:
+                if isinstance(e, ManifestDecodeError):
+                    raise ManifestDecodeError(
+                        f"{e} (the same in all {retries} reads): the stored manifest.json is damaged; restore it, or "
+                        f"republish the version") from e
                 raise
             log.warning("reading manifest %s failed (%s); retrying", url, e)
             time.sleep(min(backoff_s * 2 ** attempt, 10.0))

@@ -6,6 +6,7 @@ pipeline, loader or trainer.
 from .builder import DatasetBuilder
 from .doc_index import DOC_INDEX_SCHEMA, check_doc_index, read_doc_index, write_doc_index
 from .errors import (
+    EditedManifestError,
     FactMismatchError,
     HashMismatchError,
     LatestPointerError,
@@ -27,7 +28,7 @@ from .store import ManifestStore, Published, join, load_manifest
 from .verify import Problem, verify_published
 
 __all__ = [
-    "DOC_INDEX_SCHEMA", "SCHEMA_VERSION", "DatasetBuilder", "EvalSet", "FactMismatchError", "FileRef",
+    "DOC_INDEX_SCHEMA", "SCHEMA_VERSION", "DatasetBuilder", "EditedManifestError", "EvalSet", "FactMismatchError", "FileRef",
     "HashMismatchError", "Input", "LatestPointerError", "MappedShard", "Manifest", "ManifestDecodeError",
     "ManifestError", "ManifestNotFoundError", "ManifestStore", "MissingFieldError", "PinnedFileError", "Problem",
     "Published", "SchemaVersionError", "Shard", "TokenOutOfVocabError", "Tokenizer", "UnsafePathError",

@@ -52,6 +52,10 @@ class LatestPointerError(ManifestError):
     """A store's ``latest`` file does not hold a version number."""
 
 
+class EditedManifestError(HashMismatchError):
+    """manifest.json does not hash to the sha256 it records: edited after publishing (or damaged in transit)."""
+
+
 class VersionExistsError(ManifestError):
     pass
 

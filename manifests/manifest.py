@@ -13,7 +13,7 @@ import posixpath
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from .errors import (HashMismatchError, ManifestDecodeError, ManifestError, MissingFieldError, SchemaVersionError,
+from .errors import (EditedManifestError, HashMismatchError, ManifestDecodeError, ManifestError, MissingFieldError, SchemaVersionError,
                      UnsafePathError)
 from .hashing import canonical_json, sha256_bytes
 
@@ -261,7 +261,7 @@ class Manifest:
             raise ManifestError("manifest: two shards share a path")
         recorded = d.get("sha256")
         if recorded is not None and recorded != m.sha256:
-            raise HashMismatchError("manifest.json (its content was edited after publishing)", recorded, m.sha256)
+            raise EditedManifestError("manifest.json (its content was edited after publishing)", recorded, m.sha256)
         if expected_sha256 is not None and expected_sha256 != m.sha256:
             raise HashMismatchError(f"manifest of {m.dataset!r} (hash pinned by the caller)", expected_sha256, m.sha256)
         # Consistency of the stated counts (after the hash checks: an edited manifest is named as such).

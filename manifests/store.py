@@ -141,9 +141,8 @@ def read_latest(fs, path: str, url: str) -> int:
     raw = fs.cat_file(path)
     text = raw.decode("utf-8", errors="replace").strip()
     if not re.fullmatch(r"[0-9]{1,18}", text):
-        held = raw[:80].decode("utf-8", errors="backslashreplace")
         raise LatestPointerError(
-            f"{url}: the latest pointer holds {held!r}{'...' if len(raw) > 80 else ''}, not a version number; "
+            f"{url}: the latest pointer holds {raw[:80]!r}{'...' if len(raw) > 80 else ''}, not a version number; "
             f"write the newest published version (e.g. '3' for v3/) into it, or delete it so that readers use "
             f"the highest v<N>/ holding a {MANIFEST_FILE}")
     return int(text)
