@@ -143,8 +143,8 @@ def read_latest(fs, path: str, url: str) -> int:
     if not re.fullmatch(r"[0-9]{1,18}", text):
         raise LatestPointerError(
             f"{url}: the latest pointer holds {raw[:80]!r}{'...' if len(raw) > 80 else ''}, not a version number; "
-            f"write the newest published version (e.g. '3' for v3/) into it, or delete it so that readers use "
-            f"the highest v<N>/ holding a {MANIFEST_FILE}")
+            f"write the newest published version into it: the highest v<N>/ holding a {MANIFEST_FILE} "
+            f"(e.g. '3' for v3/)")
     return int(text)
 
 
