@@ -107,7 +107,8 @@ def check_doc_index(source, manifest: Manifest) -> None:
     try:
         pf = pq.ParquetFile(source)
         schema = pf.schema_arrow
-    except (pa.ArrowException, OSError) as e:
+        _ = schema.names, str(schema)  # decode every name: one that is not UTF-8 fails here, not later
+    except (pa.ArrowException, OSError, ValueError) as e:  # UnicodeDecodeError included
         raise ManifestError(f"{what}: not a readable Parquet file: {e}") from e
     if not schema.equals(DOC_INDEX_SCHEMA):
         raise FactMismatchError(what, "schema", "the document index schema of docs/format.md",
@@ -120,7 +121,7 @@ def check_doc_index(source, manifest: Manifest) -> None:
     for g in range(pf.num_row_groups):
         try:
             t = pf.read_row_group(g, columns=["shard", "row", "start", "length"])
-        except (pa.ArrowException, OSError) as e:
+        except (pa.ArrowException, OSError, ValueError) as e:
             raise ManifestError(f"{what}: row group {g} cannot be read: {e}") from e
         shard, row, start, length = (t.column(k).to_numpy().astype(np.int64) for k in ("shard", "row", "start", "length"))
         bad = (shard < 0) | (shard >= shard_rows.size)

@@ -259,11 +259,15 @@ class Manifest:
         paths = [s.path for s in m.shards]
         if len(set(paths)) != len(paths):
             raise ManifestError("manifest: two shards share a path")
+        try:
+            sha = m.sha256
+        except UnicodeEncodeError as e:  # JSON can escape a lone surrogate (\udcff), which has no UTF-8
+            raise ManifestDecodeError(f"manifest: a string is not valid Unicode ({e}); it cannot be hashed") from e
         recorded = d.get("sha256")
-        if recorded is not None and recorded != m.sha256:
-            raise EditedManifestError("manifest.json (its content was edited after publishing)", recorded, m.sha256)
-        if expected_sha256 is not None and expected_sha256 != m.sha256:
-            raise HashMismatchError(f"manifest of {m.dataset!r} (hash pinned by the caller)", expected_sha256, m.sha256)
+        if recorded is not None and recorded != sha:
+            raise EditedManifestError("manifest.json (its content was edited after publishing)", recorded, sha)
+        if expected_sha256 is not None and expected_sha256 != sha:
+            raise HashMismatchError(f"manifest of {m.dataset!r} (hash pinned by the caller)", expected_sha256, sha)
         # Consistency of the stated counts (after the hash checks: an edited manifest is named as such).
         for i, s in enumerate(m.shards):
             if s.tokens != s.rows * m.row_tokens:

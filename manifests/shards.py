@@ -94,8 +94,9 @@ def read_table(source) -> pa.Table:
     try:
         table = ipc.open_file(source).read_all()
         table.validate()
+        _ = table.schema.names, str(table.schema)  # decode every name: one that is not UTF-8 fails here, not later
         return table
-    except (pa.ArrowException, OSError, ValueError) as e:
+    except (pa.ArrowException, OSError, ValueError) as e:  # UnicodeDecodeError included
         raise ManifestError(f"not a readable gristmill shard: {e}") from e
 
 

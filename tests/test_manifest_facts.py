@@ -273,3 +273,13 @@ def test_the_loader_runs_where_numba_cannot_write_its_cache(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     assert "cannot cache function '_gather'" in done.stderr  # numba's refusal happened, and was survived
     assert json.loads(done.stdout.strip().splitlines()[-1]) == [[1, r] for r in range(8)]
+
+
+def test_a_manifest_string_that_is_not_unicode_is_refused_on_load(tmp_path):
+    pub = build_dataset(str(tmp_path / "ds"))
+    path = os.path.join(pub.url, "manifest.json")
+    text = open(path).read().replace('"code_version": "test"', '"code_version": "\\udcff"')
+    assert text != open(path).read()
+    open(path, "w").write(text)
+    with pytest.raises(ManifestDecodeError, match="not valid Unicode"):
+        load_manifest(pub.url)
