@@ -125,18 +125,26 @@ def test_a_forged_document_index_fact_is_refused_by_verify(tmp_path):
     assert (problem.error.field, problem.error.stated, problem.error.actual) == ("doc_index.rows", 129, 128)
 
 
-def test_a_document_index_pointing_past_a_shard_is_refused_by_verify(tmp_path):
-    """A rewritten index whose sha256, bytes and rows are all pinned correctly, with a span past its shard's rows."""
+@pytest.mark.parametrize("column, value, field, actual", [
+    ("row", 40, "row", "span 5 with row 40"),  # shard 0 has rows 0..39
+    ("shard", 4, "shard", "span 5 with shard 4"),  # 4 shards
+    ("start", 10, "start/length", "span 5 with start/length [10, 17]"),  # 10 + 17 > seq_len + 1
+    ("row", 2, "order", "span 5 with order [0, 2, 0]"),  # after row 4 of shard 0
+])
+def test_a_document_index_with_a_span_outside_the_shards_is_refused_by_verify(tmp_path, column, value, field, actual):
+    """A rewritten index whose sha256, bytes and rows are all pinned correctly, with one span that is wrong."""
     pub = build_dataset(str(tmp_path / "ds"))
     path = os.path.join(pub.url, "doc_index.parquet")
     table = read_doc_index(path)
-    rows = table.column("row").to_numpy().copy()
-    rows[5] = 40  # shard 0 has rows 0..39
-    write_doc_index(path, table.set_column(1, "row", pa.array(rows)))
+    i = table.schema.get_field_index(column)
+    values = table.column(column).to_numpy().copy()
+    values[5] = value
+    write_doc_index(path, table.set_column(i, column, pa.array(values)))
     data = open(path, "rb").read()
     forge(pub, lambda d: d["doc_index"].update(sha256=hashlib.sha256(data).hexdigest(), bytes=len(data)))
     [problem] = verify_published(load_manifest(pub.url))
-    assert (problem.error.field, problem.error.actual) == ("row", "span 5 with row 40")
+    assert isinstance(problem.error, FactMismatchError) and problem.path == "doc_index.parquet"
+    assert (problem.error.field, problem.error.actual) == (field, actual)
 
 
 def test_a_shard_pinned_correctly_but_holding_out_of_vocab_ids_is_refused(tmp_path):
