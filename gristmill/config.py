@@ -144,7 +144,7 @@ def dump_yaml(cfg: BaseModel) -> str:
 _KEY_PART = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)((?:\[\d+\])*)")
 
 
-def parse_key(key: str) -> tuple:
+def parse_key(key: str) -> tuple | None:
     """``inputs[0].format`` -> ``("inputs", 0, "format")``; None if it is not of that form."""
     loc: list = []
     for part in key.split("."):
@@ -178,29 +178,35 @@ def apply_overrides(raw: Any, overrides: Iterable[str], model: type[BaseModel]) 
     return raw, origins
 
 
-def _set(node: Any, loc: tuple, value: Any, where: str) -> Any:
-    """A copy of ``node`` with ``value`` at ``loc`` (mappings created on the way, lists indexed)."""
+def _set(node: Any, loc: tuple, value: Any, where: str, at: tuple = ()) -> Any:
+    """A copy of ``node`` with ``value`` at ``loc`` (mappings created on the way, lists indexed);
+    ``at`` is where ``node`` is in the job, for the messages."""
     head, rest = loc[0], loc[1:]
     if isinstance(head, int):
-        if not isinstance(node, list) or not -len(node) <= head < len(node):
+        if not isinstance(node, list) or head >= len(node):
             n = len(node) if isinstance(node, list) else 0
-            raise ConfigError(f"{where}: expected an index below {n} (the job's list has {n} entries), got {head}")
+            raise ConfigError(f"{where}: {format_loc(at + (head,))}: expected an index below {n} "
+                              f"(the job's list has {n} entries), got {head}")
         out = list(node)
     else:
         if node is None:
             node = {}
         if not isinstance(node, dict):
-            raise ConfigError(f"{where}: expected a mapping at {head!r}, got {_show(node)}")
+            raise ConfigError(f"{where}: {format_loc(at) or 'job'}: expected a mapping, got {_show(node)}")
         out = dict(node)
-    out[head] = _set(out[head] if (isinstance(head, int) or head in out) else None, rest, value, where) if rest else value
+    if rest:
+        value = _set(out[head] if isinstance(head, int) or head in out else None, rest, value, where, at + (head,))
+    out[head] = value
     return out
 
 
 # -- validation and errors ---------------------------------------------------------------------
 def validate(model: type[BaseModel], raw: Any, *, source: str | None = None, base_dir: str | None = None,
-             origins: dict | None = None, prefix: tuple | None = None):
-    """``model`` from parsed YAML; every problem found, as one `ConfigError` (``source: loc: ...; loc: ...``)."""
-    prefix = (model.SECTION,) if prefix is None and getattr(model, "SECTION", "") else (prefix or ())
+             origins: dict | None = None):
+    """``model`` from parsed YAML; every problem found, as one `ConfigError` (``source: loc: ...; loc: ...``).
+
+    A section validated on its own (``FuzzyDedupConfig``) is located under its ``SECTION`` key."""
+    prefix = (model.SECTION,) if getattr(model, "SECTION", "") else ()
     try:
         return model.model_validate(raw, context={"base_dir": base_dir})
     except ValidationError as e:

@@ -123,7 +123,9 @@ def test_set_overrides_both_jobs_with_yaml_values(prepare_dir):
     (load_train, "run.stepz=3", "--set run.stepz=3: run.stepz: expected one of the keys dir, steps, seed, log_every, "
                                 "tensorboard, got unknown key 'stepz'; did you mean 'steps'?"),
     (load_train, "run.steps.x=3", "--set run.steps.x=3: run.steps: expected an integer >= 1, got a key below it ('x')"),
-    (load_job, "inputs[5].path=x", "--set inputs[5].path=x: expected an index below 2 (the job's list has 2 entries), got 5"),
+    (load_job, "inputs[5].path=x", "--set inputs[5].path=x: inputs[5]: expected an index below 2 (the job's list has 2 entries), got 5"),
+    (load_train, "run.dir.x=3", "--set run.dir.x=3: run.dir: expected a string, got a key below it ('x')"),
+    (load_job, "inputs[0].path.x=3", "--set inputs[0].path.x=3: inputs[0].path: expected a non-empty string, got a key below it ('x')"),
     (load_job, "pack.seq_len", "--set 'pack.seq_len': expected KEY=VALUE with KEY a dotted path, e.g. --set run.steps=100 "
                                "or --set inputs[0].format=jsonl"),
 ])
