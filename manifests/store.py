@@ -20,7 +20,8 @@ from .errors import LatestPointerError, ManifestError, ManifestNotFoundError, Ve
 from .manifest import Manifest
 
 _VERSION_DIR = re.compile(r"^v(\d+)$")
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+# A dataset name is one directory under the store root: no separators, never `.` or `..`.
+DATASET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 MANIFEST_FILE = "manifest.json"
 LATEST_FILE = "latest"
 
@@ -86,8 +87,8 @@ class ManifestStore:
         Idempotent on content: if the latest version already has this manifest hash, it is
         returned unchanged. An explicit ``version`` that already exists is refused.
         """
-        if not _NAME.match(manifest.dataset):
-            raise ManifestError(f"dataset name {manifest.dataset!r} must match {_NAME.pattern}")
+        if not DATASET_NAME.fullmatch(manifest.dataset):
+            raise ManifestError(f"dataset name {manifest.dataset!r} must match {DATASET_NAME.pattern}")
         existing = self.versions(manifest.dataset)
         if version is None and existing:
             latest = self.load(manifest.dataset, existing[-1])

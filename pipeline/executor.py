@@ -31,11 +31,12 @@ import pyarrow.parquet as pq
 from fsspec.core import url_to_fs
 
 from gristmill.manifests import DatasetBuilder, EvalSet, Input, ManifestStore, code_version, sha256_json
+from gristmill.errors import ConfigError
 from gristmill.manifests.shards import atomic_write
 
 from . import exact_dedup
 from . import report as rep
-from .config import JobConfig, JobConfigError
+from .config import JobConfig
 from .documents import OVERRIDE_SCHEMA, REMOVED_SCHEMA, to_removed_rows
 from .extract import extract_partition
 from .pack import pack_split
@@ -69,7 +70,7 @@ def plan_inputs(job: JobConfig) -> list[dict]:
         paths = sorted(fs.glob(spec.path)) if _glob.has_magic(spec.path) else ([spec.path] if fs.exists(spec.path) else [])
         paths = [p for p in paths if not fs.isdir(p)]
         if not paths:
-            raise JobConfigError(f"inputs[{i}].path: no input file matches {spec.path!r}")
+            raise ConfigError(f"inputs[{i}].path: no input file matches {spec.path!r}")
         for p in paths:
             uri = os.path.abspath(p) if "://" not in spec.path else fs.unstrip_protocol(p)
             if uri not in found:
@@ -157,24 +158,16 @@ class Executor:
         if stage == "exact_dedup":
             return self.job.exact_dedup.enabled
         section = getattr(self.job, stage)
-        return section is not None and section.get("enabled", True) is not False
+        return section is not None and section.enabled
 
     def _check_optional_stages(self) -> None:
-        """Fail before any work if an enabled stage is not installed or its section is invalid."""
+        """Fail before any work if an enabled stage is not installed (its section was validated with the job)."""
         self.stage_configs = {}
         for stage in self.global_stages:
             if stage == "exact_dedup":
                 continue
-            module = self._stage_module(stage)
-            section = dict(getattr(self.job, stage))
-            section.pop("enabled", None)
-            try:
-                if stage == "fuzzy_dedup":
-                    self.stage_configs[stage] = module.FuzzyDedupConfig.from_dict(section)
-                else:
-                    self.stage_configs[stage] = module.DecontamConfig.from_dict(section, base_dir=self.job.base_dir)
-            except ValueError as e:
-                raise JobConfigError(f"job section {stage}: {e}") from None
+            self._stage_module(stage)
+            self.stage_configs[stage] = getattr(self.job, stage)
 
     @staticmethod
     def _stage_module(stage: str):
@@ -184,8 +177,8 @@ class Executor:
         except ModuleNotFoundError as e:
             if e.name != module:
                 raise
-            raise JobConfigError(f"job section {stage}: is set but {module} is not available in this gristmill; "
-                                 f"remove the section to run without {stage.replace('_', ' ')}") from None
+            raise ConfigError(f"job section {stage}: is set but {module} is not available in this gristmill; "
+                              f"remove the section to run without {stage.replace('_', ' ')}") from None
 
     def log(self, msg: str) -> None:
         if not self.quiet:

@@ -179,17 +179,18 @@ def test_connected_components_on_ray_matches_union_find(ray_session):
 
 def test_config_errors_name_the_key():
     assert FuzzyDedupConfig.from_dict({"threshold": 0.7, "verify": False}).threshold == 0.7
-    with pytest.raises(ValueError, match="unknown key.*'treshold'"):
+    with pytest.raises(ValueError, match="fuzzy_dedup.treshold: expected one of the keys .*, got unknown key 'treshold'; "
+                                         "did you mean 'threshold'"):
         FuzzyDedupConfig.from_dict({"treshold": 0.7})
-    with pytest.raises(ValueError, match="fuzzy_dedup.threshold"):
+    with pytest.raises(ValueError, match=r"fuzzy_dedup.threshold: expected a number in \(0, 1\), got 1.5"):
         FuzzyDedupConfig.from_dict({"threshold": 1.5})
-    with pytest.raises(ValueError, match="fuzzy_dedup.num_perm"):
+    with pytest.raises(ValueError, match="fuzzy_dedup.num_perm: expected an integer >= 1, got '128'"):
         FuzzyDedupConfig.from_dict({"num_perm": "128"})
-    with pytest.raises(ValueError, match="bands x rows"):
+    with pytest.raises(ValueError, match="fuzzy_dedup: expected bands x rows to fit in num_perm=128, got bands x rows = 20 x 10"):
         FuzzyDedupConfig.from_dict({"bands": 20, "rows": 10})
     with pytest.raises(ValueError, match="both bands and rows"):
         FuzzyDedupConfig.from_dict({"bands": 20})
-    with pytest.raises(ValueError, match="fuzzy_dedup.verify"):
+    with pytest.raises(ValueError, match="fuzzy_dedup.verify: expected true or false, got 'yes'"):
         FuzzyDedupConfig.from_dict({"verify": "yes"})
 
 
