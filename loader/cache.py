@@ -9,10 +9,14 @@ Layout of ``cache_dir`` (meant for local NVMe)::
 
 Files are named by the content hash of the cache form, so two datasets that share a shard
 share its cache entry and nothing is ever confused with a stale copy. A shard is downloaded
-whole into memory, checked against the manifest's ``sha256``, decompressed, written under a
-temporary name, checked against ``raw_sha256`` and only then renamed into place. A cached file
-found on disk is re-hashed once per process before first use: a flipped byte on the NVMe is
-caught, the file deleted and the shard fetched again.
+whole into memory, checked against the manifest's ``sha256`` and ``bytes`` and against what
+the manifest states about its contents (schema, token dtype, seq_len + 1 tokens per row, row
+count), decompressed, written under a temporary name, checked against ``raw_sha256`` and
+``raw_bytes`` and only then renamed into place. A cached file found on disk is re-hashed once
+per process before first use: a flipped byte on the NVMe is caught, the file deleted and the
+shard fetched again. Every mapping is checked against the manifest's facts before a row is
+read through it, and its token ids are scanned once per process against ``vocab_size``: a
+manifest with a valid hash but wrong facts is refused (``FactMismatchError``, never retried).
 
 Pins are ``flock`` shared locks, so they hold across processes: eviction takes a non-blocking
 exclusive lock and skips any shard some process has pinned (an in-flight or prefetched batch
@@ -34,8 +38,9 @@ import fsspec
 import numpy as np
 import pyarrow as pa
 
-from gristmill.manifests import HashMismatchError, ManifestError, MappedShard, Shard, join, sha256_bytes, sha256_file
-from gristmill.manifests.shards import read_table, rows_from_table, write_shard
+from gristmill.manifests import (FactMismatchError, HashMismatchError, ManifestError, MappedShard, Published, Shard,
+                                 check_vocab, checked_rows, join, sha256_bytes, sha256_file)
+from gristmill.manifests.shards import read_table, write_shard
 from gristmill.errors import GristmillError, UsageError
 
 log = logging.getLogger(__name__)
@@ -85,7 +90,9 @@ class _Entry:
 
 
 class ShardCache:
-    def __init__(self, cache_dir: str, base_url: str, *, storage_options: dict | None = None,
+    """The shards of one published manifest (``published``: its URL and the facts its shards are checked against)."""
+
+    def __init__(self, cache_dir: str, published: Published, *, storage_options: dict | None = None,
                  limit_bytes: int | None = None, retries: int = 5, backoff_s: float = 0.2,
                  max_open: int = 64, full_timeout_s: float = 60.0, mapped_limit_bytes: int | None = None):
         if limit_bytes is not None and limit_bytes <= 0:
@@ -93,8 +100,8 @@ class ShardCache:
         if retries < 1:
             raise UsageError(f"retries must be >= 1, got {retries}")
         os.makedirs(cache_dir, exist_ok=True)
-        self.dir, self.base_url = cache_dir, base_url
-        self.fs = fsspec.core.url_to_fs(base_url, **(storage_options or {}))[0]
+        self.dir, self.base_url, self.manifest = cache_dir, published.url, published.manifest
+        self.fs = fsspec.core.url_to_fs(self.base_url, **(storage_options or {}))[0]
         self.limit_bytes, self.retries, self.backoff_s = limit_bytes, retries, backoff_s
         self.max_open, self.full_timeout_s, self.mapped_limit_bytes = max_open, full_timeout_s, mapped_limit_bytes
         self.page_releases = 0  # times bound_mapped_pages released every mapping's pages
@@ -105,11 +112,13 @@ class ShardCache:
         self._refs = np.zeros(0, np.int64)  # pins held in this process
         self._last_use = np.zeros(0, np.int64)  # _clock at the last pin or ensure
         self._ready = np.zeros(0, bool)  # mapped (and so pinned across processes): no ensure needed
-        self._address = np.zeros(0, np.int64)  # the first row's address while mapped
+        self._address = np.zeros(0, np.int64)  # the first row's address while mapped (0: not mapped)
+        self._end = np.zeros(0, np.int64)  # the address just past the last row while mapped
         self._reserved = 0  # bytes of downloads in progress in this process, not yet on disk
         self._clock = 0
         self._open = 0  # entries with a mapping (pinned or idle)
         self._verified: set[tuple] = set()  # (name, inode, size, mtime_ns) hashed by this process
+        self._in_vocab: set[str] = set()  # raw_sha256 of the shards whose token ids were scanned (same content)
         self._remove_orphans()
 
     def _remove_orphans(self) -> None:
@@ -151,9 +160,9 @@ class ShardCache:
                     self._by_id.append(e)
             if len(self._by_id) > self._refs.size:
                 grow = 2 * len(self._by_id) - self._refs.size
-                self._refs, self._last_use, self._ready, self._address = (
+                self._refs, self._last_use, self._ready, self._address, self._end = (
                     np.concatenate([a, np.zeros(grow, a.dtype)])
-                    for a in (self._refs, self._last_use, self._ready, self._address))
+                    for a in (self._refs, self._last_use, self._ready, self._address, self._end))
             return np.array([self._entries[s.raw_sha256].id for s in shards], dtype=np.int64)
 
     def pin_ids(self, ids: np.ndarray) -> np.ndarray:
@@ -174,9 +183,10 @@ class ShardCache:
             if self._open > self.max_open:
                 self._close_surplus_locked()
 
-    def addresses(self, ids: np.ndarray) -> np.ndarray:
-        """The address of each entry's first row (C-contiguous rows follow); valid while it stays pinned."""
-        return self._address[ids]
+    def bounds(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each entry's rows as addresses ``[start, end)`` (C-contiguous rows; 0, 0 when not mapped);
+        valid while it stays pinned."""
+        return self._address[ids], self._end[ids]
 
     def rows(self, shards: list[Shard]) -> list[np.ndarray]:
         """Each shard's ``(rows, seq_len + 1)`` memory-mapped view; the shards must be pinned and ensured."""
@@ -239,7 +249,14 @@ class ShardCache:
         if st is None or not self._verify(shard, path, st):
             downloaded = self._download(shard)
             st = os.stat(path)
-        mapped = MappedShard(path)  # mapped while pinned: nobody can evict it in between
+        mapped = MappedShard(path, self.manifest, shard)  # mapped while pinned: nobody can evict it in between
+        if shard.raw_sha256 not in self._in_vocab:  # a full read, once per shard per process (memory speed)
+            try:
+                check_vocab(mapped.rows, self.manifest, shard)
+            except BaseException:
+                mapped.close()
+                raise
+            self._in_vocab.add(shard.raw_sha256)
         with self._lock:
             if e.mapped is not None:
                 e.mapped.close()
@@ -248,6 +265,7 @@ class ShardCache:
             if self.mapped_limit_bytes is not None and e.pages is not None:  # what reading the Arrow footer mapped
                 _dontneed(e.pages)
             self._address[e.id], self._ready[e.id] = mapped.rows.ctypes.data, True
+            self._end[e.id] = mapped.rows.ctypes.data + mapped.rows.nbytes
             self._open += 1
         self._touch(path)
         return FetchResult(downloaded)
@@ -280,7 +298,7 @@ class ShardCache:
                     st = _stat(path)
                     self._verified.add((shard.raw_sha256, st.st_ino, st.st_size, st.st_mtime_ns))
                     return n
-                except CacheFullError:  # it already waited; not a fetch failure to retry
+                except (CacheFullError, FactMismatchError):  # it already waited / the manifest is wrong: final
                     raise
                 except (OSError, ManifestError) as err:
                     last = err
@@ -299,13 +317,18 @@ class ShardCache:
         actual = sha256_bytes(data)
         if actual != shard.sha256:
             raise HashMismatchError(f"shard {shard.path} as downloaded from {url}", shard.sha256, actual)
-        rows = rows_from_table(read_table(pa.py_buffer(data)))
+        # The bytes are the pinned ones from here on: a mismatch below is the manifest's, not the network's.
+        if len(data) != shard.bytes:
+            raise FactMismatchError(shard.path, "bytes", shard.bytes, len(data))
+        rows = checked_rows(read_table(pa.py_buffer(data)), self.manifest, shard)
         self._make_room(shard.raw_bytes)
         tmp = f"{path}.tmp-{os.getpid()}-{threading.get_ident()}"
         try:
             stats = write_shard(tmp, rows, compressed=False)
             if stats.sha256 != shard.raw_sha256:
                 raise HashMismatchError(f"cache form of shard {shard.path}", shard.raw_sha256, stats.sha256)
+            if stats.bytes != shard.raw_bytes:
+                raise FactMismatchError(shard.path, "raw_bytes", shard.raw_bytes, stats.bytes)
             os.replace(tmp, path)
         finally:
             _unlink(tmp)
@@ -392,7 +415,7 @@ class ShardCache:
         if e.mapped is not None:
             e.mapped.close()
             e.mapped = None
-            self._address[e.id], self._ready[e.id] = 0, False
+            self._address[e.id], self._end[e.id], self._ready[e.id] = 0, 0, False
             self._open -= 1
         if e.pin_fd is not None:
             _unlock(e.pin_fd)

@@ -27,7 +27,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 import torch
 
-from gristmill.manifests import HashMismatchError, Published, load_manifest
+from gristmill.manifests import EditedManifestError, HashMismatchError, ManifestDecodeError, Published, load_manifest
 
 from . import simstore  # noqa: F401  (registers the gmsim:// simulated store)
 from .cache import CacheError, ShardCache
@@ -134,7 +134,7 @@ class Loader:
                     f"{self.shards_in_flight()} shards ({need:,} bytes) are needed at once; raise the limit, "
                     + {"global": "use order='window', ", "window": "use fewer window_shards, "}.get(order, "")
                     + "or lower prefetch")
-        self.cache = ShardCache(self.cache_dir, self.published.url, storage_options=self.storage_options,
+        self.cache = ShardCache(self.cache_dir, self.published, storage_options=self.storage_options,
                                 limit_bytes=cache_limit_bytes, retries=retries, backoff_s=backoff_s,
                                 max_open=max(64, self.shards_in_flight()),
                                 mapped_limit_bytes=mapped_limit_bytes)
@@ -265,7 +265,8 @@ class Loader:
                 n = fut.result().downloaded_bytes
                 if started_here and n > 0:
                     misses, downloaded = misses + 1, downloaded + n
-            gather_rows(buf, self.cache.addresses(step.row_entries) + step.offsets, self._row_like)
+            starts, ends = self.cache.bounds(step.row_entries)
+            gather_rows(buf, starts + step.offsets, starts, ends, self._row_like)
         finally:
             self.cache.unpin_ids(step.entries)
         # Inputs and labels are views of one buffer: no copy, and one transfer to the GPU.
@@ -344,11 +345,18 @@ def _check(ok: bool, message: str) -> None:
 
 
 def _load_with_retries(url: str, expected_sha256, storage_options: dict, retries: int, backoff_s: float) -> Published:
+    """Read the manifest, retrying what a flaky remote does to a read: an I/O error, bytes that do not
+    decode (not UTF-8 / JSON) or that do not hash to the sha256 they record (a byte flipped in transit).
+    A manifest that reads back valid but is refused (a wrong pinned hash, a bad field) is final."""
     for attempt in range(retries):
         try:
             return load_manifest(url, expected_sha256=expected_sha256, **storage_options)
-        except OSError as e:  # a flaky remote; a bad manifest (ManifestError) is final
+        except (OSError, ManifestDecodeError, EditedManifestError) as e:
             if attempt + 1 == retries:
+                if isinstance(e, ManifestDecodeError):
+                    raise ManifestDecodeError(
+                        f"{e} (the same in all {retries} reads): the stored manifest.json is damaged; restore it, or "
+                        f"republish the version") from e
                 raise
             log.warning("reading manifest %s failed (%s); retrying", url, e)
             time.sleep(min(backoff_s * 2 ** attempt, 10.0))

@@ -57,7 +57,7 @@ class DatasetBuilder:
         with DocIndexWriter(path) as w:
             yield w
         sha, size = sha256_file(path)
-        self.doc_index = FileRef(DOC_INDEX_FILE, sha, size)
+        self.doc_index = FileRef(DOC_INDEX_FILE, sha, size, w.rows)
 
     def set_doc_index(self, table: pa.Table) -> FileRef:
         """The whole document index at once (small datasets, tests)."""

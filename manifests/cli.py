@@ -11,7 +11,8 @@ def register(sub) -> None:
     show.add_argument("url", help="dataset version: <root>/<dataset>[/v<N>[/manifest.json]]")
     show.add_argument("--json", action="store_true", help="print the full manifest JSON")
     show.set_defaults(handler=_show)
-    verify = msub.add_parser("verify", help="re-hash every shard, the document index and the tokenizer")
+    verify = msub.add_parser("verify", help="check every pinned file against the manifest: hashes, sizes, "
+                            "row counts, schemas, token ids (a full read)")
     verify.add_argument("url")
     verify.add_argument("--sha256", help="also require the manifest itself to hash to this")
     verify.set_defaults(handler=_verify)
@@ -56,9 +57,10 @@ def _verify(args) -> int:
     if problems:
         for p in problems:
             print(f"FAILED {p}")
-        print(f"{len(problems)} of {n} pinned files differ from manifest {pub.manifest.sha256}")
+        print(f"{len(problems)} of {n} pinned files differ from what manifest {pub.manifest.sha256} states")
         return 1
-    print(f"OK: all {n} pinned files match manifest {pub.manifest.sha256}")
+    print(f"OK: all {n} pinned files match manifest {pub.manifest.sha256} (hashes, sizes, row counts, schemas, "
+          f"token ids < vocab_size)")
     return 0
 
 

@@ -5,11 +5,12 @@ from "rows a model saw" to "documents it saw" with a join and no replay of train
 """
 from __future__ import annotations
 
-
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .errors import ManifestError
+from .errors import FactMismatchError, ManifestError
+from .manifest import Manifest
 from .parquet_part import ParquetPart
 
 DOC_INDEX_SCHEMA = pa.schema(
@@ -62,6 +63,11 @@ class DocIndexWriter:
         rest = table.slice(whole)
         self.pending, self.pending_rows = ([rest] if rest.num_rows else []), rest.num_rows
 
+    @property
+    def rows(self) -> int:
+        """Spans written so far (the row count the manifest states once closed)."""
+        return self.part.rows
+
     def close(self) -> None:
         self._flush(final=True)
         self.part.commit()
@@ -88,3 +94,56 @@ def read_doc_index(source, columns: list[str] | None = None) -> pa.Table:
     if missing:
         raise ManifestError(f"document index lacks column(s) {sorted(missing)}")
     return table
+
+
+def check_doc_index(source, manifest: Manifest) -> None:
+    """Check a document index file against ``manifest``: the schema above, the row count it
+    states, and every span inside a row of a shard it lists (``shard`` < its shard count, ``row``
+    < that shard's rows, ``start + length`` <= seq_len + 1), sorted by (shard, row, start).
+
+    Reads one row group (of four columns) at a time, so memory stays flat whatever the index size.
+    """
+    what = manifest.doc_index.path
+    try:
+        pf = pq.ParquetFile(source)
+        schema = pf.schema_arrow
+        _ = schema.names, str(schema)  # decode every name: one that is not UTF-8 fails here, not later
+    except (pa.ArrowException, OSError, ValueError) as e:  # UnicodeDecodeError included
+        raise ManifestError(f"{what}: not a readable Parquet file: {e}") from e
+    if not schema.equals(DOC_INDEX_SCHEMA):
+        raise FactMismatchError(what, "schema", "the document index schema of docs/format.md",
+                                schema.to_string(show_schema_metadata=False).replace("\n", "; "))
+    stated = manifest.doc_index.rows
+    if stated is not None and pf.metadata.num_rows != stated:
+        raise FactMismatchError(what, "doc_index.rows", stated, pf.metadata.num_rows)
+    shard_rows = np.array([s.rows for s in manifest.shards], dtype=np.int64)
+    width, seen, previous = manifest.row_tokens, 0, None
+    for g in range(pf.num_row_groups):
+        try:
+            t = pf.read_row_group(g, columns=["shard", "row", "start", "length"])
+        except (pa.ArrowException, OSError, ValueError) as e:
+            raise ManifestError(f"{what}: row group {g} cannot be read: {e}") from e
+        shard, row, start, length = (t.column(k).to_numpy().astype(np.int64) for k in ("shard", "row", "start", "length"))
+        bad = (shard < 0) | (shard >= shard_rows.size)
+        _refuse(what, bad, seen, "shard", f"a position in manifest.shards (< {shard_rows.size})", shard)
+        bad = (row < 0) | (row >= shard_rows[shard])
+        _refuse(what, bad, seen, "row", "a row inside its shard (< the shard's rows)", row)
+        bad = (start < 0) | (length < 1) | (start + length > width)
+        _refuse(what, bad, seen, "start/length", f"a span inside a row of seq_len + 1 = {width} tokens",
+                np.stack([start, length], axis=1).tolist() if bad.any() else None)
+        keys = np.stack([shard, row, start], axis=1)
+        if previous is not None:
+            keys = np.concatenate([previous, keys])
+        if len(keys) > 1:
+            d = np.diff(keys, axis=0)
+            ordered = (d[:, 0] > 0) | ((d[:, 0] == 0) & ((d[:, 1] > 0) | ((d[:, 1] == 0) & (d[:, 2] >= 0))))
+            _refuse(what, ~ordered, seen + (previous is None), "order", "sorted by (shard, row, start)",
+                    keys[1:].tolist() if not ordered.all() else None)
+        previous = keys[-1:]
+        seen += t.num_rows
+
+
+def _refuse(what: str, bad: np.ndarray, offset: int, field: str, stated: str, values) -> None:
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise FactMismatchError(what, field, stated, f"span {offset + i} with {field} {values[i]}")

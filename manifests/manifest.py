@@ -13,12 +13,20 @@ import posixpath
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from .errors import HashMismatchError, ManifestError, MissingFieldError, SchemaVersionError, UnsafePathError
+from .errors import (EditedManifestError, HashMismatchError, ManifestDecodeError, ManifestError, MissingFieldError, SchemaVersionError,
+                     UnsafePathError)
 from .hashing import canonical_json, sha256_bytes
 
 SCHEMA_VERSION = 1
 UNHASHED_FIELDS = ("version", "created_at", "sha256")
 SPLITS = ("train", "validation")
+# Bounds on the counts a manifest states, so that no stated number (however forged) overflows the
+# int64 arithmetic of the loader's order and row offsets: a shard's tokens times 4 bytes and the
+# rows of all shards together stay far below 2**63.
+MAX_COUNT = 1 << 48
+MAX_TOTAL_ROWS = 1 << 62
+MAX_SEQ_LEN = 1 << 31
+MAX_VOCAB = 1 << 32
 
 
 def safe_relpath(path: str, what: str) -> str:
@@ -41,6 +49,21 @@ def _require(d: dict, keys: tuple[str, ...], where: str) -> None:
         raise MissingFieldError(f"{where}: missing field(s) {', '.join(missing)}")
 
 
+def _int(d: dict, key: str, where: str, hi: int = MAX_COUNT, lo: int = 0) -> int:
+    """A stated count: a JSON integer in [lo, hi), else an error naming the field and value."""
+    value = d[key]
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value < hi:
+        raise ManifestError(f"{where}.{key}: expected an integer in [{lo}, {hi}), got {value!r}")
+    return value
+
+
+def _list(d: dict, key: str, where: str) -> list:
+    value = d.get(key, [])
+    if not isinstance(value, list):
+        raise ManifestError(f"{where}.{key}: expected a list, got {type(value).__name__}")
+    return value
+
+
 def _sha(value: Any, where: str) -> str:
     if not (isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)):
         raise ManifestError(f"{where}: not a lowercase hex sha256: {value!r}")
@@ -49,17 +72,27 @@ def _sha(value: Any, where: str) -> str:
 
 @dataclass(frozen=True)
 class FileRef:
-    """A file the manifest pins: relative path (inside the version dir) or input URI, sha256, size."""
+    """A file the manifest pins: relative path (inside the version dir), sha256, size, and (the
+    document index) its row count. ``rows`` is None when not stated: manifests written before it
+    existed lack it, and it is left out of their JSON (and so of their hash)."""
 
     path: str
     sha256: str
     bytes: int
+    rows: int | None = None
 
     @classmethod
-    def from_dict(cls, d: dict, where: str, *, relative: bool = True) -> "FileRef":
+    def from_dict(cls, d: dict, where: str) -> "FileRef":
         _require(d, ("path", "sha256", "bytes"), where)
-        path = safe_relpath(d["path"], where) if relative else d["path"]
-        return cls(path=path, sha256=_sha(d["sha256"], where), bytes=int(d["bytes"]))
+        rows = _int(d, "rows", where, hi=MAX_TOTAL_ROWS) if d.get("rows") is not None else None
+        return cls(path=safe_relpath(d["path"], where), sha256=_sha(d["sha256"], where), bytes=_int(d, "bytes", where),
+                   rows=rows)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        if d["rows"] is None:
+            del d["rows"]
+        return d
 
 
 @dataclass(frozen=True)
@@ -88,11 +121,11 @@ class Shard:
             path=safe_relpath(d["path"], where),
             split=d["split"],
             sha256=_sha(d["sha256"], where),
-            bytes=int(d["bytes"]),
-            rows=int(d["rows"]),
-            tokens=int(d["tokens"]),
+            bytes=_int(d, "bytes", where),
+            rows=_int(d, "rows", where),
+            tokens=_int(d, "tokens", where),
             raw_sha256=_sha(d["raw_sha256"], where),
-            raw_bytes=int(d["raw_bytes"]),
+            raw_bytes=_int(d, "raw_bytes", where),
         )
 
 
@@ -106,7 +139,8 @@ class Tokenizer:
     @classmethod
     def from_dict(cls, d: dict, where: str = "tokenizer") -> "Tokenizer":
         _require(d, ("path", "sha256", "vocab_size", "eos_id"), where)
-        return cls(safe_relpath(d["path"], where), _sha(d["sha256"], where), int(d["vocab_size"]), int(d["eos_id"]))
+        vocab = _int(d, "vocab_size", where, hi=MAX_VOCAB + 1, lo=1)
+        return cls(safe_relpath(d["path"], where), _sha(d["sha256"], where), vocab, _int(d, "eos_id", where, hi=vocab))
 
 
 @dataclass(frozen=True)
@@ -118,7 +152,7 @@ class Input:
     @classmethod
     def from_dict(cls, d: dict, where: str) -> "Input":
         _require(d, ("uri", "bytes", "sha256"), where)
-        return cls(str(d["uri"]), int(d["bytes"]), _sha(d["sha256"], where))
+        return cls(str(d["uri"]), _int(d, "bytes", where), _sha(d["sha256"], where))
 
 
 @dataclass(frozen=True)
@@ -133,7 +167,7 @@ class EvalSet:
     @classmethod
     def from_dict(cls, d: dict, where: str) -> "EvalSet":
         _require(d, ("name", "uri", "sha256", "items"), where)
-        return cls(str(d["name"]), str(d["uri"]), _sha(d["sha256"], where), int(d["items"]))
+        return cls(str(d["name"]), str(d["uri"]), _sha(d["sha256"], where), _int(d, "items", where))
 
 
 REQUIRED = (
@@ -166,6 +200,7 @@ class Manifest:
         d["shards"] = [asdict(s) for s in self.shards]
         d["inputs"] = [asdict(i) for i in self.inputs]
         d["eval_sets"] = [asdict(e) for e in self.eval_sets]
+        d["doc_index"] = self.doc_index.to_dict()
         return d
 
     @property
@@ -201,39 +236,57 @@ class Manifest:
         _require(d, REQUIRED, "manifest")
         if d["token_dtype"] not in ("uint16", "uint32"):
             raise ManifestError(f"manifest: token_dtype must be uint16 or uint32, got {d['token_dtype']!r}")
+        for key in ("config", "stats"):
+            if not isinstance(d[key], dict):
+                raise ManifestError(f"manifest.{key}: expected an object, got {type(d[key]).__name__}")
         m = cls(
             dataset=str(d["dataset"]),
             tokenizer=Tokenizer.from_dict(d["tokenizer"]),
-            seq_len=int(d["seq_len"]),
+            seq_len=_int(d, "seq_len", "manifest", hi=MAX_SEQ_LEN, lo=1),
             token_dtype=d["token_dtype"],
-            shards=tuple(Shard.from_dict(s, f"shards[{i}]") for i, s in enumerate(d["shards"])),
+            shards=tuple(Shard.from_dict(s, f"shards[{i}]") for i, s in enumerate(_list(d, "shards", "manifest"))),
             doc_index=FileRef.from_dict(d["doc_index"], "doc_index"),
-            inputs=tuple(Input.from_dict(x, f"inputs[{i}]") for i, x in enumerate(d["inputs"])),
+            inputs=tuple(Input.from_dict(x, f"inputs[{i}]") for i, x in enumerate(_list(d, "inputs", "manifest"))),
             config=d["config"],
             config_sha256=_sha(d["config_sha256"], "config_sha256"),
             code_version=str(d["code_version"]),
             stats=d["stats"],
-            eval_sets=tuple(EvalSet.from_dict(e, f"eval_sets[{i}]") for i, e in enumerate(d.get("eval_sets", []))),
-            schema_version=int(d["schema_version"]),
+            eval_sets=tuple(EvalSet.from_dict(e, f"eval_sets[{i}]") for i, e in enumerate(_list(d, "eval_sets", "manifest"))),
+            schema_version=SCHEMA_VERSION,
             version=d.get("version"),
             created_at=d.get("created_at"),
         )
         paths = [s.path for s in m.shards]
         if len(set(paths)) != len(paths):
             raise ManifestError("manifest: two shards share a path")
+        try:
+            sha = m.sha256
+        except UnicodeEncodeError as e:  # JSON can escape a lone surrogate (\udcff), which has no UTF-8
+            raise ManifestDecodeError(f"manifest: a string is not valid Unicode ({e}); it cannot be hashed") from e
         recorded = d.get("sha256")
-        if recorded is not None and recorded != m.sha256:
-            raise HashMismatchError("manifest.json (its content was edited after publishing)", recorded, m.sha256)
-        if expected_sha256 is not None and expected_sha256 != m.sha256:
-            raise HashMismatchError(f"manifest of {m.dataset!r} (hash pinned by the caller)", expected_sha256, m.sha256)
+        if recorded is not None and recorded != sha:
+            raise EditedManifestError("manifest.json (its content was edited after publishing)", recorded, sha)
+        if expected_sha256 is not None and expected_sha256 != sha:
+            raise HashMismatchError(f"manifest of {m.dataset!r} (hash pinned by the caller)", expected_sha256, sha)
+        # Consistency of the stated counts (after the hash checks: an edited manifest is named as such).
+        for i, s in enumerate(m.shards):
+            if s.tokens != s.rows * m.row_tokens:
+                raise ManifestError(f"shards[{i}].tokens: {s.tokens} is not rows * (seq_len + 1) = "
+                                    f"{s.rows} * {m.row_tokens}")
+        if sum(s.rows for s in m.shards) >= MAX_TOTAL_ROWS:
+            raise ManifestError(f"manifest: the shards state {sum(s.rows for s in m.shards)} rows in all, "
+                                f"more than {MAX_TOTAL_ROWS}")
         return m
 
     @classmethod
-    def from_json(cls, text: str | bytes, *, expected_sha256: str | None = None) -> "Manifest":
+    def from_json(cls, text: str | bytes, *, expected_sha256: str | None = None,
+                  source: str = "manifest") -> "Manifest":
         try:
             d = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ManifestError(f"manifest: not valid JSON: {e}") from e
+        except UnicodeDecodeError as e:
+            raise ManifestDecodeError(f"{source}: not UTF-8 text ({e})") from e
+        except (json.JSONDecodeError, RecursionError) as e:
+            raise ManifestDecodeError(f"{source}: not valid JSON: {e}") from e
         return cls.from_dict(d, expected_sha256=expected_sha256)
 
 

@@ -16,7 +16,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from .errors import HashMismatchError, ManifestError
+from .errors import FactMismatchError, HashMismatchError, ManifestError, TokenOutOfVocabError
+from .manifest import Manifest, Shard
 
 COLUMN = "tokens"
 ZSTD_LEVEL = 3
@@ -85,24 +86,68 @@ def atomic_write(path: str, data) -> None:
 
 
 def read_table(source) -> pa.Table:
-    """Read a shard (compressed or not) from a path, buffer or file object."""
+    """Read a shard (compressed or not) from a path, buffer or file object.
+
+    Arrow's structural validation runs too (buffer sizes against lengths, offsets): a crafted
+    file is refused here rather than read past its buffers later.
+    """
     try:
-        return ipc.open_file(source).read_all()
-    except (pa.ArrowInvalid, OSError) as e:
+        table = ipc.open_file(source).read_all()
+        table.validate()
+        _ = table.schema.names, str(table.schema)  # decode every name: one that is not UTF-8 fails here, not later
+        return table
+    except (pa.ArrowException, OSError, ValueError) as e:  # UnicodeDecodeError included
         raise ManifestError(f"not a readable gristmill shard: {e}") from e
 
 
-def rows_from_table(table: pa.Table) -> np.ndarray:
-    """The ``(rows, seq_len + 1)`` token matrix of a shard table (zero-copy when uncompressed)."""
+def rows_from_table(table: pa.Table, what: str = "shard") -> np.ndarray:
+    """The ``(rows, seq_len + 1)`` token matrix of a shard table (zero-copy when uncompressed).
+
+    Checks what the format fixes (metadata, one non-null fixed-size-list column of uint16/uint32)
+    so that the matrix is exactly the table's rows; :func:`checked_rows` adds what a manifest states.
+    """
     if table.schema.metadata is None or table.schema.metadata.get(b"format") != SHARD_FORMAT.encode():
-        raise ManifestError("not a gristmill token shard (schema metadata format != gristmill-tokens-v1)")
-    col = table.column(COLUMN)
-    if col.num_chunks != 1:
-        col = pa.chunked_array([pa.concat_arrays(col.chunks)])
-    arr = col.chunk(0)
-    width = arr.type.list_size
-    flat = arr.values.to_numpy(zero_copy_only=True)
-    return flat.reshape(-1, width)
+        actual = (table.schema.metadata or {}).get(b"format", b"(none)").decode(errors="replace")
+        raise FactMismatchError(what, "schema metadata format", SHARD_FORMAT, actual,
+                                "not a gristmill token shard")
+    t = table.schema.field(COLUMN).type if table.schema.names == [COLUMN] else None
+    if t is None or not pa.types.is_fixed_size_list(t) or t.value_type not in (pa.uint16(), pa.uint32()):
+        raise FactMismatchError(what, "schema", f"{COLUMN}: fixed_size_list<uint16|uint32>", table.schema.to_string(
+            show_schema_metadata=False), "not a gristmill token shard")
+    chunks = table.column(COLUMN).chunks
+    arr = chunks[0] if len(chunks) == 1 else pa.concat_arrays(chunks) if chunks else pa.array([], type=t)
+    flat = arr.flatten()  # exactly len(arr) * list_size values, whatever the child array holds beyond
+    if arr.null_count or flat.null_count:
+        raise FactMismatchError(what, "schema", "no null tokens", f"{arr.null_count + flat.null_count} nulls")
+    return flat.to_numpy(zero_copy_only=True).reshape(len(arr), t.list_size)
+
+
+def checked_rows(table: pa.Table, manifest: Manifest, shard: Shard) -> np.ndarray:
+    """:func:`rows_from_table`, after checking the table against every fact ``manifest`` states
+    about ``shard``: its row width (seq_len + 1), token dtype and row count. O(1): no token is read."""
+    rows = rows_from_table(table, shard.path)
+    dtype = rows.dtype.name
+    if dtype != manifest.token_dtype:
+        raise FactMismatchError(shard.path, "token_dtype", manifest.token_dtype, dtype)
+    if rows.shape[1] != manifest.row_tokens:
+        raise FactMismatchError(shard.path, "seq_len", f"{manifest.seq_len} (rows of seq_len + 1 = {manifest.row_tokens} "
+                                f"tokens)", f"rows of {rows.shape[1]} tokens")
+    if rows.shape[0] != shard.rows:
+        raise FactMismatchError(shard.path, "rows", shard.rows, rows.shape[0])
+    return rows
+
+
+def check_vocab(rows: np.ndarray, manifest: Manifest, shard: Shard) -> None:
+    """Every token id below the tokenizer's ``vocab_size``: a full scan (numpy's max, memory speed),
+    skipped when the dtype cannot hold a larger id."""
+    vocab = manifest.tokenizer.vocab_size
+    if rows.size == 0 or vocab > np.iinfo(rows.dtype).max:
+        return
+    top = int(rows.max())
+    if top >= vocab:
+        r, c = np.unravel_index(int(np.argmax(rows >= vocab)), rows.shape)
+        raise TokenOutOfVocabError(shard.path, "tokenizer.vocab_size", vocab,
+                                   f"token id {top} (first out-of-vocabulary id at row {r}, position {c})")
 
 
 def read_rows(path: str, *, expected_sha256: str | None = None) -> np.ndarray:
@@ -123,13 +168,22 @@ def write_cache_form(published_path: str, cache_path: str) -> ShardStats:
 
 
 class MappedShard:
-    """Random access by row into an uncompressed shard, memory-mapped with zero copies."""
+    """Random access by row into an uncompressed shard, memory-mapped with zero copies.
 
-    def __init__(self, path: str):
+    With ``manifest`` and ``shard``, the file is checked against what the manifest states about
+    it (:func:`checked_rows`) before anything is read through the mapping.
+    """
+
+    def __init__(self, path: str, manifest: Manifest | None = None, shard: Shard | None = None):
         self.path = path
         self._source = pa.memory_map(path, "r")
-        table = read_table(self._source)
-        self.rows = rows_from_table(table)  # a view onto the mapping
+        try:
+            table = read_table(self._source)
+            # a view onto the mapping
+            self.rows = checked_rows(table, manifest, shard) if manifest is not None else rows_from_table(table, path)
+        except BaseException:
+            self._source.close()
+            raise
         self._table = table  # keeps the buffers alive
 
     def __len__(self) -> int:

@@ -17,11 +17,12 @@ import fsspec
 from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 
-from .errors import ManifestError, ManifestNotFoundError, VersionExistsError
+from .errors import LatestPointerError, ManifestError, ManifestNotFoundError, VersionExistsError
 from .manifest import Manifest
 
 _VERSION_DIR = re.compile(r"^v(\d+)$")
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+# A dataset name is one directory under the store root: no separators, never `.` or `..`.
+DATASET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 MANIFEST_FILE = "manifest.json"
 LATEST_FILE = "latest"
 
@@ -65,7 +66,7 @@ class ManifestStore:
     def latest(self, dataset: str) -> int:
         pointer = posixpath.join(self._root_path, dataset, LATEST_FILE)
         if self.fs.exists(pointer):
-            return int(self.fs.cat_file(pointer).decode().strip())
+            return read_latest(self.fs, pointer, join(self.root, dataset, LATEST_FILE))
         versions = self.versions(dataset)
         if not versions:
             raise ManifestNotFoundError(f"no published version of dataset {dataset!r} under {self.root}")
@@ -87,8 +88,8 @@ class ManifestStore:
         Idempotent on content: if the latest version already has this manifest hash, it is
         returned unchanged. An explicit ``version`` that already exists is refused.
         """
-        if not _NAME.match(manifest.dataset):
-            raise ManifestError(f"dataset name {manifest.dataset!r} must match {_NAME.pattern}")
+        if not DATASET_NAME.fullmatch(manifest.dataset):
+            raise ManifestError(f"dataset name {manifest.dataset!r} must match {DATASET_NAME.pattern}")
         existing = self.versions(manifest.dataset)
         if version is None and existing:
             latest = self.load(manifest.dataset, existing[-1])
@@ -145,6 +146,18 @@ class ManifestStore:
         self.fs.mv(tmp, path)
 
 
+def read_latest(fs, path: str, url: str) -> int:
+    """The version number a ``latest`` pointer holds; anything else is a LatestPointerError saying how to mend it."""
+    raw = fs.cat_file(path)
+    text = raw.decode("utf-8", errors="replace").strip()
+    if not re.fullmatch(r"[0-9]{1,18}", text):
+        raise LatestPointerError(
+            f"{url}: the latest pointer holds {raw[:80]!r}{'...' if len(raw) > 80 else ''}, not a version number; "
+            f"write the newest published version into it: the highest v<N>/ holding a {MANIFEST_FILE} "
+            f"(e.g. '3' for v3/)")
+    return int(text)
+
+
 def _pinned_files(m: Manifest) -> list[str]:
     return [m.tokenizer.path, m.doc_index.path, *(s.path for s in m.shards)]
 
@@ -156,12 +169,12 @@ def load_manifest(url: str, *, expected_sha256: str | None = None, **storage_opt
     if path.endswith("/" + MANIFEST_FILE) or path == MANIFEST_FILE:
         url, path = url[: -len(MANIFEST_FILE) - 1], posixpath.dirname(path)
     elif not fs.exists(posixpath.join(path, MANIFEST_FILE)) and fs.exists(posixpath.join(path, LATEST_FILE)):
-        version = int(fs.cat_file(posixpath.join(path, LATEST_FILE)).decode().strip())
+        version = read_latest(fs, posixpath.join(path, LATEST_FILE), join(url, LATEST_FILE))
         url, path = join(url, f"v{version}"), posixpath.join(path, f"v{version}")
     target = posixpath.join(path, MANIFEST_FILE)
     if not fs.exists(target):
         raise ManifestNotFoundError(f"no manifest at {url} (expected {join(url, MANIFEST_FILE)})")
-    manifest = Manifest.from_json(fs.cat_file(target), expected_sha256=expected_sha256)
+    manifest = Manifest.from_json(fs.cat_file(target), expected_sha256=expected_sha256, source=join(url, MANIFEST_FILE))
     return Published(manifest, url)
 
 

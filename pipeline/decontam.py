@@ -1,8 +1,9 @@
 """The decontamination stage: remove (or cut) training text that contains evaluation items.
 
 ```python
-cfg = DecontamConfig.from_dict(job["decontaminate"], base_dir=job_dir)
-result = decontaminate(docs, cfg, work_dir)                 # against the job's eval files
+cfg = job.decontaminate                                      # a typed section of the prepare job, or
+cfg = DecontamConfig.from_dict(section, base_dir=job_dir)    # one section on its own (ConfigError naming the key)
+result = decontaminate(docs, cfg, work_dir)                  # against the job's eval files
 result = decontaminate_against_docs(train, validation, cfg)  # against the validation split
 ```
 
@@ -18,7 +19,6 @@ import functools
 import hashlib
 import json
 import os
-from dataclasses import asdict, dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -26,9 +26,9 @@ import pyarrow as pa
 from gristmill.manifests import canonical_json, sha256_file, sha256_json
 from gristmill.pipeline import ngrams
 from gristmill.pipeline.stage import StageResult
-from gristmill.errors import ConfigError
+# The stage's config is a section of the one prepare-job model; importable from here as before.
+from gristmill.pipeline.config import DecontamConfig, EvalSetSpec  # noqa: F401  (re-exported)
 
-POLICIES = ("drop", "cut")
 STAGE = "decontaminate"
 REASON = "contaminated"
 # The verdict on a matching document. Removed rows carry the eval_* and matches columns.
@@ -37,136 +37,6 @@ ACTION, EVAL_SET, EVAL_ITEM, MATCHES, EVAL_MATCHES, CUT_TEXT = (
 VERDICT = {ACTION: pa.string(), EVAL_SET: pa.string(), EVAL_ITEM: pa.string(), MATCHES: pa.int64(),
            EVAL_MATCHES: pa.string(), CUT_TEXT: pa.string()}  # eval_matches: JSON [[set, item, hits], ...]
 BATCH_SIZE = 512
-
-
-class DecontamConfigError(ConfigError):
-    """The job file's ``decontaminate`` section is not valid; the message names the key."""
-
-
-# --------------------------------------------------------------------------------------
-# Configuration
-
-
-@dataclass(frozen=True)
-class EvalSetSpec:
-    """One eval file from the job: ``name``, ``path`` (local path or fsspec URL) and how to read it."""
-
-    name: str
-    path: str
-    format: str | None = None  # jsonl | parquet | text; None: from the file name
-    fields: tuple[str, ...] = ("text",)  # jsonl/parquet: the text fields of an item
-    id_field: str | None = None  # jsonl/parquet: the field naming an item; None: its number
-    split: str = "auto"  # text: line | paragraph | auto
-
-    def read_items(self) -> list[tuple[str, str]]:
-        return ngrams.read_eval_items(self.path, self.format, self.fields, self.id_field, self.split)
-
-
-@dataclass(frozen=True)
-class DecontamConfig:
-    eval_sets: tuple[EvalSetSpec, ...] = ()
-    n: int = ngrams.DEFAULT_N
-    policy: str = "drop"
-    margin: int = 200  # cut: characters removed on each side of a matching span
-    min_matches: int = 1  # gram hits an item needs in a document (items with fewer grams: all of them)
-    min_item_words: int = 1  # eval items shorter than this are counted but not indexed
-    against_validation: bool = True  # the executor also checks train against the validation split
-
-    @classmethod
-    def from_dict(cls, d: Any, base_dir: str | None = None) -> "DecontamConfig":
-        """Parse the job file's ``decontaminate`` section; relative paths resolve against ``base_dir``."""
-        where = "decontaminate"
-        d = {} if d is None else d
-        _check_keys(d, {f for f in cls.__dataclass_fields__}, where)
-        cfg = cls(
-            eval_sets=tuple(_eval_set_spec(e, f"{where}.eval_sets[{i}]", base_dir)
-                            for i, e in enumerate(_typed(d, "eval_sets", list, [], where))),
-            n=_positive(d, "n", ngrams.DEFAULT_N, where),
-            policy=_typed(d, "policy", str, "drop", where),
-            margin=_positive(d, "margin", 200, where, zero_ok=True),
-            min_matches=_positive(d, "min_matches", 1, where),
-            min_item_words=_positive(d, "min_item_words", 1, where),
-            against_validation=_typed(d, "against_validation", bool, True, where),
-        )
-        if cfg.policy not in POLICIES:
-            raise DecontamConfigError(f"{where}.policy: must be one of {POLICIES}, got {cfg.policy!r}")
-        names = [e.name for e in cfg.eval_sets]
-        if len(set(names)) != len(names):
-            raise DecontamConfigError(f"{where}.eval_sets: names must be unique, got {names}")
-        return cfg
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-_SPEC_KEYS = {"name", "path", "format", "fields", "id_field", "split"}
-
-
-def _eval_set_spec(e: Any, where: str, base_dir: str | None) -> EvalSetSpec:
-    _check_keys(e, _SPEC_KEYS, where)
-    for key in ("name", "path"):
-        if not isinstance(e.get(key), str) or not e[key]:
-            raise DecontamConfigError(f"{where}.{key}: required, a non-empty string (got {e.get(key)!r})")
-    path = e["path"] if "://" in e["path"] or base_dir is None else os.path.join(base_dir, e["path"])
-    fmt = _typed(e, "format", str, None, where)
-    try:
-        fmt = fmt or ngrams.infer_format(path)
-    except ValueError as err:
-        raise DecontamConfigError(f"{where}.format: {err}") from None
-    if fmt not in ngrams.FORMATS:
-        raise DecontamConfigError(f"{where}.format: must be one of {ngrams.FORMATS}, got {fmt!r}")
-    fields = _typed(e, "fields", (list, str), ["text"], where)
-    fields = [fields] if isinstance(fields, str) else fields
-    if not fields or not all(isinstance(f, str) and f for f in fields):
-        raise DecontamConfigError(f"{where}.fields: a non-empty list of field names, got {fields!r}")
-    if fmt == "text" and ("fields" in e or "id_field" in e):
-        raise DecontamConfigError(f"{where}: fields/id_field apply to jsonl and parquet files, not text file {path}")
-    if fmt != "text" and "split" in e:
-        raise DecontamConfigError(f"{where}.split: applies to text files only, not {fmt} file {path}")
-    split = _typed(e, "split", str, "auto", where)
-    if split not in ngrams.TEXT_SPLITS:
-        raise DecontamConfigError(f"{where}.split: must be one of {ngrams.TEXT_SPLITS}, got {split!r}")
-    if not _exists(path):
-        raise DecontamConfigError(f"{where}.path: eval file {path} does not exist")
-    return EvalSetSpec(e["name"], path, fmt, tuple(fields), _typed(e, "id_field", str, None, where), split)
-
-
-def _check_keys(d: Any, allowed: set[str], where: str) -> None:
-    if not isinstance(d, dict):
-        raise DecontamConfigError(f"{where}: expected a mapping, got {type(d).__name__}")
-    unknown = sorted(set(d) - allowed)
-    if unknown:
-        raise DecontamConfigError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; "
-                                  f"allowed: {', '.join(sorted(allowed))}")
-
-
-def _typed(d: dict, key: str, types, default, where: str):
-    """``d[key]`` if it has one of ``types`` (a missing or null key gives ``default``)."""
-    value = d.get(key)
-    if value is None:
-        return default
-    types = types if isinstance(types, tuple) else (types,)
-    if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
-        raise DecontamConfigError(f"{where}.{key}: expected {_type_name(types)}, got {value!r}")
-    return value
-
-
-def _type_name(types: tuple) -> str:
-    return " or ".join(t.__name__ for t in types)
-
-
-def _positive(d: dict, key: str, default: int, where: str, zero_ok: bool = False) -> int:
-    value = _typed(d, key, int, default, where)
-    if value < (0 if zero_ok else 1):
-        raise DecontamConfigError(f"{where}.{key}: must be {'>= 0' if zero_ok else '>= 1'}, got {value}")
-    return value
-
-
-def _exists(path: str) -> bool:
-    import fsspec
-
-    fs, p = fsspec.core.url_to_fs(path)
-    return fs.isfile(p)
 
 
 # --------------------------------------------------------------------------------------
@@ -187,7 +57,7 @@ def load_eval_sets(cfg: DecontamConfig) -> list[tuple[dict, list[tuple[str, str]
 def eval_index_path(cfg: DecontamConfig, loaded: list[tuple[dict, list]], work_dir: str) -> str:
     """Where the index of these eval files is cached: named by everything it depends on."""
     key = sha256_json({"hash": ngrams.HASH_VERSION, "n": cfg.n, "min_item_words": cfg.min_item_words,
-                       "sets": [{**asdict(s), "sha256": r["sha256"]} for s, (r, _) in zip(cfg.eval_sets, loaded)]})
+                       "sets": [{**s.to_dict(), "sha256": r["sha256"]} for s, (r, _) in zip(cfg.eval_sets, loaded)]})
     return os.path.join(work_dir, "decontam", f"index-{key[:16]}.npz")
 
 

@@ -21,12 +21,13 @@ from dataclasses import dataclass
 
 from fsspec.core import url_to_fs
 
+from gristmill.errors import ConfigError
 from gristmill.manifests import EvalSet, Input, ManifestStore, code_version, sha256_json
 from gristmill.manifests.shards import atomic_write
 
 from . import report as rep
 from . import stages as st
-from .config import JobConfig, JobConfigError
+from .config import JobConfig
 from .progress import Progress
 from .workdir import WorkDir, part_name
 
@@ -55,7 +56,7 @@ def plan_inputs(job: JobConfig) -> list[dict]:
         paths = sorted(fs.glob(spec.path)) if _glob.has_magic(spec.path) else ([spec.path] if fs.exists(spec.path) else [])
         paths = [p for p in paths if not fs.isdir(p)]
         if not paths:
-            raise JobConfigError(f"inputs[{i}].path: no input file matches {spec.path!r}")
+            raise ConfigError(f"inputs[{i}].path: no input file matches {spec.path!r}")
         for p in paths:
             uri = os.path.abspath(p) if "://" not in spec.path else fs.unstrip_protocol(p)
             if uri not in found:

@@ -26,7 +26,6 @@ from __future__ import annotations
 import functools
 import math
 import os
-from dataclasses import asdict, dataclass, fields
 
 import numpy as np
 import pyarrow as pa
@@ -35,7 +34,9 @@ import pyarrow.parquet as pq
 
 from gristmill.pipeline import components as cc
 from gristmill.pipeline.documents import REMOVED_SCHEMA, to_removed_rows
-from gristmill.pipeline.lsh import LSHParams, band_keys, make_params, optimal_params
+# The stage's config is a section of the one prepare-job model; importable from here as before.
+from gristmill.pipeline.config import FuzzyDedupConfig
+from gristmill.pipeline.lsh import LSHParams, band_keys
 from gristmill.pipeline.minhash import MinHasher, jaccard
 from gristmill.pipeline.survivors import surviving_docs
 from gristmill.pipeline.workdir import ParquetPart, part_name
@@ -52,56 +53,6 @@ ENDPOINT_SCHEMA = pa.schema([("part", pa.int32()), ("order", pa.int64())])
 MEMBER_SCHEMA = pa.schema([("order", pa.int64()), ("id", pa.string()), ("bytes", pa.int64()),
                            ("shingles", pa.list_(pa.uint64())), ("signature", pa.list_(pa.uint32()))])
 LINK_SCHEMA = pa.schema([("part", pa.int32()), ("node", pa.int64()), ("other", pa.int64()), ("similarity", pa.float64())])
-
-
-@dataclass(frozen=True)
-class FuzzyDedupConfig:
-    ngram: int = 5  # words per shingle, after pipeline.text normalisation
-    num_perm: int = 128
-    seed: int = 1  # permutation seed, as datasketch.MinHash(seed=...)
-    threshold: float = 0.8  # Jaccard at or above which two documents are near-duplicates
-    bands: int | None = None  # bands x rows; None: datasketch's optimal-parameter search
-    rows: int | None = None
-    false_positive_weight: float = 0.1  # datasketch MinHashLSH `weights`: recall-leaning because
-    false_negative_weight: float = 0.9  # candidates are verified by exact Jaccard
-    verify: bool = True  # exact Jaccard on shingles for every candidate pair
-    num_partitions: int = 8  # hash-shuffle partitions per step (scale with the corpus)
-    batch_size: int = 1024  # documents per signature batch
-    sample_pairs: int = 20  # removed pairs quoted in the report
-
-    @classmethod
-    def from_dict(cls, d: dict | None) -> "FuzzyDedupConfig":
-        d = dict(d or {})
-        known = {f.name: f for f in fields(cls)}
-        unknown = sorted(set(d) - set(known))
-        if unknown:
-            raise ValueError(f"fuzzy_dedup: unknown key(s) {unknown}; known keys: {sorted(known)}")
-        for k, v in d.items():
-            want = (bool,) if k == "verify" else (int, float) if known[k].type == "float" else (int,)
-            if (k in ("bands", "rows") and v is None) or (isinstance(v, want) and (k == "verify" or not isinstance(v, bool))):
-                continue
-            raise ValueError(f"fuzzy_dedup.{k}: expected {known[k].type}, got {v!r}")
-        cfg = cls(**d)
-        cfg.validate()
-        return cfg
-
-    def validate(self) -> None:
-        for k in ("ngram", "num_perm", "num_partitions", "batch_size"):
-            if getattr(self, k) < 1:
-                raise ValueError(f"fuzzy_dedup.{k}: must be >= 1, got {getattr(self, k)!r}")
-        if self.sample_pairs < 0:
-            raise ValueError(f"fuzzy_dedup.sample_pairs: must be >= 0, got {self.sample_pairs!r}")
-        if not 0.0 < self.threshold < 1.0:
-            raise ValueError(f"fuzzy_dedup.threshold: must be in (0, 1), got {self.threshold!r}")
-        if (self.bands is None) != (self.rows is None):
-            raise ValueError(f"fuzzy_dedup: give both bands and rows or neither, got bands={self.bands!r}, rows={self.rows!r}")
-        if self.bands is not None and (self.bands < 1 or self.rows < 1 or self.bands * self.rows > self.num_perm):
-            raise ValueError(f"fuzzy_dedup: bands x rows = {self.bands} x {self.rows} must fit in num_perm={self.num_perm}")
-
-    def lsh(self) -> LSHParams:
-        if self.bands is not None:
-            return make_params(self.threshold, self.num_perm, self.bands, self.rows)
-        return optimal_params(self.threshold, self.num_perm, self.false_positive_weight, self.false_negative_weight)
 
 
 @functools.lru_cache(maxsize=4)
@@ -340,7 +291,7 @@ def find_near_duplicates(run_tasks, root: str, docs_files: list[str], removed_fi
         "documents_in": sum(s["documents_in"] for s in bands),
         "documents_removed": sum(removed.values()),
         "lsh": params.to_dict(),
-        "config": asdict(cfg) if hasattr(cfg, "__dataclass_fields__") else cfg.model_dump(),
+        "config": cfg.to_dict(),
         "candidate_pairs": sum(s["candidate_pairs"] for s in ver),
         "pairs_linked": n_linked,
         "clusters": sum(hist.values()),

@@ -4,7 +4,7 @@ Documents are concatenated in global ``order`` (EOS already follows each) and cu
 document may continue into the next row. A shard holds ``shard_bytes // row bytes`` rows (the
 last one of a range fewer).
 
-Packing runs in parallel over fixed *ranges* of each split's token stream (``RANGE_TOKENS``
+Packing runs in parallel over fixed *ranges* of each split's token stream (``pack.range_tokens``
 tokens of document starts a range), planned from the tokenize stage's per-partition token
 counts: positions in the document sequence, never the worker count or the file grouping. Each
 range is one Ray task that packs its documents, in ``order``, into its own shards
@@ -34,7 +34,6 @@ from gristmill.manifests.manifest import token_dtype_for
 from gristmill.manifests.shards import write_shard
 
 SPLITS = ("train", "validation")
-RANGE_TOKENS = 64 << 20  # tokens a pack range holds before the next one starts (a task of a few seconds)
 
 _IDX = DOC_INDEX_SCHEMA.names
 
@@ -193,8 +192,9 @@ def merge_doc_index(item: dict, slices: list[tuple[str, int]], out_path: str) ->
             for batch in pq.ParquetFile(path).iter_batches(batch_size=1 << 16):
                 t = pa.Table.from_batches([batch])
                 w.write(t.set_column(0, "shard", pc.add(t.column("shard"), base).cast(t.schema.field("shard").type)))
+    rows = w.rows  # after close: the last row group is written then
     sha, size = sha256_file(out_path)
-    return {"sha256": sha, "bytes": size}
+    return {"sha256": sha, "bytes": size, "rows": rows}
 
 
 def pack_split(builder: DatasetBuilder | RangeShards, token_files: list[str], split: str, seq_len: int, shard_bytes: int,

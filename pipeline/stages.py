@@ -25,7 +25,7 @@ from gristmill.manifests import DatasetBuilder, FileRef, Shard
 from gristmill.manifests.builder import DOC_INDEX_FILE
 
 from . import decontam, exact_dedup, fuzzy_dedup, pack
-from .config import JobConfig, JobConfigError
+from .config import JobConfig
 from .extract import extract_partition
 from .progress import Progress
 from .tasks import run_tasks
@@ -248,7 +248,7 @@ class Pack(Stage):
                                  vocab_size=vocab, eos_id=eos_id)
         tokens = {split: [s["splits"][split]["tokens"] for s in ctx.results["tokenize"]] for split in pack.SPLITS}
         token_files = [ctx.wd.path("tokens", f"{part_name(t['part'])}.parquet") for t in ctx.partitions]
-        items = pack.plan_ranges(tokens, pack.RANGE_TOKENS)  # every train range, then every validation one
+        items = pack.plan_ranges(tokens, job.pack.range_tokens)  # every train range, then every validation one
         out = ctx.run_tasks("pack", items, functools.partial(
             pack.pack_range_task, token_files=token_files, staging=staging, index_dir=ctx.wd.path("pack_index"),
             seq_len=job.pack.seq_len, shard_bytes=job.pack.shard_bytes, vocab_size=vocab))
@@ -263,25 +263,17 @@ class Pack(Stage):
         (merged,) = ctx.run_tasks("pack.doc_index", [{"name": "merge"}], functools.partial(
             pack.merge_doc_index, slices=slices, out_path=os.path.join(staging, DOC_INDEX_FILE)))
         builder.shards = shards
-        builder.doc_index = FileRef(DOC_INDEX_FILE, merged["sha256"], merged["bytes"])
+        builder.doc_index = FileRef(DOC_INDEX_FILE, merged["sha256"], merged["bytes"], merged["rows"])
         return {"stats": split_stats, "builder": builder}
 
 
 def build(job: JobConfig) -> list[Stage]:
-    """The stages this job runs, in order. A bad stage section fails here, before any work."""
+    """The stages this job runs, in order (every section was validated with the job)."""
     stages: list[Stage] = [Extract()]
     if job.exact_dedup.enabled:
         stages.append(ExactDedup())
-    for name, cls, module in (("fuzzy_dedup", FuzzyDedup, fuzzy_dedup), ("decontaminate", Decontaminate, decontam)):
-        section = getattr(job, name)
-        if section is None or section.get("enabled", True) is False:
-            continue
-        section = dict(section)
-        section.pop("enabled", None)
-        try:
-            cfg = (module.FuzzyDedupConfig.from_dict(section) if name == "fuzzy_dedup"
-                   else module.DecontamConfig.from_dict(section, base_dir=job.base_dir))
-        except ValueError as e:
-            raise JobConfigError(f"job section {name}: {e}") from None
-        stages.append(cls(cfg))
+    for cls in (FuzzyDedup, Decontaminate):  # optional typed sections: absent or enabled: false skips
+        section = getattr(job, cls.section)
+        if section is not None and section.enabled:
+            stages.append(cls(section))
     return stages + [Tokenizer(), Tokenize(), Pack()]

@@ -46,7 +46,9 @@ def run_tasks(ray, wd: WorkDir, step: str, items: list[dict], fn: Callable[[dict
     if progress is not None:
         progress.start(step, len(items), resumed=len(items) - len(todo), measure=measure)
     if todo:
-        remote = ray.remote(num_cpus=1, max_retries=0)(_run_one)
+        # SPREAD: tasks go to every node of a cluster, not first to fill the driver's node (Ray's
+        # default), so a cluster's CPUs and local disks all work; on one machine it changes nothing.
+        remote = ray.remote(num_cpus=1, max_retries=0, scheduling_strategy="SPREAD")(_run_one)
         limit = max_in_flight or max(1, int(ray.available_resources().get("CPU", 1)) * 2)
         fn_ref = ray.put(fn)
         pending: dict = {}

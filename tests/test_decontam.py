@@ -16,7 +16,8 @@ import pytest
 
 from gristmill.manifests import EvalSet
 from gristmill.pipeline import ngrams
-from gristmill.pipeline.decontam import DecontamConfig, DecontamConfigError, cut_text, decontaminate, decontaminate_against_docs
+from gristmill.errors import ConfigError
+from gristmill.pipeline.decontam import DecontamConfig, cut_text, decontaminate, decontaminate_against_docs
 from gristmill.pipeline.ngrams import build_index, find_matches, read_eval_items, word_hashes
 from gristmill.pipeline.text import words
 
@@ -152,21 +153,29 @@ def test_config_parses_defaults_and_resolves_paths(tmp_path):
 
 
 @pytest.mark.parametrize("section, message", [
-    ({"polcy": "cut"}, r"decontaminate: unknown key\(s\) 'polcy'"),
-    ({"policy": "trim"}, r"decontaminate.policy: must be one of \('drop', 'cut'\), got 'trim'"),
-    ({"n": 0}, r"decontaminate.n: must be >= 1, got 0"),
-    ({"n": "13"}, r"decontaminate.n: expected int, got '13'"),
-    ({"min_matches": True}, r"decontaminate.min_matches: expected int, got True"),
-    ({"eval_sets": [{"name": "x", "path": "nope.jsonl"}]}, r"eval_sets\[0\].path: eval file .*nope.jsonl does not exist"),
-    ({"eval_sets": [{"name": "x"}]}, r"eval_sets\[0\].path: required"),
-    ({"eval_sets": [{"name": "x", "path": "e.jsonl", "split": "line"}]}, r"eval_sets\[0\].split: applies to text"),
-    ({"eval_sets": [{"name": "x", "path": "e.csv"}]}, r"eval_sets\[0\].format: eval file .*e.csv: cannot tell"),
-    ({"eval_sets": [{"name": "x", "path": "e.jsonl"}, {"name": "x", "path": "e.jsonl"}]}, r"names must be unique"),
+    ({"polcy": "cut"}, r"decontaminate.polcy: expected one of the keys .*, got unknown key 'polcy'; did you mean 'policy'"),
+    ({"policy": "trim"}, r"decontaminate.policy: expected one of drop, cut, got 'trim'"),
+    ({"n": 0}, r"decontaminate.n: expected an integer >= 1, got 0"),
+    ({"n": "13"}, r"decontaminate.n: expected an integer >= 1, got '13'"),
+    ({"min_matches": True}, r"decontaminate.min_matches: expected an integer >= 1, got True"),
+    ({"margin": -1}, r"decontaminate.margin: expected an integer >= 0, got -1"),
+    ({"eval_sets": [{"name": "x", "path": "nope.jsonl"}]},
+     r"decontaminate.eval_sets\[0\].path: expected an existing eval file, got '.*nope.jsonl', which does not exist"),
+    ({"eval_sets": [{"name": "x"}]}, r"decontaminate.eval_sets\[0\].path: expected a non-empty string \(required\), got nothing"),
+    ({"eval_sets": [{"name": "x", "path": "e.jsonl", "split": "line"}]},
+     r"decontaminate.eval_sets\[0\].split: expected no split on a jsonl file \(it applies to text files\), got 'line'"),
+    ({"eval_sets": [{"name": "x", "path": "e.txt", "id_field": "id"}]},
+     r"decontaminate.eval_sets\[0\].fields: expected no fields/id_field on a text file"),
+    ({"eval_sets": [{"name": "x", "path": "e.csv"}]},
+     r"decontaminate.eval_sets\[0\].format: expected one of jsonl, parquet, text, got no format, and the name '.*e.csv' does not tell it"),
+    ({"eval_sets": [{"name": "x", "path": "e.jsonl"}, {"name": "x", "path": "e.jsonl"}]},
+     r"decontaminate.eval_sets\[1\].name: expected eval set names to be unique, got 'x' again"),
 ])
 def test_config_errors_name_the_key(tmp_path, section, message):
     write_jsonl(tmp_path / "e.jsonl", [{"text": "x"}])
     (tmp_path / "e.csv").write_text("x\n")
-    with pytest.raises(DecontamConfigError, match=message):
+    (tmp_path / "e.txt").write_text("x\n")
+    with pytest.raises(ConfigError, match=message):
         DecontamConfig.from_dict(section, base_dir=str(tmp_path))
 
 

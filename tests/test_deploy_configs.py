@@ -200,10 +200,6 @@ def test_kuberay_job_file_is_a_valid_prepare_job():
     rayjob = next(d for d in docs if d["kind"] == "RayJob")
     job = JobConfig.from_dict(yaml.safe_load(config_map["data"]["prepare.yaml"]), where="ConfigMap prepare.yaml")
     assert job.work_dir.startswith("/shared/"), "work_dir must be on the volume every worker mounts"
-    if job.fuzzy_dedup is not None:
-        from gristmill.pipeline.fuzzy_dedup import FuzzyDedupConfig
-
-        FuzzyDedupConfig.from_dict(job.fuzzy_dedup)
     mounted = {m["mountPath"] for c in rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"]
                for m in c.get("volumeMounts", [])}
     assert os.path.dirname(rayjob["spec"]["entrypoint"].split()[-1]) in mounted, "the job file's mount is missing on the head"

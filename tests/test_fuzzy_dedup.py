@@ -101,7 +101,7 @@ def corpus():
 
 @pytest.fixture(scope="module")
 def one_worker(ray_session, corpus, tmp_path_factory):
-    cfg = FuzzyDedupConfig(num_partitions=1, batch_size=1000)
+    cfg = FuzzyDedupConfig(batch_size=1000)
     return _run(ray_session, corpus[0], cfg, tmp_path_factory.mktemp("fd1"), cpus=1)
 
 
@@ -144,7 +144,7 @@ def test_report(corpus, one_worker):
 
 @pytest.mark.slow
 def test_same_result_with_one_and_two_workers_and_any_partitioning(ray_session, corpus, one_worker, tmp_path):
-    cfg = FuzzyDedupConfig(num_partitions=3, batch_size=7)
+    cfg = FuzzyDedupConfig(batch_size=7)
     two = _run(ray_session, corpus[0], cfg, tmp_path, cpus=2, parts=5)
     assert two[0] == one_worker[0] and two[1] == one_worker[1]
     assert two[2]["cluster_sizes"] == one_worker[2]["cluster_sizes"]
@@ -153,7 +153,7 @@ def test_same_result_with_one_and_two_workers_and_any_partitioning(ray_session, 
 @pytest.mark.slow
 def test_estimated_similarity_without_verification(ray_session, corpus, tmp_path):
     rows, sims = corpus
-    cfg = FuzzyDedupConfig(verify=False, bands=9, rows=13, num_partitions=2)
+    cfg = FuzzyDedupConfig(verify=False, bands=9, rows=13)
     kept, removed, stats = _run(ray_session, rows, cfg, tmp_path, cpus=2)
     assert (stats["lsh"]["bands"], stats["lsh"]["rows"]) == (9, 13)
     dup_of = {r[0]: r[1] for r in removed}
@@ -226,17 +226,18 @@ def test_connected_components_on_ray_matches_union_find(ray_session, tmp_path):
 
 def test_config_errors_name_the_key():
     assert FuzzyDedupConfig.from_dict({"threshold": 0.7, "verify": False}).threshold == 0.7
-    with pytest.raises(ValueError, match="unknown key.*'treshold'"):
+    with pytest.raises(ValueError, match="fuzzy_dedup.treshold: expected one of the keys .*, got unknown key 'treshold'; "
+                                         "did you mean 'threshold'"):
         FuzzyDedupConfig.from_dict({"treshold": 0.7})
-    with pytest.raises(ValueError, match="fuzzy_dedup.threshold"):
+    with pytest.raises(ValueError, match=r"fuzzy_dedup.threshold: expected a number in \(0, 1\), got 1.5"):
         FuzzyDedupConfig.from_dict({"threshold": 1.5})
-    with pytest.raises(ValueError, match="fuzzy_dedup.num_perm"):
+    with pytest.raises(ValueError, match="fuzzy_dedup.num_perm: expected an integer >= 1, got '128'"):
         FuzzyDedupConfig.from_dict({"num_perm": "128"})
-    with pytest.raises(ValueError, match="bands x rows"):
+    with pytest.raises(ValueError, match="fuzzy_dedup: expected bands x rows to fit in num_perm=128, got bands x rows = 20 x 10"):
         FuzzyDedupConfig.from_dict({"bands": 20, "rows": 10})
     with pytest.raises(ValueError, match="both bands and rows"):
         FuzzyDedupConfig.from_dict({"bands": 20})
-    with pytest.raises(ValueError, match="fuzzy_dedup.verify"):
+    with pytest.raises(ValueError, match="fuzzy_dedup.verify: expected true or false, got 'yes'"):
         FuzzyDedupConfig.from_dict({"verify": "yes"})
 
 
@@ -261,7 +262,7 @@ def test_demo_corpus_planted_pairs(ray_session, tmp_path):
     for t in truth:  # the corpus's Jaccard is ours: same words, same 5-word shingles
         exact = jaccard(mh.shingles([text[t["a"]]]).hashes, mh.shingles([text[t["b"]]]).hashes)
         assert abs(exact - t["jaccard"]) < 1e-5, t
-    kept, removed, stats = _run(ray_session, rows, FuzzyDedupConfig(num_partitions=2), tmp_path / "wd", cpus=2)
+    kept, removed, stats = _run(ray_session, rows, FuzzyDedupConfig(), tmp_path / "wd", cpus=2)
     dup_of = {r[0]: r[1] for r in removed}
     high = [t for t in truth if t["jaccard"] >= 0.85]
     low = [t for t in truth if t["jaccard"] < 0.6]
@@ -276,6 +277,6 @@ def test_no_near_duplicates_keeps_everything(ray_session, tmp_path):
     rng = random.Random(5)
     vocab = _vocab(rng)
     rows = [{"id": f"d{i}", "order": i, "text": " ".join(rng.choice(vocab) for _ in range(60))} for i in range(12)]
-    kept, removed, stats = _run(ray_session, rows, FuzzyDedupConfig(num_partitions=2), tmp_path, cpus=2)
+    kept, removed, stats = _run(ray_session, rows, FuzzyDedupConfig(), tmp_path, cpus=2)
     assert kept == sorted(r["id"] for r in rows) and removed == []
     assert stats["documents_removed"] == 0 and stats["cluster_sizes"] == {} and stats["sample_pairs"] == []

@@ -18,7 +18,7 @@ def pub(tmp_path_factory):
 def cache_for(pub, tmp_path, shards_room=None, **kw):
     size = pub.manifest.shards[0].raw_bytes
     limit = None if shards_room is None else shards_room * size
-    return ShardCache(str(tmp_path), pub.url, limit_bytes=limit, backoff_s=0.0, **kw)
+    return ShardCache(str(tmp_path), pub, limit_bytes=limit, backoff_s=0.0, **kw)
 
 
 def pin(cache, shard):
@@ -113,9 +113,9 @@ def test_a_shard_missing_from_the_store_names_itself(pub, tmp_path):
 
 def test_limits_are_validated(pub, tmp_path):
     with pytest.raises(ValueError, match="cache_limit_bytes must be positive"):
-        ShardCache(str(tmp_path), pub.url, limit_bytes=0)
+        ShardCache(str(tmp_path), pub, limit_bytes=0)
     with pytest.raises(ValueError, match="retries must be >= 1"):
-        ShardCache(str(tmp_path), pub.url, retries=0)
+        ShardCache(str(tmp_path), pub, retries=0)
 
 
 def test_released_pages_read_back_the_same_rows(pub, tmp_path):

@@ -9,7 +9,8 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from gristmill.pipeline.config import JobConfig, JobConfigError, load_job
+from gristmill.errors import ConfigError
+from gristmill.pipeline.config import JobConfig, load_job
 from gristmill.pipeline.demo_corpus import _gz, _html, _warc_record
 from gristmill.pipeline.readers import read_records
 
@@ -94,25 +95,27 @@ def _job(tmp_path, **extra):
 
 
 @pytest.mark.parametrize("extra,message", [
-    ({"langauge": {}}, "unknown option(s) langauge"),
-    ({"language": {"threshold": 1.5}}, "language.threshold: invalid value 1.5"),
-    ({"language": {"allowed": []}}, "language.allowed"),
-    ({"pack": {"seq_len": "long"}}, "pack.seq_len: expected int, got str"),
-    ({"split": {"validation_fraction": 1.0}}, "split.validation_fraction"),
-    ({"tokenizer": {"path": "/nonexistent/tok.json"}}, "tokenizer.path: tokenizer file '/nonexistent/tok.json' does not exist"),
-    ({"fuzzy_dedup": True}, "fuzzy_dedup: expected a mapping"),
+    ({"langauge": {}}, "langauge: expected one of the keys inputs, output, work_dir, extract, language, "),
+    ({"language": {"threshold": 1.5}}, "language.threshold: expected a number in [0, 1], got 1.5"),
+    ({"language": {"allowed": []}}, "language.allowed: expected a non-empty list of strings, got []"),
+    ({"pack": {"seq_len": "long"}}, "pack.seq_len: expected an integer >= 1, got 'long'"),
+    ({"split": {"validation_fraction": 1.0}}, "split.validation_fraction: expected a number in [0, 1), got 1.0"),
+    ({"tokenizer": {"path": "/nonexistent/tok.json"}},
+     "tokenizer.path: expected an existing tokenizer file, got '/nonexistent/tok.json', which does not exist"),
+    ({"fuzzy_dedup": True}, "fuzzy_dedup: expected a mapping or null, got True"),
+    ({"extract": {"min_chars": 5, "max_chars": 2}}, "extract.max_chars: expected an integer >= min_chars (5), got 2"),
 ])
 def test_bad_options_are_named(tmp_path, extra, message):
-    with pytest.raises(JobConfigError) as e:
+    with pytest.raises(ConfigError) as e:
         JobConfig.from_dict(_job(tmp_path, **extra))
     assert message in str(e.value)
 
 
 def test_job_file_errors_and_relative_paths(tmp_path):
-    with pytest.raises(JobConfigError, match="does not exist"):
+    with pytest.raises(ConfigError, match="does not exist"):
         load_job(str(tmp_path / "nope.yaml"))
     (tmp_path / "bad.yaml").write_text("inputs: [unclosed\n")
-    with pytest.raises(JobConfigError, match="not readable YAML"):
+    with pytest.raises(ConfigError, match="not readable YAML"):
         load_job(str(tmp_path / "bad.yaml"))
     (tmp_path / "c.jsonl.zst").write_bytes(b"")
     (tmp_path / "job.yaml").write_text("inputs: [c.jsonl.zst]\noutput: {store: store, dataset: d}\nwork_dir: work\n")
@@ -127,8 +130,8 @@ def test_missing_input_and_bad_stage_section_fail_before_any_work(tmp_path):
 
     d = _job(tmp_path)
     d["inputs"] = [str(tmp_path / "missing-*.jsonl")]
-    with pytest.raises(JobConfigError, match=r"inputs\[0\].path: no input file matches"):
+    with pytest.raises(ConfigError, match=r"inputs\[0\].path: no input file matches"):
         Executor(JobConfig.from_dict(d))
-    with pytest.raises(JobConfigError, match="fuzzy_dedup.threshold"):
+    with pytest.raises(ConfigError, match="fuzzy_dedup.threshold"):
         Executor(JobConfig.from_dict(_job(tmp_path, fuzzy_dedup={"threshold": 2.0})))
     assert not os.path.exists(tmp_path / "w" / "_done")

@@ -55,7 +55,7 @@ def test_split_is_a_pure_function_of_id_and_seed():
     splits = [split_of(i, cfg) for i in ids]
     assert splits == [split_of(i, cfg) for i in ids]
     assert 0.17 < splits.count("validation") / len(ids) < 0.23
-    other = [split_of(i, SplitConfig(0.2, seed=1)) for i in ids]
+    other = [split_of(i, SplitConfig(validation_fraction=0.2, seed=1)) for i in ids]
     assert other != splits
 
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import argparse
 
+from gristmill import config
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("job", help="train job YAML (see configs/)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="override a job field, e.g. --set run.steps=10 (repeatable)")
+    config.add_arguments(p)
     p.add_argument("--stop-after-step", type=int, help="checkpoint and exit after this step (a time-sliced job)")
     p.add_argument("--allow-manifest-change", action="store_true",
                    help="resume a checkpoint onto a data manifest with a different hash (recorded in meta.json)")
@@ -21,7 +22,17 @@ def register(sub) -> None:
     p.set_defaults(handler=_train)
 
 
+def print_config(args) -> int:
+    """``--print-config``: the resolved job as YAML, before torch is imported or anything runs."""
+    from .config import load
+
+    print(config.dump_yaml(load(args.job, args.overrides)), end="")
+    return 0
+
+
 def _train(args) -> int:
+    if args.print_config:
+        return print_config(args)
     import logging
 
     from .train import run

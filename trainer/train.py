@@ -25,13 +25,13 @@ from gristmill.manifests.shards import atomic_write
 
 from . import config as config_mod
 from . import faults
-from .cli import add_arguments
+from .cli import add_arguments, print_config
 from .checkpoint import Checkpointer, library_versions, set_rng_state
 from .config import JobConfig
 from .metrics import MetricsLog, device_name, format_step, mfu, peak_flops, young_daly_interval_s
 from .model import Transformer, count_params, flops_per_token, model_args
 from .parallelize import build_mesh, init_distributed, parallelize, resolve_attention, resolve_mixed_precision
-from gristmill.errors import GristmillError
+from gristmill.errors import ConfigError, GristmillError
 
 log = logging.getLogger("gristmill.trainer")
 
@@ -150,7 +150,7 @@ def train(cfg: JobConfig, *, stop_after_step: int | None = None, allow_manifest_
 
     # Model: built whole from the seed on every rank, then sharded.
     torch.manual_seed(cfg.run.seed)
-    overrides = {k: v for k, v in asdict(cfg.model).items() if k != "preset"}
+    overrides = {k: v for k, v in cfg.model.to_dict().items() if k != "preset"}
     args = model_args(cfg.model.preset, manifest.tokenizer.vocab_size, seq_len,
                       attention=resolve_attention(cfg.parallelism.attention, d.device), **overrides)
     model = Transformer(args)
@@ -393,6 +393,8 @@ def report_interval(save_s: float, interval: float, cfg: JobConfig, step_s: floa
 
 # -- entry point ----------------------------------------------------------------------------
 def run(args: argparse.Namespace) -> int:
+    if args.print_config:
+        return print_config(args)
     cfg = config_mod.load(args.job, args.overrides)
     try:
         train(cfg, stop_after_step=args.stop_after_step, allow_manifest_change=args.allow_manifest_change)
@@ -409,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     try:
         return run(args)
-    except (config_mod.ConfigError, ManifestError, TrainingError) as e:
+    except (ConfigError, ManifestError, TrainingError) as e:
         print(f"gristmill train: error: {e}", file=sys.stderr)
         return 2
 
