@@ -190,6 +190,7 @@ def main() -> int:
     ap.add_argument("--scale-only", type=int, help=argparse.SUPPRESS)  # one scale, JSON on stdout (run by main)
     ap.add_argument("--json", help="also write the raw results here")
     args = ap.parse_args()
+    args.out = os.path.abspath(args.out)  # run dirs and the tokenize comparison's symlinks must not be relative
     if args.only_tokenize:
         print(json.dumps(tokenize_vs_raw(args.only_tokenize, args.out), indent=1))
         return 0

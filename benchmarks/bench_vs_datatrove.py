@@ -1,7 +1,9 @@
 """gristmill ``prepare`` against Hugging Face datatrove 0.10.x: same corpora, same stages (issue 14).
 
-    flock-free to start (the script takes /tmp/gristmill-heavy.lock around each timed run itself):
     .venv/bin/python benchmarks/bench_vs_datatrove.py [--scales 1 30] [--runs 2] [--out /tmp/gm-vs-dt]
+
+Start it without flock: it takes /tmp/gristmill-heavy.lock itself around each timed run (the wait
+is not timed), so other heavy runs can go between its runs.
 
 datatrove lives in its own virtual environment, never in gristmill's pyproject::
 
@@ -486,7 +488,9 @@ def print_scale(scale: int, gm: list[dict], dt: list[dict], truth: list[dict], c
             for step in runs[0]["steps"]:
                 vals = [r["steps"][step] for r in runs]
                 print(f"    step {step:21s} {'  '.join(f'{v:8.1f}' for v in vals)}   median {statistics.median(vals):8.1f}")
-        for label, key in (("pipeline (stages, in process)", "pipeline_s"), ("whole (process start to exit)", "wall_s"),
+        sums = [sum(r["stages"].values()) for r in runs]
+        print(f"  {'sum of the stages above':28s} {'  '.join(f'{v:8.1f}' for v in sums)}   median {statistics.median(sums):8.1f}")
+        for label, key in (("pipeline (in process)", "pipeline_s"), ("whole (process start to exit)", "wall_s"),
                            ("peak RSS of the tree, MB", "peak_rss_mb")):
             vals = [r[key] for r in runs]
             print(f"  {label:28s} {'  '.join(f'{v:8.1f}' for v in vals)}   median {statistics.median(vals):8.1f}")

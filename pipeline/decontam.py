@@ -3,15 +3,16 @@
 ```python
 cfg = job.decontaminate                                      # a typed section of the prepare job, or
 cfg = DecontamConfig.from_dict(section, base_dir=job_dir)    # one section on its own (ConfigError naming the key)
-result = decontaminate(docs, cfg, work_dir)                  # against the job's eval files
+result = decontaminate(table, cfg, work_dir)                 # a pa.Table against the job's eval files
 result = decontaminate_against_docs(train, validation, cfg)  # against the validation split
 ```
 
-The eval n-gram index (``pipeline.ngrams``) is built once on the driver, cached in
-``work_dir`` under a name derived from its inputs, and shared with every Ray worker through
-one ``ray.put``. Workers scan batches of documents (a pure function of the text and the
-index), so the result is the same whatever the worker count and a rerun after a crash
-reuses the cached index and gives identical output. See docs/decontamination.md.
+The eval n-gram index (``pipeline.ngrams``) is built once on the driver and cached in
+``work_dir`` under a name derived from its inputs. In ``prepare`` every partition is a Ray task
+(``partition_task``) that loads the cached index once per worker process and scans its
+documents (a pure function of the text and the index), so the result is the same whatever the
+worker count and a rerun after a crash reuses the cached index and gives identical output.
+See docs/decontamination.md.
 """
 from __future__ import annotations
 
