@@ -154,7 +154,3 @@ def load_manifest(url: str, *, expected_sha256: str | None = None, **storage_opt
         raise ManifestNotFoundError(f"no manifest at {url} (expected {join(url, MANIFEST_FILE)})")
     manifest = Manifest.from_json(fs.cat_file(target), expected_sha256=expected_sha256)
     return Published(manifest, url)
-
-
-def open_pinned(published: Published, rel: str, mode: str = "rb"):
-    return fsspec.open(join(published.url, rel), mode)

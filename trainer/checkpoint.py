@@ -29,9 +29,11 @@ import os
 import pathlib
 import pickle
 import random
+import re
 import shutil
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata
@@ -224,7 +226,10 @@ class SafeLoadPlanner(DefaultLoadPlanner):
         try:
             obj = torch.load(value, weights_only=True)
         except pickle.UnpicklingError as e:
-            raise CheckpointError(f"DCP entry {read_item.dest_index.fqn}: refusing to unpickle it: {e}") from e
+            found = re.search(r"GLOBAL (\S+)", str(e))  # torch names the global it would not load
+            what = found.group(1) if found else "it"
+            raise CheckpointError(f"DCP entry {read_item.dest_index.fqn}: refusing to unpickle {what}: only tensors, "
+                                  f"numbers, strings and containers may be stored (a forged checkpoint?)") from e
         # As DefaultLoadPlanner.load_bytes, minus its weights_only=False.
         if self.flatten_state_dict:
             set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
@@ -232,8 +237,20 @@ class SafeLoadPlanner(DefaultLoadPlanner):
             self.state_dict[read_item.dest_index.fqn] = obj
 
 
-def _load(state: dict, path: str, *, no_dist: bool = False) -> None:
-    dcp.load(state, storage_reader=SafeReader(path), planner=SafeLoadPlanner(), no_dist=no_dist)
+def load_state(state: dict, path: str, *, no_dist: bool = False) -> None:
+    """Load ``state`` in place from checkpoint ``path`` through the restricted readers (``no_dist``: this
+    process alone, no collectives)."""
+    with warnings.catch_warnings():
+        # A local read (the audit, verify) is meant to be single-process; DCP warns that it assumed so.
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+        try:
+            dcp.load(state, storage_reader=SafeReader(path), planner=SafeLoadPlanner(), no_dist=no_dist)
+        except dcp.api.CheckpointException as e:
+            # DCP wraps each rank's exception; a refusal of ours is the message to show, not its traceback.
+            ours = [exc for exc, _ in e.failures.values() if isinstance(exc, CheckpointError)]
+            if ours:
+                raise ours[0] from None
+            raise
 
 
 def read_data_position(path: str) -> bytes:
@@ -243,7 +260,7 @@ def read_data_position(path: str) -> bytes:
     if not isinstance(entry, dcp_md.TensorStorageMetadata) or len(entry.size) != 1:
         raise CheckpointError(f"{path}: the DCP state has no {DCP_KEY} entry (not written by this trainer?)")
     state = {DCP_KEY: torch.empty(entry.size, dtype=torch.uint8)}
-    _load(state, path, no_dist=True)
+    load_state(state, path, no_dist=True)
     return state[DCP_KEY].numpy().tobytes()
 
 
@@ -432,7 +449,7 @@ class Checkpointer:
         if not isinstance(entry, dcp_md.TensorStorageMetadata):
             raise CheckpointError(f"{path}: the DCP state has no {DCP_KEY} entry (not written by this trainer?)")
         state = {**app_state(model, optimizer), DCP_KEY: torch.empty(entry.size, dtype=torch.uint8)}
-        _load(state, path)
+        load_state(state, path)
         compare_data_position(meta, state[DCP_KEY].numpy().tobytes(), os.path.join(path, META_FILE))
         set_model_state_dict(model, state["model"])
         set_optimizer_state_dict(model, optimizer, state["optimizer"])
