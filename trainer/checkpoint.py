@@ -22,6 +22,7 @@ through ``pickle.load`` or ``torch.load(weights_only=False)``.
 from __future__ import annotations
 
 import base64
+import collections
 import datetime as dt
 import io
 import logging
@@ -168,7 +169,7 @@ _METADATA_GLOBALS = {
     ("torch.serialization", "_get_layout"): torch.serialization._get_layout,
     ("pathlib", "PosixPath"): pathlib.PosixPath,
     ("pathlib._local", "PosixPath"): pathlib.PosixPath,  # Python 3.13's module name
-    ("collections", "OrderedDict"): __import__("collections").OrderedDict,
+    ("collections", "OrderedDict"): collections.OrderedDict,
 }
 
 

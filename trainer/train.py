@@ -66,21 +66,26 @@ class Hooks:
 
 
 class StopSignals:
-    """While active, SIGINT and SIGTERM (torchrun forwards the latter) only set ``signum``: the
-    loop stops at the end of the step, after committing a checkpoint being written, instead of a
+    """While active, SIGINT and SIGTERM (what schedulers send) only set ``signum``: the loop stops
+    at the end of the step, after committing a checkpoint being written, instead of a
     KeyboardInterrupt tearing through collectives, loader threads and a half-written save. A
-    second signal interrupts at once."""
+    second signal interrupts at once, except a repeat of the first within ``REPEAT_S``: a Ctrl-C
+    under torchrun reaches each worker twice, from the terminal and forwarded by torchrun."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
+    REPEAT_S = 2.0
 
     def __init__(self):
         self.signum = 0
+        self._first_at = 0.0
         self._previous = {}
 
     def _handle(self, signum, frame) -> None:
         if self.signum:
+            if signum == self.signum and time.monotonic() - self._first_at < self.REPEAT_S:
+                return
             raise KeyboardInterrupt
-        self.signum = signum
+        self.signum, self._first_at = signum, time.monotonic()
         log.warning("%s: stopping after this step (again to stop now)", signal.Signals(signum).name)
 
     def __enter__(self) -> StopSignals:
