@@ -57,7 +57,8 @@ from torch.distributed.checkpoint.state_dict import (
 import gristmill
 from gristmill.manifests import sha256_file
 
-from .meta import DCP_KEY, META_FILE, STEP_DIR, CheckpointError, compare_data_position, encode_data_position, read_meta, write_meta
+from .meta import (DCP_KEY, META_FILE, STEP_DIR, CheckpointError, compare_data_position, encode_data_position, read_meta,
+                   write_meta)
 
 log = logging.getLogger("gristmill.trainer")
 
@@ -254,13 +255,22 @@ def load_state(state: dict, path: str, *, no_dist: bool = False) -> None:
             raise
 
 
+MAX_POSITION_BYTES = 1 << 20  # the data position is a few hundred bytes of JSON; refuse a forged giant
+
+
+def _position_buffer(path: str, md: dcp_md.Metadata) -> torch.Tensor:
+    """An empty tensor shaped like the checkpoint's data-position entry, to load it into."""
+    entry = md.state_dict_metadata.get(DCP_KEY)
+    if (not isinstance(entry, dcp_md.TensorStorageMetadata) or len(entry.size) != 1
+            or entry.properties.dtype != torch.uint8 or entry.size[0] > MAX_POSITION_BYTES):
+        raise CheckpointError(f"{path}: the DCP state has no {DCP_KEY} entry of uint8 bytes "
+                              f"(not written by this trainer?)")
+    return torch.empty(entry.size, dtype=torch.uint8)
+
+
 def read_data_position(path: str) -> bytes:
     """The data position stored in the checkpoint's DCP state (see trainer/meta.py). Local: no collectives."""
-    md = read_dcp_metadata(path)
-    entry = md.state_dict_metadata.get(DCP_KEY)
-    if not isinstance(entry, dcp_md.TensorStorageMetadata) or len(entry.size) != 1:
-        raise CheckpointError(f"{path}: the DCP state has no {DCP_KEY} entry (not written by this trainer?)")
-    state = {DCP_KEY: torch.empty(entry.size, dtype=torch.uint8)}
+    state = {DCP_KEY: _position_buffer(path, read_dcp_metadata(path))}
     load_state(state, path, no_dist=True)
     return state[DCP_KEY].numpy().tobytes()
 
@@ -445,11 +455,7 @@ class Checkpointer:
     def load(self, path: str, model, optimizer, meta: dict) -> None:
         """Load model and optimizer state (DCP reshards when the world size changed) through the
         restricted readers, and refuse it if its data position differs from ``meta``'s."""
-        md = read_dcp_metadata(path)
-        entry = md.state_dict_metadata.get(DCP_KEY)
-        if not isinstance(entry, dcp_md.TensorStorageMetadata):
-            raise CheckpointError(f"{path}: the DCP state has no {DCP_KEY} entry (not written by this trainer?)")
-        state = {**app_state(model, optimizer), DCP_KEY: torch.empty(entry.size, dtype=torch.uint8)}
+        state = {**app_state(model, optimizer), DCP_KEY: _position_buffer(path, read_dcp_metadata(path))}
         load_state(state, path)
         compare_data_position(meta, state[DCP_KEY].numpy().tobytes(), os.path.join(path, META_FILE))
         set_model_state_dict(model, state["model"])
