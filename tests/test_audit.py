@@ -1,4 +1,4 @@
-"""The audit against hand-written checkpoint metadata and the real loader order (fast).
+"""The audit against checkpoint metadata written through trainer.meta and the real loader order (fast).
 
 The toy dataset's rows start with (shard + 1, row): the tokens themselves say which row a
 sample is, so the audit's answer is checked against the shards' content, not against itself.
