@@ -1,9 +1,9 @@
 """How long `gristmill audit seen` takes for a dataset of a million sequences.
 
-Builds a synthetic dataset through manifests.DatasetBuilder (short rows so it builds in
-seconds; documents of 3-24 tokens packed across rows, so the document index has ~1.7 spans per
-row), writes a checkpoint meta.json that has consumed every sequence once, then times, in one
-run, side by side:
+Builds a synthetic dataset with manifests.synthetic (short rows so it builds in seconds;
+documents of 3-24 tokens packed across rows, so the document index has ~1.7 spans per row),
+writes a checkpoint meta.json that has consumed every sequence once, then times, in one run,
+side by side:
 
 - the audit (`gristmill audit seen` in-process, phase by phase),
 - the scalar order function called once per index (what a per-sample replay costs), on a
@@ -25,69 +25,38 @@ import sys
 import time
 
 import numpy as np
-import pyarrow as pa
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]  # this checkout's packages; tests/helpers.write_tokenizer
+sys.path[:0] = [ROOT]  # this checkout's packages
 
 
 def build(root: str, rows: int, seq_len: int, shards: int, seed: int = 0):
-    from helpers import write_tokenizer
-    from gristmill.manifests import DatasetBuilder, Input, ManifestStore
+    """The dataset (manifests.synthetic, packed documents over 64 input files), its doc-index
+    spans and its documents."""
+    import pyarrow.parquet as pq
 
-    rng = np.random.default_rng(seed)
-    width = seq_len + 1
-    total = rows * width
-    # Documents of 3..24 tokens laid end to end, then cut into rows (as the pipeline packs them).
-    lengths = rng.integers(3, 25, size=total // 3 + 1)
-    ends = np.cumsum(lengths)
-    lengths, ends = lengths[ends <= total], ends[ends <= total]
-    lengths = np.append(lengths, total - ends[-1]) if ends[-1] < total else lengths
-    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
-    # Split every document at row boundaries into spans.
-    first_row, last_row = starts // width, (starts + lengths - 1) // width
-    n_spans = last_row - first_row + 1
-    doc = np.repeat(np.arange(len(lengths)), n_spans)
-    span_row = np.repeat(first_row, n_spans) + (np.arange(n_spans.sum()) - np.repeat(np.cumsum(n_spans) - n_spans, n_spans))
-    span_start = np.maximum(starts[doc], span_row * width)
-    span_end = np.minimum(starts[doc] + lengths[doc], (span_row + 1) * width)
-    rows_per_shard = -(-rows // shards)
+    from gristmill.manifests.synthetic import build_synthetic, even_shards
 
-    os.makedirs(root, exist_ok=True)
-    staging = os.path.join(root, "staging")
-    tok = write_tokenizer(os.path.join(root, "tokenizer.json"), 512)
-    b = DatasetBuilder(staging, dataset="bench", seq_len=seq_len, tokenizer_json=tok, vocab_size=512, eos_id=0)
-    tokens = rng.integers(1, 512, size=(rows, width), dtype=np.uint16)
-    for s in range(shards):
-        b.add_shard("train", tokens[s * rows_per_shard:(s + 1) * rows_per_shard])
-    n_files = 64
-    source_ids = doc % n_files
-    sources = np.array([f"s3://corpus/{'web' if i % 2 else 'books'}/part-{i:03d}.jsonl" for i in range(n_files)], dtype=object)
-    langs = np.array(["en", "de", "fr", "en"], dtype=object)
-    b.set_doc_index(pa.table({
-        "shard": (span_row // rows_per_shard).astype(np.int32), "row": span_row % rows_per_shard,
-        "start": (span_start - span_row * width).astype(np.int32), "length": (span_end - span_start).astype(np.int32),
-        "doc_id": pa.array([f"doc-{d}" for d in doc]), "source": pa.array(sources[source_ids]),
-        "position": doc // n_files, "lang": pa.array(langs[doc % 4]),
-    }))
-    m = b.manifest(inputs=[Input(u, 1, "0" * 64) for u in sources], config={"bench": True}, code_version="bench",
-                   stats={})
-    return ManifestStore(os.path.join(root, "store")).publish(m, staging), int(n_spans.sum()), len(lengths)
+    published = build_synthetic(root, dataset="bench", seq_len=seq_len, shard_rows=even_shards(rows, -(-rows // shards)),
+                                val_rows=(), vocab_size=512, seed=seed, tokens="random", doc_tokens=(3, 24), sources=64,
+                                langs=("en", "de", "fr", "en"))
+    doc_ids = pq.read_table(os.path.join(published.url, published.manifest.doc_index.path), columns=["doc_id"])
+    return published, doc_ids.num_rows, len(doc_ids.column("doc_id").unique())
 
 
 def write_checkpoint(root: str, published, next_index: int, global_batch: int, world_size: int) -> str:
-    ckpt = os.path.join(root, "run", "checkpoints", f"step-{next_index // global_batch}")
+    """A checkpoint meta.json that consumed ``next_index`` samples, through the trainer's schema
+    (trainer/meta.py), minus weights, RNG and file checksums."""
+    from gristmill.trainer.meta import new_meta, write_meta
+
+    step = next_index // global_batch
+    ckpt = os.path.join(root, "run", "checkpoints", f"step-{step}")
     os.makedirs(ckpt, exist_ok=True)
     m = published.manifest
-    # The trainer's layout (docs/trainer.md), minus weights, RNG and file checksums.
-    meta = {"format": "gristmill-checkpoint-v1", "step": next_index // global_batch, "world_size": world_size,
-            "global_batch": global_batch, "seq_len": m.seq_len, "tokens_seen": next_index * m.seq_len,
-            "loader": {"next_index": next_index, "seed": 1234, "order": "global", "split": "train",
-                       "global_batch": global_batch, "manifest_sha256": m.sha256},
-            "data": {"manifest_sha256": m.sha256, "manifest_url": published.url, "split": "train"},
-            "manifest_changes": []}
-    with open(os.path.join(ckpt, "meta.json"), "w") as f:
-        json.dump(meta, f)
+    loader = {"next_index": next_index, "seed": 1234, "order": "global", "split": "train",
+              "global_batch": global_batch, "manifest_sha256": m.sha256}
+    write_meta(ckpt, new_meta(step=step, world_size=world_size, global_batch=global_batch, seq_len=m.seq_len,
+                              loader=loader, manifest_sha256=m.sha256, manifest_url=published.url))
     return ckpt
 
 

@@ -38,8 +38,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT]  # this checkout's packages
 
 from gristmill.loader import Loader  # noqa: E402
-from gristmill.loader.bench import cold_and_warm, synthetic_dataset, table  # noqa: E402
+from gristmill.loader.bench import cold_and_warm, table  # noqa: E402
 from gristmill.manifests import load_manifest  # noqa: E402
+from gristmill.manifests.synthetic import build_synthetic, even_shards  # noqa: E402
 
 SEQ_LEN, BATCH = 2048, 32
 
@@ -62,7 +63,8 @@ def dataset(work: str, name: str, sequences: int, shard_rows: int):
     if os.path.exists(os.path.join(url, "latest")):
         return load_manifest(url)
     t = time.perf_counter()
-    pub = synthetic_dataset(root, sequences=sequences, seq_len=SEQ_LEN, shard_rows=shard_rows)
+    pub = build_synthetic(root, seq_len=SEQ_LEN, shard_rows=even_shards(sequences, shard_rows), val_rows=(),
+                          vocab_size=32000, tokens="random")
     print(f"built {name}: {sequences:,} sequences in {len(pub.manifest.shards)} shards ({time.perf_counter() - t:.1f}s)")
     return pub
 

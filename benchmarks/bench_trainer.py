@@ -22,7 +22,7 @@ import time
 import torch
 
 from gristmill.trainer import config
-from gristmill.trainer.synthetic import build_synthetic
+from gristmill.manifests.synthetic import build_synthetic
 from gristmill.trainer.train import train
 
 WARMUP = 5
@@ -50,7 +50,8 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(1)
     root = tempfile.mkdtemp(prefix="bench-trainer-")
-    url = build_synthetic(os.path.join(root, "data"), vocab_size=512, seq_len=128, train_rows=512)
+    url = build_synthetic(os.path.join(root, "data"), vocab_size=512, seq_len=128, shard_rows=(512,), val_rows=(64,),
+                          tokens="random").url
     t0 = time.perf_counter()
     rows = []
     for name, model, ac in (("tiny", "tiny", "none"), ("tiny-selective", "tiny", "selective"),

@@ -21,9 +21,9 @@ MANIFEST=${1:-}
 
 if [[ -z "$MANIFEST" ]]; then
   echo "building a synthetic dataset under $OUT/data" >&2
-  python -c "import sys; from gristmill.trainer.synthetic import build_synthetic; \
-print(build_synthetic(sys.argv[1], vocab_size=128256, seq_len=2048, train_rows=1024))" "$OUT/data" >&2
-  MANIFEST="$OUT/data/store/synthetic"
+  MANIFEST=$(python -c "import sys; from gristmill.manifests.synthetic import build_synthetic; \
+print(build_synthetic(sys.argv[1], vocab_size=128256, seq_len=2048, shard_rows=(1024,), val_rows=(64,), \
+tokens='random').url)" "$OUT/data")
 fi
 
 python -c "import flash_attn" 2>/dev/null && echo "flash-attn: installed" >&2 || echo "flash-attn: not installed (SDPA flash backend)" >&2

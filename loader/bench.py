@@ -16,12 +16,9 @@ import time
 from dataclasses import asdict, dataclass
 
 import numpy as np
-import pyarrow as pa
-
-from gristmill.manifests import DOC_INDEX_SCHEMA, DatasetBuilder, Input, ManifestStore, Published
 
 from .loader import Loader
-from .simstore import simulated_url
+from .simstore import register, simulated_url
 
 
 @dataclass
@@ -38,37 +35,6 @@ class PassResult:
     bytes_fetched: int
     cache_hits: int
     cache_misses: int
-
-
-def synthetic_dataset(root: str, *, sequences: int, seq_len: int, shard_rows: int, vocab_size: int = 32000,
-                      seed: int = 0) -> Published:
-    """A throwaway published dataset of random tokens (one document per row), built the real way."""
-    from tokenizers import Tokenizer, models
-
-    os.makedirs(root, exist_ok=True)
-    tok = os.path.join(root, "tokenizer.json")
-    Tokenizer(models.WordLevel({"<eos>": 0, "<unk>": 1}, unk_token="<unk>")).save(tok)
-    staging = os.path.join(root, "staging")
-    b = DatasetBuilder(staging, dataset="synthetic", seq_len=seq_len, tokenizer_json=tok, vocab_size=vocab_size, eos_id=0)
-    rng = np.random.default_rng(seed)
-    done = 0
-    while done < sequences:
-        n = min(shard_rows, sequences - done)
-        b.add_shard("train", rng.integers(1, vocab_size, size=(n, seq_len + 1), dtype=np.int64))
-        done += n
-    shard = np.repeat(np.arange(len(b.shards), dtype=np.int32), [s.rows for s in b.shards])
-    row = np.concatenate([np.arange(s.rows) for s in b.shards])
-    doc_ids = [f"doc-{i}" for i in range(sequences)]
-    b.set_doc_index(pa.table(
-        {"shard": shard, "row": row, "start": np.zeros(sequences, np.int32), "length": np.full(sequences, seq_len + 1, np.int32),
-         "doc_id": doc_ids, "source": ["synthetic"] * sequences, "position": np.arange(sequences), "lang": [None] * sequences},
-        schema=DOC_INDEX_SCHEMA))
-    m = b.manifest(inputs=[Input("synthetic://random", 0, "0" * 64)], code_version="bench",
-                   config={"synthetic": {"sequences": sequences, "seq_len": seq_len, "shard_rows": shard_rows, "seed": seed}},
-                   stats={"pack": {"rows": sequences}})
-    pub = ManifestStore(os.path.join(root, "store")).publish(m, staging)
-    shutil.rmtree(staging)
-    return pub
 
 
 def run_pass(name: str, url: str, *, steps: int, step_s: float, storage_options: dict | None = None,
@@ -112,6 +78,7 @@ def cold_and_warm(url: str, *, steps: int, step_s: float, latency_s: float, band
     """The cold pass (empty cache) then the warm pass (the cache it left), through the simulated store."""
     opts = None
     if "://" not in url or url.startswith("file://"):  # a local dataset: serve it as a slow remote
+        register()
         url = simulated_url(url.removeprefix("file://"))
         opts = {"latency_s": latency_s, "bandwidth_bps": bandwidth_bps}
     # A fresh directory (under ``cache_dir`` when given, e.g. on the NVMe to measure) so the

@@ -38,7 +38,9 @@ def _bench(args) -> int:
 
     from gristmill.errors import UsageError
 
-    from .bench import cold_and_warm, synthetic_dataset, table, to_json
+    from gristmill.manifests.synthetic import build_synthetic, even_shards
+
+    from .bench import cold_and_warm, table, to_json
 
     if bool(args.url) == bool(args.synthetic):
         raise UsageError("give either a dataset URL or --synthetic")
@@ -47,8 +49,8 @@ def _bench(args) -> int:
         url = args.url
         if args.synthetic:
             tmp = tempfile.mkdtemp(prefix="gristmill-bench-data-")
-            url = synthetic_dataset(tmp, sequences=args.sequences, seq_len=args.seq_len, shard_rows=args.shard_rows,
-                                    seed=args.seed).url
+            url = build_synthetic(tmp, seq_len=args.seq_len, shard_rows=even_shards(args.sequences, args.shard_rows),
+                                  val_rows=(), vocab_size=32000, tokens="random", seed=args.seed).url
         config = {k: v for k, v in vars(args).items() if k not in ("handler", "command", "loader_command", "verbose")}
         results = cold_and_warm(
             url, steps=args.steps, step_s=args.step_ms / 1e3, latency_s=args.latency_ms / 1e3,

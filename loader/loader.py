@@ -29,7 +29,6 @@ import torch
 
 from gristmill.manifests import EditedManifestError, HashMismatchError, ManifestDecodeError, Published, load_manifest
 
-from . import simstore  # noqa: F401  (registers the gmsim:// simulated store)
 from .cache import CacheError, ShardCache
 from .gather import gather_rows
 from .order import DEFAULT_WINDOW_SHARDS, Order

@@ -5,6 +5,10 @@ request waits ``latency_s`` plus ``size / bandwidth_bps``, and a fraction ``fail
 read requests fail with an OSError (``corrupt_rate``: return the bytes with one byte flipped).
 It is a real fsspec filesystem, so the loader reads it through the same code path as
 ``s3://`` or ``https://``; options travel as ``storage_options``.
+
+Importing this module (or the loader) registers nothing: ``gristmill loader bench`` and the
+tests that want ``gmsim://`` call :func:`register` first, so a production process never has a
+fault-injecting filesystem behind one of its URL schemes.
 """
 from __future__ import annotations
 
@@ -31,10 +35,8 @@ class SimulatedStore(LocalFileSystem):
         self.fail_rate, self.corrupt_rate = float(fail_rate), float(corrupt_rate)
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
-        self.reset_counters()
-
-    def reset_counters(self) -> None:
-        self.requests = self.failures = self.corruptions = self.bytes_served = 0
+        # fsspec caches one instance per option set, so these count every loader using those options.
+        self.requests = self.failures = self.corruptions = 0
 
     def _roll(self) -> float:
         with self._lock:
@@ -64,12 +66,12 @@ class SimulatedStore(LocalFileSystem):
             data = bytearray(data)
             data[len(data) // 2] ^= 0xFF
             data = bytes(data)
-        with self._lock:
-            self.bytes_served += len(data)
         return io.BytesIO(data)
 
 
-fsspec.register_implementation(PROTOCOL, SimulatedStore, clobber=True)
+def register() -> None:
+    """Make ``gmsim://`` URLs resolve to :class:`SimulatedStore` in this process (idempotent)."""
+    fsspec.register_implementation(PROTOCOL, SimulatedStore, clobber=True)
 
 
 def simulated_url(local_path: str) -> str:

@@ -13,7 +13,6 @@ import re
 import uuid
 from dataclasses import dataclass
 
-import fsspec
 from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 
@@ -176,7 +175,3 @@ def load_manifest(url: str, *, expected_sha256: str | None = None, **storage_opt
         raise ManifestNotFoundError(f"no manifest at {url} (expected {join(url, MANIFEST_FILE)})")
     manifest = Manifest.from_json(fs.cat_file(target), expected_sha256=expected_sha256, source=join(url, MANIFEST_FILE))
     return Published(manifest, url)
-
-
-def open_pinned(published: Published, rel: str, mode: str = "rb"):
-    return fsspec.open(join(published.url, rel), mode)

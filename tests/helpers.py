@@ -1,64 +1,18 @@
-"""Small builders shared by tests: a tokenizer and a token dataset written through the real format."""
+"""Small helpers shared by tests. Datasets come from the project's one synthetic builder
+(gristmill.manifests.synthetic); checkpoint metadata from the trainer's schema (gristmill.trainer.meta)."""
 from __future__ import annotations
 
 import json
 import os
+import warnings
 
-import numpy as np
-import pyarrow as pa
-
-from gristmill.manifests import DatasetBuilder, Input, ManifestStore, Published
+from gristmill.manifests.synthetic import build_synthetic, write_tokenizer  # noqa: F401  (re-exported for tests)
 
 
-def write_tokenizer(path: str, vocab_size: int = 512) -> str:
-    """A tiny word-level tokenizer.json that `tokenizers` can load (no training needed)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    vocab = {"<eos>": 0, "<unk>": 1, **{f"w{i}": i for i in range(2, vocab_size)}}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.save(path)
-    return path
-
-
-def build_dataset(
-    root: str,
-    *,
-    dataset: str = "toy",
-    seq_len: int = 16,
-    shard_rows: tuple[int, ...] = (40, 30, 50),
-    val_rows: tuple[int, ...] = (8,),
-    vocab_size: int = 512,
-    seed: int = 0,
-    publish: bool = True,
-) -> Published:
-    """Write and publish a dataset whose row r of shard s starts with a marker token pattern.
-
-    Token values are random but every row is distinct, and the doc index maps each row to one
-    document ``doc-<shard>-<row>``, so tests can check exactly which rows were served.
-    """
-    rng = np.random.default_rng(seed)
-    os.makedirs(root, exist_ok=True)
-    staging = os.path.join(root, f".staging-{dataset}-{seed}")
-    tok = write_tokenizer(os.path.join(root, f"tokenizer-{vocab_size}.json"), vocab_size)
-    b = DatasetBuilder(staging, dataset=dataset, seq_len=seq_len, tokenizer_json=tok, vocab_size=vocab_size, eos_id=0)
-    doc = {k: [] for k in ("shard", "row", "start", "length", "doc_id", "source", "position", "lang")}
-    for split, sizes in (("train", shard_rows), ("validation", val_rows)):
-        for n in sizes:
-            rows = rng.integers(1, vocab_size, size=(n, seq_len + 1), dtype=np.int64)
-            shard_id = len(b.shards)
-            rows[:, 0] = shard_id + 1  # first token names the shard, second the row: rows are distinct
-            rows[:, 1] = np.arange(n) % vocab_size
-            b.add_shard(split, rows)
-            for r in range(n):
-                for k, v in zip(doc, (shard_id, r, 0, seq_len + 1, f"doc-{shard_id}-{r}", f"mem://src/{shard_id}.jsonl", r, "en")):
-                    doc[k].append(v)
-    b.set_doc_index(pa.table(doc))
-    m = b.manifest(inputs=[Input("mem://src/0.jsonl", 1, "0" * 64)], config={"test": True, "seed": seed},
-                   code_version="test", stats={"pack": {"rows": sum(shard_rows)}})
-    if not publish:
-        return Published(m, staging)
-    return ManifestStore(os.path.join(root, "store")).publish(m, staging)
+def build_dataset(root: str, **options):
+    """The tests' toy dataset: ``build_synthetic``'s marked rows (row r of shard s starts with s + 1, r;
+    one document ``doc-<s>-<r>`` per row), published as dataset "toy"."""
+    return build_synthetic(root, **{"dataset": "toy", **options})
 
 
 def flip_byte(path: str, offset: int | None = None) -> None:
@@ -74,3 +28,66 @@ def flip_byte(path: str, offset: int | None = None) -> None:
 def load_json(path: str):
     with open(path) as f:
         return json.load(f)
+
+
+def write_checkpoint_meta(run_dir: str, published, *, step: int, seed: int = 3, order: str = "global",
+                          global_batch: int = 8, world_size: int = 2, **extra) -> str:
+    """A checkpoint's meta.json through the trainer's schema (trainer/meta.py), minus the weights.
+    ``extra`` overrides fields before sealing: ``loader__seed=4`` sets meta["loader"]["seed"]."""
+    from gristmill.trainer.meta import new_meta, write_meta
+
+    ckpt = os.path.join(run_dir, "checkpoints", f"step-{step}")
+    os.makedirs(ckpt, exist_ok=True)
+    m = published.manifest
+    meta = new_meta(step=step, world_size=world_size, global_batch=global_batch, seq_len=m.seq_len,
+                    loader={"next_index": step * global_batch, "seed": seed, "order": order, "manifest_sha256": m.sha256},
+                    manifest_sha256=m.sha256, manifest_url=published.url,
+                    job={"data": {"seed": seed, "order": order, "global_batch": global_batch}})
+    for key, value in extra.items():
+        *path, last = key.split("__")
+        d = meta
+        for p in path:
+            d = d[p]
+        d[last] = value
+    write_meta(ckpt, meta)
+    return ckpt
+
+
+def write_dcp_checkpoint(ckpt_dir: str, state: dict | None = None) -> dict:
+    """Turn a meta-only checkpoint into a complete one without a process group: DCP files holding
+    ``state`` plus the data-position copy, as the trainer saves it, and meta.json's file list."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    from gristmill.trainer.checkpoint import file_checksums
+    from gristmill.trainer.meta import DCP_KEY, encode_data_position, read_meta, write_meta
+
+    meta = read_meta(ckpt_dir)
+    position = torch.frombuffer(bytearray(encode_data_position(meta)), dtype=torch.uint8)
+    with warnings.catch_warnings():  # DCP warns that no process group means a single-process save: intended
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.save({"weight": torch.arange(4.0), **(state or {}), DCP_KEY: position}, checkpoint_id=ckpt_dir, no_dist=True)
+    return write_meta(ckpt_dir, {**meta, "files": file_checksums(ckpt_dir)})
+
+
+def reseal_meta(ckpt_dir: str, edit, *, files: bool = False) -> dict:
+    """Apply ``edit(meta)`` to a checkpoint's meta.json and write it back with a fresh self-hash
+    (and, with ``files``, fresh file checksums): what a careful forger would do."""
+    from gristmill.trainer.checkpoint import file_checksums
+    from gristmill.trainer.meta import META_FILE, write_meta
+
+    meta = load_json(os.path.join(ckpt_dir, META_FILE))
+    edit(meta)
+    if files:
+        meta["files"] = file_checksums(ckpt_dir)
+    return write_meta(ckpt_dir, meta)
+
+
+class Evil:
+    """An object whose unpickling runs ``touch marker`` (os.system): what a forged checkpoint could hold."""
+
+    def __init__(self, marker: str):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)

@@ -1,4 +1,4 @@
-"""The audit against hand-written checkpoint metadata and the real loader order (fast).
+"""The audit against checkpoint metadata written through trainer.meta and the real loader order (fast).
 
 The toy dataset's rows start with (shard + 1, row): the tokens themselves say which row a
 sample is, so the audit's answer is checked against the shards' content, not against itself.
@@ -10,36 +10,21 @@ import shutil
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from helpers import build_dataset
+from helpers import build_dataset, write_checkpoint_meta
 
-from gristmill.audit import AuditError, audit_doc, audit_seen, consumed, open_manifest, parse_steps, read_checkpoint
+from gristmill.audit import (AuditError, CheckpointError, audit_doc, audit_seen, consumed, open_manifest, parse_steps,
+                             read_checkpoint)
 from gristmill.cli import main
 from gristmill.loader.order import samples_at
 from gristmill.manifests import HashMismatchError, read_rows
+from gristmill.manifests.synthetic import source_uri
 
 B, W = 8, 2  # global batch, world size
 
 
-def write_meta(run_dir, published, *, step, seed=3, order="global", global_batch=B, world_size=W, **extra):
-    """A checkpoint meta.json with the trainer's layout (docs/trainer.md), minus the weights."""
-    ckpt = os.path.join(run_dir, "checkpoints", f"step-{step}")
-    os.makedirs(ckpt, exist_ok=True)
-    meta = {"format": "gristmill-checkpoint-v1", "step": step, "world_size": world_size, "global_batch": global_batch,
-            "tokens_seen": step * global_batch * published.manifest.seq_len, "seq_len": published.manifest.seq_len,
-            "loader": {"next_index": step * global_batch, "seed": seed, "order": order,
-                       "manifest_sha256": published.manifest.sha256},
-            "data": {"manifest_sha256": published.manifest.sha256, "manifest_url": published.url, "split": "train"},
-            "manifest_changes": [], "resumed_from": None,
-            "job": {"data": {"seed": seed, "order": order, "global_batch": global_batch}}}
-    for key, value in extra.items():  # loader__seed=4 sets meta["loader"]["seed"]
-        *path, last = key.split("__")
-        d = meta
-        for p in path:
-            d = d[p]
-        d[last] = value
-    with open(os.path.join(ckpt, "meta.json"), "w") as f:
-        json.dump(meta, f)
-    return ckpt
+def write_meta(run_dir, published, *, step, **fields):
+    """A checkpoint meta.json with the trainer's schema, this module's global batch and world size."""
+    return write_checkpoint_meta(run_dir, published, step=step, **{"global_batch": B, "world_size": W, **fields})
 
 
 def served_rows(published, indices):
@@ -106,7 +91,7 @@ def test_doc_reports_steps_ranks_and_provenance(run):
     hits = [j for j in range(160) if (shard[j], row[j]) == (shard[i], row[i])]
     assert answer["seen"] and answer["fully_seen"] and len(hits) == 2
     assert [(o["step"], o["rank"], o["index"]) for o in answer["occurrences"]] == [(j // B + 1, (j % B) // (B // W), j) for j in hits]
-    assert answer["provenance"]["source"] == f"mem://src/{shard[i]}.jsonl" and answer["provenance"]["position"] == row[i]
+    assert answer["provenance"]["source"] == source_uri(shard[i]) and answer["provenance"]["position"] == row[i]
     # A row of the second epoch not reached by step 20 was never seen.
     first_epoch_only = {(s, r) for s, r in zip(shard[:120], row[:120])} - {(s, r) for s, r in zip(shard[120:], row[120:])}
     s, r = sorted(first_epoch_only)[0]
@@ -149,8 +134,22 @@ def test_a_moved_manifest_names_the_checkpoints_hash_and_the_way_out(run, tmp_pa
 def test_a_seed_that_disagrees_with_the_job_config_is_refused(run, tmp_path):
     published, _ = run
     ckpt_dir = write_meta(str(tmp_path / "edited"), published, step=5, loader__seed=4)
-    with pytest.raises(AuditError, match="loader.seed 4 differs from the job config's data.seed 3"):
+    with pytest.raises(CheckpointError, match="loader.seed 4 differs from the job config's data.seed 3"):
         read_checkpoint(ckpt_dir)
+
+
+def test_an_edit_that_does_not_recompute_the_self_hash_is_refused(run, tmp_path, capsys):
+    published, ckpt_dir = run
+    meta_path = os.path.join(ckpt_dir, "meta.json")
+    with open(meta_path) as f:
+        meta = json.load(f)
+    meta["loader"]["seed"] = meta["job"]["data"]["seed"] = 4  # consistent, but meta_sha256 is left as it was
+    with open(meta_path, "w") as f:
+        json.dump(meta, f)
+    with pytest.raises(CheckpointError, match="meta_sha256 .* does not match the file's content .*edited after"):
+        read_checkpoint(ckpt_dir)
+    assert main(["audit", "seen", ckpt_dir]) == 2
+    assert "meta_sha256" in capsys.readouterr().err
 
 
 def test_a_different_seed_gives_a_different_answer(run, tmp_path):
@@ -202,7 +201,7 @@ def test_inconsistent_meta_is_refused_naming_the_fields(run, tmp_path):
                        ({"global_batch": 7, "loader__next_index": 35}, "global_batch 7 is not a positive multiple"),
                        ({"format": "other"}, "format is 'other'")):
         ckpt_dir = write_meta(str(tmp_path / str(len(why))), published, step=5, **extra)
-        with pytest.raises(AuditError, match=why):
+        with pytest.raises(CheckpointError, match=why):
             read_checkpoint(ckpt_dir)
 
 

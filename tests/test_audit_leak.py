@@ -6,8 +6,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from helpers import write_tokenizer
-from test_audit import write_meta
+from helpers import write_checkpoint_meta, write_tokenizer
 
 from gristmill.audit import consumed, read_checkpoint
 from gristmill.audit.leak import audit_leak
@@ -64,7 +63,7 @@ def words(ids):
 @pytest.fixture
 def text_run(tmp_path):
     published, docs, stream, doc_of = build_text_dataset(str(tmp_path / "data"))
-    ckpt_dir = write_meta(str(tmp_path / "run"), published, step=8, global_batch=4, world_size=2)  # 32 of 55 rows
+    ckpt_dir = write_checkpoint_meta(str(tmp_path / "run"), published, step=8, global_batch=4, world_size=2)  # 32 of 55 rows
     used = consumed(published.manifest, read_checkpoint(ckpt_dir))
     # Words of each document inside the rows the model consumed (EOS is not a word).
     in_seen_row = np.isin(np.arange(len(stream)) // WIDTH, used.row) & (stream != 0)
@@ -150,7 +149,8 @@ def test_byte_level_bpe_text_is_recovered_from_the_tokens(tmp_path):
     docs = [tok.encode(t).ids for t in texts]
     published, stream, doc_of = pack_dataset(str(tmp_path), docs, path, vocab_size, eos_id)
     rows = published.manifest.shards[0].rows
-    ckpt = read_checkpoint(write_meta(str(tmp_path / "run"), published, step=rows // 4, global_batch=4, world_size=1))
+    ckpt = read_checkpoint(write_checkpoint_meta(str(tmp_path / "run"), published, step=rows // 4, global_batch=4,
+                                                 world_size=1))
     used = consumed(published.manifest, ckpt)  # every row but the last few
     seen_rows = set(used.row.tolist())
     fully = [d for d in range(len(texts)) if set(np.flatnonzero(doc_of == d) // WIDTH) <= seen_rows]
@@ -162,7 +162,7 @@ def test_byte_level_bpe_text_is_recovered_from_the_tokens(tmp_path):
 
 def test_n_defaults_to_the_datasets_decontamination_setting(tmp_path):
     published, docs, stream, doc_of = build_text_dataset(str(tmp_path), config={"decontaminate": {"n": 5}})
-    ckpt = read_checkpoint(write_meta(str(tmp_path / "run"), published, step=8, global_batch=4, world_size=2))
+    ckpt = read_checkpoint(write_checkpoint_meta(str(tmp_path / "run"), published, step=8, global_batch=4, world_size=2))
     used = consumed(published.manifest, ckpt)
     in_seen = np.isin(np.arange(len(stream)) // WIDTH, used.row) & (stream != 0)
     d = next(d for d in range(len(docs)) if in_seen[(doc_of == d) & (stream != 0)].all() and len(docs[d]) >= 8)

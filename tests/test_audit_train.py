@@ -12,9 +12,9 @@ import sys
 
 import numpy as np
 import pytest
-from helpers import build_dataset, flip_byte
+from helpers import build_dataset, flip_byte, reseal_meta
 
-from gristmill.audit import AuditError, audit_doc, consumed, open_manifest, parse_steps, read_checkpoint
+from gristmill.audit import CheckpointError, audit_doc, consumed, open_manifest, parse_steps, read_checkpoint
 from gristmill.audit.checkpoint import verify_files
 from gristmill.cli import main
 
@@ -93,19 +93,36 @@ def test_an_edited_seed_a_corrupt_checkpoint_or_a_swapped_manifest_is_detected(t
     shutil.copytree(os.path.join(run_dir, "checkpoints", "step-6"), ckpt_dir)
     meta_path = os.path.join(ckpt_dir, "meta.json")
     with open(meta_path) as f:
-        meta = json.load(f)
-    meta["loader"]["seed"] = SEED + 1
-    with open(meta_path, "w") as f:
-        json.dump(meta, f)
-    with pytest.raises(AuditError, match=f"loader.seed {SEED + 1} differs from the job config's data.seed {SEED}"):
+        original = json.load(f)
+
+    def loader_seed(meta):
+        meta["loader"]["seed"] = SEED + 1
+
+    def job_seed(meta):
+        meta["job"]["data"]["seed"] = SEED + 1
+
+    # Re-sealed, one copy edited: the fields recorded twice disagree.
+    reseal_meta(ckpt_dir, loader_seed)
+    with pytest.raises(CheckpointError, match=f"loader.seed {SEED + 1} differs from the job config's data.seed {SEED}"):
         read_checkpoint(ckpt_dir)
-    assert main(["audit", "seen", run_dir, "--verify-checkpoint", "--json"]) == 0
+    # Re-sealed, both copies edited: meta.json alone is consistent, the DCP state's copy is not.
+    reseal_meta(ckpt_dir, job_seed)
+    assert read_checkpoint(ckpt_dir).seed == SEED + 1
+    assert main(["audit", "seen", ckpt_dir, "--verify-checkpoint", "--json"]) == 2
+    assert f"loader.seed is {SEED + 1} in meta.json but {SEED} in the DCP state" in capsys.readouterr().err
+    # Not re-sealed: the self-hash refuses it before anything else.
+    with open(meta_path, "w") as f:
+        json.dump({**original, "loader": {**original["loader"], "seed": SEED + 1}}, f)
+    with pytest.raises(CheckpointError, match="meta_sha256 .* edited after the trainer wrote it"):
+        read_checkpoint(ckpt_dir)
+    assert main(["audit", "seen", run_dir, "--verify-checkpoint", "--json"]) == 0  # the untouched run verifies
+    capsys.readouterr()
+
     dcp_file = next(f for f in os.listdir(ckpt_dir) if f.endswith(".distcp"))
     flip_byte(os.path.join(ckpt_dir, dcp_file))
-    meta["loader"]["seed"] = SEED
     with open(meta_path, "w") as f:
-        json.dump(meta, f)
-    with pytest.raises(AuditError, match=f"{dcp_file}: sha256 .* does not match meta.json"):
+        json.dump(original, f)
+    with pytest.raises(CheckpointError, match=f"{dcp_file}: sha256 .* does not match meta.json"):
         verify_files(read_checkpoint(ckpt_dir))
     other = build_dataset(str(tmp_path / "other"), seed=1)
     assert main(["audit", "leak", run_dir, "--manifest", other.url, "--eval", meta_path]) == 2

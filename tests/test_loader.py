@@ -9,8 +9,10 @@ import torch
 
 from helpers import build_dataset, flip_byte
 from gristmill.loader import CacheTooSmallError, Loader, ShardFetchError, samples_at
-from gristmill.loader.simstore import simulated_url
+from gristmill.loader.simstore import register, simulated_url
 from gristmill.manifests import HashMismatchError, join, read_rows
+
+register()  # gmsim://: importing the loader registers nothing (test_importing_the_loader_registers_no_simulated_store)
 
 
 @pytest.fixture(scope="module")
@@ -342,6 +344,8 @@ def test_reads_a_dataset_published_to_memory_fs(tmp_path):
 CHILD = """
 import json, sys
 from gristmill.loader import Loader
+from gristmill.loader.simstore import register
+register()
 url, cache, rank = sys.argv[1], sys.argv[2], int(sys.argv[3])
 total = 0
 with Loader(url, storage_options={"latency_s": 0.05}, rank=rank, world_size=2, global_batch=8, cache_dir=cache) as ld:
@@ -379,3 +383,21 @@ def test_a_batch_straddling_an_epoch_boundary_is_the_same_at_any_world_size(pub,
     shards, rows = samples_at(pub.manifest, "train", 0, order, np.arange(112, 128), window=2)
     want = np.stack([rows_by_shard[s][r] for s, r in zip(shards, rows)]).astype(np.int64)
     assert np.array_equal(one[1]["labels"].numpy(), want[:, 1:])
+
+
+def test_importing_the_loader_registers_no_simulated_store():
+    """gmsim:// (latency, failures, corruption) is test and bench scaffolding: a process that only
+    imports and uses the loader must not resolve it."""
+    import subprocess
+    import sys
+
+    probe = ("from fsspec.registry import known_implementations, registry\n"
+             "import gristmill.loader\n"
+             "from gristmill.loader import Loader\n"
+             "assert 'gmsim' not in registry and 'gmsim' not in known_implementations\n"
+             "from gristmill.loader.simstore import register\n"
+             "register()\n"
+             "assert 'gmsim' in registry\n"
+             "print('ok')\n")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]

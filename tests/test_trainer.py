@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -14,11 +15,10 @@ import sys
 import time
 
 import numpy as np
-import pyarrow as pa
 import pytest
 
-from helpers import build_dataset, flip_byte, write_tokenizer
-from gristmill.manifests import DatasetBuilder, Input, ManifestStore
+from helpers import Evil, build_dataset, flip_byte, reseal_meta
+from gristmill.manifests.synthetic import build_synthetic
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JOB = os.path.join(ROOT, "configs", "train-tiny.yaml")
@@ -28,47 +28,37 @@ REL_TOL = 1e-5
 pytestmark = pytest.mark.slow
 
 
-# -- helpers --------------------------------------------------------------------------------
-def build_learnable(root: str, vocab: int = 64, seq_len: int = 16) -> str:
-    """A dataset a tiny model can learn in a few steps: each row counts up by 1 or 2 from a random start."""
-    rng = np.random.default_rng(0)
-    tok = write_tokenizer(os.path.join(root, "tokenizer.json"), vocab)
-    b = DatasetBuilder(os.path.join(root, "staging"), dataset="count", seq_len=seq_len, tokenizer_json=tok,
-                       vocab_size=vocab, eos_id=0)
-    doc = {k: [] for k in ("shard", "row", "start", "length", "doc_id", "source", "position", "lang")}
-    for split, sizes in (("train", (48, 48)), ("validation", (16,))):
-        for n in sizes:
-            start = rng.integers(1, vocab, size=(n, 1))
-            stride = rng.integers(1, 3, size=(n, 1))
-            rows = (start + stride * np.arange(seq_len + 1)) % (vocab - 1) + 1
-            shard = len(b.shards)
-            b.add_shard(split, rows)
-            for r in range(n):
-                for k, v in zip(doc, (shard, r, 0, seq_len + 1, f"doc-{shard}-{r}", "mem://count", r, "en")):
-                    doc[k].append(v)
-    b.set_doc_index(pa.table(doc))
-    m = b.manifest(inputs=[Input("mem://count", 1, "0" * 64)], config={"count": True}, code_version="test", stats={})
-    return ManifestStore(os.path.join(root, "store")).publish(m, b.dir).url
+# -- helpers ----------------------------------------------------------------------------------
+LAUNCHER = os.path.join(ROOT, "tests", "fault_launcher.py")
 
 
-def train(manifest: str, run_dir: str, *sets: str, nproc: int = 1, extra=(), env=None, check=True,
+def build_learnable(root: str) -> str:
+    """A dataset a tiny model learns in a few steps: each row counts up by 1 or 2 from a random start."""
+    return build_synthetic(root, dataset="count", vocab_size=64, shard_rows=(48, 48), val_rows=(16,),
+                           tokens="counting").url
+
+
+def train(manifest: str, run_dir: str, *sets: str, nproc: int = 1, extra=(), faults=(), check=True,
           popen=False, cli=False):
-    """Run ``python -m gristmill.trainer`` (``gristmill train`` with ``cli``, torchrun with ``nproc`` > 1) on the tiny job."""
-    launcher = [sys.executable, "-m", "gristmill.cli", "train"] if cli else [sys.executable, "-m", "trainer"]
+    """Run ``python -m gristmill.trainer`` (``gristmill train`` with ``cli``, torchrun with ``nproc`` > 1,
+    tests/fault_launcher.py with ``faults``) on the tiny job."""
+    launcher = [sys.executable, "-m", "gristmill.cli", "train"] if cli else [sys.executable, "-m", "gristmill.trainer"]
+    if faults:
+        launcher = [sys.executable, LAUNCHER] + [f"--fault={f}" for f in faults]
     if nproc > 1:
         launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-                    "-m", "trainer"]
+                    "-m", "gristmill.trainer"]
     args = ["--set", f"data.manifest={manifest}", "--set", f"run.dir={run_dir}", "--set", f"data.cache_dir={run_dir}-cache",
             "--set", f"run.steps={STEPS}", "--set", "checkpoint.every=4", "--set", "eval.every=6",
             "--set", "run.tensorboard=false"]
     for s in sets:
         args += ["--set", s]
-    full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = launcher + [JOB] + args + list(extra)
     if popen:
-        return subprocess.Popen(cmd, env=full_env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        return subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, start_new_session=True)
-    proc = subprocess.run(cmd, env=full_env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
     if check and proc.returncode != 0:
         raise AssertionError(f"trainer failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-20000:]}")
     return proc
@@ -160,7 +150,7 @@ def test_interrupt_and_resume_is_bitwise(reference, data, tmp_path):
 
 def test_kill_during_checkpoint_save_resumes_from_previous(reference, data, tmp_path):
     run_dir = str(tmp_path / "killed")
-    proc = train(data, run_dir, env={"GRISTMILL_FAULTS": "hang_before_commit@8"}, popen=True)
+    proc = train(data, run_dir, faults=["hang_before_commit@8"], popen=True)
     marker = os.path.join(run_dir, "HANGING-hang_before_commit-8")
     deadline = time.monotonic() + 120
     while not os.path.exists(marker):
@@ -221,7 +211,7 @@ def test_non_finite_steps_are_skipped_then_stop_the_run(data, tmp_path):
     # Step 2 alone is skipped and training recovers; steps 4, 5, 6 in a row stop the run.
     run_dir = str(tmp_path / "nan")
     failed = train(data, run_dir, "optimizer.max_bad_steps=3", "eval.every=0", "checkpoint.every=3",
-                   env={"GRISTMILL_FAULTS": "nan_loss@2,nan_loss@4,nan_loss@5,nan_loss@6"}, check=False)
+                   faults=["nan_loss@2", "nan_loss@4", "nan_loss@5", "nan_loss@6"], check=False)
     assert failed.returncode == 2
     assert "3 consecutive steps (up to step 6)" in failed.stderr and "max_bad_steps=3" in failed.stderr
     recs = records(run_dir)
@@ -229,3 +219,56 @@ def test_non_finite_steps_are_skipped_then_stop_the_run(data, tmp_path):
     assert recs[6]["skipped_total"] == 4
     assert all(np.isfinite(recs[s]["loss"]) for s in (1, 3))
     assert meta(run_dir, 3)["bad_steps"] == {"skipped_total": 1, "consecutive": 0}
+
+
+def test_resume_passes_over_forged_checkpoints_without_running_their_code(reference, data, tmp_path):
+    """step-12's DCP .metadata runs `touch` when unpickled; step-8's meta.json has a consistently
+    edited seed and a fresh self-hash. Both have meta.json file hashes that match: resume must
+    refuse both, name why, and start over, and the payload never runs."""
+    import pickle
+
+    from gristmill.trainer.checkpoint import read_dcp_metadata
+
+    run_dir = str(tmp_path / "forged")
+    shutil.copytree(reference, run_dir)
+    marker = str(tmp_path / "PWNED")
+    step12, step8 = (os.path.join(run_dir, "checkpoints", f"step-{n}") for n in (12, 8))
+    md = read_dcp_metadata(step12)
+    md.planner_data = Evil(marker)
+    with open(os.path.join(step12, ".metadata"), "wb") as f:
+        pickle.dump(md, f)
+    reseal_meta(step12, lambda m: None, files=True)
+
+    def edit(m):
+        m["loader"]["seed"] = m["job"]["data"]["seed"] = 1
+
+    reseal_meta(step8, edit)
+    out = train(data, run_dir, extra=["--stop-after-step", "1"])
+    assert re.search(r"not resuming from step-12: .*refusing to unpickle (posix|os)\.system", out.stderr)
+    assert "not resuming from step-8: " in out.stderr and "loader.seed is 1 in meta.json but 0 in the DCP state" in out.stderr
+    assert "resumed from" not in out.stderr and samples(run_dir)[-1] == (1, list(range(8)))
+    assert not os.path.exists(marker)
+
+
+def test_sigint_stops_within_a_step_and_leaves_a_valid_checkpoint(data, tmp_path):
+    from gristmill.trainer.checkpoint import find_resumable
+
+    run_dir = str(tmp_path / "sigint")
+    proc = train(data, run_dir, "run.steps=100000", "checkpoint.every=1", "eval.every=0", popen=True)
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if m := re.search(r"step +(\d+)  loss", line):
+            sent_after = int(m.group(1))
+            os.kill(proc.pid, signal.SIGINT)
+            break
+    else:
+        raise AssertionError("the trainer never logged a step:\n" + "".join(seen[-50:]))
+    rest = proc.communicate(timeout=120)[0]  # a hang guard, not a timing assertion
+    assert proc.returncode == 130, rest[-3000:]
+    last = max(records(run_dir))
+    assert last <= sent_after + 2  # the step running when the signal came, at most one more queued in the pipe
+    assert f"gristmill train: SIGINT after step {last}: stopped; the newest checkpoint is" in rest
+    assert "Traceback" not in rest
+    path, passed_over = find_resumable(run_dir)
+    assert path.endswith(f"step-{last}") and passed_over == []

@@ -10,21 +10,32 @@ Layout (docs/trainer.md has every field)::
 A save writes everything under the temporary name; rank 0 hashes the files and writes meta.json
 only after a barrier proves every rank finished, then renames the directory. A crash at any point
 before the rename leaves only a ``.tmp-`` directory, which resume ignores and the next start
-deletes. Resume walks committed checkpoints newest first and takes the first whose files all
-match meta.json.
+deletes. Resume walks committed checkpoints newest first and takes the first that verifies: meta.json
+intact (trainer/meta.py), every file matching its sha256, and the data position stored in the
+DCP state equal to meta.json's.
+
+DCP's ``.metadata`` is a pickle, and the non-tensor entries of the state (optimizer
+hyper-parameters) are ``torch.save`` blobs: a checkpoint is untrusted input, so both are read
+only through restricted unpicklers (:class:`SafeReader`, :class:`SafeLoadPlanner`), never
+through ``pickle.load`` or ``torch.load(weights_only=False)``.
 """
 from __future__ import annotations
 
 import base64
+import collections
 import datetime as dt
-import json
+import io
 import logging
 import os
+import pathlib
+import pickle
 import random
 import re
 import shutil
 import sys
 import time
+import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata
 
@@ -32,6 +43,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+import torch.distributed.checkpoint.filesystem as dcp_fs
+import torch.distributed.checkpoint.metadata as dcp_md
+from torch.distributed.checkpoint._traverse import set_element
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_optimizer_state_dict,
@@ -41,21 +56,13 @@ from torch.distributed.checkpoint.state_dict import (
 
 import gristmill
 from gristmill.manifests import sha256_file
-from gristmill.manifests.shards import atomic_write
 
-from . import faults
-from gristmill.errors import GristmillError
+from .meta import (DCP_KEY, META_FILE, STEP_DIR, CheckpointError, compare_data_position, encode_data_position, read_meta,
+                   write_meta)
 
 log = logging.getLogger("gristmill.trainer")
 
-FORMAT = "gristmill-checkpoint-v1"
-META_FILE = "meta.json"
-_STEP_DIR = re.compile(r"^step-(\d+)$")
 TMP_PREFIX = ".tmp-"
-
-
-class CheckpointError(GristmillError):
-    """A checkpoint cannot be used: names the directory and what is wrong with it."""
 
 
 # -- paths ----------------------------------------------------------------------------------
@@ -72,7 +79,7 @@ def committed(run_dir: str) -> list[tuple[int, str]]:
     root = checkpoints_dir(run_dir)
     if not os.path.isdir(root):
         return []
-    found = [(int(m.group(1)), os.path.join(root, name)) for name in os.listdir(root) if (m := _STEP_DIR.match(name))]
+    found = [(int(m.group(1)), os.path.join(root, name)) for name in os.listdir(root) if (m := STEP_DIR.match(name))]
     return sorted(found)
 
 
@@ -149,22 +156,134 @@ def collective_checksums(directory: str, rank: int, world_size: int) -> dict[str
     return dict(sorted(kv for part in parts for kv in part.items()))
 
 
-def read_meta(path: str) -> dict:
-    meta_path = os.path.join(path, META_FILE)
+# -- reading DCP without unpickling untrusted data -------------------------------------------
+# What a DCP .metadata pickle may name: the checkpoint-metadata dataclasses, torch.Size, the
+# dtype/layout lookups they use, and the path type of StorageMeta.checkpoint_id. Containers,
+# strings and numbers need no global. Anything else (os.system, builtins.eval, ...) is refused.
+_METADATA_GLOBALS = {
+    ("torch.distributed.checkpoint.metadata", name): getattr(dcp_md, name)
+    for name in ("Metadata", "MetadataIndex", "StorageMeta", "TensorProperties", "TensorStorageMetadata",
+                 "BytesStorageMetadata", "ChunkStorageMetadata", "_MEM_FORMAT_ENCODING")
+} | {
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"): dcp_fs._StorageInfo,
+    ("torch", "Size"): torch.Size,
+    ("torch.serialization", "_get_layout"): torch.serialization._get_layout,
+    ("pathlib", "PosixPath"): pathlib.PosixPath,
+    ("pathlib._local", "PosixPath"): pathlib.PosixPath,  # Python 3.13's module name
+    ("collections", "OrderedDict"): collections.OrderedDict,
+}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def __init__(self, f, where: str):
+        super().__init__(f)
+        self.where = where
+
+    def find_class(self, module: str, name: str):
+        found = _METADATA_GLOBALS.get((module, name))
+        if found is None and module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            found = getattr(torch, name)
+        if found is None:
+            raise CheckpointError(
+                f"{self.where}: refusing to unpickle {module}.{name}: DCP metadata may only hold "
+                f"torch.distributed.checkpoint metadata classes, torch.Size and dtypes (a forged checkpoint?)")
+        return found
+
+
+def read_dcp_metadata(path: str) -> dcp_md.Metadata:
+    """The DCP ``.metadata`` of checkpoint directory ``path``, through the restricted unpickler."""
+    where = os.path.join(path, ".metadata")
     try:
-        with open(meta_path) as f:
-            meta = json.load(f)
+        with open(where, "rb") as f:
+            md = _MetadataUnpickler(f, where).load()
     except FileNotFoundError as e:
-        raise CheckpointError(f"{path}: no {META_FILE}") from e
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{meta_path}: not valid JSON: {e}") from e
-    if meta.get("format") != FORMAT:
-        raise CheckpointError(f"{meta_path}: format is {meta.get('format')!r}, expected {FORMAT!r}")
-    return meta
+        raise CheckpointError(f"{path}: no DCP .metadata") from e
+    except CheckpointError:
+        raise
+    except Exception as e:  # a truncated or garbled pickle
+        raise CheckpointError(f"{where}: not a readable DCP metadata file: {type(e).__name__}: {e}") from e
+    if not isinstance(md, dcp_md.Metadata):
+        raise CheckpointError(f"{where}: holds a {type(md).__name__}, not DCP Metadata")
+    return md
+
+
+class SafeReader(dcp.FileSystemReader):
+    """DCP's file reader, with ``.metadata`` read through the restricted unpickler."""
+
+    def read_metadata(self, *args, **kwargs) -> dcp_md.Metadata:
+        if kwargs.get("rank") is not None:  # rank-local metadata files: never written by this trainer
+            raise CheckpointError(f"{self.path}: rank-local DCP metadata is not supported")
+        md = read_dcp_metadata(str(self.path))
+        if getattr(md, "storage_meta", None) is None:
+            md.storage_meta = dcp_md.StorageMeta()
+        md.storage_meta.load_id = self.load_id
+        return md
+
+
+class SafeLoadPlanner(DefaultLoadPlanner):
+    """DCP's load planner, with non-tensor entries (optimizer hyper-parameters) read by torch's
+    weights-only unpickler instead of ``torch.load(weights_only=False)``."""
+
+    def load_bytes(self, read_item, value: io.BytesIO) -> None:
+        try:
+            obj = torch.load(value, weights_only=True)
+        except pickle.UnpicklingError as e:
+            found = re.search(r"GLOBAL (\S+)", str(e))  # torch names the global it would not load
+            what = found.group(1) if found else "it"
+            raise CheckpointError(f"DCP entry {read_item.dest_index.fqn}: refusing to unpickle {what}: only tensors, "
+                                  f"numbers, strings and containers may be stored (a forged checkpoint?)") from e
+        # As DefaultLoadPlanner.load_bytes, minus its weights_only=False.
+        if self.flatten_state_dict:
+            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
+        else:
+            self.state_dict[read_item.dest_index.fqn] = obj
+
+
+def load_state(state: dict, path: str, *, no_dist: bool = False) -> None:
+    """Load ``state`` in place from checkpoint ``path`` through the restricted readers (``no_dist``: this
+    process alone, no collectives)."""
+    with warnings.catch_warnings():
+        # A local read (the audit, verify) is meant to be single-process; DCP warns that it assumed so.
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+        try:
+            dcp.load(state, storage_reader=SafeReader(path), planner=SafeLoadPlanner(), no_dist=no_dist)
+        except dcp.api.CheckpointException as e:
+            # DCP wraps each rank's exception; a refusal of ours is the message to show, not its traceback.
+            ours = [exc for exc, _ in e.failures.values() if isinstance(exc, CheckpointError)]
+            if ours:
+                raise ours[0] from None
+            raise
+
+
+MAX_POSITION_BYTES = 1 << 20  # the data position is a few hundred bytes of JSON; refuse a forged giant
+
+
+def _position_buffer(path: str, md: dcp_md.Metadata) -> torch.Tensor:
+    """An empty tensor shaped like the checkpoint's data-position entry, to load it into."""
+    entry = md.state_dict_metadata.get(DCP_KEY)
+    if (not isinstance(entry, dcp_md.TensorStorageMetadata) or len(entry.size) != 1
+            or entry.properties.dtype != torch.uint8 or entry.size[0] > MAX_POSITION_BYTES):
+        raise CheckpointError(f"{path}: the DCP state has no {DCP_KEY} entry of uint8 bytes "
+                              f"(not written by this trainer?)")
+    return torch.empty(entry.size, dtype=torch.uint8)
+
+
+def read_data_position(path: str) -> bytes:
+    """The data position stored in the checkpoint's DCP state (see trainer/meta.py). Local: no collectives."""
+    state = {DCP_KEY: _position_buffer(path, read_dcp_metadata(path))}
+    load_state(state, path, no_dist=True)
+    return state[DCP_KEY].numpy().tobytes()
+
+
+def check_data_position(path: str, meta: dict) -> None:
+    """Refuse a checkpoint whose meta.json and DCP state disagree on what data the model saw."""
+    compare_data_position(meta, read_data_position(path), os.path.join(path, META_FILE))
 
 
 def verify(path: str, actual: dict[str, dict] | None = None) -> list[str]:
-    """Problems with a committed checkpoint (empty when every file matches its recorded sha256).
+    """Problems with a committed checkpoint (empty when it can be trusted): meta.json intact and
+    consistent, every file matching its recorded sha256, and (once the files match) the DCP
+    metadata safe to read and its data position equal to meta.json's.
     ``actual`` is the directory's ``file_checksums`` when the caller already computed them."""
     try:
         meta = read_meta(path)
@@ -182,6 +301,11 @@ def verify(path: str, actual: dict[str, dict] | None = None) -> list[str]:
     problems += [f"{path}/{rel}: not listed in meta.json" for rel in sorted(set(actual) - set(recorded))]
     if not recorded:
         problems.append(f"{path}: meta.json lists no files")
+    if not problems:
+        try:
+            check_data_position(path, meta)
+        except CheckpointError as e:
+            problems.append(str(e))
     return problems
 
 
@@ -210,6 +334,11 @@ def app_state(model, optimizer) -> dict:
     return {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, optimizer)}
 
 
+def _position_tensor(data: bytes) -> torch.Tensor:
+    # A plain (replicated) tensor: DCP writes it once, and its bytes land in a file meta.json hashes.
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+
 @dataclass
 class PendingSave:
     """An asynchronous save in flight: committed once every rank's write has finished."""
@@ -225,9 +354,12 @@ class Checkpointer:
     """Saves, prunes and restores the checkpoints of one run. Collective: every rank calls it."""
 
     def __init__(self, run_dir: str, *, keep: int, async_save: bool, rank: int, world_size: int,
-                 device: torch.device):
+                 device: torch.device, before_commit: Callable[[int, str], None] | None = None):
+        """``before_commit(step, tmp_dir)``, when given, runs on rank 0 after meta.json is written and
+        before the rename that commits the save (tests use it to crash at exactly that point)."""
         self.run_dir, self.keep, self.async_save = run_dir, keep, async_save
         self.rank, self.world_size, self.device = rank, world_size, device
+        self.before_commit = before_commit
         self.pending: PendingSave | None = None
         # Async writes run collectives from a background thread: give them their own gloo group so
         # they never interleave with the training step's collectives.
@@ -257,7 +389,7 @@ class Checkpointer:
         rngs = [None] * self.world_size
         dist.all_gather_object(rngs, rng_state())
         meta = {**meta, "rng": rngs}
-        state = app_state(model, optimizer)
+        state = {**app_state(model, optimizer), DCP_KEY: _position_tensor(encode_data_position(meta))}
         if self.async_save:
             future = dcp.async_save(state, checkpoint_id=tmp, process_group=self._async_group)
             self.pending = PendingSave(step, tmp, meta, future, started)
@@ -291,9 +423,10 @@ class Checkpointer:
         if self.rank == 0:
             meta = {**meta, "files": files, "save_seconds": round(time.perf_counter() - started, 3),
                     "created_at": dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat()}
-            atomic_write(os.path.join(tmp, META_FILE), (json.dumps(meta, indent=1, sort_keys=True) + "\n").encode())
+            write_meta(tmp, meta)
             _fsync_dir(tmp)
-            faults.maybe_hang("hang_before_commit", step, tmp)
+            if self.before_commit is not None:
+                self.before_commit(step, tmp)
             if os.path.exists(final):  # a re-run of the same step (e.g. after a resume): replace it
                 shutil.rmtree(final)
             os.rename(tmp, final)  # the commit: a directory named step-<N> is always complete
@@ -319,9 +452,11 @@ class Checkpointer:
         dist.broadcast_object_list(choice, src=0)
         return choice[0], choice[1]
 
-    def load(self, path: str, model, optimizer) -> None:
-        """Load model and optimizer state; DCP reshards when the world size changed."""
-        state = app_state(model, optimizer)
-        dcp.load(state, checkpoint_id=path)
+    def load(self, path: str, model, optimizer, meta: dict) -> None:
+        """Load model and optimizer state (DCP reshards when the world size changed) through the
+        restricted readers, and refuse it if its data position differs from ``meta``'s."""
+        state = {**app_state(model, optimizer), DCP_KEY: _position_buffer(path, read_dcp_metadata(path))}
+        load_state(state, path)
+        compare_data_position(meta, state[DCP_KEY].numpy().tobytes(), os.path.join(path, META_FILE))
         set_model_state_dict(model, state["model"])
         set_optimizer_state_dict(model, optimizer, state["optimizer"])

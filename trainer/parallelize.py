@@ -5,7 +5,6 @@ and FSDP2 in that order (each wraps what the previous produced).
 from __future__ import annotations
 
 import os
-import socket
 from dataclasses import dataclass
 from functools import partial
 
@@ -25,19 +24,13 @@ class Dist:
     device: torch.device
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def init_distributed() -> Dist:
-    """Join the torchrun process group (NCCL on GPU, gloo on CPU); a plain ``python`` start is a
-    group of one, so the same FSDP and DCP code paths run in every test."""
-    if "RANK" not in os.environ:
-        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                          MASTER_PORT=str(_free_port()))
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    """Join the torchrun process group (NCCL on GPU, gloo on CPU) from torchrun's environment
+    (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT). A plain ``python`` start (no RANK) is a group
+    of one over an in-process store, so the same FSDP and DCP code paths run in every test.
+    ``os.environ`` is only read, never written: a library must not change its caller's environment."""
+    single = "RANK" not in os.environ
+    local_rank = 0 if single else int(os.environ.get("LOCAL_RANK", 0))
     if torch.cuda.is_available():
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
@@ -45,7 +38,8 @@ def init_distributed() -> Dist:
     else:
         device, backend = torch.device("cpu"), "gloo"
     if not dist.is_initialized():
-        dist.init_process_group(backend=backend, device_id=device if device.type == "cuda" else None)
+        explicit = {"rank": 0, "world_size": 1, "store": dist.HashStore()} if single else {}
+        dist.init_process_group(backend=backend, device_id=device if device.type == "cuda" else None, **explicit)
     return Dist(dist.get_rank(), dist.get_world_size(), local_rank, device)
 
 

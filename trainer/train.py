@@ -7,31 +7,34 @@ One optimizer step n (1-based) consumes the loader's step n-1, i.e. the global s
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import logging
 import math
 import os
+import signal
 import sys
+import threading
 import time
-from dataclasses import asdict
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from gristmill.loader import Loader
 from gristmill.manifests import ManifestError, code_version, load_manifest
 from gristmill.manifests.shards import atomic_write
 
 from . import config as config_mod
-from . import faults
 from .cli import add_arguments, print_config
-from .checkpoint import Checkpointer, library_versions, set_rng_state
+from .checkpoint import Checkpointer, committed, library_versions, set_rng_state
 from .config import JobConfig
+from .meta import new_meta
 from .metrics import MetricsLog, device_name, format_step, mfu, peak_flops, young_daly_interval_s
 from .model import Transformer, count_params, flops_per_token, model_args
 from .parallelize import build_mesh, init_distributed, parallelize, resolve_attention, resolve_mixed_precision
-from gristmill.errors import ConfigError, GristmillError
+from gristmill.errors import GristmillError
 
 log = logging.getLogger("gristmill.trainer")
 
@@ -42,6 +45,57 @@ class TrainingError(GristmillError):
 
 class ManifestMismatchError(ManifestError):
     """A checkpoint was trained on a different data manifest than the job names."""
+
+
+class Interrupted(TrainingError):
+    """SIGINT or SIGTERM stopped the run between two steps; ``exit_code`` is 128 + the signal number."""
+
+    def __init__(self, signum: int, step: int, latest: str | None):
+        self.exit_code = 128 + signum
+        where = f"the newest checkpoint is {latest}" if latest else "no checkpoint was written yet"
+        super().__init__(f"{signal.Signals(signum).name} after step {step}: stopped; {where} "
+                         f"(run the same command to resume)")
+
+
+@dataclass(frozen=True)
+class Hooks:
+    """Optional callbacks into the run (none by default). The tests inject faults through them."""
+
+    loss: Callable[[int, torch.Tensor], torch.Tensor] | None = None  # (step, micro-batch loss) -> loss to backpropagate
+    before_commit: Callable[[int, str], None] | None = None  # (step, temp dir) before a save's commit (Checkpointer)
+
+
+class StopSignals:
+    """While active, SIGINT and SIGTERM (what schedulers send) only set ``signum``: the loop stops
+    at the end of the step, after committing a checkpoint being written, instead of a
+    KeyboardInterrupt tearing through collectives, loader threads and a half-written save. A
+    second signal interrupts at once, except a repeat of the first within ``REPEAT_S``: a Ctrl-C
+    under torchrun reaches each worker twice, from the terminal and forwarded by torchrun."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+    REPEAT_S = 2.0
+
+    def __init__(self):
+        self.signum = 0
+        self._first_at = 0.0
+        self._previous = {}
+
+    def _handle(self, signum, frame) -> None:
+        if self.signum:
+            if signum == self.signum and time.monotonic() - self._first_at < self.REPEAT_S:
+                return
+            raise KeyboardInterrupt
+        self.signum, self._first_at = signum, time.monotonic()
+        log.warning("%s: stopping after this step (again to stop now)", signal.Signals(signum).name)
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():  # only the main thread may set handlers
+            self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
 
 
 # -- small pieces ---------------------------------------------------------------------------
@@ -59,14 +113,6 @@ def build_optimizer(model: torch.nn.Module, cfg: config_mod.OptimizerConfig) -> 
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
-
-
-def loader_class(spec: str):
-    module, _, name = spec.partition(":")
-    try:
-        return getattr(importlib.import_module(module), name or "Loader")
-    except (ImportError, AttributeError) as e:
-        raise TrainingError(f"data.loader: cannot import {spec!r}: {e}") from e
 
 
 def local_batch_sizes(cfg: JobConfig, world_size: int) -> tuple[int, int]:
@@ -135,7 +181,9 @@ def gather_indices(local: torch.Tensor, world_size: int) -> list[int]:
 
 
 # -- the run --------------------------------------------------------------------------------
-def train(cfg: JobConfig, *, stop_after_step: int | None = None, allow_manifest_change: bool = False) -> dict:
+def train(cfg: JobConfig, *, stop_after_step: int | None = None, allow_manifest_change: bool = False,
+          hooks: Hooks | None = None) -> dict:
+    hooks = hooks or Hooks()
     d = init_distributed()
     rank0 = d.rank == 0
     run_dir = cfg.run.dir
@@ -162,7 +210,7 @@ def train(cfg: JobConfig, *, stop_after_step: int | None = None, allow_manifest_
 
     # Resume: the newest checkpoint that verifies; its manifest must match unless overridden.
     ckpt = Checkpointer(run_dir, keep=cfg.checkpoint.keep, async_save=cfg.checkpoint.async_save, rank=d.rank,
-                        world_size=d.world_size, device=d.device)
+                        world_size=d.world_size, device=d.device, before_commit=hooks.before_commit)
     start_step, tokens_seen, skipped_total, manifest_changes, resumed_from = 0, 0, 0, [], None
     loader_state = None
     if cfg.checkpoint.enabled and cfg.checkpoint.resume:
@@ -170,7 +218,7 @@ def train(cfg: JobConfig, *, stop_after_step: int | None = None, allow_manifest_
         if path is not None:
             manifest_changes = check_resume(meta, path, pub, cfg, allow_manifest_change)
             check_model_args(meta, path, args)
-            ckpt.load(path, model, optimizer)
+            ckpt.load(path, model, optimizer, meta)
             start_step, tokens_seen = meta["step"], meta["tokens_seen"]
             skipped_total = meta["bad_steps"]["skipped_total"]
             if d.rank < len(meta["rng"]):
@@ -181,14 +229,30 @@ def train(cfg: JobConfig, *, stop_after_step: int | None = None, allow_manifest_
                 log.info("resumed from %s (step %d, next sample %d, world size %d -> %d)", path, start_step,
                          meta["loader"]["next_index"], meta["world_size"], d.world_size)
 
-    Loader = loader_class(cfg.data.loader)
+    # Always gristmill's Loader: the audit answers from its pure order, so no other loader may stand in.
     loader = Loader(pub.url, split="train", seed=cfg.data.seed, global_batch=B, rank=d.rank, world_size=d.world_size,
                     order=cfg.data.order, cache_dir=cfg.data.cache_dir, prefetch=cfg.data.prefetch,
                     expected_sha256=manifest.sha256, token_dtype=None)
-    if loader_state is not None:
-        loader.load_state_dict(loader_state)
-
     metrics = MetricsLog(run_dir, enabled=rank0, tensorboard=cfg.run.tensorboard)
+    try:
+        if loader_state is not None:
+            loader.load_state_dict(loader_state)
+        with StopSignals() as stop:
+            return _loop(cfg, d, model, optimizer, ckpt, loader, metrics, hooks, stop, pub=pub, args=args,
+                         n_micro=n_micro, start_step=start_step, tokens_seen=tokens_seen, skipped_total=skipped_total,
+                         manifest_changes=manifest_changes, resumed_from=resumed_from, stop_after_step=stop_after_step,
+                         param_dtype=param_dtype)
+    finally:
+        loader.close()  # its prefetch threads must not outlive the run, whatever ended it
+        metrics.close()
+
+
+def _loop(cfg: JobConfig, d, model, optimizer, ckpt: Checkpointer, loader: Loader, metrics: MetricsLog, hooks: Hooks,
+          stop: StopSignals, *, pub, args, n_micro: int, start_step: int, tokens_seen: int, skipped_total: int,
+          manifest_changes: list, resumed_from: str | None, stop_after_step: int | None, param_dtype) -> dict:
+    rank0 = d.rank == 0
+    run_dir, manifest = cfg.run.dir, pub.manifest
+    seq_len, B = manifest.seq_len, cfg.data.global_batch
     samples = SampleLog(run_dir, rank0, start_step)
     flops_tok = flops_per_token(args, seq_len)
     dev_name = device_name(d.device)
@@ -203,21 +267,17 @@ def train(cfg: JobConfig, *, stop_after_step: int | None = None, allow_manifest_
                      dev_name)
 
     def meta_for(step: int) -> dict:
-        return {
-            "format": "gristmill-checkpoint-v1", "step": step, "tokens_seen": tokens_seen,
-            "world_size": d.world_size, "global_batch": B, "seq_len": seq_len,
-            "loader": loader.state_dict(),
-            "data": {"manifest_sha256": manifest.sha256, "manifest_url": pub.url, "dataset": manifest.dataset,
-                     "version": manifest.version, "split": "train"},
-            "manifest_changes": manifest_changes,
-            "scheduler": {"kind": "warmup_cosine", "step": step, "lr": cfg.optimizer.lr,
-                          "warmup_steps": cfg.optimizer.warmup_steps, "total_steps": cfg.run.steps,
-                          "min_lr_ratio": cfg.optimizer.min_lr_ratio,
-                          "last_lr": lr_at(max(step, 1), cfg.optimizer, cfg.run.steps)},
-            "bad_steps": {"skipped_total": skipped_total, "consecutive": consecutive_bad},
-            "model_args": asdict(args), "job": cfg.to_dict(), "resumed_from": resumed_from,
-            "code_version": code_version(), "versions": library_versions(),
-        }
+        return new_meta(
+            step=step, world_size=d.world_size, global_batch=B, seq_len=seq_len, loader=loader.state_dict(),
+            manifest_sha256=manifest.sha256, manifest_url=pub.url, split="train", manifest_changes=manifest_changes,
+            resumed_from=resumed_from, job=cfg.to_dict(), tokens_seen=tokens_seen,
+            data={"dataset": manifest.dataset, "version": manifest.version},
+            scheduler={"kind": "warmup_cosine", "step": step, "lr": cfg.optimizer.lr,
+                       "warmup_steps": cfg.optimizer.warmup_steps, "total_steps": cfg.run.steps,
+                       "min_lr_ratio": cfg.optimizer.min_lr_ratio,
+                       "last_lr": lr_at(max(step, 1), cfg.optimizer, cfg.run.steps)},
+            bad_steps={"skipped_total": skipped_total, "consecutive": consecutive_bad},
+            model_args=asdict(args), code_version=code_version(), versions=library_versions())
 
     def save(step: int) -> None:
         blocked_s = ckpt.save(step, model, optimizer, meta_for(step))
@@ -241,8 +301,8 @@ def train(cfg: JobConfig, *, stop_after_step: int | None = None, allow_manifest_
         lr = lr_at(step, cfg.optimizer, cfg.run.steps)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        loss, grad_norm = train_step(model, batch, n_micro, cfg.optimizer.grad_clip, d.device,
-                                     nan=faults.enabled("nan_loss", step))
+        loss, grad_norm = train_step(model, batch, n_micro, cfg.optimizer.grad_clip, d.device, step=step,
+                                     loss_hook=hooks.loss)
         ok = math.isfinite(loss) and math.isfinite(grad_norm)
         if ok:
             optimizer.step()
@@ -282,7 +342,7 @@ def train(cfg: JobConfig, *, stop_after_step: int | None = None, allow_manifest_
                 f"checkpoint in {run_dir}/checkpoints with a lower optimizer.lr or a tighter grad_clip")
 
         if cfg.eval.every and step % cfg.eval.every == 0:
-            val = evaluate(model, cfg, pub.url, manifest.sha256, d, Loader)
+            val = evaluate(model, cfg, pub.url, manifest.sha256, d)
             metrics.write({"kind": "eval", "step": step, "val_loss": val})
             if rank0:
                 log.info("step %6d  val_loss %.4f", step, val)
@@ -291,21 +351,33 @@ def train(cfg: JobConfig, *, stop_after_step: int | None = None, allow_manifest_
         if cfg.checkpoint.enabled and cfg.checkpoint.every and step % cfg.checkpoint.every == 0:
             save(step)
             last_saved = step
+        if signum := agreed_stop_signal(stop, d):
+            ckpt.wait()  # a save in flight is finished and committed, never abandoned half-written
+            latest = committed(run_dir)
+            raise Interrupted(signum, step, latest[-1][1] if latest else None)
 
     if cfg.checkpoint.enabled and last_saved != end_step and end_step > start_step:
         save(end_step)  # the end of the run (or of this slice of it) is always checkpointed
     ckpt.wait()
-    metrics.close()
-    if hasattr(loader, "close"):
-        loader.close()
     return {"start_step": start_step, "end_step": end_step, "losses": losses, "skipped_total": skipped_total,
             "resumed_from": resumed_from}
 
 
-def train_step(model, batch: dict, n_micro: int, grad_clip: float, device, *, nan: bool = False
-               ) -> tuple[float, float]:
+def agreed_stop_signal(stop: StopSignals, d) -> int:
+    """The stop signal any rank got (0: none). Every rank must stop after the same step, or the
+    others would wait forever in the next step's collectives: one tiny all-reduce per step."""
+    if d.world_size == 1:
+        return stop.signum
+    t = torch.tensor([stop.signum], device=d.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
+def train_step(model, batch: dict, n_micro: int, grad_clip: float, device, *, step: int = 0,
+               loss_hook: Callable[[int, torch.Tensor], torch.Tensor] | None = None) -> tuple[float, float]:
     """Forward and backward over ``n_micro`` micro-batches, then clip. Returns the global mean loss
-    and the global gradient norm; the caller decides whether to step."""
+    and the global gradient norm; the caller decides whether to step. ``loss_hook(step, loss)``
+    may replace each micro-batch's loss before backward (Hooks.loss)."""
     inputs, labels = inputs_and_labels(batch, device)
     inputs, labels = inputs.chunk(n_micro), labels.chunk(n_micro)
     loss_sum = torch.zeros((), device=device)
@@ -313,8 +385,8 @@ def train_step(model, batch: dict, n_micro: int, grad_clip: float, device, *, na
         # Reduce-scatter gradients only after the last micro-batch; earlier ones accumulate locally.
         model.set_requires_gradient_sync(i == n_micro - 1)
         loss = cross_entropy(model(x), y) / n_micro
-        if nan:  # fault injection (trainer/faults.py)
-            loss = loss * float("nan")
+        if loss_hook is not None:
+            loss = loss_hook(step, loss)
         loss.backward()
         loss_sum += loss.detach()
     # FSDP averages gradients over ranks; average the logged loss the same way.
@@ -328,7 +400,7 @@ def train_step(model, batch: dict, n_micro: int, grad_clip: float, device, *, na
 
 
 @torch.no_grad()
-def evaluate(model, cfg: JobConfig, url: str, sha256: str, d, Loader) -> float:
+def evaluate(model, cfg: JobConfig, url: str, sha256: str, d) -> float:
     """Mean loss over the first ``eval.batches`` batches of the validation split (same batches every time)."""
     B = cfg.eval.global_batch or cfg.data.global_batch
     if B % d.world_size:
@@ -345,8 +417,7 @@ def evaluate(model, cfg: JobConfig, url: str, sha256: str, d, Loader) -> float:
         n += 1
         if n == cfg.eval.batches:
             break
-    if hasattr(val, "close"):
-        val.close()
+    val.close()
     model.train()
     dist.all_reduce(total, op=dist.ReduceOp.SUM)
     return total.item() / max(n, 1) / d.world_size
@@ -392,26 +463,31 @@ def report_interval(save_s: float, interval: float, cfg: JobConfig, step_s: floa
 
 
 # -- entry point ----------------------------------------------------------------------------
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, hooks: Hooks | None = None) -> int:
+    """Train; 0 when done, 128 + signal number when SIGINT/SIGTERM stopped it (the message says
+    which checkpoint to resume from)."""
     if args.print_config:
         return print_config(args)
     cfg = config_mod.load(args.job, args.overrides)
     try:
-        train(cfg, stop_after_step=args.stop_after_step, allow_manifest_change=args.allow_manifest_change)
+        train(cfg, stop_after_step=args.stop_after_step, allow_manifest_change=args.allow_manifest_change, hooks=hooks)
+    except Interrupted as e:
+        print(f"gristmill train: {e}", file=sys.stderr)
+        return e.exit_code
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, hooks: Hooks | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m gristmill.trainer.train", description=__doc__.split("\n")[0])
     add_arguments(p)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     try:
-        return run(args)
-    except (ConfigError, ManifestError, TrainingError) as e:
+        return run(args, hooks)
+    except GristmillError as e:
         print(f"gristmill train: error: {e}", file=sys.stderr)
         return 2
 

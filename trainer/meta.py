@@ -1,0 +1,155 @@
+"""The checkpoint's ``meta.json``: its schema, writer, reader and validator (torch-free).
+
+One module for everyone who writes or reads it: the trainer's checkpoints, the audit, and the
+tests and benchmarks that hand-write checkpoint metadata. docs/trainer.md lists every field.
+
+Three guards make an edited ``meta.json`` fail loudly instead of changing an answer:
+
+- ``meta_sha256``: the sha256 of the file's own canonical JSON without that field. An edit that
+  does not recompute it is refused (:func:`read_meta`).
+- Fields recorded twice must agree (:func:`validate`): the loader's next index is step x global
+  batch, the loader's seed, order and global batch equal the job config's, both manifest hashes
+  are one.
+- The data position (:data:`DATA_POSITION`: what decides which samples the model saw) is also
+  stored inside the DCP state (state-dict entry :data:`DCP_KEY`), whose files meta.json's
+  sha256s cover; :func:`compare_data_position` names any field where the two copies differ.
+  A consistent, re-hashed edit of meta.json is caught there (trainer.checkpoint.verify).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+
+from gristmill.errors import GristmillError
+from gristmill.manifests import canonical_json, sha256_json
+from gristmill.manifests.shards import atomic_write
+
+FORMAT = "gristmill-checkpoint-v2"
+META_FILE = "meta.json"
+SELF_HASH = "meta_sha256"
+STEP_DIR = re.compile(r"^step-(\d+)$")
+DCP_KEY = "gristmill.data_position"  # the DCP state-dict entry holding DATA_POSITION (uint8 canonical JSON)
+
+# Fields every meta.json has (dotted paths), and the ones that decide what data the model saw.
+REQUIRED = ("step", "world_size", "global_batch", "seq_len", "loader.next_index", "loader.seed", "loader.order",
+            "data.manifest_sha256", "data.manifest_url")
+DATA_POSITION = ("step", "world_size", "global_batch", "loader", "data.manifest_sha256", "data.split",
+                 "manifest_changes")
+
+
+class CheckpointError(GristmillError):
+    """A checkpoint cannot be used: names the directory or file and what is wrong with it."""
+
+
+def new_meta(*, step: int, world_size: int, global_batch: int, seq_len: int, loader: dict, manifest_sha256: str,
+             manifest_url: str, split: str = "train", data: dict | None = None, manifest_changes: list | tuple = (),
+             resumed_from: str | None = None, job: dict | None = None, **extra) -> dict:
+    """A meta.json's content: the required fields plus ``extra`` (the trainer adds RNG, model,
+    scheduler, versions...). ``loader`` is the loader's state_dict(); ``data`` adds fields to the
+    ``data`` section (dataset name, version)."""
+    return {"format": FORMAT, "step": step, "world_size": world_size, "global_batch": global_batch, "seq_len": seq_len,
+            "tokens_seen": step * global_batch * seq_len, "loader": dict(loader),
+            "data": {**(data or {}), "manifest_sha256": manifest_sha256, "manifest_url": manifest_url, "split": split},
+            "manifest_changes": list(manifest_changes), "resumed_from": resumed_from, "job": job or {}, **extra}
+
+
+def content_sha256(meta: dict) -> str:
+    """sha256 of the canonical JSON of ``meta`` without its own ``meta_sha256``."""
+    return sha256_json({k: v for k, v in meta.items() if k != SELF_HASH})
+
+
+def write_meta(directory: str, meta: dict) -> dict:
+    """Seal ``meta`` with its self-hash and write ``<directory>/meta.json`` atomically; returns what was written."""
+    sealed = {**{k: v for k, v in meta.items() if k != SELF_HASH}, SELF_HASH: content_sha256(meta)}
+    atomic_write(os.path.join(directory, META_FILE), (json.dumps(sealed, indent=1, sort_keys=True) + "\n").encode())
+    return sealed
+
+
+def read_meta(directory: str) -> dict:
+    """Load and check ``<directory>/meta.json``: format, self-hash, required fields, consistency."""
+    path = os.path.join(directory, META_FILE)
+    try:
+        with open(path, "rb") as f:
+            meta = json.loads(f.read())
+    except FileNotFoundError as e:
+        raise CheckpointError(f"{directory}: no {META_FILE}") from e
+    except ValueError as e:
+        raise CheckpointError(f"{path}: not valid JSON: {e}") from e
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        got = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
+        raise CheckpointError(f"{path}: format is {got!r}, expected {FORMAT!r}")
+    recorded, actual = meta.get(SELF_HASH), content_sha256(meta)
+    if recorded != actual:
+        raise CheckpointError(f"{path}: {SELF_HASH} {recorded} does not match the file's content ({actual}): "
+                              f"{META_FILE} was edited after the trainer wrote it")
+    validate(meta, path)
+    return meta
+
+
+def get(meta: dict, dotted: str, where: str):
+    """``meta["a"]["b"]`` for ``"a.b"``; a missing field is a CheckpointError naming it."""
+    value = meta
+    for key in dotted.split("."):
+        if not isinstance(value, dict) or key not in value:
+            raise CheckpointError(f"{where}: missing field {dotted!r}")
+        value = value[key]
+    return value
+
+
+def validate(meta: dict, where: str) -> None:
+    """Required fields are present and fields recorded twice agree: a hand-edited meta.json must
+    not give a confident answer."""
+    for dotted in REQUIRED:
+        get(meta, dotted, where)
+    step, B, W = meta["step"], meta["global_batch"], meta["world_size"]
+    loader = meta["loader"]
+    if not all(isinstance(v, int) for v in (step, B, W, loader["next_index"], loader["seed"])):
+        raise CheckpointError(f"{where}: step, global_batch, world_size, loader.next_index and loader.seed must be integers")
+    if B <= 0 or W <= 0 or B % W:
+        raise CheckpointError(f"{where}: global_batch {B} is not a positive multiple of world_size {W}")
+    if loader["next_index"] != step * B:
+        raise CheckpointError(f"{where}: loader.next_index {loader['next_index']} is not step {step} x global_batch {B} "
+                              f"= {step * B}; optimizer step n consumes samples [(n-1)*B, n*B)")
+    if loader.get("global_batch", B) != B:
+        raise CheckpointError(f"{where}: loader.global_batch {loader['global_batch']} differs from global_batch {B}")
+    data_sha = meta["data"]["manifest_sha256"]
+    if loader.get("manifest_sha256", data_sha) != data_sha:
+        raise CheckpointError(f"{where}: loader.manifest_sha256 {loader['manifest_sha256']} differs from "
+                              f"data.manifest_sha256 {data_sha}")
+    job = (meta.get("job") or {}).get("data", {})
+    for key, value in (("seed", loader["seed"]), ("order", loader["order"]), ("global_batch", B)):
+        if key in job and job[key] != value:
+            name = "global_batch" if key == "global_batch" else f"loader.{key}"
+            raise CheckpointError(f"{where}: {name} {value!r} differs from the job config's data.{key} {job[key]!r}")
+
+
+def data_position(meta: dict) -> dict:
+    """The fields of :data:`DATA_POSITION`, flattened to dotted names (``loader.seed``, ...)."""
+    out = {}
+    for dotted in DATA_POSITION:
+        value = get(meta, dotted, META_FILE)
+        if isinstance(value, dict):
+            out.update({f"{dotted}.{k}": v for k, v in value.items()})
+        else:
+            out[dotted] = value
+    return out
+
+
+def encode_data_position(meta: dict) -> bytes:
+    return canonical_json(data_position(meta))
+
+
+def compare_data_position(meta: dict, stored: bytes, where: str) -> None:
+    """Refuse when meta.json's data position differs from the copy inside the DCP state, naming the field."""
+    try:
+        theirs = json.loads(stored)
+    except ValueError as e:
+        raise CheckpointError(f"{where}: the data position stored in the DCP state is not valid JSON: {e}") from e
+    # Through JSON both ways, so tuples and lists compare equal.
+    ours = json.loads(canonical_json(data_position(meta)))
+    for key in sorted(set(ours) | set(theirs)):
+        if ours.get(key, "<missing>") != theirs.get(key, "<missing>"):
+            raise CheckpointError(
+                f"{where}: {key} is {ours.get(key, '<missing>')!r} in {META_FILE} but {theirs.get(key, '<missing>')!r} "
+                f"in the DCP state the checkpoint's file checksums cover: {META_FILE} was edited")
