@@ -140,18 +140,19 @@ def _small_star_task(item: dict, root: str) -> dict:
     return {"edges": n, "hash": str(h)}
 
 
-def connected_components(run_tasks, root: str, step: str, edge_files: list[str], buckets: int) -> list[str]:
+def connected_components(run_tasks, root: str, step: str, out_dir: str, edge_files: list[str], buckets: int) -> list[str]:
     """Components of the undirected graph in ``edge_files`` (EDGE_SCHEMA, both directions, bucketed
     by ``u`` into ``buckets``). Returns files of directed edges in the same form whose rows with
     ``v < u`` map every non-root node ``u`` to its root ``v`` (the component's smallest node) and
     whose rows with ``v > u`` list each root's members. Every round's tasks commit markers, so a
-    rerun resumes mid-round. ``run_tasks(step, items, fn)`` runs ``fn(item)`` for each item.
+    rerun resumes mid-round. ``run_tasks(step, items, fn)`` runs ``fn(item)`` for each item; the
+    rounds' files go under ``<root>/<out_dir>``.
     """
     current, seen = list(edge_files), None
     for r in range(_MAX_ROUNDS):
         def items(kind):
             return [{"name": f"round-{r:03d}-{kind}-{b:05d}", "bucket": b, "buckets": buckets,
-                     "out": f"{step}/round-{r:03d}/{kind}-{b:05d}.parquet"} for b in range(buckets)]
+                     "out": f"{out_dir}/round-{r:03d}/{kind}-{b:05d}.parquet"} for b in range(buckets)]
 
         ls = items("ls")
         run_tasks(step, [{**it, "inputs": current} for it in ls], functools.partial(_large_star_task, root=root))

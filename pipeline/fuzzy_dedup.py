@@ -274,7 +274,7 @@ def find_near_duplicates(run_tasks, root: str, docs_files: list[str], removed_fi
                   "links": f"{d}/links/{part_name(p)}.parquet"} for p in parts]
     ver = run_tasks(f"{d}.verify", ver_items, functools.partial(verify_task, cfg=cfg, root=root, candidate_files=candidate_files))
     n_linked = sum(s["pairs_linked"] for s in ver)
-    star_files = cc.connected_components(run_tasks, root, f"{d}/components", [os.path.join(root, it["edges"]) for it in ver_items],
+    star_files = cc.connected_components(run_tasks, root, f"{d}.components", f"{d}/components", [os.path.join(root, it["edges"]) for it in ver_items],
                                          buckets) if n_linked else []
     link_files = [os.path.join(root, it["links"]) for it in ver_items]
     rem = run_tasks(f"{d}.removed", [{"name": part_name(p), "part": p, "out": f"removed/{STAGE}/{part_name(p)}.parquet"}

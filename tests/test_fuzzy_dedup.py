@@ -218,7 +218,7 @@ def test_connected_components_on_ray_matches_union_find(ray_session, tmp_path):
         sl = slice(k * len(hi) // 2, (k + 1) * len(hi) // 2)
         cc.write_edges(f, np.concatenate([hi[sl], lo[sl]]), np.concatenate([lo[sl], hi[sl]]), 3)
         files.append(f)
-    star = cc.connected_components(functools.partial(_tasks, ray_session, wd, 2), wd.root, "cc", files, 3)
+    star = cc.connected_components(functools.partial(_tasks, ray_session, wd, 2), wd.root, "cc", "cc", files, 3)
     t = pa.concat_tables([pq.read_table(f) for f in star])
     got = {u: v for u, v in zip(t.column("u").to_pylist(), t.column("v").to_pylist()) if v < u}
     assert got == _union_find(edges)

@@ -22,7 +22,7 @@ KILL_POINTS = [
     ("exact_dedup", "work/*/_done/exact_dedup/*.json"),
     ("fuzzy_dedup.bands", "work/*/_done/fuzzy_dedup.bands/*.json"),
     ("fuzzy_dedup.members", "work/*/_done/fuzzy_dedup.members/*.json"),
-    ("fuzzy_dedup.components", "work/*/_done/fuzzy_dedup/components/*.json"),
+    ("fuzzy_dedup.components", "work/*/_done/fuzzy_dedup.components/*.json"),
     ("decontaminate", "work/*/_done/decontaminate/*.json"),
     ("tokenize", "work/*/_done/tokenize/*.json"),
     ("pack", "work/*/_done/pack/*.json"),
