@@ -1,6 +1,7 @@
 """gristmill ``prepare`` against Hugging Face datatrove 0.10.x: same corpora, same stages (issue 14).
 
     .venv/bin/python benchmarks/bench_vs_datatrove.py [--scales 1 30] [--runs 2] [--out /tmp/gm-vs-dt]
+    .venv/bin/python benchmarks/bench_vs_datatrove.py --recall-seeds 8 [--scales 1] [--out /tmp/gm-vs-dt]
 
 Start it without flock: it takes /tmp/gristmill-heavy.lock itself around each timed run (the wait
 is not timed), so other heavy runs can go between its runs.
@@ -43,6 +44,17 @@ Known differences that stay: gristmill's language ID reads a document's first 4,
 datatrove's the whole text; datatrove shingles spaCy word tokens of its own ``simplify_text``,
 gristmill the words of ``normalize``; gristmill verifies candidate pairs by exact Jaccard, datatrove
 takes every LSH bucket match.
+
+``--recall-seeds N`` replaces the timed comparison: one permutation seed per tool says little about
+recall, since a pair of Jaccard J shares none of the 14 bands x 9 rows with probability (1-J^9)^14 (7.6%
+at J = 0.82) under any MinHash, so both tools run with seeds 1..N on one scale's clean corpus (default
+scale 1): gristmill one whole ``prepare`` per seed (``fuzzy_dedup.seed``); datatrove one process that
+runs language ID and exact dedup once and then its four MinHash steps per seed
+(``MinhashConfig(seed=...)``) on those documents. Printed: per seed each tool's recall, false merges and
+near-duplicate removals; mean and min recall; the recall the LSH curve expects, the mean over planted
+pairs of 1-(1-J^9)^14, with J from the truth file (gristmill's shingles) and with J of datatrove's own
+shingles; the missed pairs; and whether both tools fed MinHash the same documents (same language and
+exact removals). Results: ``OUT/recall_seeds_scale<N>.json``.
 
 Reported per tool: wall time per stage and in all (process start to exit), peak RSS, documents
 removed per stage, and the recall of the planted near-duplicates: of the pairs (a, b) in
@@ -257,7 +269,7 @@ def train_tokenizer(clean: str, out_path: str) -> None:
 
 
 # -- gristmill ------------------------------------------------------------------------------------
-def gristmill_job(clean: str, run_dir: str, tokenizer: str, num_cpus: int) -> dict:
+def gristmill_job(clean: str, run_dir: str, tokenizer: str, num_cpus: int, seed: int = 1) -> dict:
     return {
         "inputs": [os.path.join(clean, "*.jsonl*"),
                    {"path": os.path.join(clean, "*.parquet"), "text_field": TEXT_FIELD_PARQUET},
@@ -267,7 +279,8 @@ def gristmill_job(clean: str, run_dir: str, tokenizer: str, num_cpus: int) -> di
         "extract": {"min_chars": 1, "max_chars": MAX_CHARS},
         "language": {"allowed": [LANG], "threshold": LANG_THRESHOLD},
         "exact_dedup": {"enabled": True},
-        "fuzzy_dedup": {"threshold": THRESHOLD, "ngram": NGRAM, "num_perm": 128, "bands": BANDS, "rows": ROWS},
+        "fuzzy_dedup": {"threshold": THRESHOLD, "ngram": NGRAM, "num_perm": 128, "bands": BANDS, "rows": ROWS,
+                        "seed": seed},
         "split": {"validation_fraction": 0.0},
         "tokenizer": {"path": tokenizer, "eos_token": EOS},
         "pack": {"seq_len": 2048},
@@ -275,14 +288,14 @@ def gristmill_job(clean: str, run_dir: str, tokenizer: str, num_cpus: int) -> di
     }
 
 
-def run_gristmill(clean: str, run_dir: str, tokenizer: str, num_cpus: int) -> dict:
+def run_gristmill(clean: str, run_dir: str, tokenizer: str, num_cpus: int, seed: int = 1) -> dict:
     import yaml
 
     shutil.rmtree(run_dir, ignore_errors=True)
     os.makedirs(run_dir)
     job = os.path.join(run_dir, "job.yaml")
     with open(job, "w") as f:
-        yaml.safe_dump(gristmill_job(clean, run_dir, tokenizer, num_cpus), f, sort_keys=False)
+        yaml.safe_dump(gristmill_job(clean, run_dir, tokenizer, num_cpus, seed), f, sort_keys=False)
     res = timed_run([os.path.join(ROOT, ".venv", "bin", "python"), "-m", "gristmill", "prepare", job],
                     os.path.join(run_dir, "prepare.log"))
     (report_path,) = glob.glob(os.path.join(run_dir, "work", "*", "report.json"))
@@ -342,6 +355,9 @@ def datatrove_main(argv: list[str]) -> None:
     ap.add_argument("--tokenizer", required=True)
     ap.add_argument("--lid-model", required=True)
     ap.add_argument("--result", required=True)
+    ap.add_argument("--seeds", type=int, nargs="+",
+                    help="recall mode: the four MinHash steps once per permutation seed, no tokenize")
+    ap.add_argument("--truth", help="recall mode: truth/near_duplicates.jsonl, for the Jaccard of datatrove's shingles")
     a = ap.parse_args(argv)
 
     class LocalFT176(FT176LID):
@@ -408,20 +424,19 @@ def datatrove_main(argv: list[str]) -> None:
     run("exact dedup", "exact_filter", [JsonlReader(d("s1_language")),
                                         ExactDedupFilter(d("exact_dups"), config=ecfg, exclusion_writer=excl("exact")),
                                         JsonlWriter(d("s2_exact"))])
-    mcfg = MinhashConfig(n_grams=NGRAM, num_buckets=BANDS, hashes_per_bucket=ROWS)
-    run("fuzzy dedup", "minhash_signature", [JsonlReader(d("s2_exact")),
-                                             MinhashDedupSignature(d("mh_sigs"), config=mcfg, language=LANG)])
-    run("fuzzy dedup", "minhash_buckets", [MinhashDedupBuckets(d("mh_sigs"), d("mh_buckets"), config=mcfg)],
-        tasks=BANDS)
-    run("fuzzy dedup", "minhash_cluster", [MinhashDedupCluster(d("mh_buckets"), d("mh_remove"), config=mcfg)], tasks=1)
-    run("fuzzy dedup", "minhash_filter", [JsonlReader(d("s2_exact")),
-                                          MinhashDedupFilter(d("mh_remove"), exclusion_writer=excl("minhash")),
-                                          JsonlWriter(d("s3_minhash"))])
-    run("tokenize (+ merge)", "tokenize", [JsonlReader(d("s3_minhash")),
-                                           DocumentTokenizer(d("tok"), tokenizer_name_or_path=a.tokenizer,
-                                                             eos_token=EOS)])
-    run("tokenize (+ merge)", "tokenize_merge", [DocumentTokenizerMerger(d("tok"), d("tok_merged"), save_filename="all")],
-        tasks=1)
+    def minhash(seed: int, tag: str = "") -> None:
+        """datatrove's four MinHash steps on the exact-deduplicated documents; ``tag`` keeps seeds apart."""
+        mcfg = MinhashConfig(n_grams=NGRAM, num_buckets=BANDS, hashes_per_bucket=ROWS, seed=seed)
+        m = lambda name: d(tag, name) if tag else d(name)  # noqa: E731
+        run("fuzzy dedup", f"minhash_signature{tag}", [JsonlReader(d("s2_exact")),
+                                                       MinhashDedupSignature(m("mh_sigs"), config=mcfg, language=LANG)])
+        run("fuzzy dedup", f"minhash_buckets{tag}", [MinhashDedupBuckets(m("mh_sigs"), m("mh_buckets"), config=mcfg)],
+            tasks=BANDS)
+        run("fuzzy dedup", f"minhash_cluster{tag}", [MinhashDedupCluster(m("mh_buckets"), m("mh_remove"), config=mcfg)],
+            tasks=1)
+        run("fuzzy dedup", f"minhash_filter{tag}", [JsonlReader(d("s2_exact")),
+                                                    MinhashDedupFilter(m("mh_remove"), exclusion_writer=excl(f"minhash{tag}")),
+                                                    JsonlWriter(m("s3_minhash"))])
 
     def ids(name: str) -> list[str]:
         out = []
@@ -429,6 +444,21 @@ def datatrove_main(argv: list[str]) -> None:
             with open(p) as f:
                 out += [json.loads(line)["id"] for line in f]
         return sorted(out)
+
+    if a.seeds:
+        for seed in a.seeds:
+            minhash(seed, f"-seed{seed}")
+        with open(a.result, "w") as f:
+            json.dump({"steps": steps, "jaccard": datatrove_jaccard(d("s2_exact"), a.truth, d("unused")),
+                       "removed": {"language": ids("language"), "exact": ids("exact"),
+                                   "near_by_seed": {str(s): ids(f"minhash-seed{s}") for s in a.seeds}}}, f)
+        return
+    minhash(1)
+    run("tokenize (+ merge)", "tokenize", [JsonlReader(d("s3_minhash")),
+                                           DocumentTokenizer(d("tok"), tokenizer_name_or_path=a.tokenizer,
+                                                             eos_token=EOS)])
+    run("tokenize (+ merge)", "tokenize_merge", [DocumentTokenizerMerger(d("tok"), d("tok_merged"), save_filename="all")],
+        tasks=1)
 
     kept = 0
     for p in glob.glob(d("s3_minhash", "*.jsonl.gz")):
@@ -442,16 +472,47 @@ def datatrove_main(argv: list[str]) -> None:
                    "removed": {"language": ids("language"), "exact": ids("exact"), "near": ids("minhash")}}, f)
 
 
-def run_datatrove(dt_python: str, clean: str, run_dir: str, tokenizer: str, lid_model: str) -> dict:
+def datatrove_jaccard(docs_dir: str, truth_path: str, scratch: str) -> dict[str, float | None]:
+    """Exact Jaccard of datatrove's own shingle sets (hashed 5-grams of spaCy words of ``simplify_text``)
+    for each planted pair "a b" of the truth file; None where a or b did not reach MinHash."""
+    from datatrove.pipeline.dedup import MinhashConfig, MinhashDedupSignature
+
+    text = {}
+    for p in glob.glob(os.path.join(docs_dir, "*.jsonl.gz")):
+        with gzip.open(p, "rt") as f:
+            for line in f:
+                doc = json.loads(line)
+                text[doc["id"]] = doc["text"]
+    sig = MinhashDedupSignature(scratch, language=LANG,  # only its shingler is used
+                                config=MinhashConfig(n_grams=NGRAM, num_buckets=BANDS, hashes_per_bucket=ROWS))
+    out = {}
+    with open(truth_path) as f:
+        for line in f:
+            p = json.loads(line)
+            if p["a"] in text and p["b"] in text:
+                sa, sb = (set(sig.get_shingles(text[k]).ravel().tolist()) for k in (p["a"], p["b"]))
+                out[f"{p['a']} {p['b']}"] = len(sa & sb) / max(1, len(sa | sb))
+            else:
+                out[f"{p['a']} {p['b']}"] = None
+    return out
+
+
+def run_datatrove(dt_python: str, clean: str, run_dir: str, tokenizer: str, lid_model: str,
+                  seeds: list[int] | None = None, truth: str | None = None) -> dict:
     shutil.rmtree(run_dir, ignore_errors=True)
     os.makedirs(run_dir)
     result = os.path.join(run_dir, "result.json")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "DATATROVE_COLORIZE_LOGS": "0"}
+    recall_mode = ["--seeds", *map(str, seeds), "--truth", truth] if seeds else []
     res = timed_run([dt_python, os.path.abspath(__file__), "_datatrove", "--clean", clean, "--out", run_dir,
-                     "--tokenizer", tokenizer, "--lid-model", lid_model, "--result", result],
+                     "--tokenizer", tokenizer, "--lid-model", lid_model, "--result", result, *recall_mode],
                     os.path.join(run_dir, "datatrove.log"), env=env)
     with open(result) as f:
         r = json.load(f)
+    if seeds:
+        return {**res, "steps": r["steps"], "jaccard": r["jaccard"],
+                "removed": {"language": set(r["removed"]["language"]), "exact": set(r["removed"]["exact"])},
+                "near_by_seed": {int(k): set(v) for k, v in r["removed"]["near_by_seed"].items()}}
     return {**res, "stages": r["stages"], "steps": r["steps"], "pipeline_s": sum(r["steps"].values()),
             "kept": r["kept"], "tokens": r["tokens"], "removed": {k: set(v) for k, v in r["removed"].items()}}
 
@@ -518,14 +579,96 @@ def print_scale(scale: int, gm: list[dict], dt: list[dict], truth: list[dict], c
                        "datatrove": recall(truth, dt[0]["removed"]["near"])}, "same_removed": same}
 
 
+def lsh_hit(j: float) -> float:
+    """The chance that a pair of Jaccard ``j`` shares at least one of the BANDS x ROWS bands (any MinHash)."""
+    return 1 - (1 - j ** ROWS) ** BANDS
+
+
+def run_recall_seeds(a, clean: str, base: str, tokenizer: str, truth_path: str, truth: list[dict]) -> dict:
+    """Planted near-duplicate recall of both tools over permutation seeds 1..N, same bands x rows, same
+    clean corpus: one gristmill prepare per seed; one datatrove process that runs language ID and exact
+    dedup once, then its four MinHash steps per seed on the same exact-deduplicated documents."""
+    from gristmill.pipeline.langid import default_model_path
+
+    seeds = list(range(1, a.recall_seeds + 1))
+    out = os.path.join(base, "recall-seeds")
+    gm = {}
+    for seed in seeds:
+        gm[seed] = run_gristmill(clean, os.path.join(out, f"gristmill-seed{seed}"), tokenizer, a.num_cpus, seed)
+        print(f"gristmill seed {seed}: {gm[seed]['wall_s']:.1f} s", flush=True)
+    dt = run_datatrove(a.dt_python, clean, os.path.join(out, "datatrove"), tokenizer, default_model_path(),
+                       seeds=seeds, truth=truth_path)
+    print(f"datatrove, language + exact once, MinHash x {len(seeds)} seeds: {dt['wall_s']:.1f} s", flush=True)
+
+    # Recall compares the MinHash stages only if both saw the same documents: the clean corpus less the
+    # same language and exact-duplicate removals.
+    same_input = all(gm[s]["removed"][k] == dt["removed"][k] for s in seeds for k in ("language", "exact"))
+    dup = [p for p in truth if p["jaccard"] >= THRESHOLD]
+    dt_j = [dt["jaccard"][f"{p['a']} {p['b']}"] for p in dup]
+    expect_gm = sum(lsh_hit(p["jaccard"]) for p in dup) / len(dup)
+    expect_dt = sum(lsh_hit(j) for j in dt_j if j is not None) / max(1, sum(j is not None for j in dt_j))
+    rows = []
+    print(f"\n=== planted near-duplicate recall over permutation seeds {seeds[0]}..{seeds[-1]}: demo corpus scale "
+          f"{a.scales[0]}, {len(dup)} planted pairs with jaccard >= {THRESHOLD}, {BANDS} bands x {ROWS} rows, "
+          f"threshold {THRESHOLD}")
+    print(f"same documents into MinHash for both tools (same language and exact removals, every seed): {same_input}")
+    if not same_input:
+        for k in ("language", "exact"):
+            g, d_ = gm[seeds[0]]["removed"][k], dt["removed"][k]
+            print(f"  {k}: only gristmill {sorted(g - d_)[:5]}, only datatrove {sorted(d_ - g)[:5]}")
+    print(f"\n{'seed':>4}  {'gristmill recall':>16} {'(a or b)':>8} {'false merges':>12} {'near removed':>12}   "
+          f"{'datatrove recall':>16} {'(a or b)':>8} {'false merges':>12} {'near removed':>12}")
+    for seed in seeds:
+        g, d_ = recall(truth, gm[seed]["removed"]["near"]), recall(truth, dt["near_by_seed"][seed])
+        rows.append({"seed": seed, "gristmill": g, "datatrove": d_,
+                     "gristmill_near_removed": len(gm[seed]["removed"]["near"]),
+                     "datatrove_near_removed": len(dt["near_by_seed"][seed]),
+                     "gristmill_missed": [p["b"] for p in dup if p["b"] not in gm[seed]["removed"]["near"]],
+                     "datatrove_missed": [p["b"] for p in dup if p["b"] not in dt["near_by_seed"][seed]]})
+        r = rows[-1]
+        print(f"{seed:>4}  {g['recall']:>16.3f} {g['recall_pair']:>8.3f} {g['false_merges']:>12} "
+              f"{r['gristmill_near_removed']:>12}   {d_['recall']:>16.3f} {d_['recall_pair']:>8.3f} "
+              f"{d_['false_merges']:>12} {r['datatrove_near_removed']:>12}")
+    summary = {}
+    for tool in ("gristmill", "datatrove"):
+        vals = [r[tool]["recall"] for r in rows]
+        pair = [r[tool]["recall_pair"] for r in rows]
+        summary[tool] = {"mean": statistics.mean(vals), "min": min(vals), "mean_pair": statistics.mean(pair),
+                         "min_pair": min(pair), "false_merges": sum(r[tool]["false_merges"] for r in rows)}
+        s_ = summary[tool]
+        print(f"{tool:>9}: recall mean {s_['mean']:.3f}, min {s_['min']:.3f}; (a or b) mean {s_['mean_pair']:.3f}, "
+              f"min {s_['min_pair']:.3f}; false merges over all seeds {s_['false_merges']}")
+    print(f"expected recall from the LSH curve, mean over pairs of 1-(1-J^{ROWS})^{BANDS}: {expect_gm:.3f} with the "
+          f"truth file's J (gristmill's shingles), {expect_dt:.3f} with J of datatrove's own shingles")
+    print("missed pairs (b id: truth J / datatrove-shingle J, seeds that missed it):")
+    for tool in ("gristmill", "datatrove"):
+        for p, jd in zip(dup, dt_j):
+            missed = [r["seed"] for r in rows if p["b"] in r[f"{tool}_missed"]]
+            if missed:
+                print(f"  {tool:>9} {p['b']}: {p['jaccard']:.3f} / {jd if jd is None else round(jd, 3)}, seeds {missed}")
+    return {"scale": a.scales[0], "seeds": seeds, "same_input": same_input, "bands": BANDS, "rows": ROWS,
+            "expected_recall_truth_j": expect_gm, "expected_recall_datatrove_j": expect_dt,
+            "pairs": [{**p, "datatrove_jaccard": j} for p, j in zip(dup, dt_j)],
+            "per_seed": rows, "summary": summary, "datatrove_wall_s": dt["wall_s"]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--scales", type=int, nargs="+", default=[1, 30])
+    ap.add_argument("--scales", type=int, nargs="+", help="demo corpus scales (default 1 30; --recall-seeds: 1)")
     ap.add_argument("--runs", type=int, default=2, help="interleaved pairs (gristmill, datatrove) per scale")
     ap.add_argument("--out", default="/tmp/gm-vs-dt")
     ap.add_argument("--dt-python", default="/work/bench-venv-datatrove/bin/python")
     ap.add_argument("--num-cpus", type=int, default=2)
+    ap.add_argument("--recall-seeds", type=int, default=0, metavar="N",
+                    help="instead of the timed comparison: planted near-duplicate recall of both tools over "
+                         "MinHash permutation seeds 1..N, on one scale")
     a = ap.parse_args()
+    if a.recall_seeds < 0:
+        ap.error(f"--recall-seeds must be a count of seeds >= 1 (or 0: off), got {a.recall_seeds}")
+    if a.scales is None:
+        a.scales = [1] if a.recall_seeds else [1, 30]
+    if a.recall_seeds and len(a.scales) != 1:
+        ap.error(f"--recall-seeds measures one scale, got --scales {' '.join(map(str, a.scales))}")
     if not os.path.exists(a.dt_python):
         raise SystemExit(f"no datatrove venv at {a.dt_python}: create it with the commands in this script's docstring")
 
@@ -544,8 +687,16 @@ def main() -> None:
         info = clean_corpus(os.path.join(demo, "corpus"), clean)
         if not os.path.exists(tokenizer):
             train_tokenizer(clean, tokenizer)  # once, on the first scale's clean corpus
-        with open(os.path.join(demo, "truth", "near_duplicates.jsonl")) as f:
+        truth_path = os.path.join(demo, "truth", "near_duplicates.jsonl")
+        with open(truth_path) as f:
             truth = [json.loads(line) for line in f]
+        if a.recall_seeds:
+            res = run_recall_seeds(a, clean, base, tokenizer, truth_path, truth)
+            path = os.path.join(a.out, f"recall_seeds_scale{scale}.json")
+            with open(path, "w") as f:
+                json.dump(res, f, indent=1)
+            print(f"\nresults: {path}  ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} cores)")
+            return
         gm, dt = [], []
         for k in range(a.runs):
             gm.append(run_gristmill(clean, os.path.join(base, f"gristmill-{k + 1}"), tokenizer, a.num_cpus))

@@ -20,15 +20,13 @@ pytestmark = pytest.mark.slow
 KILL_POINTS = [
     ("extract", "work/*/_done/extract/*.json"),
     ("exact_dedup", "work/*/_done/exact_dedup/*.json"),
-    ("fuzzy_dedup.bands", "work/*/_done/fuzzy_dedup.bands/*.json"),
-    ("fuzzy_dedup.members", "work/*/_done/fuzzy_dedup.members/*.json"),
-    ("fuzzy_dedup.components", "work/*/_done/fuzzy_dedup.components/*.json"),
+    ("fuzzy_dedup", "work/*/_done/fuzzy_dedup.verify/*.json"),
     ("decontaminate", "work/*/_done/decontaminate/*.json"),
     ("tokenize", "work/*/_done/tokenize/*.json"),
     ("pack", "work/*/_done/pack/*.json"),
     ("publish", "store/demo/v1/shards/*.arrow"),
 ]
-SECOND_KILL = {"fuzzy_dedup.bands", "tokenize"}  # these trials are killed again during the rerun
+SECOND_KILL = {"fuzzy_dedup", "tokenize"}  # these trials are killed again during the rerun
 
 
 @pytest.fixture(scope="module")
