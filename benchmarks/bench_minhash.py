@@ -1,7 +1,7 @@
 """Fuzzy dedup benchmark: signatures per core against datasketch, and the whole stage on Ray.
 
     python benchmarks/bench_minhash.py signatures [--docs 2000]
-    python benchmarks/bench_minhash.py stage [--docs 2000] [--scales 1,10] [--workers 1,2]
+    python benchmarks/bench_minhash.py stage [--docs 2000] [--scales 1,10] [--workers 1,2] [--docs-per-part 1000]
 
 ``signatures``: the same ~3 KB documents through (a) a straightforward datasketch loop,
 ``MinHash(num_perm=128).update_batch`` over 5-word shingles of ``pipeline.text.words``,
@@ -9,9 +9,11 @@
 (d) its numpy-only path; one process, one thread, shingling included. Then mean absolute error
 of the Jaccard estimate against exact Jaccard for datasketch and for ours on the same pairs.
 
-``stage``: ``find_near_duplicates`` on 1x and 10x the documents (10% planted near-duplicates),
-with 1 and 2 Ray workers: documents/s end to end (kept and removed fully consumed) and the
-peak resident memory of any Ray worker process, sampled every 50 ms.
+``stage``: ``find_near_duplicates`` (every step: bands, candidates, members, verify,
+components, removed) on 1x and 10x the documents (10% planted near-duplicates), written as
+partition files of ``--docs-per-part`` documents, with at most 1 and 2 tasks at once:
+documents/s end to end (until the removed files are written) and the peak resident memory of
+any Ray worker process, sampled every 50 ms. Each run has a fresh work dir.
 """
 from __future__ import annotations
 
@@ -154,31 +156,62 @@ class PeakWorkerRSS:
         self._thread.join()
 
 
-def bench_stage(n_docs: int, scales: list[int], workers: list[int]) -> None:
+def write_partitions(root: str, texts: list[str], docs_per_part: int) -> list[str]:
+    """The documents as the executor's partition files (``docs/part-*.parquet``: id, order, text, bytes)."""
+    import pyarrow as pa
+
+    from gristmill.pipeline.documents import make_order
+    from gristmill.pipeline.workdir import ParquetPart, WorkDir, part_name
+
+    wd, files = WorkDir(root), []
+    schema = pa.schema([("id", pa.string()), ("order", pa.int64()), ("text", pa.string()), ("bytes", pa.int64())])
+    for p, start in enumerate(range(0, len(texts), docs_per_part)):
+        chunk = texts[start:start + docs_per_part]
+        path = wd.path("docs", f"{part_name(p)}.parquet")
+        out = ParquetPart(path, schema)
+        out.write(pa.table({"id": [f"d{start + i}" for i in range(len(chunk))],
+                            "order": [make_order(p, i) for i in range(len(chunk))], "text": chunk,
+                            "bytes": [len(t.encode()) for t in chunk]}, schema=schema))
+        out.commit()
+        files.append(path)
+    return files
+
+
+def bench_stage(n_docs: int, scales: list[int], workers: list[int], docs_per_part: int) -> None:
+    import functools
+    import glob
+    import shutil
+    import tempfile
+
+    import pyarrow.parquet as pq
     import ray
 
     from gristmill.pipeline.fuzzy_dedup import FuzzyDedupConfig, find_near_duplicates
+    from gristmill.pipeline.tasks import run_tasks
+    from gristmill.pipeline.workdir import WorkDir
 
     ray.init(num_cpus=max(workers), include_dashboard=False, log_to_driver=False, configure_logging=False)
-    ctx = ray.data.DataContext.get_current()
-    ctx.enable_progress_bars = False
-    print("| documents | Ray workers | seconds | docs/s | removed | peak worker RSS |\n|---:|---:|---:|---:|---:|---:|")
+    print("| documents | partitions | Ray workers | seconds | docs/s | removed | peak worker RSS |\n"
+          "|---:|---:|---:|---:|---:|---:|---:|")
     for scale in scales:
         texts = make_docs(n_docs * scale, seed=scale)
-        rows = [{"id": f"d{i}", "order": i, "text": t} for i, t in enumerate(texts)]
         for w in workers:
-            ctx.execution_options.resource_limits = ctx.execution_options.resource_limits.copy(cpu=w)
-            ds = ray.data.from_items(rows, override_num_blocks=max(8, len(rows) // 2000))
-            cfg = FuzzyDedupConfig(num_partitions=4 * scale)
-            with PeakWorkerRSS() as mem:
-                t = time.perf_counter()
-                res = find_near_duplicates(ds, cfg, "/tmp/bench-fuzzy-dedup")
-                n_kept = res.kept.count()
-                n_removed = res.removed.count()
-                dt = time.perf_counter() - t
-            assert n_kept + n_removed == len(rows)
-            print(f"| {len(rows):,} | {w} | {dt:.1f} | {len(rows) / dt:,.0f} | {n_removed:,} | {mem.peak / 2**20:,.0f} MiB |",
-                  flush=True)
+            root = tempfile.mkdtemp(prefix="bench-fuzzy-dedup-")  # fresh: finished tasks' markers would be skipped
+            try:
+                files = write_partitions(root, texts, docs_per_part)
+                wd = WorkDir(root)
+                # at most w tasks at once: w busy workers whatever the cluster's size
+                runner = functools.partial(run_tasks, ray, wd, max_in_flight=w)
+                with PeakWorkerRSS() as mem:
+                    t = time.perf_counter()
+                    find_near_duplicates(runner, root, files, [], FuzzyDedupConfig())
+                    dt = time.perf_counter() - t
+                n_removed = sum(pq.read_metadata(f).num_rows
+                                for f in glob.glob(os.path.join(root, "removed", "fuzzy_dedup", "*.parquet")))
+            finally:
+                shutil.rmtree(root, ignore_errors=True)
+            print(f"| {len(texts):,} | {len(files)} | {w} | {dt:.1f} | {len(texts) / dt:,.0f} | {n_removed:,} | "
+                  f"{mem.peak / 2**20:,.0f} MiB |", flush=True)
     ray.shutdown()
 
 
@@ -188,11 +221,12 @@ def main(argv=None) -> int:
     ap.add_argument("--docs", type=int, default=2000)
     ap.add_argument("--scales", default="1,10")
     ap.add_argument("--workers", default="1,2")
+    ap.add_argument("--docs-per-part", type=int, default=1000, help="stage: documents per partition file")
     a = ap.parse_args(argv)
     if a.what == "signatures":
         bench_signatures(a.docs)
     else:
-        bench_stage(a.docs, [int(x) for x in a.scales.split(",")], [int(x) for x in a.workers.split(",")])
+        bench_stage(a.docs, [int(x) for x in a.scales.split(",")], [int(x) for x in a.workers.split(",")], a.docs_per_part)
     return 0
 
 

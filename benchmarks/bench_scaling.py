@@ -46,7 +46,7 @@ def job_for(root: str, num_cpus: int, full: bool) -> dict:
 
 
 def run_scale(out: str, scale: int, num_cpus: int, full: bool) -> dict:
-    root = os.path.join(out, f"scale-{scale}")
+    root = os.path.abspath(os.path.join(out, f"scale-{scale}"))  # the job file resolves relative paths against its own dir
     if not os.path.isdir(os.path.join(root, "corpus")):
         subprocess.run([f"{BIN}/gristmill", "demo-corpus", root, "--scale", str(scale)], check=True)
     corpus_bytes = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(os.path.join(root, "corpus")) for f in fs)

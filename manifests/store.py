@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import posixpath
+from concurrent.futures import ThreadPoolExecutor
 import re
 import uuid
 from dataclasses import dataclass
@@ -95,6 +96,8 @@ class ManifestStore:
                 return latest
         base = posixpath.join(self._root_path, manifest.dataset)
         if version is None:
+            # A directory without manifest.json may be another writer's publish in progress (or an
+            # interrupted one, trusted by nobody): never reuse its number.
             taken = [int(m.group(1)) for p in (self.fs.ls(base, detail=False) if self.fs.isdir(base) else [])
                      if (m := _VERSION_DIR.match(posixpath.basename(p.rstrip("/"))))]
             version = max(taken, default=0) + 1
@@ -102,15 +105,21 @@ class ManifestStore:
             raise VersionExistsError(f"{manifest.dataset} v{version} is already published; published versions are never overwritten")
         vdir = posixpath.join(base, f"v{version}")
         src_fs, src_root = url_to_fs(files_dir)
-        for rel in _pinned_files(manifest):
-            src = posixpath.join(src_root, rel)
-            if not src_fs.exists(src):
+        files = _pinned_files(manifest)
+        for rel in files:
+            if not src_fs.exists(posixpath.join(src_root, rel)):
                 raise ManifestError(f"cannot publish: pinned file {rel!r} is missing from {files_dir}")
-            dst = posixpath.join(vdir, rel)
-            self.fs.makedirs(posixpath.dirname(dst), exist_ok=True)
-            with src_fs.open(src, "rb") as fi, self.fs.open(dst, "wb") as fo:
+        for d in sorted({posixpath.dirname(posixpath.join(vdir, rel)) for rel in files}):
+            self.fs.makedirs(d, exist_ok=True)
+
+        def copy(rel: str) -> None:
+            with src_fs.open(posixpath.join(src_root, rel), "rb") as fi, self.fs.open(posixpath.join(vdir, rel), "wb") as fo:
                 while chunk := fi.read(8 << 20):
                     fo.write(chunk)
+
+        # Parallel copy: publishing is I/O (object stores answer each request slowly, not serially).
+        with ThreadPoolExecutor(max_workers=min(16, len(files))) as pool:
+            list(pool.map(copy, files))
         published = manifest.published(version)
         self._commit(posixpath.join(vdir, MANIFEST_FILE), published.to_json().encode(), overwrite=False)
         self._commit(posixpath.join(base, LATEST_FILE), f"{version}\n".encode(), overwrite=True)

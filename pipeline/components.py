@@ -1,9 +1,11 @@
-"""Connected components of a large edge list on Ray Data, with memory bounded per worker.
+"""Connected components of a large edge list as Ray tasks over edge files, memory bounded per task.
 
 Alternating Large-Star / Small-Star (Kiveris et al., "Connected Components in MapReduce and
-Beyond", SoCC 2014). Each step is one hash shuffle of the edges keyed by a node, then pure numpy
-inside each partition, so a worker only ever holds its partition of the edges (never the whole
-graph, unlike a single-process union-find). The steps:
+Beyond", SoCC 2014). Each step is a shuffle of the edges keyed by a node, done through files:
+every task writes its output rows tagged with the hash bucket of their key node and sorted by
+it, and the next step's task for bucket range [lo, hi) reads only those rows of every file
+(row-group pruning). A task holds its buckets' edges, never the whole graph (unlike a
+single-process union-find). The steps:
 
 - large-star: every node u links each *larger* neighbour v to m(u), u's smallest neighbour or u;
 - small-star: every node u links each *smaller* neighbour v, and itself, to m, the smallest of them.
@@ -15,7 +17,15 @@ order" and the result is the same whatever the partitioning.
 """
 from __future__ import annotations
 
+import functools
+import math
+import os
+
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .workdir import ParquetPart
 
 _MAX_ROUNDS = 100
 
@@ -66,14 +76,6 @@ def small_star(batch: dict) -> dict:
     return _canonical(np.concatenate([v, u[starts]]), np.concatenate([m_row, m]))
 
 
-def _both_directions(batch: dict) -> dict:
-    return {"u": np.concatenate([batch["hi"], batch["lo"]]), "v": np.concatenate([batch["lo"], batch["hi"]])}
-
-
-def _larger_end(batch: dict) -> dict:
-    return {"u": batch["hi"], "v": batch["lo"]}
-
-
 def _checksum(batch: dict) -> dict:
     """Order-independent fingerprint of a partition's edges: count and a hash sum."""
     h = batch["hi"].astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15) ^ batch["lo"].astype(np.uint64)
@@ -83,32 +85,85 @@ def _checksum(batch: dict) -> dict:
     return {"n": np.array([len(h)], dtype=np.int64), "h": np.array([str(total)])}
 
 
-def _shuffled(ds, key: str, num_partitions: int, fn):
-    """Hash-partition ``ds`` by ``key`` and apply ``fn`` to each whole partition."""
-    return ds.repartition(num_partitions, keys=[key]).map_batches(fn, batch_size=None, batch_format="numpy")
+
+# -- Ray tasks over edge files ------------------------------------------------------------------
+EDGES_PER_TASK = 4_000_000  # ~100 MB of int64 edges (both directions) per task
+EDGE_SCHEMA = pa.schema([("bucket", pa.int32()), ("u", pa.int64()), ("v", pa.int64())])
+_ROW_GROUP = 65_536
 
 
-def _fingerprint(ds) -> tuple[int, int]:
-    rows = ds.map_batches(_checksum, batch_size=None, batch_format="numpy").take_all()
-    return sum(int(r["n"]) for r in rows), sum(int(r["h"]) for r in rows) % (1 << 64)
+def bucket_count(edges: int) -> int:
+    """Buckets (= tasks per step) for an edge count: data-defined, never the worker count."""
+    return max(1, math.ceil(edges / EDGES_PER_TASK))
 
 
-def connected_components(edges, num_partitions: int):
-    """Map every node of ``edges`` (a Dataset with int64 columns ``hi``, ``lo``) to its component.
+def _bucket(nodes: np.ndarray, buckets: int) -> np.ndarray:
+    h = nodes.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    return ((h >> np.uint64(33)) % np.uint64(buckets)).astype(np.int32)
 
-    Returns a materialised Dataset with columns ``node`` and ``root`` (the component's smallest
-    node), one row per node that is not itself a root. Nodes without edges do not appear.
-    Each round is two hash shuffles; large-star also drops duplicate edges.
+
+def write_edges(path: str, u: np.ndarray, v: np.ndarray, buckets: int) -> None:
+    """Directed edges (u, v), tagged with u's bucket and sorted by it, committed atomically."""
+    b = _bucket(u, buckets)
+    idx = np.lexsort((v, u, b))
+    out = ParquetPart(path, EDGE_SCHEMA, row_group_size=_ROW_GROUP)
+    out.write(pa.table({"bucket": b[idx], "u": u[idx], "v": v[idx]}, schema=EDGE_SCHEMA))
+    out.commit()
+
+
+def read_bucket(files: list[str], bucket: int) -> dict:
+    flt = [("bucket", "=", bucket)]
+    tables = [pq.read_table(f, columns=["u", "v"], filters=flt) for f in files]
+    t = pa.concat_tables(tables) if tables else EDGE_SCHEMA.empty_table().select(["u", "v"])
+    return {"u": t.column("u").to_numpy().astype(np.int64), "v": t.column("v").to_numpy().astype(np.int64)}
+
+
+def fingerprint(hi: np.ndarray, lo: np.ndarray) -> tuple[int, int]:
+    c = _checksum({"hi": hi, "lo": lo})
+    return int(c["n"][0]), int(c["h"][0])
+
+
+def _large_star_task(item: dict, root: str) -> dict:
+    e = read_bucket(item["inputs"], item["bucket"])
+    out = large_star(e)
+    write_edges(os.path.join(root, item["out"]), out["hi"], out["lo"], item["buckets"])  # keyed by the larger end
+    return {"edges": len(out["hi"])}
+
+
+def _small_star_task(item: dict, root: str) -> dict:
+    e = read_bucket(item["inputs"], item["bucket"])
+    out = small_star(e)
+    hi, lo = out["hi"], out["lo"]
+    # both directions, for the next round's large-star (keyed by each end)
+    write_edges(os.path.join(root, item["out"]), np.concatenate([hi, lo]), np.concatenate([lo, hi]), item["buckets"])
+    n, h = fingerprint(hi, lo)
+    return {"edges": n, "hash": str(h)}
+
+
+def connected_components(run_tasks, root: str, step: str, out_dir: str, edge_files: list[str], buckets: int) -> list[str]:
+    """Components of the undirected graph in ``edge_files`` (EDGE_SCHEMA, both directions, bucketed
+    by ``u`` into ``buckets``). Returns files of directed edges in the same form whose rows with
+    ``v < u`` map every non-root node ``u`` to its root ``v`` (the component's smallest node) and
+    whose rows with ``v > u`` list each root's members. Every round's tasks commit markers, so a
+    rerun resumes mid-round. ``run_tasks(step, items, fn)`` runs ``fn(item)`` for each item; the
+    rounds' files go under ``<root>/<out_dir>``.
     """
-    current, seen = edges, None
-    for _ in range(_MAX_ROUNDS):
-        step = _shuffled(current.map_batches(_both_directions, batch_format="numpy"), "u", num_partitions, large_star)
-        step = _shuffled(step.map_batches(_larger_end, batch_format="numpy"), "u", num_partitions, small_star)
-        current = step.materialize()
+    current, seen = list(edge_files), None
+    for r in range(_MAX_ROUNDS):
+        def items(kind):
+            return [{"name": f"round-{r:03d}-{kind}-{b:05d}", "bucket": b, "buckets": buckets,
+                     "out": f"{out_dir}/round-{r:03d}/{kind}-{b:05d}.parquet"} for b in range(buckets)]
+
+        ls = items("ls")
+        run_tasks(step, [{**it, "inputs": current} for it in ls], functools.partial(_large_star_task, root=root))
+        ss = items("ss")
+        ls_files = [os.path.join(root, it["out"]) for it in ls]
+        stats = run_tasks(step, [{**it, "inputs": ls_files} for it in ss], functools.partial(_small_star_task, root=root))
+        current = [os.path.join(root, it["out"]) for it in ss]
         # small-star's output multiset depends only on the graph (each node's edges meet in one
-        # partition), so equal fingerprints mean a fixed point: one star per component.
-        now = _fingerprint(current)
+        # task), so an equal fingerprint means a fixed point: one star per component.
+        now = (sum(s["edges"] for s in stats), sum(int(s["hash"]) for s in stats) % (1 << 64))
         if now == seen:
-            return current.rename_columns({"hi": "node", "lo": "root"})
+            return current
         seen = now
     raise RuntimeError(f"connected components did not converge in {_MAX_ROUNDS} rounds")

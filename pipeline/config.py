@@ -114,7 +114,6 @@ class FuzzyDedupConfig(Section):
     false_positive_weight: Float = 0.1  # datasketch MinHashLSH `weights`: recall-leaning because
     false_negative_weight: Float = 0.9  # candidates are verified by exact Jaccard
     verify: Bool = True  # exact Jaccard on shingles for every candidate pair
-    num_partitions: PositiveInt = 8  # hash-shuffle partitions per step (scale with the corpus)
     batch_size: PositiveInt = 1024  # documents per signature batch
     sample_pairs: NonNegativeInt = 20  # removed pairs quoted in the report
 
@@ -225,6 +224,9 @@ class TokenizerConfig(Section):
 class PackConfig(Section):
     seq_len: PositiveInt = 2048
     shard_bytes: PositiveInt = 64 << 20  # target uncompressed size of a shard
+    # Tokens of document starts per pack task (pipeline/pack.py). Part of the output's identity:
+    # each range drops its last partial row, so changing it changes the shards.
+    range_tokens: PositiveInt = 64 << 20
 
 
 class OutputConfig(Section):

@@ -3,18 +3,20 @@
 ```python
 cfg = job.decontaminate                                      # a typed section of the prepare job, or
 cfg = DecontamConfig.from_dict(section, base_dir=job_dir)    # one section on its own (ConfigError naming the key)
-result = decontaminate(docs, cfg, work_dir)                  # against the job's eval files
+result = decontaminate(table, cfg, work_dir)                 # a pa.Table against the job's eval files
 result = decontaminate_against_docs(train, validation, cfg)  # against the validation split
 ```
 
-The eval n-gram index (``pipeline.ngrams``) is built once on the driver, cached in
-``work_dir`` under a name derived from its inputs, and shared with every Ray worker through
-one ``ray.put``. Workers scan batches of documents (a pure function of the text and the
-index), so the result is the same whatever the worker count and a rerun after a crash
-reuses the cached index and gives identical output. See docs/decontamination.md.
+The eval n-gram index (``pipeline.ngrams``) is built once on the driver and cached in
+``work_dir`` under a name derived from its inputs. In ``prepare`` every partition is a Ray task
+(``partition_task``) that loads the cached index once per worker process and scans its
+documents (a pure function of the text and the index), so the result is the same whatever the
+worker count and a rerun after a crash reuses the cached index and gives identical output.
+See docs/decontamination.md.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -26,8 +28,9 @@ from gristmill.manifests import canonical_json, sha256_file, sha256_json
 from gristmill.pipeline import ngrams
 from gristmill.pipeline.stage import StageResult
 # The stage's config is a section of the one prepare-job model; importable from here as before.
-from gristmill.pipeline.config import DecontamConfig, EvalSetSpec  # noqa: F401
+from gristmill.pipeline.config import DecontamConfig, EvalSetSpec  # noqa: F401  (re-exported)
 
+STAGE = "decontaminate"
 REASON = "contaminated"
 # The verdict on a matching document. Removed rows carry the eval_* and matches columns.
 ACTION, EVAL_SET, EVAL_ITEM, MATCHES, EVAL_MATCHES, CUT_TEXT = (
@@ -52,11 +55,16 @@ def load_eval_sets(cfg: DecontamConfig) -> list[tuple[dict, list[tuple[str, str]
     return out
 
 
-def build_eval_index(cfg: DecontamConfig, loaded: list[tuple[dict, list]], work_dir: str | None) -> ngrams.NgramIndex:
-    """The index of the job's eval files, reloaded from ``work_dir`` when the same one was built before."""
+def eval_index_path(cfg: DecontamConfig, loaded: list[tuple[dict, list]], work_dir: str) -> str:
+    """Where the index of these eval files is cached: named by everything it depends on."""
     key = sha256_json({"hash": ngrams.HASH_VERSION, "n": cfg.n, "min_item_words": cfg.min_item_words,
                        "sets": [{**s.to_dict(), "sha256": r["sha256"]} for s, (r, _) in zip(cfg.eval_sets, loaded)]})
-    path = os.path.join(work_dir, "decontam", f"index-{key[:16]}.npz") if work_dir else None
+    return os.path.join(work_dir, "decontam", f"index-{key[:16]}.npz")
+
+
+def build_eval_index(cfg: DecontamConfig, loaded: list[tuple[dict, list]], work_dir: str | None) -> ngrams.NgramIndex:
+    """The index of the job's eval files, reloaded from ``work_dir`` when the same one was built before."""
+    path = eval_index_path(cfg, loaded, work_dir) if work_dir else None
     if path and os.path.exists(path):
         return ngrams.NgramIndex.load(path)
     index = ngrams.build_index([(r["name"], items) for r, items in loaded], cfg.n, cfg.min_item_words)
@@ -70,74 +78,55 @@ def build_eval_index(cfg: DecontamConfig, loaded: list[tuple[dict, list]], work_
 # The stage
 
 
-def decontaminate(docs, cfg: DecontamConfig, work_dir: str | None) -> StageResult:
-    """Check ``docs`` against the job's eval files; see the module docstring."""
+def decontaminate(docs: pa.Table, cfg: DecontamConfig, work_dir: str | None) -> StageResult:
+    """Check a table of documents against the job's eval files; see the module docstring."""
     loaded = load_eval_sets(cfg)
     index = build_eval_index(cfg, loaded, work_dir)
     return scan(docs, index, cfg, [record for record, _ in loaded])
 
 
-def decontaminate_against_docs(train_docs, reference_docs, cfg: DecontamConfig, work_dir: str | None = None,
-                               name: str = "validation") -> StageResult:
-    """Check ``train_docs`` against the texts of ``reference_docs`` (the validation split).
+def reference_index(items: list[tuple[str, str]], cfg: DecontamConfig, name: str = "validation") -> tuple[ngrams.NgramIndex, dict]:
+    """An index whose eval items are reference documents (the validation split), and its record.
 
-    Each reference document is an eval item (its ``id``), so a removed train document names
-    the validation document it overlaps. Its ``eval_sets`` entry has ``uri`` ``split:<name>``
-    and the sha256 of the sorted ``(id, text)`` pairs. The reference texts are indexed on the
-    driver: memory is about 16 bytes per word of validation text.
+    Each reference document is an item (its ``id``), so a removed train document names the
+    validation document it overlaps. The record's ``uri`` is ``split:<name>`` and its sha256 is
+    that of the sorted ``(id, text)`` pairs. Memory is about 16 bytes per word of reference text.
     """
-    items = sorted((str(i), t or "") for batch in reference_docs.select_columns(["id", "text"]).iter_batches(
-        batch_format="pyarrow") for i, t in zip(batch.column("id").to_pylist(), batch.column("text").to_pylist()))
+    items = sorted((str(i), t or "") for i, t in items)
     digest = hashlib.sha256()
     for pair in items:  # the canonical JSON of the sorted pairs, one line each
         digest.update(canonical_json(list(pair)) + b"\n")
     record = {"name": name, "uri": f"split:{name}", "sha256": digest.hexdigest(), "items": len(items)}
-    index = ngrams.build_index([(name, items)], cfg.n, cfg.min_item_words)
+    return ngrams.build_index([(name, items)], cfg.n, cfg.min_item_words), record
+
+
+def decontaminate_against_docs(train_docs: pa.Table, reference_docs: pa.Table, cfg: DecontamConfig,
+                               name: str = "validation") -> StageResult:
+    """Check ``train_docs`` against the texts of ``reference_docs`` (the validation split)."""
+    pairs = zip(reference_docs.column("id").to_pylist(), reference_docs.column("text").to_pylist()) \
+        if reference_docs.num_rows else ()
+    index, record = reference_index(list(pairs), cfg, name)
     return scan(train_docs, index, cfg, [record])
 
 
-def scan(docs, index: ngrams.NgramIndex, cfg: DecontamConfig, records: list[dict]) -> StageResult:
-    """Scan ``docs`` against ``index`` on the Ray workers; split into kept and removed; count.
-
-    The scan returns only the documents that matched (few), with their verdicts; ``kept`` and
-    ``removed`` then apply those verdicts to ``docs`` lazily, so the corpus is never held in
-    memory and is scanned once.
-    """
-    import ray
-
-    ref = ray.put(index)  # one copy in the object store, shared by every worker on the node
-    found = docs.map_batches(
-        _scan_batch, batch_format="pyarrow", batch_size=BATCH_SIZE, zero_copy_batch=True,
-        fn_kwargs={"index_ref": [ref], "policy": cfg.policy, "margin": cfg.margin, "min_matches": cfg.min_matches},
-    ).take_all()
-    found.sort(key=lambda r: (r["order"], r["id"]))
-    verdicts = ray.put({r["id"]: r for r in found})
-    kept = docs.map_batches(_kept_rows, batch_format="pyarrow", zero_copy_batch=True, fn_kwargs={"verdicts_ref": [verdicts]})
-    removed = docs.map_batches(_removed_rows, batch_format="pyarrow", zero_copy_batch=True,
-                               fn_kwargs={"verdicts_ref": [verdicts]})
+def scan(docs: pa.Table, index: ngrams.NgramIndex, cfg: DecontamConfig, records: list[dict]) -> StageResult:
+    """``docs`` split into kept (cut texts applied) and removed, and the report's counts."""
+    found = find(docs, index, cfg)
+    kept, removed = apply_verdicts(docs, found)
     return StageResult(kept=kept, removed=removed, stats=report(index, cfg, records, found))
 
 
-# -- worker side -----------------------------------------------------------------------------
-_cache: dict[str, Any] = {}
+def find(docs: pa.Table, index: ngrams.NgramIndex, cfg: DecontamConfig) -> list[dict]:
+    """The verdict rows of the documents that contain eval items, in (order, id) order."""
+    found = []
+    for start in range(0, docs.num_rows, BATCH_SIZE):
+        found += _scan_batch(docs.slice(start, BATCH_SIZE), index, cfg.policy, cfg.margin, cfg.min_matches).to_pylist()
+    found.sort(key=lambda r: (r["order"], r["id"]))
+    return found
 
 
-def _resolve(ref_list) -> Any:
-    """An object shared by ``ray.put``, fetched once per worker process (the index, the verdicts)."""
-    import ray
-
-    ref = ref_list[0]  # wrapped in a list so Ray passes the ref itself, not its value
-    key = ref.hex()
-    if key not in _cache:
-        if len(_cache) >= 4:  # only the current job's objects are worth keeping
-            _cache.clear()
-        _cache[key] = ray.get(ref)
-    return _cache[key]
-
-
-def _scan_batch(batch: pa.Table, index_ref, policy: str, margin: int, min_matches: int) -> pa.Table:
+def _scan_batch(batch: pa.Table, index: ngrams.NgramIndex, policy: str, margin: int, min_matches: int) -> pa.Table:
     """The documents of ``batch`` that contain eval items: provenance + verdict columns."""
-    index = _resolve(index_ref)
     texts = [t or "" for t in batch.column("text").to_pylist()]
     hit, cols = [], {c: [] for c in VERDICT}
     for row, (text, matches) in enumerate(zip(texts, index.scan(texts, min_matches))):
@@ -154,6 +143,85 @@ def _scan_batch(batch: pa.Table, index_ref, policy: str, margin: int, min_matche
     for c, t in VERDICT.items():
         out = out.append_column(c, pa.array(cols[c], t))
     return out
+
+
+def apply_verdicts(docs: pa.Table, found: list[dict]) -> tuple[pa.Table, pa.Table]:
+    """(kept, removed): ``docs`` without the dropped documents and with the cut ones' shorter
+    text; the dropped ones with every column plus ``reason`` and the matched item."""
+    verdicts = {r["id"]: r for r in found}
+    mine = [verdicts.get(i) for i in docs.column("id").to_pylist()]
+    drop = [v is not None and v[ACTION] == "drop" for v in mine]
+    kept = docs.filter(pa.array([not d for d in drop], pa.bool_()))
+    kept_v = [v for v, d in zip(mine, drop) if not d]
+    if any(kept_v):
+        texts = [t if v is None else v[CUT_TEXT] for t, v in zip(kept.column("text").to_pylist(), kept_v)]
+        kept = kept.set_column(kept.schema.get_field_index("text"), "text", pa.array(texts, kept.schema.field("text").type))
+    gone = [v for v, d in zip(mine, drop) if d]
+    removed = docs.filter(pa.array(drop, pa.bool_()))
+    for c in (EVAL_SET, EVAL_ITEM, MATCHES, EVAL_MATCHES):
+        removed = removed.append_column(c, pa.array([v[c] for v in gone], VERDICT[c]))
+    removed = removed.append_column("reason", pa.array([REASON] * len(gone), pa.string()))
+    return kept, removed
+
+
+# -- as tasks over partitions (the executor's stage) -------------------------------------------------
+@functools.lru_cache(maxsize=2)
+def _load_index(path: str) -> ngrams.NgramIndex:
+    """The index, read once per worker process (built once on the driver, cached in the work dir)."""
+    return ngrams.NgramIndex.load(path)
+
+
+def partition_task(item: dict, cfg: DecontamConfig, index_path: str, root: str, removed_files: list[str],
+                   override_files: list[str], split: Any = None) -> dict:
+    """One partition's surviving documents against the index at ``index_path``: writes its removed
+    rows and its cut texts; returns the verdicts (few) for the report. With ``split``, only the
+    partition's train documents are checked (the pass against the validation split)."""
+    from gristmill.pipeline.documents import OVERRIDE_SCHEMA, REMOVED_SCHEMA, to_removed_rows
+    from gristmill.pipeline.survivors import surviving_docs
+    from gristmill.pipeline.tokenize import split_of
+    from gristmill.pipeline.workdir import ParquetPart
+
+    index = _load_index(index_path)
+    cols = ["id", "order", "part", "bytes", "source", "position", "text"]
+    removed_out = ParquetPart(os.path.join(root, item["removed"]), REMOVED_SCHEMA)
+    override_out = ParquetPart(os.path.join(root, item["overrides"]), OVERRIDE_SCHEMA)
+    found_all, n_docs, n_bytes, removed_bytes, n_removed = [], 0, 0, 0, 0
+    for t in surviving_docs(item["docs"], item["part"], removed_files, override_files, cols, 4096):
+        if split is not None:
+            t = t.filter(pa.array([split_of(i, split) == "train" for i in t.column("id").to_pylist()], pa.bool_()))
+        n_docs += t.num_rows
+        n_bytes += int(sum(t.column("bytes").to_pylist()))
+        found = find(t, index, cfg)
+        if not found:
+            continue
+        kept, removed = apply_verdicts(t, found)
+        removed_out.write(to_removed_rows(removed, STAGE))
+        n_removed += removed.num_rows
+        removed_bytes += int(sum(removed.column("bytes").to_pylist()))
+        cut_ids = {r["id"] for r in found if r[ACTION] == "cut"}
+        cut = kept.filter(pa.array([i in cut_ids for i in kept.column("id").to_pylist()], pa.bool_()))
+        override_out.write(cut.select(OVERRIDE_SCHEMA.names).cast(OVERRIDE_SCHEMA))
+        found_all += found
+    removed_out.commit()
+    override_out.commit()
+    return {"documents_in": n_docs, "bytes_in": n_bytes, "found": found_all,
+            "removed": {REASON: n_removed} if n_removed else {}, "removed_bytes": removed_bytes}
+
+
+def validation_index_task(item: dict, cfg: DecontamConfig, root: str, docs_files: list[str], removed_files: list[str],
+                          override_files: list[str], split: Any) -> dict:
+    """The index of the validation split's texts as they stand after the eval pass, saved to the work dir."""
+    from gristmill.pipeline.survivors import surviving_docs
+    from gristmill.pipeline.tokenize import split_of
+
+    items = []
+    for part, f in enumerate(docs_files):
+        for t in surviving_docs(f, part, removed_files, override_files, ["id", "text"], 4096):
+            items += [(i, x) for i, x in zip(t.column("id").to_pylist(), t.column("text").to_pylist())
+                      if split_of(i, split) == "validation"]
+    index, record = reference_index(items, cfg)
+    index.save(os.path.join(root, item["out"]))
+    return {"record": record}
 
 
 def _decide(text: str, matches: list[ngrams.Match], policy: str, margin: int) -> tuple[str, str | None]:
@@ -183,29 +251,6 @@ def cut_text(text: str, word_spans: list[tuple[int, int]], margin: int) -> str |
         pos = max(pos, end)
     pieces.append(text[pos:])
     return "\n".join(p.strip() for p in pieces if p.strip())
-
-
-def _kept_rows(batch: pa.Table, verdicts_ref) -> pa.Table:
-    """``batch`` without the dropped documents, with the cut ones' shorter text."""
-    verdicts = _resolve(verdicts_ref)
-    mine = [verdicts.get(i) for i in batch.column("id").to_pylist()]
-    if not any(mine):
-        return batch
-    batch = batch.filter(pa.array([v is None or v[ACTION] != "drop" for v in mine], pa.bool_()))
-    mine = [v for v in mine if v is None or v[ACTION] != "drop"]
-    texts = [t if v is None else v[CUT_TEXT] for t, v in zip(batch.column("text").to_pylist(), mine)]
-    return batch.set_column(batch.schema.get_field_index("text"), "text", pa.array(texts, batch.schema.field("text").type))
-
-
-def _removed_rows(batch: pa.Table, verdicts_ref) -> pa.Table:
-    """The dropped documents of ``batch``, every column, plus ``reason`` and the matched item."""
-    verdicts = _resolve(verdicts_ref)
-    gone = [(row, v) for row, i in enumerate(batch.column("id").to_pylist())
-            if (v := verdicts.get(i)) is not None and v[ACTION] == "drop"]
-    out = batch.take(pa.array([row for row, _ in gone], pa.int64()))
-    for c in (EVAL_SET, EVAL_ITEM, MATCHES, EVAL_MATCHES):
-        out = out.append_column(c, pa.array([v[c] for _, v in gone], VERDICT[c]))
-    return out.append_column("reason", pa.array([REASON] * len(gone), pa.string()))
 
 
 # -- report ----------------------------------------------------------------------------------

@@ -1,49 +1,35 @@
-"""``gristmill prepare``: run the stages in order on Ray Data, resumably, and publish.
+"""``gristmill prepare``: run the job's stages in order as Ray tasks over work-dir files, resumably, and publish.
 
-Stage order (the slots are fixed; optional stages are skipped when their section is absent):
-
-    extract -> language -> exact_dedup -> fuzzy_dedup -> decontaminate -> tokenize -> pack -> publish
-
-* Per-partition stages (extract + language fused, tokenize) run one Ray task per partition (an
-  input file, or a run of small consecutive files); each commits its output and a completion
-  marker (pipeline/workdir.py).
-* Global stages return the rows they remove; the executor writes those sorted by ``order``
-  and later partitions drop them. Exact dedup runs as Ray tasks over hash-bucket ranges of
-  the keys the extract stage wrote; fuzzy dedup and decontamination get the surviving
-  documents as one ray.data.Dataset (pipeline.stage.StageResult contract).
-* Pack and publish run in the driver, in ``order``: the output never depends on scheduling.
+The executor knows one interface (``pipeline.stages.Stage``): it builds the list of stages the
+job enables (``stages.build``) and runs each one; it never branches on a stage's name. Every
+stage is Ray tasks over files (``pipeline.tasks.run_tasks``): a task per partition, per hash
+range or per range of partitions, each committed with a marker, so a rerun after ``kill -9``
+skips every finished task of every stage. The driver holds O(partitions): removed rows,
+overrides and statistics stay in files and task markers. Publishing copies the packed
+shards into a new version directory and commits ``manifest.json`` last.
 """
 from __future__ import annotations
 
 import contextlib
 import glob as _glob
 import json
-import logging
 import os
 import posixpath
-import shutil
 import sys
 import time
 from dataclasses import dataclass
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 from fsspec.core import url_to_fs
 
-from gristmill.manifests import DatasetBuilder, EvalSet, Input, ManifestStore, code_version, sha256_json
 from gristmill.errors import ConfigError
+from gristmill.manifests import EvalSet, Input, ManifestStore, code_version, sha256_json
 from gristmill.manifests.shards import atomic_write
 
-from . import exact_dedup
 from . import report as rep
+from . import stages as st
 from .config import JobConfig
-from .documents import OVERRIDE_SCHEMA, REMOVED_SCHEMA, to_removed_rows
-from .extract import extract_partition
-from .pack import pack_split
-from .tokenize import load_tokenizer, overridden_texts, removed_ids, split_of, tokenize_partition, train_bpe
-from .workdir import ParquetPart, WorkDir, part_name
-
-GLOBAL_STAGES = ("exact_dedup", "fuzzy_dedup", "decontaminate")
+from .progress import Progress
+from .workdir import WorkDir, part_name
 
 
 @dataclass
@@ -127,319 +113,59 @@ def ray_runtime(job: JobConfig, address: str | None):
         ray.shutdown()
 
 
-def _map_partitions(ray, stage: str, items: list[dict], fn, concurrency: int | None, progress) -> list[dict]:
-    """Run ``fn(item) -> stats`` for each item as Ray Data tasks; progress as each one finishes."""
-    if not items:
-        return []
-    ctx = ray.data.DataContext.get_current()
-    ctx.enable_progress_bars = False  # our own progress lines instead, one per finished partition
-    logging.getLogger("ray.data").setLevel(logging.WARNING)
-    ds = ray.data.from_items(items, override_num_blocks=len(items))
-    ds = ds.map(lambda item: {"stats": json.dumps(fn(item))}, num_cpus=1, concurrency=concurrency)
-    out, t0 = [], time.perf_counter()
-    for row in ds.iter_rows():
-        out.append(json.loads(row["stats"]))
-        if progress is not None:
-            progress(stage, len(out), len(items), time.perf_counter() - t0, out)
-    return out
-
-
 # -- the run -----------------------------------------------------------------------------------
 class Executor:
     def __init__(self, job: JobConfig, *, address: str | None = None, quiet: bool = False):
         self.job, self.address, self.quiet = job, address, quiet
         self.tasks = plan_inputs(job)
         self.wd = WorkDir(os.path.join(job.work_dir, run_key(job, self.tasks)))
-        self.timings: dict[str, dict] = {}
-        self.global_stages = [s for s in GLOBAL_STAGES if self._enabled(s)]
-        self._check_optional_stages()
-
-    def _enabled(self, stage: str) -> bool:
-        if stage == "exact_dedup":
-            return self.job.exact_dedup.enabled
-        section = getattr(self.job, stage)
-        return section is not None and section.enabled
-
-    def _check_optional_stages(self) -> None:
-        """Fail before any work if an enabled stage is not installed (its section was validated with the job)."""
-        self.stage_configs = {}
-        for stage in self.global_stages:
-            if stage == "exact_dedup":
-                continue
-            self._stage_module(stage)
-            self.stage_configs[stage] = getattr(self.job, stage)
-
-    @staticmethod
-    def _stage_module(stage: str):
-        module = {"fuzzy_dedup": "gristmill.pipeline.fuzzy_dedup", "decontaminate": "gristmill.pipeline.decontam"}[stage]
-        try:
-            return __import__(module, fromlist=["_"])
-        except ModuleNotFoundError as e:
-            if e.name != module:
-                raise
-            raise ConfigError(f"job section {stage}: is set but {module} is not available in this gristmill; "
-                              f"remove the section to run without {stage.replace('_', ' ')}") from None
+        self.stages = st.build(job)  # fails on a bad stage section before any work starts
 
     def log(self, msg: str) -> None:
         if not self.quiet:
             print(msg, file=sys.stderr, flush=True)
-
-    def progress(self, stage: str, done: int, total: int, seconds: float, stats: list[dict]) -> None:
-        docs = sum(_stage_docs(stage, s) for s in stats)
-        mb = sum(_stage_bytes(stage, s) for s in stats) / 1e6
-        self.log(f"[{stage}] {done}/{total} partitions  {docs:,} docs  {mb:,.1f} MB  {mb / max(seconds, 1e-9):,.1f} MB/s")
 
     def run(self) -> RunResult:
         t_all = time.perf_counter()
         self.log(f"[prepare] {sum(len(t['files']) for t in self.tasks)} input files in {len(self.tasks)} partitions; "
                  f"work dir {self.wd.root}")
         with ray_runtime(self.job, self.address) as ray:
-            extract_stats = self._extract(ray)
-            removed_files, global_stats, eval_sets = [], {}, []
-            for stage in self.global_stages:
-                st = self._global_stage(ray, stage, removed_files)
-                global_stats[stage] = st
-                eval_sets += st.get("detail", {}).get("eval_sets", [])
-                removed_files += sorted(_glob.glob(self.wd.path("removed", stage, "*.parquet")))
-            tok_path = self._tokenizer(removed_files)
-            tok_stats = self._tokenize(ray, tok_path, removed_files)
-        self.timings["total"] = {"start": t_all}
-        return self._pack_and_publish(tok_path, extract_stats, global_stats, tok_stats, eval_sets)
+            ctx = st.Context(self.job, self.wd, ray, self.tasks, Progress(quiet=self.quiet), self.log)
+            for stage in self.stages:
+                t0, c0, r0 = time.perf_counter(), ctx.cpu_seconds(), ctx.resumed_tasks
+                ctx.results[stage.name] = stage.run(ctx)
+                ctx.timings[stage.name] = {"seconds": time.perf_counter() - t0, "cpu_seconds": ctx.cpu_seconds() - c0,
+                                           "resumed_parts": ctx.resumed_tasks - r0}
+        ctx.timings["total"] = {"seconds": time.perf_counter() - t_all}
+        return self._publish(ctx, t_all)
 
-    # -- stages -------------------------------------------------------------------------------
-    def _extract(self, ray) -> list[dict]:
+    def _publish(self, ctx: "st.Context", t_all: float) -> RunResult:
         t0 = time.perf_counter()
-        job, root = self.job, self.wd.root
-        todo = [t for t in self.tasks if self.wd.done("extract", part_name(t["part"])) is None]
-        self.log(f"[extract] {len(self.tasks) - len(todo)} of {len(self.tasks)} partitions already done")
-        batch = job.ray.records_per_batch
-        _map_partitions(ray, "extract", todo, lambda t: extract_partition(t, job.extract, job.language, root, batch),
-                        job.ray.concurrency, self.progress)
-        self.timings["extract"] = {"seconds": time.perf_counter() - t0, "resumed_parts": len(self.tasks) - len(todo)}
-        return [self.wd.done("extract", part_name(t["part"])) for t in self.tasks]
-
-    def docs_files(self) -> list[str]:
-        return [self.wd.path("docs", f"{part_name(t['part'])}.parquet") for t in self.tasks]
-
-    def survivors(self, ray, removed_files: list[str]):
-        """The documents no stage has removed so far, as a ray.data.Dataset."""
-        ds = ray.data.read_parquet(self.docs_files())
-        if removed_files:
-            ds = ds.map_batches(_drop_removed, fn_args=(tuple(removed_files),), batch_format="pyarrow")
-        return ds
-
-    def _global_stage(self, ray, stage: str, removed_files: list[str]) -> dict:
-        if (done := self.wd.done(stage, "all")) is not None:
-            self.log(f"[{stage}] already done")
-            self.timings[stage] = {"seconds": done.pop("_seconds", 0.0), "resumed_parts": 1}
-            return done
-        t0 = time.perf_counter()
-        self.log(f"[{stage}] running")
-        if stage == "exact_dedup":
-            stats = self._exact_dedup(ray)
-        else:
-            stats = self._pluggable_stage(ray, stage, removed_files)
-        seconds = time.perf_counter() - t0
-        self.wd.mark_done(stage, "all", {**stats, "_seconds": seconds})
-        self.timings[stage] = {"seconds": seconds, "resumed_parts": 0}
-        self.log(f"[{stage}] removed {sum(stats['removed'].values()):,} documents {stats['removed']} in {seconds:.1f}s")
-        return stats
-
-    def _exact_dedup(self, ray) -> dict:
-        total = sum(self.wd.done("extract", part_name(t["part"]))["language"]["documents_out"] for t in self.tasks)
-        key_files = [self.wd.path("keys", f"{part_name(t['part'])}.parquet") for t in self.tasks]
-        root = self.wd.root
-        results = _map_partitions(ray, "exact_dedup", exact_dedup.plan_tasks(total),
-                                  lambda t: exact_dedup.dedup_task(t, key_files, root), self.job.ray.concurrency, None)
-        removed = {}
-        for r in results:
-            _add_counts(removed, r["removed"])
-        return {"removed": removed, "removed_bytes": sum(r["removed_bytes"] for r in results), "detail": {}}
-
-    def _pluggable_stage(self, ray, stage: str, removed_files: list[str]) -> dict:
-        """fuzzy_dedup / decontaminate: a function over the surviving documents -> StageResult(s)."""
-        module, cfg = self._stage_module(stage), self.stage_configs[stage]
-        stage_dir = self.wd.path("stages", stage)
-        os.makedirs(stage_dir, exist_ok=True)
-        docs = self.survivors(ray, removed_files)
-        if stage == "fuzzy_dedup":
-            results = [module.find_near_duplicates(docs, cfg, stage_dir)]
-        else:
-            results = [module.decontaminate(docs, cfg, stage_dir)]
-            split = self.job.split
-            if cfg.against_validation and split.validation_fraction > 0:
-                # Train must not contain validation text either: check it against the split.
-                kept = results[0].kept
-                train = kept.filter(lambda r: split_of(r["id"], split) == "train")
-                val = kept.filter(lambda r: split_of(r["id"], split) == "validation")
-                results.append(module.decontaminate_against_docs(train, val, cfg, stage_dir))
-        tables = [t for r in results if (t := _collect_removed(r.removed)) is not None]
-        rows = (pa.concat_tables([to_removed_rows(t, stage) for t in tables]).sort_by("order") if tables
-                else REMOVED_SCHEMA.empty_table())
-        out = ParquetPart(self.wd.path("removed", stage, "all.parquet"), REMOVED_SCHEMA)
-        out.write(rows)
-        out.commit()
-        self._write_overrides(stage, [r.kept for r in results])
-        removed: dict[str, int] = {}
-        for r in rows.column("reason").to_pylist():
-            removed[r] = removed.get(r, 0) + 1
-        detail = results[0].stats or {}
-        if len(results) > 1:
-            detail = {**detail, "against_validation": results[1].stats or {}}
-            detail["eval_sets"] = list(detail.get("eval_sets", [])) + list((results[1].stats or {}).get("eval_sets", []))
-        return {"removed": removed, "removed_bytes": sum(b or 0 for b in rows.column("bytes").to_pylist()), "detail": detail}
-
-    def _write_overrides(self, stage: str, kept_sets: list) -> None:
-        """Documents a stage kept with shorter text (decontamination's ``cut`` policy).
-
-        A stage that only removes documents writes an empty file. Later sets win: the second
-        decontamination pass saw the first pass's cuts.
-        """
-        texts: dict[str, dict] = {}
-        for kept in kept_sets:
-            if kept is None or "bytes" not in kept.schema().names:
-                continue
-            for t in kept.map_batches(_changed_texts, batch_format="pyarrow").iter_batches(batch_format="pyarrow"):
-                for row in t.to_pylist():
-                    texts[row["id"]] = row
-        rows = sorted(texts.values(), key=lambda r: r["order"])
-        out = ParquetPart(self.wd.path("overrides", stage, "all.parquet"), OVERRIDE_SCHEMA)
-        out.write(pa.Table.from_pylist(rows, schema=OVERRIDE_SCHEMA))
-        out.commit()
-
-    def override_files(self) -> list[str]:
-        return [p for s in self.global_stages if os.path.exists(p := self.wd.path("overrides", s, "all.parquet"))]
-
-    def _tokenizer(self, removed_files: list[str]) -> str:
-        cfg = self.job.tokenizer
-        if cfg.path:
-            load_tokenizer(cfg.path, cfg.eos_token)  # fail now, not in a worker, if it is unusable
-            return cfg.path
-        path = self.wd.path("tokenizer.json")
-        if self.wd.done("tokenizer", "train") is not None:
-            return path
-        t0 = time.perf_counter()
-        self.timings["tokenizer_training"] = {"seconds": 0.0}
-        sample = list(self._sample_texts(removed_files, cfg.sample_bytes, self.override_files()))
-        self.log(f"[tokenizer] training byte-level BPE (vocab {cfg.vocab_size}) on {len(sample):,} documents")
-        tmp = path + ".tmp.json"
-        train_bpe(sample, cfg, tmp)
-        os.replace(tmp, path)
-        self.wd.mark_done("tokenizer", "train", {"documents": len(sample), "seconds": time.perf_counter() - t0})
-        self.timings["tokenizer_training"] = {"seconds": time.perf_counter() - t0}
-        return path
-
-    def _sample_texts(self, removed_files: list[str], budget: int, override_files: list[str]):
-        """The first surviving documents in global order, up to ``budget`` bytes."""
-        for t, f in zip(self.tasks, self.docs_files()):
-            drop = removed_ids(removed_files, t["part"])
-            new_text = overridden_texts(override_files, t["part"])
-            for batch in pq.ParquetFile(f).iter_batches(columns=["id", "text", "bytes"], batch_size=1024):
-                for doc_id, text, n in zip(*(batch.column(i).to_pylist() for i in range(3))):
-                    if doc_id in drop:
-                        continue
-                    if budget <= 0:
-                        return
-                    yield new_text.get(doc_id, text)
-                    budget -= n
-
-    def _tokenize(self, ray, tok_path: str, removed_files: list[str]) -> list[dict]:
-        t0 = time.perf_counter()
-        job, root, overrides = self.job, self.wd.root, self.override_files()
-        parts = [t["part"] for t in self.tasks]
-        todo = [{"part": p} for p in parts if self.wd.done("tokenize", part_name(p)) is None]
-        self.log(f"[tokenize] {len(parts) - len(todo)} of {len(parts)} partitions already done")
-        _map_partitions(ray, "tokenize", todo,
-                        lambda t: tokenize_partition(t["part"], tok_path, job.tokenizer, job.split, root, removed_files, overrides),
-                        job.ray.concurrency, self.progress)
-        self.timings["tokenize"] = {"seconds": time.perf_counter() - t0, "resumed_parts": len(parts) - len(todo)}
-        return [self.wd.done("tokenize", part_name(p)) for p in parts]
-
-    def _pack_and_publish(self, tok_path, extract_stats, global_stats, tok_stats, eval_sets) -> RunResult:
-        job = self.job
-        t0 = time.perf_counter()
-        staging = self.wd.path("staging")
-        shutil.rmtree(staging, ignore_errors=True)  # a killed pack is redone from scratch: it is cheap
-        _, vocab, eos_id = load_tokenizer(tok_path, job.tokenizer.eos_token)
-        builder = DatasetBuilder(staging, dataset=job.output.dataset, seq_len=job.pack.seq_len, tokenizer_json=tok_path,
-                                 vocab_size=vocab, eos_id=eos_id)
-        token_files = [self.wd.path("tokens", f"{part_name(t['part'])}.parquet") for t in self.tasks]
-        pack_stats = {}
-        with builder.doc_index_writer() as index:
-            for split in ("train", "validation"):
-                pack_stats[split] = pack_split(builder, token_files, split, job.pack.seq_len, job.pack.shard_bytes, index)
-        self.timings["pack"] = {"seconds": time.perf_counter() - t0, "resumed_parts": 0}
-        t0 = time.perf_counter()
-        stats = rep.manifest_stats(extract_stats, global_stats, tok_stats, pack_stats, self.global_stages)
-        inputs = [Input(f["uri"], f["bytes"], f["sha256"]) for s in extract_stats for f in s["inputs"]]
-        manifest = builder.manifest(inputs=inputs, config=job.content_dict(), code_version=code_version(), stats=stats,
+        r = ctx.results
+        global_names = [s.name for s in self.stages if s.removes]
+        stats = rep.manifest_stats(r["extract"], {n: r[n] for n in global_names}, r["tokenize"], r["pack"]["stats"],
+                                   global_names)
+        inputs = [Input(f["uri"], f["bytes"], f["sha256"]) for s in r["extract"] for f in s["inputs"]]
+        eval_sets = [e for n in global_names for e in r[n].get("detail", {}).get("eval_sets", [])]
+        builder = r["pack"]["builder"]
+        manifest = builder.manifest(inputs=inputs, config=self.job.content_dict(), code_version=code_version(), stats=stats,
                                     eval_sets=[EvalSet(**e) for e in eval_sets])
-        published = ManifestStore(job.output.store).publish(manifest, staging)
-        self.timings["publish"] = {"seconds": time.perf_counter() - t0, "resumed_parts": 0}
-        self.timings["total"]["seconds"] = time.perf_counter() - self.timings["total"]["start"]
-        report = rep.build_report(stats, extract_stats, tok_stats, self.timings, published, self.wd.root)
-        self._write_outputs(report)
+        published = ManifestStore(self.job.output.store).publish(manifest, builder.dir)
+        ctx.timings["publish"] = {"seconds": time.perf_counter() - t0}
+        ctx.timings["total"]["seconds"] = time.perf_counter() - t_all
+        report = rep.build_report(stats, r["extract"], r["tokenize"], ctx.timings, published, self.wd.root)
+        self._write_outputs(report, global_names)
         return RunResult(published.manifest.sha256, published.url, published.manifest.version, report, self.wd.root)
 
-    def _write_outputs(self, report: dict) -> None:
+    def _write_outputs(self, report: dict, global_names: list[str]) -> None:
         """report.json, plus the quarantine and removed records as JSONL for people to read."""
         atomic_write(self.wd.path("report.json"), (json.dumps(report, indent=1, sort_keys=True) + "\n").encode())
         rep.export_jsonl([self.wd.path("quarantine", f"{part_name(t['part'])}.parquet") for t in self.tasks],
                          self.wd.path("quarantine.jsonl"))
         removed = [self.wd.path("removed", "language", f"{part_name(t['part'])}.parquet") for t in self.tasks]
-        for stage in self.global_stages:
+        for stage in global_names:
             removed += sorted(_glob.glob(self.wd.path("removed", stage, "*.parquet")))
         rep.export_jsonl(removed, self.wd.path("removed.jsonl"))
-
-
-def _stage_docs(stage: str, s: dict) -> int:
-    return s["extract"]["records"] if stage == "extract" else s.get("documents_in", 0)
-
-
-def _stage_bytes(stage: str, s: dict) -> int:
-    return sum(f["bytes"] for f in s["inputs"]) if stage == "extract" else s.get("bytes_in", 0)
-
-
-def _add_counts(into: dict, counts: dict) -> None:
-    for k, v in counts.items():
-        into[k] = into.get(k, 0) + v
-
-
-def _changed_texts(batch: pa.Table) -> pa.Table:
-    """Rows whose text is no longer the extracted one (its UTF-8 length differs from ``bytes``)."""
-    lengths = [len(t.encode()) if t is not None else -1 for t in batch.column("text").to_pylist()]
-    changed = pa.array([n != b for n, b in zip(lengths, batch.column("bytes").to_pylist())], pa.bool_())
-    return batch.filter(changed).select(OVERRIDE_SCHEMA.names).cast(OVERRIDE_SCHEMA)
-
-
-def _drop_removed(batch: pa.Table, removed_files: tuple[str, ...]) -> pa.Table:
-    parts = set(batch.column("part").to_pylist())
-    drop = set().union(*(_removed_ids_cached(removed_files, p) for p in parts)) if parts else set()
-    if not drop:
-        return batch
-    return batch.filter(pa.array([i not in drop for i in batch.column("id").to_pylist()], pa.bool_()))
-
-
-_CACHE: dict = {}
-
-
-def _removed_ids_cached(files: tuple[str, ...], part: int) -> set[str]:
-    key = (files, part)
-    if key not in _CACHE:
-        if len(_CACHE) > 64:  # bounded: a worker sees batches of a few partitions at a time
-            _CACHE.clear()
-        _CACHE[key] = removed_ids(list(files), part)
-    return _CACHE[key]
-
-
-def _collect_removed(ds) -> pa.Table | None:
-    """A stage's removed rows, in the driver (they are the minority of documents)."""
-    if ds is None:
-        return None
-    if isinstance(ds, pa.Table):
-        return ds
-    tables = [b for b in ds.iter_batches(batch_format="pyarrow", batch_size=8192) if b.num_rows]
-    return pa.concat_tables(tables, promote_options="default") if tables else None
 
 
 def prepare(job: JobConfig, *, address: str | None = None, quiet: bool = False) -> RunResult:

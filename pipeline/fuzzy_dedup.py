@@ -1,34 +1,58 @@
 """The fuzzy-dedup stage: near-duplicate documents (MinHash + LSH), clustered, all but one removed.
 
-Every step is a Ray Data map or hash shuffle, so no worker holds all signatures, all candidate
-pairs or the whole graph (see docs/fuzzy-dedup.md):
+Every step is Ray tasks over files in the work dir (``pipeline.tasks``); the document text is
+read where it lies and never moves (see docs/fuzzy-dedup.md):
 
-1. signatures: ``MinHasher`` over batches of text; each document becomes ``bands`` rows
-   ``(band, key, order)``, ``key`` the 64-bit hash of that band of its signature;
-2. buckets: hash shuffle on ``(band, key)``; each bucket links every member to its earliest member
-   (``order`` smallest), so a bucket of k documents gives k - 1 edges, not k^2 / 2;
-3. similarity: each candidate edge joined with both documents; exact Jaccard of their shingles
-   (``verify: true``, the default, dropping pairs below the threshold) or the signature estimate;
-4. clusters: distributed connected components (``pipeline.components``) over the edges;
-5. in every cluster the earliest document (smallest ``order``) survives; the others are removed
-   with ``duplicate_of`` = ``cluster`` = the survivor's id and the best similarity of an edge
-   that linked them.
+1. ``bands`` (a task per partition): MinHash signatures of the partition's surviving documents;
+   each document becomes ``bands`` rows ``(bucket, band, key, order)``, ``key`` the 64-bit hash
+   of that band of its signature, ``bucket`` its top byte; written sorted by bucket;
+2. ``candidates`` (a task per bucket range): every (band, key) bucket links each member to its
+   earliest member (``order`` smallest), so a bucket of k documents gives k - 1 edges, not
+   k^2 / 2; it also lists each partition's documents that occur in some edge;
+3. ``members`` (a task per partition): the shingle sets (or signatures) of just those documents;
+4. ``verify`` (a task per partition of the edges' later end): exact Jaccard of each distinct
+   candidate pair (``verify: true``, the default, dropping pairs below the threshold) or the
+   signature estimate;
+5. ``components``: connected components over the verified edges (``pipeline.components``);
+6. ``removed`` (a task per partition): in every cluster the earliest document (smallest
+   ``order``) survives; the others are removed with ``duplicate_of`` = ``cluster`` = the
+   survivor's id and the best similarity of an edge that linked them.
+
+Task lists come from the data (partitions, bucket ranges), so the result is the same for any
+worker count, and each task's marker lets a rerun skip it.
 """
 from __future__ import annotations
 
 import functools
+import math
+import os
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
-from gristmill.pipeline.components import connected_components
+from gristmill.pipeline import components as cc
+from gristmill.pipeline.documents import REMOVED_SCHEMA, to_removed_rows
 # The stage's config is a section of the one prepare-job model; importable from here as before.
 from gristmill.pipeline.config import FuzzyDedupConfig
 from gristmill.pipeline.lsh import LSHParams, band_keys
 from gristmill.pipeline.minhash import MinHasher, jaccard
-from gristmill.pipeline.stage import StageResult
+from gristmill.pipeline.survivors import surviving_docs
+from gristmill.pipeline.workdir import ParquetPart, part_name
 
+STAGE = "fuzzy_dedup"
 REASON = "near_duplicate"
+BUCKETS = 256  # band-key buckets (the key's top byte); tasks take contiguous ranges of them
+BAND_ROWS_PER_TASK = 8_000_000  # ~200 MB of band rows per candidates task at most
+_ROW_GROUP = 65_536
+
+BAND_SCHEMA = pa.schema([("bucket", pa.int32()), ("band", pa.int32()), ("key", pa.uint64()), ("order", pa.int64())])
+CANDIDATE_SCHEMA = pa.schema([("hi_part", pa.int32()), ("hi", pa.int64()), ("lo", pa.int64())])
+ENDPOINT_SCHEMA = pa.schema([("part", pa.int32()), ("order", pa.int64())])
+MEMBER_SCHEMA = pa.schema([("order", pa.int64()), ("id", pa.string()), ("bytes", pa.int64()),
+                           ("shingles", pa.list_(pa.uint64())), ("signature", pa.list_(pa.uint32()))])
+LINK_SCHEMA = pa.schema([("part", pa.int32()), ("node", pa.int64()), ("other", pa.int64()), ("similarity", pa.float64())])
 
 
 @functools.lru_cache(maxsize=4)
@@ -37,174 +61,241 @@ def _hasher(num_perm: int, ngram: int, seed: int) -> MinHasher:
     return MinHasher(num_perm=num_perm, ngram=ngram, seed=seed)
 
 
-def _band_rows(batch: dict, cfg: FuzzyDedupConfig, bands: int, rows: int) -> dict:
-    """Signature batch -> one (band, key, order) row per band of every document with shingles."""
+def _read(path: str, columns: list[str], filters=None) -> pa.Table:
+    return pq.read_table(path, columns=columns, filters=filters)
+
+
+# -- 1. bands ------------------------------------------------------------------------------------
+def bands_task(item: dict, cfg: FuzzyDedupConfig, params: LSHParams, root: str, removed_files: list[str]) -> dict:
     mh = _hasher(cfg.num_perm, cfg.ngram, cfg.seed)
-    sh = mh.shingles(list(batch["text"]))
-    has = sh.counts() > 0  # a document without words resembles nothing (its signature is all-max)
-    keys = band_keys(mh.signatures_of(sh)[has], bands, rows)
-    order = np.asarray(batch["order"], dtype=np.int64)[has]
-    return {
-        "band": np.tile(np.arange(bands, dtype=np.int64), len(order)),
-        "key": keys.reshape(-1),
-        "order": np.repeat(order, bands),
-    }
+    out = ParquetPart(os.path.join(root, item["out"]), BAND_SCHEMA, row_group_size=_ROW_GROUP)
+    tables, docs, nbytes = [], 0, 0
+    for t in surviving_docs(item["docs"], item["part"], removed_files, [], ["id", "order", "text", "bytes"], cfg.batch_size):
+        docs += t.num_rows
+        nbytes += int(pc.sum(t.column("bytes")).as_py() or 0)
+        sh = mh.shingles(t.column("text").to_pylist())
+        has = sh.counts() > 0  # a document without words resembles nothing (its signature is all-max)
+        keys = band_keys(mh.signatures_of(sh)[has], params.bands, params.rows).reshape(-1)
+        order = t.column("order").to_numpy()[has]
+        tables.append(pa.table({
+            "bucket": (keys >> np.uint64(56)).astype(np.int32),
+            "band": np.tile(np.arange(params.bands, dtype=np.int32), len(order)),
+            "key": keys, "order": np.repeat(order, params.bands)}, schema=BAND_SCHEMA))
+    t = pa.concat_tables(tables) if tables else BAND_SCHEMA.empty_table()
+    out.write(t.sort_by([("bucket", "ascending"), ("band", "ascending"), ("key", "ascending"), ("order", "ascending")]))
+    out.commit()
+    return {"documents_in": docs, "bytes_in": nbytes, "band_rows": t.num_rows}
 
 
-def _bucket_edges(batch: dict) -> dict:
-    """One partition of buckets: link every member of a (band, key) bucket to its earliest member."""
-    band, key, order = batch["band"], batch["key"], batch["order"]
+# -- 2. candidates -------------------------------------------------------------------------------
+def plan_bucket_ranges(band_rows: int) -> list[tuple[int, int]]:
+    n = max(1, min(BUCKETS, math.ceil(band_rows / BAND_ROWS_PER_TASK)))
+    edges = [round(i * BUCKETS / n) for i in range(n + 1)]
+    return [(edges[i], edges[i + 1]) for i in range(n)]
+
+
+def bucket_edges(band: np.ndarray, key: np.ndarray, order: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Link every member of a (band, key) bucket to its earliest member: distinct (hi, lo) pairs."""
     idx = np.lexsort((order, key, band))
     band, key, order = band[idx], key[idx], order[idx]
     new = np.ones(len(order), dtype=bool)
     new[1:] = (band[1:] != band[:-1]) | (key[1:] != key[:-1])
     first = np.maximum.accumulate(np.where(new, np.arange(len(order)), 0))
-    member = ~new
-    return {"hi": order[member], "lo": order[first][member]}
+    hi, lo = order[~new], order[first][~new]
+    pairs = np.unique(np.stack([hi, lo], axis=1), axis=0) if len(hi) else np.zeros((0, 2), np.int64)
+    return pairs[:, 0].astype(np.int64), pairs[:, 1].astype(np.int64)
 
 
-def _similarity(batch: dict, cfg: FuzzyDedupConfig) -> dict:
-    """Exact Jaccard of each candidate pair's shingle sets (both texts are in the batch)."""
+def candidates_task(item: dict, root: str, band_files: list[str]) -> dict:
+    flt = [("bucket", ">=", item["lo"]), ("bucket", "<", item["hi"])]
+    t = pa.concat_tables([_read(f, ["band", "key", "order"], flt) for f in band_files])
+    hi, lo = bucket_edges(t.column("band").to_numpy(), t.column("key").to_numpy(), t.column("order").to_numpy())
+    idx = np.lexsort((lo, hi))
+    hi, lo = hi[idx], lo[idx]
+    out = ParquetPart(os.path.join(root, item["out"]), CANDIDATE_SCHEMA, row_group_size=_ROW_GROUP)
+    out.write(pa.table({"hi_part": (hi >> 32).astype(np.int32), "hi": hi, "lo": lo}, schema=CANDIDATE_SCHEMA))
+    out.commit()
+    ends = np.unique(np.concatenate([hi, lo]))
+    ep = ParquetPart(os.path.join(root, item["endpoints"]), ENDPOINT_SCHEMA, row_group_size=_ROW_GROUP)
+    ep.write(pa.table({"part": (ends >> 32).astype(np.int32), "order": ends}, schema=ENDPOINT_SCHEMA))
+    ep.commit()
+    return {"band_rows": t.num_rows, "pairs": len(hi)}
+
+
+# -- 3. members ----------------------------------------------------------------------------------
+def members_task(item: dict, cfg: FuzzyDedupConfig, root: str, endpoint_files: list[str], removed_files: list[str]) -> dict:
+    part = item["part"]
+    wanted = np.unique(np.concatenate([_read(f, ["order"], [("part", "=", part)]).column("order").to_numpy()
+                                       for f in endpoint_files])) if endpoint_files else np.zeros(0, np.int64)
     mh = _hasher(cfg.num_perm, cfg.ngram, cfg.seed)
-    a, b = mh.shingles(list(batch["text_hi"])), mh.shingles(list(batch["text_lo"]))
-    sim = np.array([jaccard(a.of(i), b.of(i)) for i in range(len(batch["hi"]))], dtype=np.float64)
-    return {"hi": batch["hi"], "lo": batch["lo"], "similarity": sim}
+    out = ParquetPart(os.path.join(root, item["out"]), MEMBER_SCHEMA)
+    n = 0
+    if len(wanted):
+        for t in surviving_docs(item["docs"], part, removed_files, [], ["id", "order", "text", "bytes"], cfg.batch_size):
+            t = t.filter(pc.is_in(t.column("order"), pa.array(wanted)))
+            if not t.num_rows:
+                continue
+            sh = mh.shingles(t.column("text").to_pylist())
+            if cfg.verify:
+                sets = [np.unique(sh.of(i)) for i in range(t.num_rows)]
+                sigs = [None] * t.num_rows
+            else:
+                sets = [None] * t.num_rows
+                sigs = list(mh.signatures_of(sh))
+            out.write(pa.table({"order": t.column("order"), "id": t.column("id"), "bytes": t.column("bytes"),
+                                "shingles": pa.array(sets, pa.list_(pa.uint64())),
+                                "signature": pa.array(sigs, pa.list_(pa.uint32()))}, schema=MEMBER_SCHEMA))
+            n += t.num_rows
+    out.commit()
+    return {"members": n}
 
 
-def _estimated_similarity(batch: dict, cfg: FuzzyDedupConfig) -> dict:
-    """MinHash estimate of each candidate pair's Jaccard (fraction of equal signature values)."""
-    mh = _hasher(cfg.num_perm, cfg.ngram, cfg.seed)
-    a, b = mh.signatures(list(batch["text_hi"])), mh.signatures(list(batch["text_lo"]))
-    return {"hi": batch["hi"], "lo": batch["lo"], "similarity": np.mean(a == b, axis=1)}
+def _members(root: str, parts: set[int], orders: np.ndarray, columns: list[str]) -> dict[int, dict]:
+    """order -> member row, for the given orders, read from their partitions' member files only."""
+    rows: dict[int, dict] = {}
+    want = pa.array(orders, pa.int64())
+    for p in sorted(parts):
+        t = _read(os.path.join(root, STAGE, "members", f"{part_name(p)}.parquet"), ["order", *columns])
+        t = t.filter(pc.is_in(t.column("order"), want))
+        for r in t.to_pylist():
+            rows[r["order"]] = r
+    return rows
 
 
-def _at_least(batch: dict, threshold: float) -> dict:
-    keep = batch["similarity"] >= threshold
-    return {k: v[keep] for k, v in batch.items()}
+# -- 4. verify -----------------------------------------------------------------------------------
+def verify_task(item: dict, cfg: FuzzyDedupConfig, root: str, candidate_files: list[str]) -> dict:
+    part = item["part"]
+    t = pa.concat_tables([_read(f, ["hi", "lo"], [("hi_part", "=", part)]) for f in candidate_files])
+    pairs = np.unique(np.stack([t.column("hi").to_numpy(), t.column("lo").to_numpy()], axis=1), axis=0) \
+        if t.num_rows else np.zeros((0, 2), np.int64)  # a pair sharing several bands is one candidate
+    hi, lo = pairs[:, 0].astype(np.int64), pairs[:, 1].astype(np.int64)
+    col = "shingles" if cfg.verify else "signature"
+    ends = np.unique(np.concatenate([hi, lo]))
+    m = _members(root, {int(p) for p in (ends >> 32)}, ends, [col])
+    if cfg.verify:
+        sim = np.array([jaccard(np.asarray(m[a][col], np.uint64), np.asarray(m[b][col], np.uint64))
+                        for a, b in zip(hi.tolist(), lo.tolist())], dtype=np.float64)
+        keep = sim >= cfg.threshold  # exact Jaccard below the threshold: an LSH false positive
+    else:
+        sim = np.array([np.mean(np.asarray(m[a][col]) == np.asarray(m[b][col])) for a, b in zip(hi.tolist(), lo.tolist())],
+                       dtype=np.float64)
+        keep = np.ones(len(hi), dtype=bool)
+    hi, lo, sim = hi[keep], lo[keep], sim[keep]
+    cc.write_edges(os.path.join(root, item["edges"]), np.concatenate([hi, lo]), np.concatenate([lo, hi]), item["buckets"])
+    node, other, s2 = np.concatenate([hi, lo]), np.concatenate([lo, hi]), np.concatenate([sim, sim])
+    idx = np.lexsort((other, node, (node >> 32)))
+    links = ParquetPart(os.path.join(root, item["links"]), LINK_SCHEMA, row_group_size=_ROW_GROUP)
+    links.write(pa.table({"part": (node[idx] >> 32).astype(np.int32), "node": node[idx], "other": other[idx],
+                          "similarity": s2[idx]}, schema=LINK_SCHEMA))
+    links.commit()
+    return {"candidate_pairs": len(pairs), "pairs_linked": int(keep.sum())}
 
 
-def _best_link(batch: dict) -> dict:
-    """One partition of (node, other, similarity): each node's most similar linked document."""
-    node, other, sim = batch["node"], batch["other"], batch["similarity"]
-    idx = np.lexsort((other, -sim, node))  # best similarity first, ties to the earliest document
-    first = np.ones(len(node), dtype=bool)
-    first[1:] = node[idx][1:] != node[idx][:-1]
-    pick = idx[first]
-    return {"node": node[pick], "linked": other[pick], "similarity": sim[pick]}
+# -- 6. removed ----------------------------------------------------------------------------------
+def removed_task(item: dict, cfg: FuzzyDedupConfig, root: str, star_files: list[str], link_files: list[str],
+                 buckets: int) -> dict:
+    """This partition's removed documents: star rows (u = node, v = root < u) of its nodes."""
+    part = item["part"]
+    members = _read(os.path.join(root, STAGE, "members", f"{part_name(part)}.parquet"), ["order", "id", "bytes"])
+    nodes = members.column("order").to_numpy()
+    star = pa.concat_tables([_read(f, ["u", "v"]) for f in star_files]) if star_files else None
+    if star is not None and len(nodes):
+        star = star.filter(pc.and_(pc.is_in(star.column("u"), pa.array(nodes)), pc.less(star.column("v"), star.column("u"))))
+    node = star.column("u").to_numpy() if star is not None and len(nodes) else np.zeros(0, np.int64)
+    rootv = star.column("v").to_numpy() if star is not None and len(nodes) else np.zeros(0, np.int64)
+    idx = np.argsort(node, kind="stable")
+    node, rootv = node[idx], rootv[idx]
+    # Best link per node: its most similar verified edge, ties to the earliest other document.
+    lk = pa.concat_tables([_read(f, ["node", "other", "similarity"], [("part", "=", part)]) for f in link_files])
+    best: dict[int, tuple[float, int]] = {}
+    for n_, o_, s_ in zip(*(lk.column(c).to_pylist() for c in ("node", "other", "similarity"))):
+        if n_ not in best or (s_, -o_) > (best[n_][0], -best[n_][1]):
+            best[n_] = (s_, o_)
+    mine = {r["order"]: r for r in members.to_pylist()}
+    survivors = _members(root, {int(p) for p in (rootv >> 32)}, np.unique(rootv), ["id"]) if len(rootv) else {}
+    rows = {"id": [], "order": [], "part": [], "bytes": [], "reason": [], "duplicate_of": [], "cluster": [],
+            "similarity": [], "linked": []}
+    for n_, r_ in zip(node.tolist(), rootv.tolist()):
+        sid = survivors[r_]["id"]
+        for k, v in (("id", mine[n_]["id"]), ("order", n_), ("part", part), ("bytes", mine[n_]["bytes"]), ("reason", REASON),
+                     ("duplicate_of", sid), ("cluster", sid), ("similarity", best[n_][0]), ("linked", best[n_][1])):
+            rows[k].append(v)
+    table = pa.table(rows)
+    removed_rows = to_removed_rows(table.drop_columns(["linked"]), STAGE) if table.num_rows else REMOVED_SCHEMA.empty_table()
+    out = ParquetPart(os.path.join(root, item["out"]), REMOVED_SCHEMA)
+    out.write(removed_rows)
+    out.commit()
+    k = cfg.sample_pairs
+    sample = [{"removed_order": o, "survivor": d, "linked_order": lo_, "similarity": round(float(s), 4)}
+              for o, d, lo_, s in list(zip(rows["order"], rows["duplicate_of"], rows["linked"], rows["similarity"]))[:k]]
+    return {"removed": {REASON: table.num_rows} if table.num_rows else {},
+            "removed_bytes": int(sum(b or 0 for b in rows["bytes"])), "sample": sample}
 
 
-def _both_ends(batch: dict) -> dict:
-    return {
-        "node": np.concatenate([batch["hi"], batch["lo"]]),
-        "other": np.concatenate([batch["lo"], batch["hi"]]),
-        "similarity": np.concatenate([batch["similarity"], batch["similarity"]]),
-    }
+def _cluster_sizes(star_files: list[str]) -> dict[int, int]:
+    """Histogram of cluster sizes: a root's rows with v > u are its other members."""
+    hist: dict[int, int] = {}
+    for f in star_files:
+        t = _read(f, ["u", "v"])
+        u = t.column("u").to_numpy()[t.column("v").to_numpy() > t.column("u").to_numpy()]
+        if len(u):
+            _, counts = np.unique(u, return_counts=True)
+            for size, n in zip(*np.unique(counts + 1, return_counts=True)):
+                hist[int(size)] = hist.get(int(size), 0) + int(n)
+    return hist
 
 
-def _distinct_pairs(batch: dict) -> dict:
-    """Drop repeated (hi, lo) rows: a pair sharing several bands is one candidate. The join output
-    is keyed by ``hi``, so copies of a pair share a block unless Ray split a huge partition; a
-    copy that slips through only costs one more similarity (later steps ignore duplicates)."""
-    idx = np.lexsort((batch["lo"], batch["hi"]))
-    hi, lo = batch["hi"][idx], batch["lo"][idx]
-    keep = np.ones(len(hi), dtype=bool)
-    keep[1:] = (hi[1:] != hi[:-1]) | (lo[1:] != lo[:-1])
-    return {k: v[idx][keep] for k, v in batch.items()}
-
-
-def _join_texts(edges, texts, num_partitions: int):
-    """Attach both documents' texts to each distinct (hi, lo) candidate edge."""
-    on_hi = edges.join(texts.rename_columns({"order": "hi", "text": "text_hi"}), "inner", num_partitions, on=("hi",))
-    on_hi = on_hi.map_batches(_distinct_pairs, batch_size=None, batch_format="numpy")
-    return on_hi.join(texts.rename_columns({"order": "lo", "text": "text_lo"}), "inner", num_partitions, on=("lo",))
-
-
-def find_near_duplicates(docs, cfg: FuzzyDedupConfig, work_dir: str) -> StageResult:
-    """Remove near-duplicates from ``docs`` (a ray.data.Dataset with ``id``, ``order``, ``text``).
-
-    Joins and repartitions hash-partition by key into ``cfg.num_partitions`` blocks, one per
-    partition (the guarantee Ray's own ``map_groups`` relies on), so the per-partition numpy
-    steps see every row of a key together.
+# -- the stage -----------------------------------------------------------------------------------
+def find_near_duplicates(run_tasks, root: str, docs_files: list[str], removed_files: list[str],
+                         cfg: FuzzyDedupConfig) -> dict:
+    """Run every step over the partitions' document files (``docs_files[p]`` is partition p's);
+    documents listed in ``removed_files`` (earlier stages) are left out. Writes this stage's
+    removed rows to ``<root>/removed/fuzzy_dedup/part-*.parquet`` and returns its stats.
+    ``run_tasks(step, items, fn)`` runs ``fn(item) -> stats`` once per item (pipeline.tasks).
     """
-    missing = {"id", "order", "text"} - set(docs.schema().names)
-    if missing:
-        raise ValueError(f"fuzzy_dedup: input documents lack column(s) {sorted(missing)}")
     params = cfg.lsh()
-    p = cfg.num_partitions
-    texts = docs.select_columns(["order", "text"])
-
-    bands = texts.map_batches(_band_rows, fn_args=(cfg, params.bands, params.rows),
-                              batch_size=cfg.batch_size, batch_format="numpy")
-    candidates = bands.repartition(p, keys=["band", "key"]).map_batches(
-        _bucket_edges, batch_size=None, batch_format="numpy")
-    score = _similarity if cfg.verify else _estimated_similarity
-    scored = _join_texts(candidates, texts, p).map_batches(score, fn_args=(cfg,), batch_format="numpy")
-    scored = scored.materialize()
-    n_candidates = scored.count()
-    if cfg.verify:  # exact Jaccard below the threshold: an LSH false positive
-        scored = scored.map_batches(_at_least, fn_args=(cfg.threshold,), batch_format="numpy").materialize()
-    n_linked = scored.count()
-    if n_linked == 0:  # nothing to cluster: every document survives
-        stats = _stats(docs.count(), None, params, cfg, n_candidates, 0)
-        return StageResult(kept=docs, removed=docs.limit(0), stats=stats)
-
-    clusters = connected_components(scored.select_columns(["hi", "lo"]), p)
-    # Per document, the most similar edge that linked it (repartitioned so a node's edges meet).
-    best = (scored.map_batches(_both_ends, batch_format="numpy").repartition(p, keys=["node"])
-            .map_batches(_best_link, batch_size=None, batch_format="numpy"))
-    linked = clusters.join(best, "inner", p, on=("node",))
-    survivor_ids = docs.select_columns(["order", "id"]).rename_columns({"order": "root", "id": "duplicate_of"})
-    removed_info = linked.join(survivor_ids, "inner", p, on=("root",)).materialize()
-
-    detail = removed_info.select_columns(["node", "duplicate_of", "similarity"]).rename_columns({"node": "order"})
-    removed = docs.join(detail, "inner", p, on=("order",)).map_batches(_add_reason, batch_format="pyarrow")
-    kept = docs.join(detail.select_columns(["order"]), "left_anti", p, on=("order",))
-
-    stats = _stats(docs.count(), removed_info, params, cfg, n_candidates, n_linked)
-    return StageResult(kept=kept, removed=removed, stats=stats)
-
-
-def _add_reason(table: pa.Table) -> pa.Table:
-    n = table.num_rows
-    table = table.append_column("reason", pa.array([REASON] * n, pa.string()))
-    return table.append_column("cluster", table.column("duplicate_of"))
-
-
-def _size_histogram(batch: dict) -> dict:
-    """Histogram rows (size, clusters) of a batch of per-survivor removed counts."""
-    sizes, counts = np.unique(batch["count()"] + 1, return_counts=True)
-    return {"size": sizes.astype(np.int64), "clusters": counts.astype(np.int64)}
-
-
-def _earliest(batch: dict, k: int) -> dict:
-    """The k earliest removed documents of a batch (the driver merges these few rows)."""
-    idx = np.argsort(batch["node"], kind="stable")[:k]
-    return {c: batch[c][idx] for c in ("node", "duplicate_of", "linked", "similarity")}
-
-
-def _stats(n_docs: int, removed_info, params: LSHParams, cfg: FuzzyDedupConfig, n_candidates: int,
-           n_linked: int) -> dict:
-    histogram: dict[int, int] = {}
-    sample = []
-    if removed_info is not None:
-        per_survivor = removed_info.groupby("root").count()  # one row per cluster, on the workers
-        for row in per_survivor.map_batches(_size_histogram, batch_format="numpy").take_all():
-            histogram[int(row["size"])] = histogram.get(int(row["size"]), 0) + int(row["clusters"])
-        if cfg.sample_pairs:
-            rows = removed_info.map_batches(_earliest, fn_args=(cfg.sample_pairs,), batch_format="numpy").take_all()
-            sample = sorted(rows, key=lambda r: int(r["node"]))[: cfg.sample_pairs]
-    return {
-        "documents_in": n_docs,
-        "documents_removed": sum((size - 1) * n for size, n in histogram.items()),
+    parts = list(range(len(docs_files)))
+    d = STAGE
+    bands = run_tasks(f"{d}.bands", [{"name": part_name(p), "part": p, "docs": docs_files[p],
+                                      "out": f"{d}/bands/{part_name(p)}.parquet"} for p in parts],
+                      functools.partial(bands_task, cfg=cfg, params=params, root=root, removed_files=removed_files))
+    band_files = [os.path.join(root, d, "bands", f"{part_name(p)}.parquet") for p in parts]
+    ranges = plan_bucket_ranges(sum(s["band_rows"] for s in bands))
+    cand_items = [{"name": f"task-{i:03d}", "lo": lo, "hi": hi, "out": f"{d}/candidates/task-{i:03d}.parquet",
+                   "endpoints": f"{d}/endpoints/task-{i:03d}.parquet"} for i, (lo, hi) in enumerate(ranges)]
+    cand = run_tasks(f"{d}.candidates", cand_items, functools.partial(candidates_task, root=root, band_files=band_files))
+    endpoint_files = [os.path.join(root, it["endpoints"]) for it in cand_items]
+    candidate_files = [os.path.join(root, it["out"]) for it in cand_items]
+    run_tasks(f"{d}.members", [{"name": part_name(p), "part": p, "docs": docs_files[p],
+                                "out": f"{d}/members/{part_name(p)}.parquet"} for p in parts],
+              functools.partial(members_task, cfg=cfg, root=root, endpoint_files=endpoint_files, removed_files=removed_files))
+    buckets = cc.bucket_count(2 * sum(s["pairs"] for s in cand))
+    ver_items = [{"name": part_name(p), "part": p, "buckets": buckets, "edges": f"{d}/edges/{part_name(p)}.parquet",
+                  "links": f"{d}/links/{part_name(p)}.parquet"} for p in parts]
+    ver = run_tasks(f"{d}.verify", ver_items, functools.partial(verify_task, cfg=cfg, root=root, candidate_files=candidate_files))
+    n_linked = sum(s["pairs_linked"] for s in ver)
+    star_files = cc.connected_components(run_tasks, root, f"{d}.components", f"{d}/components", [os.path.join(root, it["edges"]) for it in ver_items],
+                                         buckets) if n_linked else []
+    link_files = [os.path.join(root, it["links"]) for it in ver_items]
+    rem = run_tasks(f"{d}.removed", [{"name": part_name(p), "part": p, "out": f"removed/{STAGE}/{part_name(p)}.parquet"}
+                                     for p in parts],
+                    functools.partial(removed_task, cfg=cfg, root=root, star_files=star_files, link_files=link_files,
+                                      buckets=buckets))
+    removed: dict[str, int] = {}
+    for s in rem:
+        for k, v in s["removed"].items():
+            removed[k] = removed.get(k, 0) + v
+    hist = _cluster_sizes(star_files)
+    sample = [p for s in rem for p in s["sample"]][: cfg.sample_pairs]
+    detail = {
+        "documents_in": sum(s["documents_in"] for s in bands),
+        "documents_removed": sum(removed.values()),
         "lsh": params.to_dict(),
         "config": cfg.to_dict(),
-        "candidate_pairs": n_candidates,
+        "candidate_pairs": sum(s["candidate_pairs"] for s in ver),
         "pairs_linked": n_linked,
-        "clusters": sum(histogram.values()),
-        "cluster_sizes": {str(size): histogram[size] for size in sorted(histogram)},
-        "sample_pairs": [  # by input order: the removed document, its survivor, the one that linked it
-            {"removed_order": int(r["node"]), "survivor": str(r["duplicate_of"]), "linked_order": int(r["linked"]),
-             "similarity": round(float(r["similarity"]), 4)}
-            for r in sample
-        ],
+        "clusters": sum(hist.values()),
+        "cluster_sizes": {str(size): hist[size] for size in sorted(hist)},
+        "sample_pairs": sample,  # by input order: the removed document, its survivor, the one that linked it
     }
+    return {"removed": removed, "removed_bytes": sum(s["removed_bytes"] for s in rem), "detail": detail}

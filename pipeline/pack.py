@@ -1,22 +1,39 @@
 """Pack tokenized documents into rows of ``seq_len + 1`` tokens, shards, and the document index.
 
 Documents are concatenated in global ``order`` (EOS already follows each) and cut into rows; a
-document may continue into the next row. The tail that does not fill a whole row is dropped
-and counted (``tokens_dropped_tail``). A shard holds ``shard_bytes // row bytes`` rows (the
-last one fewer). Packing is a single sequential pass: it is what makes the output independent
-of how the parallel stages were scheduled, and it is cheap (array copies, no text).
+document may continue into the next row. A shard holds ``shard_bytes // row bytes`` rows (the
+last one of a range fewer).
+
+Packing runs in parallel over fixed *ranges* of each split's token stream (``pack.range_tokens``
+tokens of document starts a range), planned from the tokenize stage's per-partition token
+counts: positions in the document sequence, never the worker count or the file grouping. Each
+range is one Ray task that packs its documents, in ``order``, into its own shards
+(``shards/<split>-<range>-<n>.arrow``) and its own slice of the document index (shard numbers
+local to the range). The tail of a range that does not fill a whole row is dropped and counted
+(``tokens_dropped_tail``), at most ``seq_len`` tokens a range. A last task merges the slices
+into the one document index, offsetting shard numbers to their place in the manifest (train
+shards of every range in range order, then validation). So the output, and the manifest hash,
+are a function of the documents alone: the same for any worker count, any partitioning and
+after any resume.
 """
 from __future__ import annotations
 
 import bisect
+import math
+import os
+from dataclasses import asdict
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from gristmill.manifests import DatasetBuilder
+from gristmill.manifests import DatasetBuilder, Shard, sha256_file
 from gristmill.manifests.doc_index import DOC_INDEX_SCHEMA, DocIndexWriter
+from gristmill.manifests.manifest import token_dtype_for
+from gristmill.manifests.shards import write_shard
+
+SPLITS = ("train", "validation")
 
 _IDX = DOC_INDEX_SCHEMA.names
 
@@ -25,7 +42,8 @@ class SplitPacker:
     """One split's packing pass. Spans go to the document index as soon as their rows are in a
     written shard, so memory is one shard plus the spans of its rows, whatever the corpus size."""
 
-    def __init__(self, builder: DatasetBuilder, split: str, seq_len: int, shard_bytes: int, index: DocIndexWriter):
+    def __init__(self, builder: DatasetBuilder | RangeShards, split: str, seq_len: int, shard_bytes: int,
+                 index: DocIndexWriter):
         self.b, self.split, self.width, self.index_writer = builder, split, seq_len + 1, index
         itemsize = np.dtype(builder.dtype).itemsize
         self.rows_per_shard = max(1, shard_bytes // (self.width * itemsize))
@@ -96,7 +114,90 @@ class SplitPacker:
         self.pending, self.pending_tokens = [], 0
 
 
-def pack_split(builder: DatasetBuilder, token_files: list[str], split: str, seq_len: int, shard_bytes: int,
+class RangeShards:
+    """Where one range's packer puts its shards: ``shards/<split>-<range>-<n>.arrow`` in staging,
+    each pinned by both hashes as ``DatasetBuilder.add_shard`` does."""
+
+    def __init__(self, staging: str, range_no: int, vocab_size: int):
+        self.dir, self.range_no = staging, range_no
+        self.dtype = token_dtype_for(vocab_size)
+        self.shards: list[Shard] = []
+
+    def add_shard(self, split: str, rows: np.ndarray, number: int) -> Shard:
+        rel = f"shards/{split}-{self.range_no:05d}-{number:05d}.arrow"
+        rows = rows.astype(self.dtype, copy=False)
+        published = write_shard(os.path.join(self.dir, rel), rows)
+        raw = write_shard(None, rows, compressed=False)  # pin the cache form's hash too, from the same rows
+        shard = Shard(rel, split, published.sha256, published.bytes, published.rows, published.tokens, raw.sha256, raw.bytes)
+        self.shards.append(shard)
+        return shard
+
+
+def plan_ranges(tokens_per_part: dict[str, list[int]], range_tokens: int) -> list[dict]:
+    """Pack tasks: per split, range k holds the documents whose first token falls in
+    ``[k * range_tokens, (k + 1) * range_tokens)`` of that split's token stream. Ranges are
+    positions in the document sequence, so they do not depend on how files were grouped into
+    partitions, nor on the worker count; each lists the partitions it must read."""
+    items = []
+    for split in SPLITS:
+        counts = tokens_per_part[split]
+        starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64) if counts else np.zeros(0, np.int64)
+        total = int(sum(counts))
+        for k in range(math.ceil(total / range_tokens)):
+            lo, hi = k * range_tokens, (k + 1) * range_tokens
+            parts = [p for p, (s0, c) in enumerate(zip(starts.tolist(), counts)) if c and s0 < hi and s0 + c > lo]
+            items.append({"name": f"{split}-{k:05d}", "split": split, "range": k, "lo": lo, "hi": hi, "parts": parts,
+                          "offsets": [int(starts[p]) for p in parts]})
+    return items
+
+
+def range_docs(token_file: str, split: str, offset: int, lo: int, hi: int, batch_rows: int = 1024):
+    """The documents of one partition's ``split`` whose first token (at split offset ``offset`` +
+    tokens before it in this partition) falls in ``[lo, hi)``, in order."""
+    pos = offset
+    for batch in pq.ParquetFile(token_file).iter_batches(batch_size=batch_rows):
+        t = pa.Table.from_batches([batch])
+        t = t.filter(pc.equal(t.column("split"), split))
+        if not t.num_rows:
+            continue
+        lengths = pc.list_value_length(t.column("tokens")).to_numpy()
+        starts = pos + np.concatenate([[0], np.cumsum(lengths)[:-1]])
+        pos += int(lengths.sum())
+        keep = (starts >= lo) & (starts < hi)
+        if keep.any():
+            yield t.filter(pa.array(keep))
+        if pos >= hi:
+            return
+
+
+def pack_range_task(item: dict, token_files: list[str], staging: str, index_dir: str, seq_len: int, shard_bytes: int,
+                    vocab_size: int) -> dict:
+    """Pack one range of one split: its shards and its document-index slice."""
+    sink = RangeShards(staging, item["range"], vocab_size)
+    path = os.path.join(index_dir, f"{item['name']}.parquet")
+    with DocIndexWriter(path) as index:
+        packer = SplitPacker(sink, item["split"], seq_len, shard_bytes, index)
+        for p, off in zip(item["parts"], item["offsets"]):
+            for t in range_docs(token_files[p], item["split"], off, item["lo"], item["hi"]):
+                packer.add(t)
+        packer.finish()
+    return {"split": item["split"], "stats": packer.stats, "shards": [asdict(s) for s in sink.shards], "index": path}
+
+
+def merge_doc_index(item: dict, slices: list[tuple[str, int]], out_path: str) -> dict:
+    """Concatenate the ranges' index slices in manifest order; ``base`` turns a slice's shard
+    number (a position in its range's shard list) into a position in the manifest's."""
+    with DocIndexWriter(out_path) as w:
+        for path, base in slices:
+            for batch in pq.ParquetFile(path).iter_batches(batch_size=1 << 16):
+                t = pa.Table.from_batches([batch])
+                w.write(t.set_column(0, "shard", pc.add(t.column("shard"), base).cast(t.schema.field("shard").type)))
+    rows = w.rows  # after close: the last row group is written then
+    sha, size = sha256_file(out_path)
+    return {"sha256": sha, "bytes": size, "rows": rows}
+
+
+def pack_split(builder: DatasetBuilder | RangeShards, token_files: list[str], split: str, seq_len: int, shard_bytes: int,
                index: DocIndexWriter, batch_rows: int = 1024) -> dict:
     """Pack one split from the tokenize stage's partition files, read in partition order; returns its stats."""
     packer = SplitPacker(builder, split, seq_len, shard_bytes, index)

@@ -74,7 +74,8 @@ def build_report(stats: dict, extract: list[dict], tokenize: list[dict], timings
         if name == "pack":
             continue
         wall = timings.get(name, {}).get("seconds")
-        cpu = secs.get(name, wall)  # per-partition stages: summed task time (core-seconds)
+        # per-partition stages: summed task time; the others: their tasks' CPU time (core-seconds)
+        cpu = secs.get(name, timings.get(name, {}).get("cpu_seconds", wall))
         mb = st.get("bytes_in", 0) / 1e6
         rows.append({"stage": name, "documents_in": st.get("documents_in"), "documents_out": st.get("documents_out"),
                      "bytes_in": st.get("bytes_in"), "tokens_out": st.get("tokens_out"),

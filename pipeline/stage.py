@@ -1,4 +1,4 @@
-"""What a pipeline stage hands back to the executor.
+"""What decontamination's table functions hand back (``pipeline.decontam.decontaminate``).
 
 Every stage takes the documents that survived the stages before it and returns the ones it
 keeps, the ones it removes (all their columns plus ``reason`` and stage-specific detail such
@@ -13,6 +13,6 @@ from typing import Any
 
 @dataclass
 class StageResult:
-    kept: Any  # ray.data.Dataset of document rows (see docs/architecture.md)
-    removed: Any  # ray.data.Dataset: document rows + `reason` + detail columns
+    kept: Any  # pa.Table of document rows (see docs/architecture.md)
+    removed: Any  # pa.Table: document rows + `reason` + detail columns
     stats: dict = field(default_factory=dict)  # JSON-able; goes into the report and the manifest

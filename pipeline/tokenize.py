@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 
 from .config import SplitConfig, TokenizerConfig
 from .documents import stable_fraction
+from .survivors import overridden_texts, removed_ids
 from .workdir import ParquetPart, WorkDir, part_name
 from gristmill.errors import GristmillError
 
@@ -127,22 +128,3 @@ def pc_sum(column) -> int:
     import pyarrow.compute as pc
 
     return int(pc.sum(column).as_py() or 0)
-
-
-def removed_ids(files: list[str], part: int) -> set[str]:
-    """Ids a global stage removed from this partition (the files are sorted by order, so the
-    part filter skips most row groups: memory is one partition's removals, not the corpus')."""
-    ids: set[str] = set()
-    for f in files:
-        t = pq.read_table(f, columns=["id"], filters=[("part", "=", part)])
-        ids.update(t.column("id").to_pylist())
-    return ids
-
-
-def overridden_texts(files: list[str], part: int) -> dict[str, str]:
-    """id -> text for the documents of this partition that a stage shortened (decontam `cut`)."""
-    out: dict[str, str] = {}
-    for f in files:
-        t = pq.read_table(f, columns=["id", "text"], filters=[("part", "=", part)])
-        out.update(zip(t.column("id").to_pylist(), t.column("text").to_pylist()))
-    return out

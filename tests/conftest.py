@@ -13,7 +13,6 @@ def ray_session():
 
     if not ray.is_initialized():
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    ray.data.DataContext.get_current().enable_progress_bars = False
     yield ray
     ray.shutdown()
 

@@ -166,7 +166,7 @@ def test_print_config_round_trips_and_does_no_work(prepare_dir, tmp_path_factory
 
 
 @pytest.mark.parametrize("command, override, message", [
-    ("prepare", "pack.seq_lenn=1", "--set pack.seq_lenn=1: pack.seq_lenn: expected one of the keys seq_len, shard_bytes, "
+    ("prepare", "pack.seq_lenn=1", "--set pack.seq_lenn=1: pack.seq_lenn: expected one of the keys seq_len, shard_bytes, range_tokens, "
                                    "got unknown key 'seq_lenn'; did you mean 'seq_len'?"),
     ("train", "optimizer.lr=-1", "optimizer.lr: expected a number > 0, got -1 (from --set optimizer.lr=-1)"),
 ])

@@ -209,14 +209,14 @@ def planted_corpus(tmp_path, n_docs=60, seed=0):
     return rows, truth, section
 
 
-def by_id(ds):
-    return {r["id"]: r for r in ds.take_all()}
+def by_id(table):
+    return {r["id"]: r for r in table.to_pylist()}
 
 
-def test_drop_finds_every_planted_item_and_removes_no_clean_document(ray_session, tmp_path):
+def test_drop_finds_every_planted_item_and_removes_no_clean_document(tmp_path):
     rows, truth, section = planted_corpus(tmp_path)
     cfg = DecontamConfig.from_dict(section, base_dir=str(tmp_path))
-    result = decontaminate(ray_session.data.from_items(rows), cfg, str(tmp_path / "work"))
+    result = decontaminate(pa.Table.from_pylist(rows), cfg, str(tmp_path / "work"))
     removed, kept = by_id(result.removed), by_id(result.kept)
     assert {i: (r["eval_set"], r["eval_item"]) for i, r in removed.items()} == truth
     assert set(kept) == {r["id"] for r in rows} - set(truth)
@@ -237,10 +237,10 @@ def test_drop_finds_every_planted_item_and_removes_no_clean_document(ray_session
     assert (doc0["id"], doc0["source"], doc0["position"]) == ("doc-0", "mem://corpus/0.jsonl", 0)
 
 
-def test_eval_set_records_hash_the_file_bytes(ray_session, tmp_path):
+def test_eval_set_records_hash_the_file_bytes(tmp_path):
     rows, truth, section = planted_corpus(tmp_path, n_docs=5)
     cfg = DecontamConfig.from_dict(section, base_dir=str(tmp_path))
-    result = decontaminate(ray_session.data.from_items(rows), cfg, None)
+    result = decontaminate(pa.Table.from_pylist(rows), cfg, None)
     records = result.stats["eval_sets"]
     assert [r["name"] for r in records] == ["qa", "trivia"]
     for r, name in zip(records, ("qa.jsonl", "trivia.txt")):
@@ -250,12 +250,12 @@ def test_eval_set_records_hash_the_file_bytes(ray_session, tmp_path):
     assert [r["items"] for r in records] == [6, 7]
 
 
-def test_cut_policy_keeps_the_rest_of_the_document(ray_session, tmp_path):
+def test_cut_policy_keeps_the_rest_of_the_document(tmp_path):
     rows, truth, section = planted_corpus(tmp_path)
     cfg = DecontamConfig.from_dict({**section, "policy": "cut", "margin": 0}, base_dir=str(tmp_path))
-    result = decontaminate(ray_session.data.from_items(rows), cfg, None)
+    result = decontaminate(pa.Table.from_pylist(rows), cfg, None)
     kept = by_id(result.kept)
-    assert result.removed.count() == 0 and len(kept) == len(rows)
+    assert result.removed.num_rows == 0 and len(kept) == len(rows)
     assert result.stats["documents_cut"] == len(truth)
     index = build_index([(s.name, s.read_items()) for s in cfg.eval_sets], n=13)
     for r in rows:
@@ -268,21 +268,21 @@ def test_cut_policy_keeps_the_rest_of_the_document(ray_session, tmp_path):
             assert after == r["text"]
 
 
-def test_cut_that_leaves_nothing_drops_and_empty_references_remove_nothing(ray_session, tmp_path):
+def test_cut_that_leaves_nothing_drops_and_empty_references_remove_nothing(tmp_path):
     item = "an evaluation question that someone pasted into the corpus without any other text"
     write_jsonl(tmp_path / "e.jsonl", [{"text": item}, {"text": ""}])
     rows = [{"id": "only-item", "order": 0, "text": f"  {item.title()}!  ", "source": "s", "position": 0},
             {"id": "clean", "order": 1, "text": "nothing to see here", "source": "s", "position": 1}]
     cfg = DecontamConfig.from_dict({"eval_sets": [{"name": "e", "path": str(tmp_path / "e.jsonl")}], "policy": "cut"})
-    result = decontaminate(ray_session.data.from_items(rows), cfg, None)
-    assert [r["id"] for r in result.removed.take_all()] == ["only-item"]
+    result = decontaminate(pa.Table.from_pylist(rows), cfg, None)
+    assert [r["id"] for r in result.removed.to_pylist()] == ["only-item"]
     assert result.stats["documents_removed"] == 1 and result.stats["documents_cut"] == 0
     assert result.stats["per_eval_set"]["e"]["items"] == 2 and result.stats["per_eval_set"]["e"]["items_indexed"] == 1
-    none = decontaminate_against_docs(ray_session.data.from_items(rows), ray_session.data.from_items(rows[:0]), cfg)
-    assert none.removed.count() == 0 and none.kept.count() == 2 and none.stats["eval_sets"][0]["items"] == 0
+    none = decontaminate_against_docs(pa.Table.from_pylist(rows), pa.Table.from_pylist(rows[:0]), cfg)
+    assert none.removed.num_rows == 0 and none.kept.num_rows == 2 and none.stats["eval_sets"][0]["items"] == 0
 
 
-def test_min_matches_keeps_documents_with_too_few_hits(ray_session, tmp_path):
+def test_min_matches_keeps_documents_with_too_few_hits(tmp_path):
     rng = np.random.default_rng(1)
     item = phrase(rng, 40)  # 28 grams
     write_jsonl(tmp_path / "e.jsonl", [{"text": item}])
@@ -293,45 +293,44 @@ def test_min_matches_keeps_documents_with_too_few_hits(ray_session, tmp_path):
     for min_matches in (1, 4, 5, 28, 100):
         cfg = DecontamConfig.from_dict({"eval_sets": [{"name": "e", "path": str(tmp_path / "e.jsonl")}],
                                         "min_matches": min_matches})
-        result = decontaminate(ray_session.data.from_items(rows), cfg, None)
-        removed[min_matches] = sorted(r["id"] for r in result.removed.take_all())
+        result = decontaminate(pa.Table.from_pylist(rows), cfg, None)
+        removed[min_matches] = sorted(r["id"] for r in result.removed.to_pylist())
     # an item wholly present always counts: it needs min(min_matches, its 28 grams) hits
     assert removed == {1: ["partial", "whole"], 4: ["partial", "whole"], 5: ["whole"], 28: ["whole"], 100: ["whole"]}
 
 
-def test_against_validation_split(ray_session, tmp_path):
+def test_against_validation_split(tmp_path):
     rng = np.random.default_rng(2)
     val = [{"id": f"val-{i}", "order": i, "text": phrase(rng, 60), "source": "v", "position": i} for i in range(4)]
     train = [{"id": f"tr-{i}", "order": i, "text": phrase(rng, 80), "source": "t", "position": i} for i in range(8)]
     train[3]["text"] += " " + " ".join(val[2]["text"].split()[10:40])  # a validation passage leaked into train
     cfg = DecontamConfig.from_dict({})
-    data = ray_session.data
-    result = decontaminate_against_docs(data.from_items(train), data.from_items(val), cfg)
-    (gone,) = result.removed.take_all()
+    result = decontaminate_against_docs(pa.Table.from_pylist(train), pa.Table.from_pylist(val), cfg)
+    (gone,) = result.removed.to_pylist()
     assert (gone["id"], gone["eval_set"], gone["eval_item"], gone["matches"]) == ("tr-3", "validation", "val-2", 18)
-    assert result.kept.count() == 7
+    assert result.kept.num_rows == 7
     record = result.stats["eval_sets"][0]
     assert record["uri"] == "split:validation" and record["items"] == 4
-    again = decontaminate_against_docs(data.from_items(train), data.from_items(val[::-1]), cfg)
+    again = decontaminate_against_docs(pa.Table.from_pylist(train), pa.Table.from_pylist(val[::-1]), cfg)
     assert again.stats == result.stats  # input order does not matter
 
 
-def test_rerun_is_deterministic_and_reuses_the_cached_index(ray_session, tmp_path):
+def test_rerun_is_deterministic_and_reuses_the_cached_index(tmp_path):
     rows, truth, section = planted_corpus(tmp_path, n_docs=30)
     cfg = DecontamConfig.from_dict(section, base_dir=str(tmp_path))
     work = str(tmp_path / "work")
-    first = decontaminate(ray_session.data.from_items(rows), cfg, work)
+    first = decontaminate(pa.Table.from_pylist(rows), cfg, work)
     (cached,) = os.listdir(os.path.join(work, "decontam"))
     mtime = os.path.getmtime(os.path.join(work, "decontam", cached))
-    # same documents, fewer per block: more tasks, same answer
-    second = decontaminate(ray_session.data.from_items(rows[::-1], override_num_blocks=6), cfg, work)
+    # same documents in another order: same answer
+    second = decontaminate(pa.Table.from_pylist(rows[::-1]), cfg, work)
     assert second.stats == first.stats
     assert os.path.getmtime(os.path.join(work, "decontam", cached)) == mtime  # loaded, not rebuilt
     assert by_id(second.removed) == by_id(first.removed)
 
 
 @pytest.mark.slow
-def test_demo_corpus_planted_items_are_all_found_and_nothing_else(ray_session, tmp_path):
+def test_demo_corpus_planted_items_are_all_found_and_nothing_else(tmp_path):
     from gristmill.pipeline.demo_corpus import write_demo_corpus
     from gristmill.pipeline.documents import make_id, make_order
     from gristmill.pipeline.readers import read_jsonl
@@ -346,10 +345,66 @@ def test_demo_corpus_planted_items_are_all_found_and_nothing_else(ray_session, t
              for r in map(json.loads, (tmp_path / "truth" / "contaminated.jsonl").read_text().splitlines())}
     assert truth  # the generator planted something
     section = {"eval_sets": [{"name": "demo_qa", "path": str(tmp_path / "evals" / "demo_qa.jsonl"), "id_field": "id"}]}
-    result = decontaminate(ray_session.data.from_items(rows), DecontamConfig.from_dict(section), str(tmp_path / "work"))
-    removed = {r["id"]: (r["eval_set"], r["eval_item"]) for r in result.removed.take_all()}
+    result = decontaminate(pa.Table.from_pylist(rows), DecontamConfig.from_dict(section), str(tmp_path / "work"))
+    removed = {r["id"]: (r["eval_set"], r["eval_item"]) for r in result.removed.to_pylist()}
     assert removed == truth
-    assert result.kept.count() == len(rows) - len(truth)
+    assert result.kept.num_rows == len(rows) - len(truth)
     (record,) = result.stats["eval_sets"]
     data = (tmp_path / "evals" / "demo_qa.jsonl").read_bytes()
     assert record["sha256"] == hashlib.sha256(data).hexdigest() and record["items"] == len(data.splitlines())
+
+
+def _validation_stage_run(ray, tmp_path, docs_files, eval_path):
+    """The executor's decontaminate stage (both passes) over ``docs_files``, as a fresh run of
+    `prepare` in the same work dir would run it; the ids still in the run afterwards."""
+    from gristmill.pipeline import stages
+    from gristmill.pipeline.config import JobConfig
+    from gristmill.pipeline.progress import Progress
+    from gristmill.pipeline.survivors import surviving_docs
+    from gristmill.pipeline.workdir import WorkDir
+
+    job = JobConfig.from_dict({"inputs": ["unused.jsonl"], "output": {"store": str(tmp_path / "store"), "dataset": "d"},
+                               "work_dir": str(tmp_path / "work"), "split": {"validation_fraction": 0.5},
+                               "decontaminate": {"eval_sets": [{"name": "e", "path": eval_path}]}})
+    (stage,) = [s for s in stages.build(job) if s.name == "decontaminate"]
+    ctx = stages.Context(job, WorkDir(str(tmp_path / "work")), ray, [{"part": p} for p in range(len(docs_files))],
+                         Progress(quiet=True), lambda msg: None)
+    stage.run(ctx)
+    return sorted(i for p, f in enumerate(docs_files)
+                  for t in surviving_docs(f, p, ctx.removed_files, ctx.override_files, ["id"], 100)
+                  for i in t.column("id").to_pylist())
+
+
+def test_validation_pass_redone_after_a_kill_between_its_outputs_and_its_marker(ray_session, tmp_path):
+    """A validation-pass task killed after committing its removed file but before its marker is
+    redone on the rerun; the rerun must not read that file as an earlier stage's removals (it
+    would skip the documents the file removed and rewrite it without them)."""
+    from gristmill.pipeline.config import SplitConfig
+    from gristmill.pipeline.documents import make_order
+    from gristmill.pipeline.tokenize import split_of
+    from gristmill.pipeline.workdir import ParquetPart
+
+    rng = np.random.default_rng(3)
+    split = SplitConfig(validation_fraction=0.5)
+    ids = [f"doc-{i}" for i in range(40)]
+    val_ids = [i for i in ids if split_of(i, split) == "validation"][:2]
+    train_ids = [i for i in ids if split_of(i, split) == "train"][:6]
+    texts = {i: phrase(rng, 60) for i in val_ids + train_ids}
+    texts[train_ids[4]] += " " + " ".join(texts[val_ids[1]].split()[5:35])  # a validation passage leaked into train
+    schema = pa.schema([("id", pa.string()), ("order", pa.int64()), ("part", pa.int32()), ("bytes", pa.int64()),
+                        ("source", pa.string()), ("position", pa.int64()), ("text", pa.string())])
+    docs_files = []
+    for p, chunk in enumerate([val_ids[:1] + train_ids[:3], val_ids[1:] + train_ids[3:]]):
+        out = ParquetPart(str(tmp_path / "work" / "docs" / f"part-{p:05d}.parquet"), schema)
+        out.write(pa.table({"id": chunk, "order": [make_order(p, k) for k in range(len(chunk))], "part": [p] * len(chunk),
+                            "bytes": [len(texts[i].encode()) for i in chunk], "source": ["s"] * len(chunk),
+                            "position": list(range(len(chunk))), "text": [texts[i] for i in chunk]}, schema=schema))
+        out.commit()
+        docs_files.append(out.path)
+    eval_path = write_jsonl(tmp_path / "e.jsonl", [{"text": phrase(rng, 20)}])  # matches nothing
+
+    first = _validation_stage_run(ray_session, tmp_path, docs_files, eval_path)
+    assert train_ids[4] not in first and len(first) == len(val_ids + train_ids) - 1
+    # kill -9 after the task's outputs were renamed into place, before its marker was written
+    os.remove(tmp_path / "work" / "_done" / "decontaminate.validation" / "part-00001.json")
+    assert _validation_stage_run(ray_session, tmp_path, docs_files, eval_path) == first

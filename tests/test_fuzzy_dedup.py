@@ -1,11 +1,16 @@
 """The fuzzy-dedup stage on Ray: planted near-duplicates found, unrelated documents kept, same
 result whatever the worker count, and the connected-components steps."""
+import glob
 import random
+
 
 import numpy as np
 import pytest
 
-from gristmill.pipeline.components import connected_components, large_star, small_star
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from gristmill.pipeline.components import large_star, small_star
 from gristmill.pipeline.fuzzy_dedup import FuzzyDedupConfig, find_near_duplicates
 from gristmill.pipeline.minhash import MinHasher, jaccard
 
@@ -48,19 +53,45 @@ def planted_corpus(seed=0, n_base=40, words=150):
     return rows, sims
 
 
-def _run(ray, rows, cfg, work_dir, cpus):
-    ctx = ray.data.DataContext.get_current()
-    old = ctx.execution_options.resource_limits
-    ctx.execution_options.resource_limits = old.copy(cpu=cpus)
-    try:
-        ds = ray.data.from_items(rows, override_num_blocks=cpus * 2)
-        res = find_near_duplicates(ds, cfg, str(work_dir))
-        kept = sorted(r["id"] for r in res.kept.take_all())
-        removed = sorted((r["id"], r["duplicate_of"], r["cluster"], r["reason"], round(r["similarity"], 9), r.get("source"))
-                         for r in res.removed.take_all())
-        return kept, removed, res.stats
-    finally:
-        ctx.execution_options.resource_limits = old
+def _run(ray, rows, cfg, work_dir, cpus, parts=1):
+    """The stage over ``rows`` split into ``parts`` partition files, at most ``cpus`` tasks at once."""
+    import json
+    import functools
+
+    import pyarrow as pa
+
+    from gristmill.pipeline.documents import make_order
+    from gristmill.pipeline.tasks import run_tasks
+    from gristmill.pipeline.workdir import ParquetPart, WorkDir
+
+    wd = WorkDir(str(work_dir))
+    rows = sorted(rows, key=lambda r: r["order"])
+    size = -(-len(rows) // parts)
+    files = []
+    for p in range(parts):
+        chunk = rows[p * size:(p + 1) * size]
+        path = wd.path("docs", f"part-{p:05d}.parquet")
+        out = ParquetPart(path, pa.schema([("id", pa.string()), ("order", pa.int64()), ("text", pa.string()),
+                                           ("bytes", pa.int64()), ("part", pa.int32())]))
+        out.write(pa.table({"id": [r["id"] for r in chunk], "order": [make_order(p, i) for i in range(len(chunk))],
+                            "text": [r["text"] for r in chunk], "bytes": [len(r["text"].encode()) for r in chunk],
+                            "part": [p] * len(chunk)}))
+        out.commit()
+        files.append(path)
+    runner = functools.partial(_tasks, ray, wd, cpus)
+    stats = find_near_duplicates(runner, wd.root, files, [], cfg)
+    removed_t = pa.concat_tables([pq.read_table(f) for f in sorted(glob.glob(wd.path("removed", "fuzzy_dedup", "*.parquet")))])
+    removed = sorted((r["id"], (d := json.loads(r["detail"]))["duplicate_of"], d["cluster"], r["reason"], round(d["similarity"], 9))
+                     for r in removed_t.to_pylist())
+    gone = {r[0] for r in removed}
+    kept = sorted(r["id"] for r in rows if r["id"] not in gone)
+    return kept, removed, stats["detail"]
+
+
+def _tasks(ray, wd, cpus, step, items, fn):
+    from gristmill.pipeline.tasks import run_tasks
+
+    return run_tasks(ray, wd, step, items, fn, max_in_flight=cpus)
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +101,7 @@ def corpus():
 
 @pytest.fixture(scope="module")
 def one_worker(ray_session, corpus, tmp_path_factory):
-    cfg = FuzzyDedupConfig(num_partitions=1, batch_size=1000)
+    cfg = FuzzyDedupConfig(batch_size=1000)
     return _run(ray_session, corpus[0], cfg, tmp_path_factory.mktemp("fd1"), cpus=1)
 
 
@@ -89,8 +120,8 @@ def test_recall_and_precision_on_planted_pairs(corpus, one_worker):
     assert all(f"base-{i}" in kept for i in range(40))
     assert "empty-1" in kept and "empty-2" in kept  # documents without words resemble nothing
     assert len(kept) + len(removed) == len(rows)
-    for rid, survivor, cluster, reason, sim, source in removed:
-        assert cluster == survivor and reason == "near_duplicate" and source == "syn"
+    for rid, survivor, cluster, reason, sim in removed:
+        assert cluster == survivor and reason == "near_duplicate"
         assert sim >= 0.8  # verified Jaccard at or above the threshold
 
 
@@ -112,9 +143,9 @@ def test_report(corpus, one_worker):
 
 
 @pytest.mark.slow
-def test_same_result_with_one_and_two_workers(ray_session, corpus, one_worker, tmp_path):
-    cfg = FuzzyDedupConfig(num_partitions=3, batch_size=7)
-    two = _run(ray_session, corpus[0], cfg, tmp_path, cpus=2)
+def test_same_result_with_one_and_two_workers_and_any_partitioning(ray_session, corpus, one_worker, tmp_path):
+    cfg = FuzzyDedupConfig(batch_size=7)
+    two = _run(ray_session, corpus[0], cfg, tmp_path, cpus=2, parts=5)
     assert two[0] == one_worker[0] and two[1] == one_worker[1]
     assert two[2]["cluster_sizes"] == one_worker[2]["cluster_sizes"]
 
@@ -122,7 +153,7 @@ def test_same_result_with_one_and_two_workers(ray_session, corpus, one_worker, t
 @pytest.mark.slow
 def test_estimated_similarity_without_verification(ray_session, corpus, tmp_path):
     rows, sims = corpus
-    cfg = FuzzyDedupConfig(verify=False, bands=9, rows=13, num_partitions=2)
+    cfg = FuzzyDedupConfig(verify=False, bands=9, rows=13)
     kept, removed, stats = _run(ray_session, rows, cfg, tmp_path, cpus=2)
     assert (stats["lsh"]["bands"], stats["lsh"]["rows"]) == (9, 13)
     dup_of = {r[0]: r[1] for r in removed}
@@ -168,12 +199,28 @@ def test_star_steps_find_components_of_a_long_chain_and_random_graph():
 
 
 @pytest.mark.slow
-def test_connected_components_on_ray_matches_union_find(ray_session):
+def test_connected_components_on_ray_matches_union_find(ray_session, tmp_path):
+    """Edge files in several buckets (tasks), a long chain included: the same components as union-find."""
+    import functools
+
+    from gristmill.pipeline import components as cc
+    from gristmill.pipeline.workdir import WorkDir
+
     rng = np.random.default_rng(1)
     edges = [tuple(x) for x in rng.integers(0, 500, size=(400, 2)).tolist() if x[0] != x[1]]
     edges += [(1000 + i + 1, 1000 + i) for i in range(64)]
-    ds = ray_session.data.from_items([{"hi": max(e), "lo": min(e)} for e in edges], override_num_blocks=4)
-    got = {r["node"]: r["root"] for r in connected_components(ds, 3).take_all()}
+    wd = WorkDir(str(tmp_path))
+    hi = np.array([max(e) for e in edges], np.int64)
+    lo = np.array([min(e) for e in edges], np.int64)
+    files = []
+    for k in range(2):  # two input files, as two verify tasks would write
+        f = wd.path("edges", f"{k}.parquet")
+        sl = slice(k * len(hi) // 2, (k + 1) * len(hi) // 2)
+        cc.write_edges(f, np.concatenate([hi[sl], lo[sl]]), np.concatenate([lo[sl], hi[sl]]), 3)
+        files.append(f)
+    star = cc.connected_components(functools.partial(_tasks, ray_session, wd, 2), wd.root, "cc", "cc", files, 3)
+    t = pa.concat_tables([pq.read_table(f) for f in star])
+    got = {u: v for u, v in zip(t.column("u").to_pylist(), t.column("v").to_pylist()) if v < u}
     assert got == _union_find(edges)
 
 
@@ -215,7 +262,7 @@ def test_demo_corpus_planted_pairs(ray_session, tmp_path):
     for t in truth:  # the corpus's Jaccard is ours: same words, same 5-word shingles
         exact = jaccard(mh.shingles([text[t["a"]]]).hashes, mh.shingles([text[t["b"]]]).hashes)
         assert abs(exact - t["jaccard"]) < 1e-5, t
-    kept, removed, stats = _run(ray_session, rows, FuzzyDedupConfig(num_partitions=2), tmp_path / "wd", cpus=2)
+    kept, removed, stats = _run(ray_session, rows, FuzzyDedupConfig(), tmp_path / "wd", cpus=2)
     dup_of = {r[0]: r[1] for r in removed}
     high = [t for t in truth if t["jaccard"] >= 0.85]
     low = [t for t in truth if t["jaccard"] < 0.6]
@@ -230,6 +277,6 @@ def test_no_near_duplicates_keeps_everything(ray_session, tmp_path):
     rng = random.Random(5)
     vocab = _vocab(rng)
     rows = [{"id": f"d{i}", "order": i, "text": " ".join(rng.choice(vocab) for _ in range(60))} for i in range(12)]
-    kept, removed, stats = _run(ray_session, rows, FuzzyDedupConfig(num_partitions=2), tmp_path, cpus=2)
+    kept, removed, stats = _run(ray_session, rows, FuzzyDedupConfig(), tmp_path, cpus=2)
     assert kept == sorted(r["id"] for r in rows) and removed == []
     assert stats["documents_removed"] == 0 and stats["cluster_sizes"] == {} and stats["sample_pairs"] == []

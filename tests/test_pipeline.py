@@ -144,5 +144,5 @@ def test_kill_9_mid_run_then_rerun_gives_the_same_hash(corpus, first_run, tmp_pa
     assert result.manifest_sha256 in rerun.stdout
     # A Ray worker that was mid-commit may still finish after the driver died: at least what
     # was committed before the kill is skipped, and nothing is redone twice or half-read.
-    skipped = int(re.search(r"\[extract\] (\d+) of 27 partitions already done", rerun.stderr).group(1))
+    skipped = int(re.search(r"\[extract\] (\d+) of 27 tasks already done", rerun.stderr).group(1))
     assert done_before <= skipped < 27

@@ -125,16 +125,13 @@ def test_job_file_errors_and_relative_paths(tmp_path):
     assert "work_dir" not in job.content_dict() and "store" not in job.content_dict()["output"]
 
 
-def test_missing_input_and_unavailable_stage_fail_before_any_work(tmp_path, monkeypatch):
-    import sys
-
+def test_missing_input_and_bad_stage_section_fail_before_any_work(tmp_path):
     from gristmill.pipeline.executor import Executor
 
     d = _job(tmp_path)
     d["inputs"] = [str(tmp_path / "missing-*.jsonl")]
     with pytest.raises(ConfigError, match=r"inputs\[0\].path: no input file matches"):
         Executor(JobConfig.from_dict(d))
-    monkeypatch.setitem(sys.modules, "gristmill.pipeline.fuzzy_dedup", None)  # as if the module were not there
-    with pytest.raises(ConfigError, match="fuzzy_dedup: is set but gristmill.pipeline.fuzzy_dedup is not available"):
-        Executor(JobConfig.from_dict(_job(tmp_path, fuzzy_dedup={})))
+    with pytest.raises(ConfigError, match="fuzzy_dedup.threshold"):
+        Executor(JobConfig.from_dict(_job(tmp_path, fuzzy_dedup={"threshold": 2.0})))
     assert not os.path.exists(tmp_path / "w" / "_done")

@@ -67,11 +67,11 @@ def test_bpe_training_is_deterministic(tmp_path):
     assert (tmp_path / "a.json").read_bytes() == (tmp_path / "b.json").read_bytes()
 
 
-def _token_file(path, docs):
-    """docs: list of (id, split, tokens) in order."""
+def _token_file(path, docs, first=0):
+    """docs: list of (id, split, tokens) in order; ``first``: the position of the first one."""
     p = ParquetPart(str(path), TOKENS_SCHEMA)
-    p.write({"id": [d[0] for d in docs], "order": list(range(len(docs))), "source": ["src"] * len(docs),
-             "position": list(range(len(docs))), "lang": ["en"] * len(docs), "split": [d[1] for d in docs],
+    p.write({"id": [d[0] for d in docs], "order": list(range(first, first + len(docs))), "source": ["src"] * len(docs),
+             "position": list(range(first, first + len(docs))), "lang": ["en"] * len(docs), "split": [d[1] for d in docs],
              "tokens": [d[2] for d in docs]})
     p.commit()
     return str(path)
@@ -109,3 +109,51 @@ def test_pack_rows_and_doc_index_reconstruct_every_document(tmp_path):
         if doc_id in got:
             assert got[doc_id] == [int(t) for t in tokens][: len(got[doc_id])]
     assert len(got) >= 50
+
+
+def _pack_in_ranges(tmp_path, name, docs, cuts, range_tokens):
+    """Pack ``docs`` split into partition files at ``cuts`` with the pack stage's range tasks (no Ray)."""
+    import functools
+    import os
+
+    from gristmill.manifests import Shard
+    from gristmill.pipeline import pack
+
+    bounds = [0, *cuts, len(docs)]
+    files = [_token_file(tmp_path / f"{name}-{i}.parquet", docs[a:b], a) for i, (a, b) in enumerate(zip(bounds, bounds[1:]))]
+    tokens = {s: [sum(len(d[2]) for d in docs[a:b] if d[1] == s) for a, b in zip(bounds, bounds[1:])] for s in pack.SPLITS}
+    staging = str(tmp_path / name)
+    task = functools.partial(pack.pack_range_task, token_files=files, staging=staging, index_dir=staging + "-idx",
+                             seq_len=8, shard_bytes=9 * 2 * 5, vocab_size=512)
+    out = [task(item) for item in pack.plan_ranges(tokens, range_tokens)]
+    shards, slices = [], []
+    for o in out:
+        slices.append((o["index"], len(shards)))
+        shards += [Shard(**s) for s in o["shards"]]
+    merged = pack.merge_doc_index({}, slices, os.path.join(staging, "doc_index.parquet"))
+    rows = [read_rows(os.path.join(staging, s.path)) for s in shards]
+    return shards, rows, merged, read_doc_index(os.path.join(staging, "doc_index.parquet")).to_pylist(), out
+
+
+def test_pack_ranges_do_not_depend_on_the_partitioning(tmp_path):
+    rng = np.random.default_rng(3)
+    docs = [(f"d{i}", "validation" if i % 7 == 0 else "train", list(rng.integers(1, 500, rng.integers(1, 40))) + [0])
+            for i in range(120)]
+    a = _pack_in_ranges(tmp_path, "a", docs, [30, 31, 90], range_tokens=200)
+    b = _pack_in_ranges(tmp_path, "b", docs, [5, 64], range_tokens=200)
+    assert len(a[4]) > 4  # several ranges per split
+    assert [(s.sha256, s.split, s.rows) for s in a[0]] == [(s.sha256, s.split, s.rows) for s in b[0]]
+    assert a[2] == b[2]  # the merged document index is byte-identical
+    index, rows = a[3], a[1]
+    for span in index:  # every span points into its shard's rows
+        assert span["row"] < a[0][span["shard"]].rows
+    # each range drops at most one row's tail; every document that starts in a range is packed in it
+    for o in a[4]:
+        assert o["stats"]["tokens_dropped_tail"] < 9
+    got: dict[str, list] = {}
+    for span in index:
+        got.setdefault(span["doc_id"], []).extend(rows[span["shard"]][span["row"]][span["start"]: span["start"] + span["length"]].tolist())
+    for doc_id, split, tokens in docs:
+        if doc_id in got:
+            assert got[doc_id] == [int(t) for t in tokens][: len(got[doc_id])]
+    assert len(got) >= 110

@@ -50,7 +50,7 @@ def test_decontamination_plugged_in(tmp_path, ray_session, policy):
         assert acc["removed"] == {} and acc["kept"] == 12
         import pyarrow.parquet as pq
 
-        cut = pq.read_table(os.path.join(result.run_dir, "overrides", "decontaminate", "all.parquet")).to_pylist()
+        cut = pq.read_table(os.path.join(result.run_dir, "overrides", "decontaminate")).to_pylist()
         assert sorted(r["id"] for r in cut) == ["a.jsonl:3", "a.jsonl:7"]
         assert all("lighthouse" not in r["text"] and "river runs past" in r["text"] for r in cut)
         # the cut documents were tokenized shorter than their uncut twins in the corpus
