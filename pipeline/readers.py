@@ -142,9 +142,10 @@ def open_stream(f, uri: str):
     return f
 
 
-def _damage(position: int, e: DamagedStream, offset: int, what: str, raw: bytes = b"") -> dict:
-    """The one quarantine record that stands for the unreadable rest of a compressed file."""
-    return bad(position, e.reason, f"{what}: {e}", raw, offset=offset)
+def _damage(position: int, e: OSError, offset: int | None, what: str, raw: bytes = b"") -> dict:
+    """The one quarantine record that stands for the unreadable rest of a file: a DamagedStream,
+    or (``read_error``) any other I/O error the file raised while it was read."""
+    return bad(position, getattr(e, "reason", "read_error"), f"{what}: {type(e).__name__}: {e}", raw, offset=offset)
 
 
 def read_jsonl(uri: str, text_field: str, id_field: str | None) -> Iterator[dict]:
@@ -359,13 +360,14 @@ def read_warc(uri: str, main_content: bool = True) -> Iterator[dict]:
         except OSError as e:  # FastWARC: a record header it cannot parse
             if stream.error is None:
                 where, raw = _warc_record_end(uri, last)
-                yield bad(where if where is not None else (last or 0), "malformed_warc",
+                yield bad(where if where is not None else (last + 1 if last is not None else 0), "malformed_warc",
                           f"{e} in the record after {'byte ' + format(last, ',') if last is not None else 'the start of the file'}; "
                           "the rest of the file is not read", raw, offset=where)
                 return
         if stream.error is not None:  # decompression stopped between two records
-            offset = stream.error.offset if isinstance(stream.error, DamagedStream) else None
-            yield _damage(offset or 0, stream.error, offset, "the rest of the WARC after the last whole record")
+            offset = _warc_record_end(uri, last)[0]
+            where = offset if offset is not None else getattr(stream.error, "offset", (last or 0) + 1)
+            yield _damage(where, stream.error, offset, "the rest of the WARC after the last whole record")
 
 
 _WARC_HEAD_MAX = 1 << 16
@@ -378,11 +380,9 @@ def _warc_record_end(uri: str, start: int | None) -> tuple[int | None, bytes]:
     stream from the last good record: its header block, its Content-Length bytes and the blank
     line after them. Done once per malformed file. (None, b"") if it cannot tell.
     """
-    try:
-        with fsspec.open(uri, "rb") as f:
-            s = open_stream(f, uri)
-            if start is None:
-                return 0, s.read(RAW_SNIPPET)
+    with fsspec.open(uri, "rb") as f:
+        s, end, rest = _StopAtCorruption(open_stream(f, uri)), 0, b""  # reads up to damage, never past or into an error
+        if start is not None:
             _skip(s, start)
             head = s.read(_WARC_HEAD_MAX)
             cut = head.find(b"\r\n\r\n")
@@ -390,23 +390,19 @@ def _warc_record_end(uri: str, start: int | None) -> tuple[int | None, bytes]:
             if m is None:
                 return None, b""
             end = start + cut + 4 + int(m.group(1))
+            rest = head[end - start:]
             _skip(s, end - start - len(head))  # nothing to skip when the block ends inside `head`
-            rest = head[end - start:] + s.read(RAW_SNIPPET + 8)
-            gap = len(rest) - len(rest.lstrip(b"\r\n"))
-            return end + gap, rest[gap:]
-    except OSError:
-        return None, b""
+        rest += s.read(RAW_SNIPPET + 8)
+    gap = len(rest) - len(rest.lstrip(b"\r\n"))
+    return end + gap, rest[gap:]
 
 
 def _bytes_at(uri: str, offset: int) -> bytes:
     """The first bytes at ``offset`` of the uncompressed stream (for a quarantine record's ``raw``)."""
-    try:
-        with fsspec.open(uri, "rb") as f:
-            s = open_stream(f, uri)
-            _skip(s, offset)
-            return s.read(RAW_SNIPPET)
-    except OSError:
-        return b""
+    with fsspec.open(uri, "rb") as f:
+        s = _StopAtCorruption(open_stream(f, uri))
+        _skip(s, offset)
+        return s.read(RAW_SNIPPET)
 
 
 def _skip(s, n: int) -> None:

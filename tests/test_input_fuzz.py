@@ -27,7 +27,7 @@ pytestmark = pytest.mark.slow
 
 SEED = 15
 VARIANTS = 45  # per base file and kind of damage family below; 6 base files
-REMAINDER = {"truncated", "corrupt_compression", "malformed_warc"}  # the unreadable rest of a stream
+REMAINDER = {"truncated", "corrupt_compression", "malformed_warc", "read_error"}  # the unreadable rest of a stream
 REASONS = REMAINDER | {"corrupt_parquet", "malformed_json", "invalid_utf8", "lone_surrogate", "missing_text_field",
                        "missing_id_field", "empty", "huge", "not_html", "invalid_html", "charset_mismatch"}
 WORDS = ("mill river grain stone wheel water miller flour sack cart road bridge village market bread oven "
