@@ -4,7 +4,6 @@ import io
 import json
 import os
 import random
-import sys
 
 import pyarrow as pa
 import pyarrow.parquet as pq
