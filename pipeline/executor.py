@@ -31,7 +31,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from fsspec.core import url_to_fs
 
-from gristmill.errors import GristmillError
+from gristmill.errors import ConfigError, GristmillError
 from gristmill.manifests import DatasetBuilder, EvalSet, Input, ManifestStore, code_version, sha256_json
 from gristmill.manifests.shards import atomic_write
 
@@ -95,18 +95,18 @@ def _input_files(fs, pattern: str, where: str) -> list[tuple[str, dict]]:
                 continue  # a plain path that is not there: "no input file matches" below
             why = ("a symlink loop" if e.errno == errno.ELOOP else
                    "a symlink to nothing" if isinstance(e, FileNotFoundError) and os.path.islink(p) else e.strerror or str(e))
-            raise JobConfigError(f"{where}: {p} (matched by {pattern!r}) cannot be read: {why}; fix or remove it") from None
+            raise ConfigError(f"{where}: {p} (matched by {pattern!r}) cannot be read: {why}; fix or remove it") from None
         if info.get("type") == "directory":
-            raise JobConfigError(f"{where}: {p} (matched by {pattern!r}) is a directory, not an input file; "
+            raise ConfigError(f"{where}: {p} (matched by {pattern!r}) is a directory, not an input file; "
                                  f"name the files in it, e.g. {posixpath.join(p, '*')!r}")
         try:
             p.encode()
         except UnicodeEncodeError:
-            raise JobConfigError(f"{where}: the file name {p.encode(errors='surrogateescape')!r} is not valid UTF-8 "
+            raise ConfigError(f"{where}: the file name {p.encode(errors='surrogateescape')!r} is not valid UTF-8 "
                                  "(document ids and the manifest name files in UTF-8); rename it") from None
         out.append((p, info))
     if not out:
-        raise JobConfigError(f"{where}: no input file matches {pattern!r}")
+        raise ConfigError(f"{where}: no input file matches {pattern!r}")
     return out
 
 

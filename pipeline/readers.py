@@ -282,7 +282,8 @@ class _StopAtCorruption:
 
     FastWARC reads ahead in large chunks; if the error reached it, the records before the
     cut would be lost with it. This way they are read, and the caller reports the cut.
-    (FastWARC also seeks and tells, which the gzip/zstd streams support going forward.)
+    (FastWARC also seeks and tells, which the gzip/zstd streams support going forward.) Also
+    how the WARC reader re-reads a damaged stream up to the damage (``_warc_record_end``).
     """
 
     def __init__(self, stream):

@@ -10,6 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
+from gristmill.errors import ConfigError
 from gristmill.pipeline.config import JobConfig, JobConfigError, load_job
 from gristmill.pipeline.demo_corpus import _gz, _html, _warc_record
 from gristmill.pipeline.readers import PIECE, read_records
@@ -133,7 +134,7 @@ def test_missing_input_and_unavailable_stage_fail_before_any_work(tmp_path, monk
 
     d = _job(tmp_path)
     d["inputs"] = [str(tmp_path / "missing-*.jsonl")]
-    with pytest.raises(JobConfigError, match=r"inputs\[0\].path: no input file matches"):
+    with pytest.raises(ConfigError, match=r"inputs\[0\].path: no input file matches"):
         Executor(JobConfig.from_dict(d))
     monkeypatch.setitem(sys.modules, "gristmill.pipeline.fuzzy_dedup", None)  # as if the module were not there
     with pytest.raises(JobConfigError, match="fuzzy_dedup: is set but gristmill.pipeline.fuzzy_dedup is not available"):
@@ -306,8 +307,10 @@ def test_every_input_problem_at_planning_is_one_line_exit_2_before_any_work(tmp_
     (tmp_path / "loop-b.jsonl").symlink_to(tmp_path / "loop-a.jsonl")
     (tmp_path / "dangling.jsonl").symlink_to(tmp_path / "nowhere")
     (tmp_path / "dir.jsonl").mkdir()
+    with open(os.path.join(os.fsencode(tmp_path), b"caf\xe9.jsonl"), "wb") as f:  # a latin-1 file name
+        f.write(b'{"text": "x"}\n')
     cases = {"loop-*.jsonl": "a symlink loop", "dangling.jsonl": "a symlink to nothing",
-             "di*.jsonl": "is a directory, not an input file"}
+             "di*.jsonl": "is a directory, not an input file", "caf*.jsonl": "is not valid UTF-8"}
     for pattern, message in cases.items():
         d["inputs"] = [str(tmp_path / "in.jsonl"), str(tmp_path / pattern)]
         job = tmp_path / "job.yaml"
