@@ -336,7 +336,10 @@ def read_warc(uri: str, main_content: bool = True) -> Iterator[dict]:
     from fastwarc.warc import ArchiveIterator, WarcRecordType
 
     with fsspec.open(uri, "rb") as f:
-        stream = _StopAtCorruption(open_stream(f, uri))
+        raw_stream = open_stream(f, uri)
+        # The end of a rest that is not compressed is the end of the file; of a compressed one, unknown.
+        size = f.size if raw_stream is f and isinstance(getattr(f, "size", None), int) else None
+        stream = _StopAtCorruption(raw_stream)
         last = None  # the offset of the last whole record
         try:
             for record in ArchiveIterator(stream, parse_http=True, stream_detect=False, fsspec_args=False):
@@ -345,7 +348,7 @@ def read_warc(uri: str, main_content: bool = True) -> Iterator[dict]:
                 length = record.headers.get("Content-Length")
                 if length is not None and not length.strip().isdigit():
                     yield bad(position, "malformed_warc", f"the WARC record at byte {position:,} has Content-Length {length!r}; "
-                              "the rest of the file is not read", _bytes_at(uri, position), offset=position)
+                              "the rest of the file is not read", _bytes_at(uri, position), offset=position, end=size)
                     return
                 # A header cut before its Content-Length, or a block shorter than it: the file ends in this record.
                 if length is None or len(body) + record.consume() != record.content_length:
@@ -353,7 +356,7 @@ def read_warc(uri: str, main_content: bool = True) -> Iterator[dict]:
                         yield _damage(position, stream.error, position, f"the WARC record at byte {position:,} and the rest")
                     else:
                         yield bad(position, "truncated", f"the WARC record at byte {position:,} ends early: the file was cut",
-                                  body, offset=position)
+                                  body, offset=position, end=size)
                     return
                 last = position
                 if response:
@@ -363,7 +366,7 @@ def read_warc(uri: str, main_content: bool = True) -> Iterator[dict]:
                 where, raw = _warc_record_end(uri, last)
                 yield bad(where if where is not None else (last + 1 if last is not None else 0), "malformed_warc",
                           f"{e} in the record after {'byte ' + format(last, ',') if last is not None else 'the start of the file'}; "
-                          "the rest of the file is not read", raw, offset=where)
+                          "the rest of the file is not read", raw, offset=where, end=size if where is not None else None)
                 return
         if stream.error is not None:  # decompression stopped between two records
             offset = _warc_record_end(uri, last)[0]

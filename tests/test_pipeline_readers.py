@@ -271,6 +271,7 @@ def test_a_malformed_warc_record_ends_the_file_with_one_record_at_its_offset(tmp
     assert [r.get("url") for r in out[:2]] == ["https://e.org/0", "https://e.org/1"]
     assert _reasons(out) == [None, None, "malformed_warc"]
     assert out[2]["position"] == out[2]["offset"] == at
+    assert out[2]["end"] == (None if gz else len(p.read_bytes()))  # the rest's end: known when not compressed
     assert out[2]["raw"].startswith(broken[:8].decode())
 
 
@@ -281,7 +282,7 @@ def test_a_plain_warc_cut_inside_a_record_is_truncated_there(tmp_path):
         p = tmp_path / "c.warc"
         p.write_bytes(data[:cut])
         out = list(read_records(str(p), "warc"))
-        assert _reasons(out) == [None, "truncated"] and out[1]["offset"] == len(recs[0])
+        assert _reasons(out) == [None, "truncated"] and (out[1]["offset"], out[1]["end"]) == (len(recs[0]), cut)
 
 
 def test_html_declared_utf8_that_is_latin1_is_quarantined_not_guessed(tmp_path):
