@@ -46,6 +46,8 @@ OVERRIDE_SCHEMA = pa.schema([("id", pa.string()), ("order", pa.int64()), ("part"
 QUARANTINE_SCHEMA = pa.schema([
     ("source", pa.string()),
     ("position", pa.int64()),
+    ("offset", pa.int64()),  # byte range of the record (or of a file's unreadable rest) in the uncompressed
+    ("end", pa.int64()),     # stream, or of a Parquet row group in the file; null where unknown (docs/pipeline.md)
     ("part", pa.int32()),
     ("reason", pa.string()),
     ("detail", pa.string()),

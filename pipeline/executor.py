@@ -11,6 +11,7 @@ shards into a new version directory and commits ``manifest.json`` last.
 from __future__ import annotations
 
 import contextlib
+import errno
 import glob as _glob
 import json
 import os
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 
 from fsspec.core import url_to_fs
 
-from gristmill.errors import ConfigError
+from gristmill.errors import ConfigError, GristmillError
 from gristmill.manifests import EvalSet, Input, ManifestStore, code_version, sha256_json
 from gristmill.manifests.shards import atomic_write
 
@@ -53,14 +54,9 @@ def plan_inputs(job: JobConfig) -> list[dict]:
     found: dict[str, dict] = {}
     for i, spec in enumerate(job.inputs):
         fs, _ = url_to_fs(spec.path)
-        paths = sorted(fs.glob(spec.path)) if _glob.has_magic(spec.path) else ([spec.path] if fs.exists(spec.path) else [])
-        paths = [p for p in paths if not fs.isdir(p)]
-        if not paths:
-            raise ConfigError(f"inputs[{i}].path: no input file matches {spec.path!r}")
-        for p in paths:
+        for p, info in _input_files(fs, spec.path, f"inputs[{i}].path"):
             uri = os.path.abspath(p) if "://" not in spec.path else fs.unstrip_protocol(p)
             if uri not in found:
-                info = fs.info(p)
                 found[uri] = {"uri": uri, "format": spec.format, "text_field": spec.text_field, "id_field": spec.id_field,
                               "bytes": info.get("size"),
                               "mtime": str(info.get("mtime") or info.get("LastModified") or info.get("ETag") or "")}
@@ -68,6 +64,36 @@ def plan_inputs(job: JobConfig) -> list[dict]:
     common = posixpath.commonpath([u.split("://")[-1] for u in uris]) if len(uris) > 1 else posixpath.dirname(uris[0].split("://")[-1])
     files = [{**found[u], "rel": posixpath.relpath(u.split("://")[-1], common) if common else u} for u in uris]
     return [{"part": part, "files": group} for part, group in enumerate(group_files(files, job.ray.partition_bytes))]
+
+
+def _input_files(fs, pattern: str, where: str) -> list[tuple[str, dict]]:
+    """The files a path or glob names, with their fsspec info. Anything matched that is not a
+    readable file stops the job here, before any work, in one line: a directory (the glob
+    names files; a Spark-style ``x.parquet/`` directory is read as ``x.parquet/*.parquet``), a
+    symlink loop or a dangling link. Skipping them would drop data without a word."""
+    paths = sorted(fs.glob(pattern)) if _glob.has_magic(pattern) else [pattern]
+    out = []
+    for p in paths:
+        try:
+            info = fs.info(p)
+        except OSError as e:
+            if p == pattern and isinstance(e, FileNotFoundError) and not os.path.lexists(p):
+                continue  # a plain path that is not there: "no input file matches" below
+            why = ("a symlink loop" if e.errno == errno.ELOOP else
+                   "a symlink to nothing" if isinstance(e, FileNotFoundError) and os.path.islink(p) else e.strerror or str(e))
+            raise ConfigError(f"{where}: {p} (matched by {pattern!r}) cannot be read: {why}; fix or remove it") from None
+        if info.get("type") == "directory":
+            raise ConfigError(f"{where}: {p} (matched by {pattern!r}) is a directory, not an input file; "
+                                 f"name the files in it, e.g. {posixpath.join(p, '*')!r}")
+        try:
+            p.encode()
+        except UnicodeEncodeError:
+            raise ConfigError(f"{where}: the file name {p.encode(errors='surrogateescape')!r} is not valid UTF-8 "
+                                 "(document ids and the manifest name files in UTF-8); rename it") from None
+        out.append((p, info))
+    if not out:
+        raise ConfigError(f"{where}: no input file matches {pattern!r}")
+    return out
 
 
 def group_files(files: list[dict], limit: int) -> list[list[dict]]:
@@ -103,14 +129,36 @@ def ray_runtime(job: JobConfig, address: str | None):
     if ray.is_initialized():  # e.g. the test session's Ray
         yield ray
         return
-    if address or os.environ.get("RAY_ADDRESS"):
-        ray.init(address=address, log_to_driver=False, configure_logging=False)
-    else:
-        ray.init(num_cpus=job.ray.num_cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    join = address or os.environ.get("RAY_ADDRESS")
+    try:
+        if join:
+            ray.init(address=address, log_to_driver=False, configure_logging=False)
+        else:
+            ray.init(num_cpus=job.ray.num_cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    except Exception as e:  # Ray raises plain Exception/TimeoutError/ConnectionError: the environment, not the job
+        with contextlib.suppress(Exception):
+            ray.shutdown()  # stop whatever half-started processes it left
+        raise RayStartError(_ray_start_advice(e, join, job.ray.num_cpus)) from e
     try:
         yield ray
     finally:
         ray.shutdown()
+
+
+class RayStartError(GristmillError):
+    """Ray could not be started or joined; the message says which setting helps."""
+
+
+def _ray_start_advice(e: Exception, join: str | None, num_cpus: int | None) -> str:
+    first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    cause = f"{type(e).__name__}{': ' + first if first else ''}"
+    if join:
+        return (f"cannot join the Ray cluster at {join} ({cause}); check that it is up and runs the same Ray and "
+                "Python versions (`ray status` on the head), or drop --address / RAY_ADDRESS for an embedded Ray")
+    cpus = f"ray.num_cpus: {num_cpus} is set; lower it" if num_cpus else "set ray.num_cpus in the job (e.g. 2)"
+    return (f"the embedded Ray did not start ({cause}). On a busy machine give its processes more time: "
+            f"RAY_raylet_start_wait_time_s=120 RAY_worker_register_timeout_seconds=120 in the environment; "
+            f"{cpus} to start fewer workers; or join a running cluster with --address")
 
 
 # -- the run -----------------------------------------------------------------------------------

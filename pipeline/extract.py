@@ -46,15 +46,21 @@ def extract_partition(task: dict, extract: ExtractConfig, language: LanguageConf
             ex["records"] += 1
             if "reason" not in rec:
                 rec["text"] = rec["text"].strip()
-                if len(rec["text"]) < extract.min_chars:
+                if (bad_field := _unencodable(rec)) is not None:
+                    what = {"text": "the text", "user_id": f"id field {file['id_field']!r}", "url": "the URL"}[bad_field]
+                    rec.update(reason="lone_surrogate", detail=f"{what} holds a lone UTF-16 surrogate (e.g. a JSON \\ud800 "
+                               "escape without its pair): not Unicode text, and not writable as UTF-8",
+                               raw=rec[bad_field][:500].encode("utf-8", "backslashreplace").decode())
+                elif len(rec["text"]) < extract.min_chars:
                     rec.update(reason="empty", detail=f"{len(rec['text'])} characters after stripping (min_chars {extract.min_chars})",
                                raw=rec["text"][:500])
                 elif len(rec["text"]) > extract.max_chars:
                     rec.update(reason="huge", detail=f"{len(rec['text'])} characters (max_chars {extract.max_chars})", raw=rec["text"][:500])
             if "reason" in rec:
                 ex["quarantined"][rec["reason"]] = ex["quarantined"].get(rec["reason"], 0) + 1
-                quarantine.append({"source": file["uri"], "position": rec["position"], "part": part, "reason": rec["reason"],
-                                   "detail": rec["detail"], "raw": rec.get("raw", "")})
+                quarantine.append({"source": file["uri"], "position": rec["position"], "offset": rec.get("offset"),
+                                   "end": rec.get("end"), "part": part, "reason": rec["reason"], "detail": rec["detail"],
+                                   "raw": rec.get("raw", "")})
                 continue
             batch.append(rec)
             if len(batch) >= batch_rows:
@@ -74,12 +80,27 @@ def extract_partition(task: dict, extract: ExtractConfig, language: LanguageConf
     return stats
 
 
+def _unencodable(rec: dict) -> str | None:
+    """The first string field of a good record that is not encodable as UTF-8 (JSON may spell
+    lone surrogates; every later stage and the Parquet outputs need real UTF-8). Sets ``bytes``,
+    the text's UTF-8 length, as it goes: the encoding is needed anyway."""
+    for key in ("text", "user_id", "url"):
+        if key in rec:
+            try:
+                n = len(rec[key].encode())
+            except UnicodeEncodeError:
+                return key
+            if key == "text":
+                rec["bytes"] = n
+    return None
+
+
 def _finish_batch(batch: list[dict], file: dict, part: int, language: LanguageConfig, docs: ParquetPart, removed: ParquetPart,
                   keys: dict, ex: dict, lg: dict) -> None:
     if not batch:
         return
     texts = [r["text"] for r in batch]
-    nbytes = [len(t.encode()) for t in texts]
+    nbytes = [r["bytes"] for r in batch]
     ex["documents"] += len(batch)
     ex["bytes_out"] += sum(nbytes)
     t0 = time.perf_counter()

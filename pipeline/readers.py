@@ -3,152 +3,278 @@
 A reader yields one dict per input record, in file order. A good record has ``text`` (and,
 where the format has one, ``user_id`` and ``url``); a bad one has ``reason`` and ``detail``
 instead, and goes to quarantine. Every record carries ``position``: its record index (JSONL,
-Parquet, text) or the byte offset of the record in the uncompressed stream (WARC). A file that
-ends early (a truncated .gz/.zst) yields what it could read and then one ``truncated`` record.
+Parquet, text) or the byte offset of the record in the uncompressed stream (WARC), and where
+bytes mean something an ``offset`` (and for a bad one an ``end``, exclusive, None if unknown):
+its byte range in the uncompressed stream of the file (a Parquet row group's: in the file).
+
+Whatever a file holds, a reader does not raise on its content: a damaged part ends the file
+with ONE record for the unreadable rest (``truncated``, ``corrupt_compression``,
+``corrupt_parquet``, ``malformed_warc``), after every record read before the damage. A damaged
+Parquet row group is one record and the row groups after it are read (they are independent).
 
 Reading is streaming: memory does not grow with the file size.
 """
 from __future__ import annotations
 
-import gzip
 import io
 import json
+import re
+import zlib
 from typing import Iterator
 
 import fsspec
 
 RAW_SNIPPET = 500  # bytes of a bad record kept in quarantine, enough to find and fix it
+PIECE = 1 << 14  # compressed bytes fed to a decoder at a time: what a damaged stream loses at most before the damage
 
 
-def bad(position: int, reason: str, detail: str, raw: bytes | str = b"") -> dict:
+def bad(position: int, reason: str, detail: str, raw: bytes | str = b"", *, offset: int | None = None,
+        end: int | None = None) -> dict:
+    """A quarantine record. ``offset``/``end``: its byte range (see the module docstring); None where unknown."""
     if isinstance(raw, bytes):
         raw = raw[:RAW_SNIPPET].decode("utf-8", errors="backslashreplace")
-    return {"position": position, "reason": reason, "detail": detail, "raw": raw[:RAW_SNIPPET]}
+    return {"position": position, "reason": reason, "detail": detail, "raw": raw[:RAW_SNIPPET], "offset": offset, "end": end}
 
 
-class _ZstdRaw(io.RawIOBase):
-    """A zstd stream that raises EOFError when the input ends mid-frame.
+class DamagedStream(OSError):
+    """A compressed stream that cannot be decoded past some point.
 
-    ``zstandard``'s stream_reader returns a short stream silently on truncated input, which
-    would lose records without a trace; a decompressobj exposes ``eof`` so we can tell.
+    ``reason`` is ``truncated`` (the input ended inside a gzip member or zstd frame, an empty
+    file included) or ``corrupt_compression`` (bytes that are not, or no longer, valid gzip/zstd);
+    ``offset`` is how many uncompressed bytes were decoded before it, ``consumed`` how many
+    compressed bytes were fed to the decoder without error. An OSError, so that code catching
+    I/O errors of a file (FastWARC's stream wrapper below) catches it too.
     """
 
-    def __init__(self, raw):
+    def __init__(self, reason: str, message: str, offset: int, consumed: int):
+        super().__init__(f"{message} (after {offset:,} uncompressed bytes; compressed input read without error: "
+                         f"{consumed:,} bytes)")
+        self.reason, self.offset, self.consumed = reason, offset, consumed
+
+
+class _Decompressed(io.RawIOBase):
+    """A gzip or zstd stream (member after member, frame after frame) that fails loudly.
+
+    Python's gzip and zstandard's stream_reader lose what they decoded in a read that fails, and
+    zstandard returns a short stream silently on truncated input; both would drop records
+    without a trace. Here the input is fed in ``PIECE``-byte pieces, so everything decoded before
+    the damaged piece is handed out first, and the end of input is checked against the
+    decoder's end-of-frame state. Concatenated members/frames are read like one stream; zero
+    bytes between gzip members (tape padding) are skipped, as gzip(1) does.
+    """
+
+    def __init__(self, raw, kind: str):
+        self._raw, self._kind = raw, kind
+        self._d, self._buf, self._in = None, b"", b""
+        self.produced = self.consumed = 0
+
+    def _decoder(self):
+        if self._kind == "gz":
+            return zlib.decompressobj(wbits=31)  # the gzip wrapper: header, CRC32 and length are checked
         import zstandard
 
-        self._raw, self._zstd = raw, zstandard.ZstdDecompressor()
-        self._d, self._buf = self._zstd.decompressobj(), b""
+        return zstandard.ZstdDecompressor().decompressobj()
 
     def readable(self) -> bool:
         return True
 
-    def readinto(self, b) -> int:
+    def _fail(self, reason: str, message: str):
+        raise DamagedStream(reason, message, self.produced, self.consumed)
+
+    def _fill(self) -> None:
+        """Decode until there is output or the input has ended cleanly."""
+        import zstandard
+
         while not self._buf:
-            chunk = self._raw.read(1 << 20)
-            if not chunk:
-                if not self._d.eof:
-                    raise EOFError("zstd stream ended before the end-of-frame marker (truncated file)")
-                return 0
-            if self._d.eof:  # a new frame follows a finished one
-                self._d = self._zstd.decompressobj()
-            self._buf = self._d.decompress(chunk)
-            while self._d.eof and self._d.unused_data:
-                rest = self._d.unused_data
-                self._d = self._zstd.decompressobj()
-                self._buf += self._d.decompress(rest)
+            if not self._in:
+                self._in = self._raw.read(PIECE)
+                if not self._in:
+                    if self._d is None and self.consumed:
+                        return  # ended after a complete member/frame
+                    name = "gzip member" if self._kind == "gz" else "zstd frame"
+                    self._fail("truncated", f"the file is empty: not even one {name}" if not self.consumed else
+                               f"input ended inside a {name} (truncated file)")
+            if self._d is None:  # a new member/frame starts here
+                if self._kind == "gz" and self.consumed and not self._in.strip(b"\0"):
+                    self.consumed += len(self._in)
+                    self._in = b""
+                    continue
+                self._d = self._decoder()
+            piece, self._in = self._in, b""
+            try:
+                out = self._d.decompress(piece)
+            except (zlib.error, zstandard.ZstdError) as e:
+                self._fail("corrupt_compression", f"not valid {'gzip' if self._kind == 'gz' else 'zstd'} data: {e}")
+            if self._d.eof:
+                self._in = self._d.unused_data
+                self._d = None
+            self.consumed += len(piece) - len(self._in)
+            self._buf = out
+
+    # FastWARC tells and seeks (forward, past a record): by reading on, in the uncompressed stream.
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.produced
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        target = offset if whence == 0 else self.produced + offset if whence == 1 else -1
+        if target < self.produced:
+            raise io.UnsupportedOperation(f"a compressed stream seeks forward only (to {offset}, whence {whence})")
+        while self.produced < target and self.readinto(memoryview(bytearray(min(target - self.produced, 1 << 20)))):
+            pass
+        return self.produced
+
+    def readinto(self, b) -> int:
+        self._fill()
         n = min(len(b), len(self._buf))
         b[:n], self._buf = self._buf[:n], self._buf[n:]
+        self.produced += n
         return n
 
 
 def open_stream(f, uri: str):
     """Decompress by extension (.gz, .zst); other files are read as they are."""
-    if uri.endswith(".gz"):
-        return gzip.GzipFile(fileobj=f, mode="rb")
-    if uri.endswith(".zst"):
-        return io.BufferedReader(_ZstdRaw(f), buffer_size=1 << 20)
+    for ext, kind in ((".gz", "gz"), (".zst", "zst")):
+        if uri.endswith(ext):
+            return io.BufferedReader(_Decompressed(f, kind), buffer_size=1 << 20)
     return f
 
 
-def _truncated(position: int, e: Exception) -> dict:
-    return bad(position, "truncated", f"file ended early after {position} records: {e}")
+def _damage(position: int, e: OSError, offset: int | None, what: str, raw: bytes = b"") -> dict:
+    """The one quarantine record that stands for the unreadable rest of a file: a DamagedStream,
+    or (``read_error``) any other I/O error the file raised while it was read."""
+    return bad(position, getattr(e, "reason", "read_error"), f"{what}: {type(e).__name__}: {e}", raw, offset=offset)
 
 
 def read_jsonl(uri: str, text_field: str, id_field: str | None) -> Iterator[dict]:
     """One JSON object per line; blank lines are not records and are skipped."""
-    index = 0
+    index = offset = 0
     with fsspec.open(uri, "rb") as f:
         stream = open_stream(f, uri)
         try:
             for line in stream:
-                if not line.strip():
-                    continue
-                yield _jsonl_record(index, line, text_field, id_field)
-                index += 1
-        except (EOFError, OSError) as e:  # truncated or corrupt compressed stream
-            yield _truncated(index, e)
+                if line.strip():
+                    yield _jsonl_record(index, offset, line, text_field, id_field)
+                    index += 1
+                offset += len(line)
+        except DamagedStream as e:
+            yield _damage(index, e, offset, f"records from {index} (byte {offset:,}) on are unreadable")
 
 
-def _jsonl_record(index: int, line: bytes, text_field: str, id_field: str | None) -> dict:
+def _jsonl_record(index: int, offset: int, line: bytes, text_field: str, id_field: str | None) -> dict:
+    def no(reason: str, detail: str) -> dict:
+        return bad(index, reason, detail, line, offset=offset, end=offset + len(line))
+
     try:
         s = line.decode("utf-8")
     except UnicodeDecodeError as e:
-        return bad(index, "invalid_utf8", str(e), line)
+        return no("invalid_utf8", str(e))
     try:
         obj = json.loads(s)
     except json.JSONDecodeError as e:
-        return bad(index, "malformed_json", str(e), line)
+        return no("malformed_json", str(e))
+    except RecursionError:  # [[[[...]]]] nested deeper than the JSON parser's recursion limit
+        return no("malformed_json", "nested too deeply to parse")
     if not isinstance(obj, dict):
-        return bad(index, "malformed_json", f"expected a JSON object, got {type(obj).__name__}", line)
+        return no("malformed_json", f"expected a JSON object, got {type(obj).__name__}")
     text = obj.get(text_field)
     if not isinstance(text, str):
         what = "missing" if text is None else f"not a string ({type(text).__name__})"
-        return bad(index, "missing_text_field", f"field {text_field!r} is {what}", line)
-    rec = {"position": index, "text": text}
+        return no("missing_text_field", f"field {text_field!r} is {what}")
+    rec = {"position": index, "offset": offset, "text": text}
     if id_field is not None:
         if obj.get(id_field) is None:
-            return bad(index, "missing_id_field", f"field {id_field!r} is missing", line)
+            return no("missing_id_field", f"field {id_field!r} is missing")
         rec["user_id"] = str(obj[id_field])
     return rec
 
 
 def read_parquet(uri: str, text_field: str, id_field: str | None, batch_rows: int = 1024) -> Iterator[dict]:
+    """Row groups in order, streamed in batches. A file whose footer cannot be read is one
+    quarantine record (nothing of it is readable); a row group that fails to decode is one
+    record for its unread rows (position = the first of them, offset/end = the row group's
+    bytes), and the row groups after it are read: they are independent of it."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     with fsspec.open(uri, "rb") as f:
-        pf = pq.ParquetFile(f)
-        names = pf.schema_arrow.names
-        if text_field not in names:
-            for i in range(pf.metadata.num_rows):  # every row is a record without text: account for each
-                yield bad(i, "missing_text_field", f"column {text_field!r} not in {names}")
+        try:
+            pf = pq.ParquetFile(f)
+            meta, names = pf.metadata, pf.schema_arrow.names
+            groups = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+        except (pa.ArrowException, OSError, ValueError) as e:
+            yield _unopenable_parquet(f, e)
             return
         cols = [text_field] + ([id_field] if id_field and id_field in names else [])
         index = 0
-        for batch in pf.iter_batches(batch_size=batch_rows, columns=cols):
-            texts = batch.column(0).to_pylist()
-            ids = batch.column(1).to_pylist() if len(cols) > 1 else [None] * len(texts)
-            for text, uid in zip(texts, ids):
-                if not isinstance(text, str):
-                    yield bad(index, "missing_text_field", f"column {text_field!r} is null or not a string")
-                elif id_field is not None and uid is None:
-                    yield bad(index, "missing_id_field", f"column {id_field!r} is missing or null")
-                else:
-                    yield {"position": index, "text": text, **({"user_id": str(uid)} if id_field else {})}
-                index += 1
+        for g, rows in enumerate(groups):
+            first = index
+            if text_field not in names:  # every row is a record without text: account for each
+                for i in range(first, first + rows):
+                    yield bad(i, "missing_text_field", f"column {text_field!r} not in {names}")
+                index += rows
+                continue
+            try:
+                for batch in pf.iter_batches(batch_size=batch_rows, row_groups=[g], columns=cols):
+                    texts = batch.column(0).to_pylist()
+                    ids = batch.column(1).to_pylist() if len(cols) > 1 else [None] * len(texts)
+                    for text, uid in zip(texts, ids):
+                        if not isinstance(text, str):
+                            yield bad(index, "missing_text_field", f"column {text_field!r} is null or not a string")
+                        elif id_field is not None and uid is None:
+                            yield bad(index, "missing_id_field", f"column {id_field!r} is missing or null")
+                        else:
+                            yield {"position": index, "text": text, **({"user_id": str(uid)} if id_field else {})}
+                        index += 1
+            except (pa.ArrowException, OSError, ValueError) as e:  # ValueError: also invalid UTF-8 in a string column
+                lo, hi = _row_group_bytes(meta.row_group(g))
+                yield bad(index, "corrupt_parquet", f"row group {g} (rows {first}-{first + rows - 1}) is damaged: rows "
+                          f"{index}-{first + rows - 1} unreadable: {type(e).__name__}: {e}", offset=lo, end=hi)
+            index = first + rows  # the footer's row count: positions of later row groups stay row numbers
+
+
+def _unopenable_parquet(f, e: Exception) -> dict:
+    """One record for a file without a readable footer; ``truncated`` when it starts like Parquet
+    (or is empty) but does not end like it, i.e. it was cut short."""
+    f.seek(0)
+    head = f.read(4)
+    size = f.seek(0, 2)
+    f.seek(max(size - 4, 0))
+    tail = f.read(4)
+    cut = size == 0 or (head == b"PAR1" and tail != b"PAR1")
+    what = "empty (0 bytes)" if size == 0 else "cut short (no footer)" if cut else "not a readable Parquet file"
+    return bad(0, "truncated" if cut else "corrupt_parquet", f"the whole file ({size:,} bytes) is {what}: {type(e).__name__}: {e}",
+               head, offset=0, end=size)
+
+
+def _row_group_bytes(rg) -> tuple[int | None, int | None]:
+    """The byte range of a row group's column chunks in the file (from the footer)."""
+    try:
+        starts, ends = [], []
+        for c in range(rg.num_columns):
+            col = rg.column(c)
+            start = col.dictionary_page_offset if col.has_dictionary_page and col.dictionary_page_offset else col.data_page_offset
+            starts.append(start)
+            ends.append(start + col.total_compressed_size)
+        return (min(starts), max(ends)) if starts else (None, None)
+    except (OSError, ValueError, TypeError):
+        return None, None
 
 
 def read_text(uri: str) -> Iterator[dict]:
-    """A plain text file is one document (position 0)."""
+    """A plain text file is one document (position 0): all of it, or quarantined whole."""
     with fsspec.open(uri, "rb") as f:
         try:
             data = open_stream(f, uri).read()
-        except (EOFError, OSError) as e:
-            yield _truncated(0, e)
+        except DamagedStream as e:
+            yield _damage(0, e, 0, "the document cannot be read whole")
             return
     try:
-        yield {"position": 0, "text": data.decode("utf-8")}
+        yield {"position": 0, "offset": 0, "text": data.decode("utf-8")}
     except UnicodeDecodeError as e:
-        yield bad(0, "invalid_utf8", str(e), data)
+        yield bad(0, "invalid_utf8", str(e), data[max(e.start - 100, 0):], offset=0, end=len(data))
 
 
 class _StopAtCorruption:
@@ -156,7 +282,8 @@ class _StopAtCorruption:
 
     FastWARC reads ahead in large chunks; if the error reached it, the records before the
     cut would be lost with it. This way they are read, and the caller reports the cut.
-    (FastWARC also seeks and tells, which the gzip/zstd streams support going forward.)
+    (FastWARC also seeks and tells, which the gzip/zstd streams support going forward.) Also
+    how the WARC reader re-reads a damaged stream up to the damage (``_warc_record_end``).
     """
 
     def __init__(self, stream):
@@ -169,7 +296,7 @@ class _StopAtCorruption:
         while self.error is None and (n < 0 or len(out) < n):
             try:
                 chunk = self._read1(65536 if n < 0 else min(65536, n - len(out)))
-            except (EOFError, OSError) as e:
+            except OSError as e:
                 self.error = e
                 break
             if not chunk:
@@ -180,7 +307,7 @@ class _StopAtCorruption:
     def seek(self, offset: int, whence: int = 0) -> int:
         try:
             return self._s.seek(offset, whence)
-        except (EOFError, OSError) as e:
+        except OSError as e:
             self.error = self.error or e
             return self._s.tell()
 
@@ -200,40 +327,109 @@ class _StopAtCorruption:
 def read_warc(uri: str, main_content: bool = True) -> Iterator[dict]:
     """HTTP responses of a WARC file, HTML converted to text with resiliparse.
 
-    The stream is decompressed in Python (not by FastWARC) so a truncated .warc.gz is noticed;
-    the record that the cut went through is quarantined as ``truncated`` (with the records
-    before it read normally). ``position`` is the byte offset in the uncompressed WARC.
+    The stream is decompressed in Python (not by FastWARC) so a damaged .warc.gz is noticed.
+    Every record (of any type) is checked to be whole: the first one that is not, or a
+    malformed record header, ends the file with one quarantine record for the rest of it
+    (``truncated``, ``corrupt_compression`` or ``malformed_warc``); the records before it are
+    read normally. ``position`` is the byte offset in the uncompressed WARC.
     """
     from fastwarc.warc import ArchiveIterator, WarcRecordType
 
     with fsspec.open(uri, "rb") as f:
-        stream = _StopAtCorruption(open_stream(f, uri))
-        pending = None  # hold one record back: if the file was cut, the last one is incomplete
-        for record in ArchiveIterator(stream, record_types=WarcRecordType.response,
-                                      parse_http=True, stream_detect=False, fsspec_args=False):
-            if pending is not None:
-                yield pending
-            pending = _warc_record(record, main_content)
-        if stream.error is not None:
-            where = pending["position"] if pending is not None else 0
-            yield bad(where, "truncated", f"WARC stream ended early in the record at byte {where}: {stream.error}")
-        elif pending is not None:
-            yield pending
+        raw_stream = open_stream(f, uri)
+        # The end of a rest that is not compressed is the end of the file; of a compressed one, unknown.
+        size = f.size if raw_stream is f and isinstance(getattr(f, "size", None), int) else None
+        stream = _StopAtCorruption(raw_stream)
+        last = None  # the offset of the last whole record
+        try:
+            for record in ArchiveIterator(stream, parse_http=True, stream_detect=False, fsspec_args=False):
+                position, response = record.stream_pos, record.record_type == WarcRecordType.response
+                body = record.reader.read() if response else b""
+                length = record.headers.get("Content-Length")
+                if length is not None and not length.strip().isdigit():
+                    yield bad(position, "malformed_warc", f"the WARC record at byte {position:,} has Content-Length {length!r}; "
+                              "the rest of the file is not read", _bytes_at(uri, position), offset=position, end=size)
+                    return
+                # A header cut before its Content-Length, or a block shorter than it: the file ends in this record.
+                if length is None or len(body) + record.consume() != record.content_length:
+                    if stream.error is not None:
+                        yield _damage(position, stream.error, position, f"the WARC record at byte {position:,} and the rest")
+                    else:
+                        yield bad(position, "truncated", f"the WARC record at byte {position:,} ends early: the file was cut",
+                                  body, offset=position, end=size)
+                    return
+                last = position
+                if response:
+                    yield _warc_record(record, body, main_content)
+        except OSError as e:  # FastWARC: a record header it cannot parse
+            if stream.error is None:
+                where, raw = _warc_record_end(uri, last)
+                yield bad(where if where is not None else (last + 1 if last is not None else 0), "malformed_warc",
+                          f"{e} in the record after {'byte ' + format(last, ',') if last is not None else 'the start of the file'}; "
+                          "the rest of the file is not read", raw, offset=where, end=size if where is not None else None)
+                return
+        if stream.error is not None:  # decompression stopped between two records
+            offset = _warc_record_end(uri, last)[0]
+            where = offset if offset is not None else getattr(stream.error, "offset", (last or 0) + 1)
+            yield _damage(where, stream.error, offset, "the rest of the WARC after the last whole record")
 
 
-def _warc_record(record, main_content: bool) -> dict:
-    from .html import html_to_text
+_WARC_HEAD_MAX = 1 << 16
+
+
+def _warc_record_end(uri: str, start: int | None) -> tuple[int | None, bytes]:
+    """Where the record after the one at byte ``start`` begins (0 with no ``start``), and its first bytes.
+
+    FastWARC does not say where a header it rejects starts; this re-reads the (uncompressed)
+    stream from the last good record: its header block, its Content-Length bytes and the blank
+    line after them. Done once per malformed file. (None, b"") if it cannot tell.
+    """
+    with fsspec.open(uri, "rb") as f:
+        s, end, rest = _StopAtCorruption(open_stream(f, uri)), 0, b""  # reads up to damage, never past or into an error
+        if start is not None:
+            _skip(s, start)
+            head = s.read(_WARC_HEAD_MAX)
+            cut = head.find(b"\r\n\r\n")
+            m = re.search(rb"(?im)^content-length:[ \t]*(\d+)", head[:cut]) if cut >= 0 else None
+            if m is None:
+                return None, b""
+            end = start + cut + 4 + int(m.group(1))
+            rest = head[end - start:]
+            _skip(s, end - start - len(head))  # nothing to skip when the block ends inside `head`
+        rest += s.read(RAW_SNIPPET + 8)
+    gap = len(rest) - len(rest.lstrip(b"\r\n"))
+    return end + gap, rest[gap:]
+
+
+def _bytes_at(uri: str, offset: int) -> bytes:
+    """The first bytes at ``offset`` of the uncompressed stream (for a quarantine record's ``raw``)."""
+    with fsspec.open(uri, "rb") as f:
+        s = _StopAtCorruption(open_stream(f, uri))
+        _skip(s, offset)
+        return s.read(RAW_SNIPPET)
+
+
+def _skip(s, n: int) -> None:
+    while n > 0:
+        chunk = s.read(min(n, 1 << 20))
+        if not chunk:
+            return
+        n -= len(chunk)
+
+
+def _warc_record(record, body: bytes, main_content: bool) -> dict:
+    from .html import HtmlError, html_to_text
 
     position = record.stream_pos
     url = record.headers.get("WARC-Target-URI", "")
-    body = record.reader.read()
     ctype = (record.http_content_type or "").lower()
     if ctype and "html" not in ctype and not ctype.startswith("text/"):
-        return bad(position, "not_html", f"HTTP content type {ctype!r} of {url}", body[:200])
-    text, err = html_to_text(body, record.http_charset, main_content)
-    if err:
-        return bad(position, "invalid_html", f"{url}: {err}", body)
-    return {"position": position, "text": text, "url": url}
+        return bad(position, "not_html", f"HTTP content type {ctype!r} of {url}", body[:200], offset=position)
+    try:
+        text = html_to_text(body, record.http_charset, main_content)
+    except HtmlError as e:
+        return bad(position, e.reason, f"{url}: {e}", body, offset=position)
+    return {"position": position, "offset": position, "text": text, "url": url}
 
 
 def read_records(uri: str, fmt: str, text_field: str = "text", id_field: str | None = None, *,

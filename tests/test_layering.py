@@ -3,6 +3,7 @@ pipeline/; manifests/ imports no other part; no part imports the CLI."""
 import ast
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 import venv
@@ -59,7 +60,11 @@ def test_built_wheel_installs_only_the_gristmill_import_name(tmp_path):
     """From a fresh virtual environment outside the repository, with the built wheel installed:
     `gristmill.loader` imports and none of the five generic names does."""
     wheels = tmp_path / "wheels"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(ROOT)],
+    # Build from a copy: setuptools writes build/ and *.egg-info next to the sources it builds.
+    src = tmp_path / "src"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".git", ".venv", "build", "demo-out", "bench-out", "*.egg-info",
+                                                             "__pycache__", "runs"))
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(src)],
                    check=True, capture_output=True)
     (wheel,) = wheels.glob("gristmill-*.whl")
     env_dir = tmp_path / "venv"
