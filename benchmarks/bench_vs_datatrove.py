@@ -434,9 +434,10 @@ def datatrove_main(argv: list[str]) -> None:
             tasks=BANDS)
         run("fuzzy dedup", f"minhash_cluster{tag}", [MinhashDedupCluster(m("mh_buckets"), m("mh_remove"), config=mcfg)],
             tasks=1)
-        run("fuzzy dedup", f"minhash_filter{tag}", [JsonlReader(d("s2_exact")),
-                                                    MinhashDedupFilter(m("mh_remove"), exclusion_writer=excl(f"minhash{tag}")),
-                                                    JsonlWriter(m("s3_minhash"))])
+        run("fuzzy dedup", f"minhash_filter{tag}", [
+            JsonlReader(d("s2_exact")),
+            MinhashDedupFilter(m("mh_remove"), exclusion_writer=excl(f"minhash{tag}")),
+            JsonlWriter(m("s3_minhash"))])
 
     def ids(name: str) -> list[str]:
         out = []
@@ -645,7 +646,8 @@ def run_recall_seeds(a, clean: str, base: str, tokenizer: str, truth_path: str, 
         for p, jd in zip(dup, dt_j):
             missed = [r["seed"] for r in rows if p["b"] in r[f"{tool}_missed"]]
             if missed:
-                print(f"  {tool:>9} {p['b']}: {p['jaccard']:.3f} / {jd if jd is None else round(jd, 3)}, seeds {missed}")
+                jd_ = "-" if jd is None else f"{jd:.3f}"
+                print(f"  {tool:>9} {p['b']}: {p['jaccard']:.3f} / {jd_}, seeds {missed}")
     return {"scale": a.scales[0], "seeds": seeds, "same_input": same_input, "bands": BANDS, "rows": ROWS,
             "expected_recall_truth_j": expect_gm, "expected_recall_datatrove_j": expect_dt,
             "pairs": [{**p, "datatrove_jaccard": j} for p, j in zip(dup, dt_j)],

@@ -208,17 +208,34 @@ def partition_task(item: dict, cfg: DecontamConfig, index_path: str, root: str, 
             "removed": {REASON: n_removed} if n_removed else {}, "removed_bytes": removed_bytes}
 
 
-def validation_index_task(item: dict, cfg: DecontamConfig, root: str, docs_files: list[str], removed_files: list[str],
-                          override_files: list[str], split: Any) -> dict:
-    """The index of the validation split's texts as they stand after the eval pass, saved to the work dir."""
+VALIDATION_SCHEMA = pa.schema([("id", pa.string()), ("text", pa.string())])
+
+
+def validation_docs_task(item: dict, root: str, removed_files: list[str], override_files: list[str], split: Any) -> dict:
+    """One partition's validation documents as they stand after the eval pass (id, text): the
+    index task then reads only these, not the corpus."""
     from gristmill.pipeline.survivors import surviving_docs
     from gristmill.pipeline.tokenize import split_of
+    from gristmill.pipeline.workdir import ParquetPart
+
+    out = ParquetPart(os.path.join(root, item["out"]), VALIDATION_SCHEMA)
+    n = 0
+    for t in surviving_docs(item["docs"], item["part"], removed_files, override_files, ["id", "text"], 4096):
+        t = t.filter(pa.array([split_of(i, split) == "validation" for i in t.column("id").to_pylist()], pa.bool_()))
+        out.write(t)
+        n += t.num_rows
+    out.commit()
+    return {"documents": n}
+
+
+def validation_index_task(item: dict, cfg: DecontamConfig, root: str, files: list[str]) -> dict:
+    """The index of the validation split's texts (the files validation_docs_task wrote), saved to the work dir."""
+    import pyarrow.parquet as pq
 
     items = []
-    for part, f in enumerate(docs_files):
-        for t in surviving_docs(f, part, removed_files, override_files, ["id", "text"], 4096):
-            items += [(i, x) for i, x in zip(t.column("id").to_pylist(), t.column("text").to_pylist())
-                      if split_of(i, split) == "validation"]
+    for f in files:
+        t = pq.read_table(f)
+        items += list(zip(t.column("id").to_pylist(), t.column("text").to_pylist()))
     index, record = reference_index(items, cfg)
     index.save(os.path.join(root, item["out"]))
     return {"record": record}

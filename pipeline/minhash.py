@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from gristmill.jit import cached_njit
 from gristmill.pipeline.wordhash import ASCII_LOWER, P, code_points, mix64, mix64_jit, word_hashes, word_table_for
 
 try:  # numba fuses the loops (an order of magnitude faster than numpy); results are identical without it
@@ -150,7 +151,7 @@ def _numba_on(use_numba: bool | None) -> bool:
 
 def _jit(fn):
     """numba-compile a loop function when numba is installed (cached on disk, releases the GIL)."""
-    return numba.njit(cache=True, nogil=True)(fn) if numba is not None else fn
+    return cached_njit(nogil=True)(fn) if numba is not None else fn
 
 
 @_jit

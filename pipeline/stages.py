@@ -159,11 +159,14 @@ class Decontaminate(Stage):
         # validation task killed after committing its files must not read them as removals.
         ctx.add_outputs(self.name, "part-*.parquet")
         if cfg.against_validation and split.validation_fraction > 0:
-            docs = ctx.docs_files()
+            items = [{**it, "docs": d, "out": f"decontam/validation/{it['name']}.parquet"}
+                     for it, d in zip(_tasks_per_partition(ctx), ctx.docs_files())]
+            ctx.run_tasks("decontaminate.validation_docs", items, functools.partial(
+                decontam.validation_docs_task, root=ctx.root, removed_files=list(ctx.removed_files),
+                override_files=list(ctx.override_files), split=split))
             (built,) = ctx.run_tasks("decontaminate.validation_index", [{"name": "index", "out": "decontam/validation.npz"}],
-                                     functools.partial(decontam.validation_index_task, cfg=cfg, root=ctx.root, docs_files=docs,
-                                                       removed_files=list(ctx.removed_files),
-                                                       override_files=list(ctx.override_files), split=split))
+                                     functools.partial(decontam.validation_index_task, cfg=cfg, root=ctx.root,
+                                                       files=[ctx.wd.path(it["out"]) for it in items]))
             val_path = ctx.wd.path("decontam", "validation.npz")
             second = self._pass(ctx, "decontaminate.validation", val_path, "val-", split)
             val_index = decontam.ngrams.NgramIndex.load(val_path)

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gristmill.jit import cached_njit
+
 try:  # only to compile mix64 for the numba loops that call it; everything here works without
     import numba
 except ImportError:  # pragma: no cover
@@ -51,7 +53,7 @@ def mix64(z):
 
 
 # mix64 compiled for numba code (numba cannot call the plain Python function from a loop).
-mix64_jit = numba.njit(cache=True, nogil=True)(mix64) if numba is not None else mix64
+mix64_jit = cached_njit(nogil=True)(mix64) if numba is not None else mix64
 
 _powers_cache: dict[int, np.ndarray] = {}
 
