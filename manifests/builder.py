@@ -21,6 +21,14 @@ DOC_INDEX_FILE = "doc_index.parquet"
 TOKENIZER_FILE = "tokenizer.json"
 
 
+def write_pinned_shard(root: str, rel: str, split: str, rows: np.ndarray) -> Shard:
+    """Write one shard at ``root/rel`` and return its manifest entry, pinning both the published
+    (zstd) file's hash and the uncompressed cache form's, computed from the same rows."""
+    published = write_shard(os.path.join(root, rel), rows)
+    raw = write_shard(None, rows, compressed=False)
+    return Shard(rel, split, published.sha256, published.bytes, published.rows, published.tokens, raw.sha256, raw.bytes)
+
+
 class DatasetBuilder:
     def __init__(self, staging_dir: str, *, dataset: str, seq_len: int, tokenizer_json: str, vocab_size: int, eos_id: int):
         self.dir = staging_dir
@@ -41,11 +49,7 @@ class DatasetBuilder:
         if rows.shape[1] != self.seq_len + 1:
             raise ValueError(f"rows are {rows.shape[1]} tokens wide; this dataset packs seq_len + 1 = {self.seq_len + 1}")
         number = sum(s.split == split for s in self.shards) if number is None else number
-        rel = self.shard_path(split, number)
-        rows = rows.astype(self.dtype, copy=False)
-        published = write_shard(os.path.join(self.dir, rel), rows)
-        raw = write_shard(None, rows, compressed=False)  # pin the cache form's hash too, from the same rows
-        shard = Shard(rel, split, published.sha256, published.bytes, published.rows, published.tokens, raw.sha256, raw.bytes)
+        shard = write_pinned_shard(self.dir, self.shard_path(split, number), split, rows.astype(self.dtype, copy=False))
         self.shards.append(shard)
         return shard
 

@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 from gristmill.manifests import DatasetBuilder, Shard, sha256_file
 from gristmill.manifests.doc_index import DOC_INDEX_SCHEMA, DocIndexWriter
 from gristmill.manifests.manifest import token_dtype_for
-from gristmill.manifests.shards import write_shard
+from gristmill.manifests.builder import write_pinned_shard
 
 SPLITS = ("train", "validation")
 
@@ -125,10 +125,7 @@ class RangeShards:
 
     def add_shard(self, split: str, rows: np.ndarray, number: int) -> Shard:
         rel = f"shards/{split}-{self.range_no:05d}-{number:05d}.arrow"
-        rows = rows.astype(self.dtype, copy=False)
-        published = write_shard(os.path.join(self.dir, rel), rows)
-        raw = write_shard(None, rows, compressed=False)  # pin the cache form's hash too, from the same rows
-        shard = Shard(rel, split, published.sha256, published.bytes, published.rows, published.tokens, raw.sha256, raw.bytes)
+        shard = write_pinned_shard(self.dir, rel, split, rows.astype(self.dtype, copy=False))
         self.shards.append(shard)
         return shard
 

@@ -110,3 +110,20 @@ def extract_files(work_root: str, files: list[tuple[str, str]], *, text_field: s
     docs = pq.read_table(wd.path("docs", f"{part_name(0)}.parquet")).to_pylist()
     quarantine = pq.read_table(wd.path("quarantine", f"{part_name(0)}.parquet")).to_pylist()
     return stats, docs, quarantine
+
+
+def demo_job_dict(corpus, out, **over) -> dict:
+    """A prepare job over the demo corpus at ``corpus`` (WARC, Parquet, text and JSONL inputs),
+    publishing under ``out``; ``over`` replaces whole sections."""
+    d = {
+        "inputs": [str(corpus / "corpus" / "*.jsonl*"), {"path": str(corpus / "corpus" / "*.parquet"), "text_field": "content"},
+                   str(corpus / "corpus" / "*.txt"), str(corpus / "corpus" / "*.warc.gz")],
+        "output": {"store": str(out / "store"), "dataset": "demo"},
+        "work_dir": str(out / "work"),
+        "extract": {"max_chars": 100_000},
+        "split": {"validation_fraction": 0.05},
+        "tokenizer": {"vocab_size": 512, "sample_bytes": 300_000},
+        "pack": {"seq_len": 128, "shard_bytes": 60_000},
+    }
+    d.update(over)
+    return d

@@ -13,6 +13,8 @@ import time
 import pytest
 import yaml
 
+from helpers import demo_job_dict
+
 pytestmark = pytest.mark.slow
 
 # Where to strike: the first file matching the pattern appears (a task of that step committed,
@@ -41,19 +43,10 @@ def corpus(tmp_path_factory):
 
 
 def _job(corpus, out) -> dict:
-    return {
-        "inputs": [str(corpus / "corpus" / "*.jsonl*"), {"path": str(corpus / "corpus" / "*.parquet"), "text_field": "content"},
-                   str(corpus / "corpus" / "*.txt"), str(corpus / "corpus" / "*.warc.gz")],
-        "output": {"store": str(out / "store"), "dataset": "demo"},
-        "work_dir": str(out / "work"),
-        "extract": {"max_chars": 100_000},
-        "fuzzy_dedup": {"threshold": 0.8},
-        "decontaminate": {"eval_sets": [{"name": "demo_qa", "path": str(corpus / "evals" / "demo_qa.jsonl"), "id_field": "id"}]},
-        "split": {"validation_fraction": 0.05},
-        "tokenizer": {"vocab_size": 512, "sample_bytes": 300_000},
-        "pack": {"seq_len": 128, "shard_bytes": 60_000},
-        "ray": {"num_cpus": 2, "partition_bytes": 1},  # a partition per file: many tasks per step to land between
-    }
+    return demo_job_dict(
+        corpus, out, fuzzy_dedup={"threshold": 0.8},
+        decontaminate={"eval_sets": [{"name": "demo_qa", "path": str(corpus / "evals" / "demo_qa.jsonl"), "id_field": "id"}]},
+        ray={"num_cpus": 2, "partition_bytes": 1})  # a partition per file: many tasks per step to land between
 
 
 def _cmd(job_path):

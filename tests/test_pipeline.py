@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from gristmill.manifests import load_manifest, read_doc_index, verify_published
+from helpers import demo_job_dict
 
 pytestmark = pytest.mark.slow
 
@@ -32,19 +33,7 @@ def corpus(tmp_path_factory):
     return out
 
 
-def _job_dict(corpus, out, **over):
-    d = {
-        "inputs": [str(corpus / "corpus" / "*.jsonl*"), {"path": str(corpus / "corpus" / "*.parquet"), "text_field": "content"},
-                   str(corpus / "corpus" / "*.txt"), str(corpus / "corpus" / "*.warc.gz")],
-        "output": {"store": str(out / "store"), "dataset": "demo"},
-        "work_dir": str(out / "work"),
-        "extract": {"max_chars": 100_000},
-        "split": {"validation_fraction": 0.05},
-        "tokenizer": {"vocab_size": 512, "sample_bytes": 300_000},
-        "pack": {"seq_len": 128, "shard_bytes": 60_000},
-    }
-    d.update(over)
-    return d
+_job_dict = demo_job_dict
 
 
 def _prepare(corpus, out, **over):
