@@ -97,14 +97,14 @@ def bucket_count(edges: int) -> int:
     return max(1, math.ceil(edges / EDGES_PER_TASK))
 
 
-def _bucket(nodes: np.ndarray, buckets: int) -> np.ndarray:
+def bucket_of(nodes: np.ndarray, buckets: int) -> np.ndarray:
     h = nodes.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
     return ((h >> np.uint64(33)) % np.uint64(buckets)).astype(np.int32)
 
 
 def write_edges(path: str, u: np.ndarray, v: np.ndarray, buckets: int) -> None:
     """Directed edges (u, v), tagged with u's bucket and sorted by it, committed atomically."""
-    b = _bucket(u, buckets)
+    b = bucket_of(u, buckets)
     idx = np.lexsort((v, u, b))
     out = ParquetPart(path, EDGE_SCHEMA, row_group_size=_ROW_GROUP)
     out.write(pa.table({"bucket": b[idx], "u": u[idx], "v": v[idx]}, schema=EDGE_SCHEMA))

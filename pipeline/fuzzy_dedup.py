@@ -14,7 +14,10 @@ read where it lies and never moves (see docs/fuzzy-dedup.md):
    candidate pair (``verify: true``, the default, dropping pairs below the threshold) or the
    signature estimate;
 5. ``components``: connected components over the verified edges (``pipeline.components``);
-6. ``removed`` (a task per partition): in every cluster the earliest document (smallest
+6. ``assign`` (a task per components bucket): each non-root node of the bucket with its root
+   (the earliest document of its cluster) and its best link, sorted by the node's partition;
+   the sizes of the clusters rooted there;
+7. ``removed`` (a task per partition): in every cluster the earliest document (smallest
    ``order``) survives; the others are removed with ``duplicate_of`` = ``cluster`` = the
    survivor's id and the best similarity of an edge that linked them.
 
@@ -52,7 +55,9 @@ CANDIDATE_SCHEMA = pa.schema([("hi_part", pa.int32()), ("hi", pa.int64()), ("lo"
 ENDPOINT_SCHEMA = pa.schema([("part", pa.int32()), ("order", pa.int64())])
 MEMBER_SCHEMA = pa.schema([("order", pa.int64()), ("id", pa.string()), ("bytes", pa.int64()),
                            ("shingles", pa.list_(pa.uint64())), ("signature", pa.list_(pa.uint32()))])
-LINK_SCHEMA = pa.schema([("part", pa.int32()), ("node", pa.int64()), ("other", pa.int64()), ("similarity", pa.float64())])
+LINK_SCHEMA = pa.schema([("bucket", pa.int32()), ("node", pa.int64()), ("other", pa.int64()), ("similarity", pa.float64())])
+ASSIGN_SCHEMA = pa.schema([("part", pa.int32()), ("node", pa.int64()), ("root", pa.int64()), ("linked", pa.int64()),
+                           ("similarity", pa.float64())])
 
 
 @functools.lru_cache(maxsize=4)
@@ -183,66 +188,67 @@ def verify_task(item: dict, cfg: FuzzyDedupConfig, root: str, candidate_files: l
     hi, lo, sim = hi[keep], lo[keep], sim[keep]
     cc.write_edges(os.path.join(root, item["edges"]), np.concatenate([hi, lo]), np.concatenate([lo, hi]), item["buckets"])
     node, other, s2 = np.concatenate([hi, lo]), np.concatenate([lo, hi]), np.concatenate([sim, sim])
-    idx = np.lexsort((other, node, (node >> 32)))
+    bucket = cc.bucket_of(node, item["buckets"])  # the node's components bucket: its assign task reads it
+    idx = np.lexsort((other, node, bucket))
     links = ParquetPart(os.path.join(root, item["links"]), LINK_SCHEMA, row_group_size=_ROW_GROUP)
-    links.write(pa.table({"part": (node[idx] >> 32).astype(np.int32), "node": node[idx], "other": other[idx],
-                          "similarity": s2[idx]}, schema=LINK_SCHEMA))
+    links.write(pa.table({"bucket": bucket[idx], "node": node[idx], "other": other[idx], "similarity": s2[idx]},
+                         schema=LINK_SCHEMA))
     links.commit()
     return {"candidate_pairs": len(pairs), "pairs_linked": int(keep.sum())}
 
 
-# -- 6. removed ----------------------------------------------------------------------------------
-def removed_task(item: dict, cfg: FuzzyDedupConfig, root: str, star_files: list[str], link_files: list[str],
-                 buckets: int) -> dict:
-    """This partition's removed documents: star rows (u = node, v = root < u) of its nodes."""
-    part = item["part"]
-    members = _read(os.path.join(root, STAGE, "members", f"{part_name(part)}.parquet"), ["order", "id", "bytes"])
-    nodes = members.column("order").to_numpy()
-    star = pa.concat_tables([_read(f, ["u", "v"]) for f in star_files]) if star_files else None
-    if star is not None and len(nodes):
-        star = star.filter(pc.and_(pc.is_in(star.column("u"), pa.array(nodes)), pc.less(star.column("v"), star.column("u"))))
-    node = star.column("u").to_numpy() if star is not None and len(nodes) else np.zeros(0, np.int64)
-    rootv = star.column("v").to_numpy() if star is not None and len(nodes) else np.zeros(0, np.int64)
-    idx = np.argsort(node, kind="stable")
-    node, rootv = node[idx], rootv[idx]
-    # Best link per node: its most similar verified edge, ties to the earliest other document.
-    lk = pa.concat_tables([_read(f, ["node", "other", "similarity"], [("part", "=", part)]) for f in link_files])
+# -- 6. assign -----------------------------------------------------------------------------------
+def assign_task(item: dict, star_files: list[str], link_files: list[str], root: str) -> dict:
+    """One components bucket: each of its non-root nodes with its root and its best link (its
+    most similar verified edge, ties to the earliest other document), written sorted by the
+    node's partition; and the sizes of the clusters whose root is in the bucket."""
+    b = item["bucket"]
+    star = cc.read_bucket(star_files, b)
+    pairs = np.unique(np.stack([star["u"], star["v"]], axis=1), axis=0) if len(star["u"]) else np.zeros((0, 2), np.int64)
+    u, v = pairs[:, 0].astype(np.int64), pairs[:, 1].astype(np.int64)
+    leaf = v < u  # at the fixed point a leaf's one row points at its root; a root's rows list its members
+    node, rootv = u[leaf], v[leaf]
+    lk = pa.concat_tables([_read(f, ["node", "other", "similarity"], [("bucket", "=", b)]) for f in link_files])
     best: dict[int, tuple[float, int]] = {}
     for n_, o_, s_ in zip(*(lk.column(c).to_pylist() for c in ("node", "other", "similarity"))):
         if n_ not in best or (s_, -o_) > (best[n_][0], -best[n_][1]):
             best[n_] = (s_, o_)
-    mine = {r["order"]: r for r in members.to_pylist()}
+    idx = np.lexsort((node, node >> 32))
+    node, rootv = node[idx], rootv[idx]
+    out = ParquetPart(os.path.join(root, item["out"]), ASSIGN_SCHEMA, row_group_size=_ROW_GROUP)
+    out.write(pa.table({"part": (node >> 32).astype(np.int32), "node": node, "root": rootv,
+                        "linked": [best[n][1] for n in node.tolist()], "similarity": [best[n][0] for n in node.tolist()]},
+                       schema=ASSIGN_SCHEMA))
+    out.commit()
+    _, members = np.unique(u[~leaf], return_counts=True)
+    sizes, clusters = np.unique(members + 1, return_counts=True)
+    return {"cluster_sizes": {str(int(k)): int(n) for k, n in zip(sizes, clusters)}}
+
+
+# -- 7. removed ----------------------------------------------------------------------------------
+def removed_task(item: dict, cfg: FuzzyDedupConfig, root: str, assign_files: list[str]) -> dict:
+    """This partition's removed documents, from its rows of every assign file."""
+    part = item["part"]
+    t = pa.concat_tables([_read(f, ["node", "root", "linked", "similarity"], [("part", "=", part)]) for f in assign_files]) \
+        if assign_files else ASSIGN_SCHEMA.empty_table()
+    t = t.sort_by("node")
+    node, rootv = t.column("node").to_numpy(), t.column("root").to_numpy()
+    mine = _members(root, {part}, node, ["id", "bytes"]) if len(node) else {}
     survivors = _members(root, {int(p) for p in (rootv >> 32)}, np.unique(rootv), ["id"]) if len(rootv) else {}
-    rows = {"id": [], "order": [], "part": [], "bytes": [], "reason": [], "duplicate_of": [], "cluster": [],
-            "similarity": [], "linked": []}
-    for n_, r_ in zip(node.tolist(), rootv.tolist()):
-        sid = survivors[r_]["id"]
-        for k, v in (("id", mine[n_]["id"]), ("order", n_), ("part", part), ("bytes", mine[n_]["bytes"]), ("reason", REASON),
-                     ("duplicate_of", sid), ("cluster", sid), ("similarity", best[n_][0]), ("linked", best[n_][1])):
-            rows[k].append(v)
-    table = pa.table(rows)
-    removed_rows = to_removed_rows(table.drop_columns(["linked"]), STAGE) if table.num_rows else REMOVED_SCHEMA.empty_table()
+    sid = [survivors[r]["id"] for r in rootv.tolist()]
+    rows = pa.table({"id": [mine[n]["id"] for n in node.tolist()], "order": node, "part": pa.array([part] * len(node), pa.int32()),
+                     "bytes": [mine[n]["bytes"] for n in node.tolist()], "reason": [REASON] * len(node),
+                     "duplicate_of": sid, "cluster": sid, "similarity": t.column("similarity")})
     out = ParquetPart(os.path.join(root, item["out"]), REMOVED_SCHEMA)
-    out.write(removed_rows)
+    out.write(to_removed_rows(rows, STAGE) if rows.num_rows else REMOVED_SCHEMA.empty_table())
     out.commit()
     k = cfg.sample_pairs
-    sample = [{"removed_order": o, "survivor": d, "linked_order": lo_, "similarity": round(float(s), 4)}
-              for o, d, lo_, s in list(zip(rows["order"], rows["duplicate_of"], rows["linked"], rows["similarity"]))[:k]]
-    return {"removed": {REASON: table.num_rows} if table.num_rows else {},
-            "removed_bytes": int(sum(b or 0 for b in rows["bytes"])), "sample": sample}
-
-
-def _cluster_sizes(star_files: list[str]) -> dict[int, int]:
-    """Histogram of cluster sizes: a root's rows with v > u are its other members."""
-    hist: dict[int, int] = {}
-    for f in star_files:
-        t = _read(f, ["u", "v"])
-        u = t.column("u").to_numpy()[t.column("v").to_numpy() > t.column("u").to_numpy()]
-        if len(u):
-            _, counts = np.unique(u, return_counts=True)
-            for size, n in zip(*np.unique(counts + 1, return_counts=True)):
-                hist[int(size)] = hist.get(int(size), 0) + int(n)
-    return hist
+    sample = [{"removed_order": int(o), "survivor": d, "linked_order": int(lo_), "similarity": round(float(s), 4)}
+              for o, d, lo_, s in list(zip(node.tolist(), sid, t.column("linked").to_pylist(),
+                                           t.column("similarity").to_pylist()))[:k]]
+    return {"removed": {REASON: rows.num_rows} if rows.num_rows else {},
+            "removed_bytes": int(sum(b or 0 for b in rows.column("bytes").to_pylist())) if rows.num_rows else 0,
+            "sample": sample}
 
 
 # -- the stage -----------------------------------------------------------------------------------
@@ -274,18 +280,25 @@ def find_near_duplicates(run_tasks, root: str, docs_files: list[str], removed_fi
                   "links": f"{d}/links/{part_name(p)}.parquet"} for p in parts]
     ver = run_tasks(f"{d}.verify", ver_items, functools.partial(verify_task, cfg=cfg, root=root, candidate_files=candidate_files))
     n_linked = sum(s["pairs_linked"] for s in ver)
-    star_files = cc.connected_components(run_tasks, root, f"{d}.components", f"{d}/components", [os.path.join(root, it["edges"]) for it in ver_items],
-                                         buckets) if n_linked else []
+    star_files = cc.connected_components(run_tasks, root, f"{d}.components", f"{d}/components",
+                                         [os.path.join(root, it["edges"]) for it in ver_items], buckets) if n_linked else []
     link_files = [os.path.join(root, it["links"]) for it in ver_items]
+    assign_items = [{"name": f"bucket-{b:05d}", "bucket": b, "out": f"{d}/assign/bucket-{b:05d}.parquet"}
+                    for b in range(buckets)] if n_linked else []
+    assigned = run_tasks(f"{d}.assign", assign_items, functools.partial(
+        assign_task, star_files=star_files, link_files=link_files, root=root))
     rem = run_tasks(f"{d}.removed", [{"name": part_name(p), "part": p, "out": f"removed/{STAGE}/{part_name(p)}.parquet"}
                                      for p in parts],
-                    functools.partial(removed_task, cfg=cfg, root=root, star_files=star_files, link_files=link_files,
-                                      buckets=buckets))
+                    functools.partial(removed_task, cfg=cfg, root=root,
+                                      assign_files=[os.path.join(root, it["out"]) for it in assign_items]))
     removed: dict[str, int] = {}
     for s in rem:
         for k, v in s["removed"].items():
             removed[k] = removed.get(k, 0) + v
-    hist = _cluster_sizes(star_files)
+    hist: dict[int, int] = {}
+    for s in assigned:
+        for size, n in s["cluster_sizes"].items():
+            hist[int(size)] = hist.get(int(size), 0) + n
     sample = [p for s in rem for p in s["sample"]][: cfg.sample_pairs]
     detail = {
         "documents_in": sum(s["documents_in"] for s in bands),

@@ -151,6 +151,18 @@ def test_same_result_with_one_and_two_workers_and_any_partitioning(ray_session, 
 
 
 @pytest.mark.slow
+def test_same_result_with_many_components_buckets(ray_session, corpus, one_worker, tmp_path, monkeypatch):
+    """Edges spread over many components/assign buckets (tasks) give the same removals and clusters."""
+    from gristmill.pipeline import components as cc
+
+    monkeypatch.setattr(cc, "EDGES_PER_TASK", 8)  # ~100 directed edges -> a dozen buckets
+    many = _run(ray_session, corpus[0], FuzzyDedupConfig(batch_size=64), tmp_path, cpus=2, parts=3)
+    assert many[0] == one_worker[0] and many[1] == one_worker[1]
+    assert many[2]["cluster_sizes"] == one_worker[2]["cluster_sizes"]
+    assert len(glob.glob(str(tmp_path / "fuzzy_dedup" / "assign" / "*.parquet"))) > 5
+
+
+@pytest.mark.slow
 def test_estimated_similarity_without_verification(ray_session, corpus, tmp_path):
     rows, sims = corpus
     cfg = FuzzyDedupConfig(verify=False, bands=9, rows=13)
