@@ -71,8 +71,6 @@ def plan_tasks(total_docs: int) -> list[dict]:
 
 def dedup_task(task: dict, key_files: list[str], work_root: str) -> dict:
     wd, name = WorkDir(work_root), f"task-{task['task']:03d}"
-    if (stats := wd.done(STAGE, name)) is not None:
-        return stats
     flt = [("bucket", ">=", task["lo"]), ("bucket", "<", task["hi"])]
     keys = pa.concat_tables([pq.read_table(f, filters=flt, schema=KEY_SCHEMA) for f in key_files]) if key_files \
         else KEY_SCHEMA.empty_table()
@@ -82,5 +80,4 @@ def dedup_task(task: dict, key_files: list[str], work_root: str) -> dict:
     out.commit()
     stats = {"keys": keys.num_rows, "removed": {REASON: removed.num_rows} if removed.num_rows else {},
              "removed_bytes": int(sum(removed.column("bytes").to_pylist()))}
-    wd.mark_done(STAGE, name, stats)
     return stats

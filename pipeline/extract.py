@@ -24,10 +24,9 @@ STAGE = "extract"
 
 def extract_partition(task: dict, extract: ExtractConfig, language: LanguageConfig, work_root: str,
                       batch_rows: int = 1024) -> dict:
-    """Process one partition's files in order; returns (and commits in the marker) its stats."""
+    """Process one partition's files in order; returns its stats (``pipeline.tasks`` commits
+    them as the task's marker once the outputs are in place)."""
     wd, part, name = WorkDir(work_root), task["part"], part_name(task["part"])
-    if (stats := wd.done(STAGE, name)) is not None:
-        return stats
     docs = ParquetPart(wd.path("docs", f"{name}.parquet"), DOC_SCHEMA)
     removed = ParquetPart(wd.path("removed", "language", f"{name}.parquet"), REMOVED_SCHEMA)
     quarantine = ParquetPart(wd.path("quarantine", f"{name}.parquet"), QUARANTINE_SCHEMA)
@@ -76,7 +75,6 @@ def extract_partition(task: dict, extract: ExtractConfig, language: LanguageConf
     stats = {"part": part, "inputs": inputs, "extract": ex, "language": lg,
              "cpu_seconds": time.process_time() - cpu0,  # the whole task, all threads (a worker runs one task at a time)
              "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
-    wd.mark_done(STAGE, name, stats)
     return stats
 
 

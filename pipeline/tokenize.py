@@ -70,8 +70,6 @@ def split_of(doc_id: str, split: SplitConfig) -> str:
 def tokenize_partition(part: int, tokenizer_path: str, cfg: TokenizerConfig, split: SplitConfig, work_root: str,
                        removed_files: list[str], override_files: list[str] = ()) -> dict:
     wd, name = WorkDir(work_root), part_name(part)
-    if (stats := wd.done(STAGE, name)) is not None:
-        return stats
     cpu0 = time.process_time()
     tok, _, eos_id = load_tokenizer(tokenizer_path, cfg.eos_token)
     drop = removed_ids(removed_files, part)
@@ -109,7 +107,6 @@ def tokenize_partition(part: int, tokenizer_path: str, cfg: TokenizerConfig, spl
     out.commit()
     st["cpu_seconds"] = time.process_time() - cpu0  # the whole task, the tokenizer's threads included
     st["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    wd.mark_done(STAGE, name, st)
     return st
 
 
