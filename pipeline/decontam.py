@@ -241,6 +241,12 @@ def validation_index_task(item: dict, cfg: DecontamConfig, root: str, files: lis
     return {"record": record}
 
 
+def report_task(item: dict, cfg: DecontamConfig, index_path: str, records: list[dict], found: list[dict]) -> dict:
+    """``report`` for an index that lives in the work dir: the validation index holds every
+    validation n-gram, so it is loaded in a worker, never in the driver."""
+    return {"report": report(_load_index(index_path), cfg, records, found)}
+
+
 def _decide(text: str, matches: list[ngrams.Match], policy: str, margin: int) -> tuple[str, str | None]:
     """("drop", None) removes the document; ("cut", shorter text) trims it."""
     if policy == "drop":

@@ -169,8 +169,10 @@ class Decontaminate(Stage):
                                                        files=[ctx.wd.path(it["out"]) for it in items]))
             val_path = ctx.wd.path("decontam", "validation.npz")
             second = self._pass(ctx, "decontaminate.validation", val_path, "val-", split)
-            val_index = decontam.ngrams.NgramIndex.load(val_path)
-            val_detail = decontam.report(val_index, cfg, [built["record"]], [f for s in second for f in s["found"]])
+            (val,) = ctx.run_tasks("decontaminate.validation_report", [{"name": "report"}], functools.partial(
+                decontam.report_task, cfg=cfg, index_path=val_path, records=[built["record"]],
+                found=[f for s in second for f in s["found"]]))
+            val_detail = val["report"]
             detail = {**detail, "against_validation": val_detail,
                       "eval_sets": list(detail.get("eval_sets", [])) + list(val_detail.get("eval_sets", []))}
             stats += second
@@ -187,7 +189,7 @@ class Decontaminate(Stage):
         return ctx.run_tasks(step, items, fn)
 
 
-def _sample_texts(item: dict, docs_files: list[str], removed_files: list[str], override_files: list[str], budget: int):
+def _sample_texts(docs_files: list[str], removed_files: list[str], override_files: list[str], budget: int):
     """The first surviving documents in global order, up to ``budget`` bytes."""
     for part, f in enumerate(docs_files):
         for t in surviving_docs(f, part, removed_files, override_files, ["id", "text", "bytes"], 1024):
@@ -199,7 +201,7 @@ def _sample_texts(item: dict, docs_files: list[str], removed_files: list[str], o
 
 
 def _train_tokenizer(item: dict, cfg, root: str, docs_files, removed_files, override_files) -> dict:
-    sample = list(_sample_texts(item, docs_files, removed_files, override_files, cfg.sample_bytes))
+    sample = list(_sample_texts(docs_files, removed_files, override_files, cfg.sample_bytes))
     path = os.path.join(root, item["out"])
     tmp = path + ".tmp.json"
     train_bpe(sample, cfg, tmp)

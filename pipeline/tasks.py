@@ -52,11 +52,12 @@ def run_tasks(ray, wd: WorkDir, step: str, items: list[dict], fn: Callable[[dict
         limit = max_in_flight or max(1, int(ray.available_resources().get("CPU", 1)) * 2)
         fn_ref = ray.put(fn)
         pending: dict = {}
-        queue = list(todo)
-        while queue or pending:
-            while queue and len(pending) < limit:
-                it = queue.pop(0)
+        queue = iter(todo)
+        while True:
+            while len(pending) < limit and (it := next(queue, None)) is not None:
                 pending[remote.remote(fn_ref, it, wd.root, step)] = it
+            if not pending:
+                break
             ready, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
             for ref in ready:
                 it = pending.pop(ref)
