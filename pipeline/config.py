@@ -203,6 +203,19 @@ def _is_file(path: str) -> bool:
     return fs.isfile(p)
 
 
+class PiiConfig(Section):
+    """The ``pii`` stage (pipeline/pii.py, docs/pipeline.md): placeholders for personal data."""
+
+    enabled: Bool = True
+    emails: Bool = True
+    ips: Bool = True  # IPv4 addresses
+    public_ips_only: Bool = True  # leave private, loopback, link-local and reserved addresses (not personal)
+    phones: Bool = False  # heuristic (10-15 digits in groups): opt in
+    email_token: Str = "<EMAIL>"
+    ip_token: Str = "<IP>"
+    phone_token: Str = "<PHONE>"
+
+
 class SplitConfig(Section):
     validation_fraction: Annotated[Float, Field(ge=0, lt=1)] = 0.01  # of documents, chosen by a hash of the doc id
     seed: Int = 0  # salt of that hash: change it to draw a different validation set
@@ -264,6 +277,7 @@ class JobConfig(Section):
     exact_dedup: ExactDedupConfig = ExactDedupConfig()
     fuzzy_dedup: FuzzyDedupConfig | None = None  # absent (or null): the stage does not run
     decontaminate: DecontamConfig | None = None
+    pii: PiiConfig = PiiConfig()
     split: SplitConfig = SplitConfig()
     tokenizer: TokenizerConfig = TokenizerConfig()
     pack: PackConfig = PackConfig()

@@ -10,7 +10,7 @@ bookkeeping (exact dedup's keys, fuzzy dedup's bands and edges, decontamination'
 
 ``build(job)`` is the fixed order, each stage present when the job enables it:
 
-    extract (+ language) -> exact_dedup -> fuzzy_dedup -> decontaminate -> tokenizer -> tokenize -> pack
+    extract (+ language) -> exact_dedup -> fuzzy_dedup -> decontaminate -> pii -> tokenizer -> tokenize -> pack
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from typing import Callable, Literal
 from gristmill.manifests import DatasetBuilder, FileRef, Shard
 from gristmill.manifests.builder import DOC_INDEX_FILE
 
-from . import decontam, exact_dedup, fuzzy_dedup, pack
+from . import decontam, exact_dedup, fuzzy_dedup, pack, pii
 from .config import JobConfig
 from .extract import extract_partition
 from .progress import Progress
@@ -189,6 +189,29 @@ class Decontaminate(Stage):
         return ctx.run_tasks(step, items, fn)
 
 
+class Pii(Stage):
+    """Placeholders for e-mails, IPs and phone numbers (pipeline.pii), a task per partition.
+    It removes nothing; it takes the removing stages' place in the manifest's stage table
+    (``removes``) so its replacement counts are part of the published statistics."""
+    name, section, kind, removes = "pii", "pii", "map", True
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+
+    def run(self, ctx):
+        items = [{**it, "docs": d, "out": f"overrides/{self.name}/{it['name']}.parquet"}
+                 for it, d in zip(_tasks_per_partition(ctx), ctx.docs_files())]
+        stats = ctx.run_tasks(self.name, items, functools.partial(
+            pii.pii_task, cfg=self.cfg, root=ctx.root, removed_files=list(ctx.removed_files),
+            override_files=list(ctx.override_files)))
+        ctx.add_outputs(self.name)
+        counts = {k: sum(s["replacements"][k] for s in stats) for k in pii.KINDS}
+        kinds = [k for k, on in zip(pii.KINDS, (self.cfg.emails, self.cfg.ips, self.cfg.phones)) if on]
+        return {"removed": {}, "removed_bytes": 0, "detail": {
+            "replacements": {k: counts[k] for k in kinds},
+            "documents_changed": sum(s["documents_changed"] for s in stats)}}
+
+
 def _sample_texts(docs_files: list[str], removed_files: list[str], override_files: list[str], budget: int):
     """The first surviving documents in global order, up to ``budget`` bytes."""
     for part, f in enumerate(docs_files):
@@ -277,7 +300,7 @@ def build(job: JobConfig) -> list[Stage]:
     stages: list[Stage] = [Extract()]
     if job.exact_dedup.enabled:
         stages.append(ExactDedup())
-    for cls in (FuzzyDedup, Decontaminate):  # optional typed sections: absent or enabled: false skips
+    for cls in (FuzzyDedup, Decontaminate, Pii):  # optional typed sections: absent or enabled: false skips
         section = getattr(job, cls.section)
         if section is not None and section.enabled:
             stages.append(cls(section))
