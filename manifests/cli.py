@@ -1,13 +1,11 @@
 """``gristmill manifest show|verify|list``."""
 from __future__ import annotations
 
-import json
-
 
 def register(sub) -> None:
     p = sub.add_parser("manifest", help="inspect and verify published dataset versions")
     msub = p.add_subparsers(dest="manifest_command", required=True, metavar="ACTION")
-    show = msub.add_parser("show", help="print a manifest summary (or --json for all of it)")
+    show = msub.add_parser("show", help="print a manifest summary with its stage statistics as a table (--json: the whole manifest, machine-readable)")
     show.add_argument("url", help="dataset version: <root>/<dataset>[/v<N>[/manifest.json]]")
     show.add_argument("--json", action="store_true", help="print the full manifest JSON")
     show.set_defaults(handler=_show)
@@ -43,7 +41,10 @@ def _show(args) -> int:
     if m.eval_sets:
         print("eval sets    " + ", ".join(f"{e.name} ({e.items} items, {e.sha256[:12]}…)" for e in m.eval_sets))
     if m.stats:
-        print("stats        " + json.dumps(m.stats, sort_keys=True)[:2000])
+        from .stats_table import format_stats
+
+        print("stages")
+        print(format_stats(m.stats))
     return 0
 
 

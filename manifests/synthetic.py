@@ -111,7 +111,7 @@ def build_synthetic(root: str, *, dataset: str = "synthetic", seq_len: int = 16,
                     shard_rows: tuple[int, ...] = (40, 30, 50), val_rows: tuple[int, ...] = (8,),
                     vocab_size: int = 512, seed: int = 0, tokens: str = "marked",
                     doc_tokens: tuple[int, int] | None = None, sources: int = 1, langs: tuple[str, ...] = ("en",),
-                    publish: bool = True) -> Published:
+                    publish: bool = True, stats: dict | None = None) -> Published:
     """Write a dataset under ``root`` and publish it to ``<root>/store/<dataset>`` (the new version).
 
     ``shard_rows`` / ``val_rows``: rows of each train / validation shard. With ``publish=False``
@@ -145,7 +145,7 @@ def build_synthetic(root: str, *, dataset: str = "synthetic", seq_len: int = 16,
     config = {"synthetic": {"tokens": tokens, "seed": seed, "shard_rows": list(shard_rows), "val_rows": list(val_rows),
                             "doc_tokens": list(doc_tokens) if doc_tokens else None}}
     m = b.manifest(inputs=[Input(source_uri(i), 1, "0" * 64) for i in range(n_sources)], config=config,
-                   code_version="synthetic", stats={"pack": {"rows": sum(shard_rows)}})
+                   code_version="synthetic", stats=stats if stats is not None else {"pack": {"rows": sum(shard_rows)}})
     if not publish:
         return Published(m, staging)
     published = ManifestStore(os.path.join(root, "store")).publish(m, staging)
