@@ -46,7 +46,7 @@ def audit_doc(published: Published, ckpt: Checkpoint, used: Consumed, doc_id: st
         "ranks": sorted({o["rank"] for o in occurrences}),
         "occurrences": occurrences,
         "provenance": {
-            "source": first["source"], "position": first["position"], "lang": first["lang"],
+            "source": first["source"], "position": first["position"], "lang": first["lang"], "url": first.get("url"),
             "input_sha256": source.sha256 if source else None, "input_bytes": source.bytes if source else None,
             "dataset": m.dataset, "version": m.version, "manifest_sha256": m.sha256, "manifest_url": published.url,
             "spans": [{"shard": m.shards[s].path, "row": r, "start": st, "length": l}

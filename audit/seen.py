@@ -21,7 +21,7 @@ from gristmill.manifests import HashMismatchError, Manifest, Published, join, re
 
 from .consumed import Consumed
 
-DOC_COLUMNS = ["shard", "row", "start", "length", "doc_id", "source", "position", "lang"]
+DOC_COLUMNS = ["shard", "row", "start", "length", "doc_id", "source", "position", "lang", "url"]
 
 
 def row_offsets(manifest: Manifest) -> np.ndarray:
@@ -38,9 +38,7 @@ def read_spans(published: Published, columns: list[str] | None = None, filters=N
     if actual != published.manifest.doc_index.sha256:
         raise HashMismatchError(url, published.manifest.doc_index.sha256, actual)
     source = pa.BufferReader(data)
-    if filters is not None:
-        return pq.read_table(source, columns=columns or DOC_COLUMNS, filters=filters)
-    return read_doc_index(source, columns=columns or DOC_COLUMNS)
+    return read_doc_index(source, columns=columns or DOC_COLUMNS, filters=filters)
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,12 @@ DOC_INDEX_SCHEMA = pa.schema(
         pa.field("source", pa.string(), nullable=False),  # input URI the document came from
         pa.field("position", pa.int64(), nullable=False),  # record index or byte offset inside the source
         pa.field("lang", pa.string()),
+        pa.field("url", pa.string()),  # the document's URL where its input had one (WARC-Target-URI, a url field); else null
     ]
 )
+# Indexes published before the ``url`` column: still read and verified as they are.
+LEGACY_SCHEMAS = (pa.schema(list(DOC_INDEX_SCHEMA)[:-1]),)
+OPTIONAL_COLUMNS = ("url",)
 
 
 ROW_GROUP_ROWS = 1 << 16  # a fixed row-group size keeps the bytes (hence the hash) independent of batching
@@ -45,6 +49,9 @@ class DocIndexWriter:
         self.pending_rows = 0
 
     def write(self, table: pa.Table) -> None:
+        for name in OPTIONAL_COLUMNS:  # a writer without provenance URLs: the column is null
+            if name not in table.column_names:
+                table = table.append_column(name, pa.nulls(table.num_rows, DOC_INDEX_SCHEMA.field(name).type))
         try:
             table = table.select(DOC_INDEX_SCHEMA.names).cast(DOC_INDEX_SCHEMA)
         except (KeyError, pa.ArrowInvalid) as e:
@@ -88,12 +95,20 @@ def write_doc_index(path: str, table: pa.Table) -> None:
         w.write(table)
 
 
-def read_doc_index(source, columns: list[str] | None = None) -> pa.Table:
-    table = pq.read_table(source, columns=columns)
-    missing = set(columns or DOC_INDEX_SCHEMA.names) - set(table.schema.names)
+def read_doc_index(source, columns: list[str] | None = None, filters=None) -> pa.Table:
+    """The index (or ``columns`` of it); an optional column a legacy index lacks reads as nulls."""
+    names = pq.read_schema(source).names
+    if hasattr(source, "seek"):
+        source.seek(0)
+    want = list(columns or DOC_INDEX_SCHEMA.names)
+    absent = [c for c in want if c not in names and c in OPTIONAL_COLUMNS]
+    missing = set(want) - set(names) - set(absent)
     if missing:
         raise ManifestError(f"document index lacks column(s) {sorted(missing)}")
-    return table
+    table = pq.read_table(source, columns=[c for c in want if c not in absent], filters=filters)
+    for c in absent:
+        table = table.append_column(c, pa.nulls(table.num_rows, DOC_INDEX_SCHEMA.field(c).type))
+    return table.select(want)
 
 
 def check_doc_index(source, manifest: Manifest) -> None:
@@ -110,7 +125,7 @@ def check_doc_index(source, manifest: Manifest) -> None:
         _ = schema.names, str(schema)  # decode every name: one that is not UTF-8 fails here, not later
     except (pa.ArrowException, OSError, ValueError) as e:  # UnicodeDecodeError included
         raise ManifestError(f"{what}: not a readable Parquet file: {e}") from e
-    if not schema.equals(DOC_INDEX_SCHEMA):
+    if not any(schema.equals(s) for s in (DOC_INDEX_SCHEMA, *LEGACY_SCHEMAS)):
         raise FactMismatchError(what, "schema", "the document index schema of docs/format.md",
                                 schema.to_string(show_schema_metadata=False).replace("\n", "; "))
     stated = manifest.doc_index.rows

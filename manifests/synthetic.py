@@ -140,7 +140,8 @@ def build_synthetic(root: str, *, dataset: str = "synthetic", seq_len: int = 16,
         else:
             table, next_doc = _packed_docs(rng, ids, list(sizes), width, doc_tokens, next_doc, sources, langs)
             parts.append(table)
-    b.set_doc_index(pa.concat_tables([pa.table(p, schema=DOC_INDEX_SCHEMA) for p in parts]))
+    b.set_doc_index(pa.concat_tables([pa.table(p, schema=pa.schema([f for f in DOC_INDEX_SCHEMA if f.name in p]))
+                                   for p in parts]))  # no url column: the writer adds it (null)
     n_sources = sources if doc_tokens is not None else len(b.shards)
     config = {"synthetic": {"tokens": tokens, "seed": seed, "shard_rows": list(shard_rows), "val_rows": list(val_rows),
                             "doc_tokens": list(doc_tokens) if doc_tokens else None}}

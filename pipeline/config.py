@@ -41,6 +41,8 @@ class InputSpec(Section):
     format: Format  # guessed from the extension when omitted
     text_field: Str = "text"  # jsonl / parquet
     id_field: Str | None = None  # jsonl / parquet: use this field as the doc id (else derived from provenance)
+    text_format: Literal["text", "html"] = "text"  # jsonl / parquet: html runs text_field through the HTML extractor
+    url_field: Str = "url"  # jsonl / parquet: this field, where a record has it, is the document's `url` (provenance)
 
     @model_validator(mode="before")
     @classmethod

@@ -27,6 +27,7 @@ DOC_SCHEMA = pa.schema([
     ("part", pa.int32()),
     ("bytes", pa.int64()),  # UTF-8 length of text, so global stages can count bytes without the text
     ("norm_hash", pa.string()),  # of pipeline.text.normalize(text): the exact-dedup key
+    ("url", pa.string()),  # provenance: a WARC record's WARC-Target-URI, a jsonl/parquet record's url field; else null
 ])
 
 # A removed document: its row plus why. `detail` is JSON with the stage's detail columns.

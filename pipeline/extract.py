@@ -40,7 +40,8 @@ def extract_partition(task: dict, extract: ExtractConfig, language: LanguageConf
         t0 = time.perf_counter()
         batch: list[dict] = []
         for rec in read_records(file["uri"], file["format"], file["text_field"], file["id_field"],
-                                main_content=extract.html_main_content, batch_rows=batch_rows):
+                                main_content=extract.html_main_content, batch_rows=batch_rows,
+                                html=file.get("text_format") == "html", url_field=file.get("url_field")):
             rec["order"] = make_order(part, ex["records"])  # numbered across the partition's files, in file order
             ex["records"] += 1
             if "reason" not in rec:
@@ -124,7 +125,7 @@ def _finish_batch(batch: list[dict], file: dict, part: int, language: LanguageCo
         lg["documents_out"] += 1
         lg["bytes_out"] += n
         for key, v in (("id", i), ("order", r["order"]), ("text", r["text"]), ("source", file["uri"]),
-                       ("position", r["position"]), ("lang", lang), ("lang_score", score), ("part", part), ("bytes", n)):
+                       ("position", r["position"]), ("lang", lang), ("lang_score", score), ("part", part), ("bytes", n), ("url", r.get("url"))):
             out[key].append(v)
     lg["seconds"] += time.perf_counter() - t0
     t0 = time.perf_counter()

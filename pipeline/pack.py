@@ -63,23 +63,24 @@ class SplitPacker:
         values = lists.flatten().to_numpy().astype(self.b.dtype)  # held in the shard's dtype: half of uint32
         self.pending.append(values)
         self.pending_tokens += len(values)
-        for doc_id, source, position, lang, n in zip(table.column("id").to_pylist(), table.column("source").to_pylist(),
-                                                     table.column("position").to_pylist(), table.column("lang").to_pylist(), lengths):
-            self._spans(doc_id, source, position, lang, int(n))
+        cols = [table.column(k).to_pylist() for k in ("id", "source", "position", "lang", "url")]
+        for doc_id, source, position, lang, url, n in zip(*cols, lengths):
+            self._spans(doc_id, source, position, lang, url, int(n))
         self.stats["documents"] += table.num_rows
         self.stats["tokens_in"] += len(values)
         shard_tokens = self.rows_per_shard * self.width
         while self.pending_tokens >= shard_tokens:
             self._emit(shard_tokens)
 
-    def _spans(self, doc_id, source, position, lang, n: int) -> None:
+    def _spans(self, doc_id, source, position, lang, url, n: int) -> None:
         g = self.offset
         self.offset += n
         while n > 0:
             row, start = divmod(g, self.width)
             length = min(self.width - start, n)
             shard, row_in_shard = divmod(row, self.rows_per_shard)
-            for k, v in zip(_IDX, (self.shard_base + shard, row_in_shard, start, length, doc_id, source, position, lang)):
+            for k, v in zip(_IDX, (self.shard_base + shard, row_in_shard, start, length, doc_id, source, position, lang,
+                                     url)):
                 self.index[k].append(v)
             self.span_rows.append(row)
             g += length

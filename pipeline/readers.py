@@ -148,7 +148,7 @@ def _damage(position: int, e: OSError, offset: int | None, what: str, raw: bytes
     return bad(position, getattr(e, "reason", "read_error"), f"{what}: {type(e).__name__}: {e}", raw, offset=offset)
 
 
-def read_jsonl(uri: str, text_field: str, id_field: str | None) -> Iterator[dict]:
+def read_jsonl(uri: str, text_field: str, id_field: str | None, url_field: str | None = None) -> Iterator[dict]:
     """One JSON object per line; blank lines are not records and are skipped."""
     index = offset = 0
     with fsspec.open(uri, "rb") as f:
@@ -156,14 +156,15 @@ def read_jsonl(uri: str, text_field: str, id_field: str | None) -> Iterator[dict
         try:
             for line in stream:
                 if line.strip():
-                    yield _jsonl_record(index, offset, line, text_field, id_field)
+                    yield _jsonl_record(index, offset, line, text_field, id_field, url_field)
                     index += 1
                 offset += len(line)
         except DamagedStream as e:
             yield _damage(index, e, offset, f"records from {index} (byte {offset:,}) on are unreadable")
 
 
-def _jsonl_record(index: int, offset: int, line: bytes, text_field: str, id_field: str | None) -> dict:
+def _jsonl_record(index: int, offset: int, line: bytes, text_field: str, id_field: str | None,
+                  url_field: str | None = None) -> dict:
     def no(reason: str, detail: str) -> dict:
         return bad(index, reason, detail, line, offset=offset, end=offset + len(line))
 
@@ -188,10 +189,13 @@ def _jsonl_record(index: int, offset: int, line: bytes, text_field: str, id_fiel
         if obj.get(id_field) is None:
             return no("missing_id_field", f"field {id_field!r} is missing")
         rec["user_id"] = str(obj[id_field])
+    if url_field is not None and obj.get(url_field) is not None:
+        rec["url"] = str(obj[url_field])
     return rec
 
 
-def read_parquet(uri: str, text_field: str, id_field: str | None, batch_rows: int = 1024) -> Iterator[dict]:
+def read_parquet(uri: str, text_field: str, id_field: str | None, batch_rows: int = 1024,
+                 url_field: str | None = None) -> Iterator[dict]:
     """Row groups in order, streamed in batches. A file whose footer cannot be read is one
     quarantine record (nothing of it is readable); a row group that fails to decode is one
     record for its unread rows (position = the first of them, offset/end = the row group's
@@ -208,6 +212,8 @@ def read_parquet(uri: str, text_field: str, id_field: str | None, batch_rows: in
             yield _unopenable_parquet(f, e)
             return
         cols = [text_field] + ([id_field] if id_field and id_field in names else [])
+        url_col = url_field if url_field and url_field in names and url_field not in cols else None
+        cols += [url_col] if url_col else []
         index = 0
         for g, rows in enumerate(groups):
             first = index
@@ -219,14 +225,16 @@ def read_parquet(uri: str, text_field: str, id_field: str | None, batch_rows: in
             try:
                 for batch in pf.iter_batches(batch_size=batch_rows, row_groups=[g], columns=cols):
                     texts = batch.column(0).to_pylist()
-                    ids = batch.column(1).to_pylist() if len(cols) > 1 else [None] * len(texts)
-                    for text, uid in zip(texts, ids):
+                    ids = batch.column(1).to_pylist() if id_field and id_field in names else [None] * len(texts)
+                    urls = batch.column(cols.index(url_col)).to_pylist() if url_col else [None] * len(texts)
+                    for text, uid, url in zip(texts, ids, urls):
                         if not isinstance(text, str):
                             yield bad(index, "missing_text_field", f"column {text_field!r} is null or not a string")
                         elif id_field is not None and uid is None:
                             yield bad(index, "missing_id_field", f"column {id_field!r} is missing or null")
                         else:
-                            yield {"position": index, "text": text, **({"user_id": str(uid)} if id_field else {})}
+                            yield {"position": index, "text": text, **({"user_id": str(uid)} if id_field else {}),
+                                   **({"url": str(url)} if url is not None else {})}
                         index += 1
             except (pa.ArrowException, OSError, ValueError) as e:  # ValueError: also invalid UTF-8 in a string column
                 lo, hi = _row_group_bytes(meta.row_group(g))
@@ -432,12 +440,28 @@ def _warc_record(record, body: bytes, main_content: bool) -> dict:
     return {"position": position, "offset": position, "text": text, "url": url}
 
 
+def _html_records(recs: Iterator[dict], main_content: bool) -> Iterator[dict]:
+    from .html import HtmlError, html_str_to_text
+
+    for rec in recs:
+        if "reason" not in rec:
+            try:
+                rec["text"] = html_str_to_text(rec["text"], main_content)
+            except HtmlError as e:
+                rec = bad(rec["position"], e.reason, f"{rec.get('url') or 'the record'}: {e}", rec["text"][:RAW_SNIPPET].encode("utf-8", "backslashreplace"), offset=rec.get("offset"))
+        yield rec
+
+
 def read_records(uri: str, fmt: str, text_field: str = "text", id_field: str | None = None, *,
-                 main_content: bool = True, batch_rows: int = 1024) -> Iterator[dict]:
-    if fmt == "jsonl":
-        return read_jsonl(uri, text_field, id_field)
-    if fmt == "parquet":
-        return read_parquet(uri, text_field, id_field, batch_rows)
+                 main_content: bool = True, batch_rows: int = 1024, html: bool = False,
+                 url_field: str | None = None) -> Iterator[dict]:
+    """The records of one input file. ``html``: jsonl/parquet ``text_field`` holds HTML, turned
+    into text by the extractor WARC pages go through (same settings); a page it cannot read is
+    quarantined with the WARC reasons (``invalid_html``)."""
+    if fmt in ("jsonl", "parquet"):
+        recs = read_jsonl(uri, text_field, id_field, url_field) if fmt == "jsonl" \
+            else read_parquet(uri, text_field, id_field, batch_rows, url_field)
+        return _html_records(recs, main_content) if html else recs
     if fmt == "text":
         return read_text(uri)
     if fmt == "warc":

@@ -25,7 +25,7 @@ from gristmill.errors import GristmillError
 STAGE = "tokenize"
 TOKENS_SCHEMA = pa.schema([
     ("id", pa.string()), ("order", pa.int64()), ("source", pa.string()), ("position", pa.int64()), ("lang", pa.string()),
-    ("split", pa.string()), ("tokens", pa.list_(pa.uint32())),
+    ("split", pa.string()), ("tokens", pa.list_(pa.uint32())), ("url", pa.string()),
 ])
 
 
@@ -78,7 +78,7 @@ def tokenize_partition(part: int, tokenizer_path: str, cfg: TokenizerConfig, spl
     out = ParquetPart(wd.path("tokens", f"{name}.parquet"), TOKENS_SCHEMA, compression="lz4")
     st = {"documents_in": 0, "bytes_in": 0, "documents_out": 0, "tokens_out": 0, "seconds": 0.0,
           "splits": {s: {"documents": 0, "tokens": 0} for s in ("train", "validation")}}
-    cols = ["id", "order", "source", "position", "lang", "bytes", "text"]
+    cols = ["id", "order", "source", "position", "lang", "bytes", "text", "url"]
     for batch in pq.ParquetFile(wd.path("docs", f"{name}.parquet")).iter_batches(batch_size=cfg.batch_size, columns=cols):
         table = pa.Table.from_batches([batch])
         if drop:
@@ -103,7 +103,8 @@ def tokenize_partition(part: int, tokenizer_path: str, cfg: TokenizerConfig, spl
         st["documents_out"] += table.num_rows
         st["tokens_out"] += int(len(flat))
         tok_col = pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat, pa.uint32()))
-        out.write(table.drop_columns(["text", "bytes"]).append_column("split", pa.array(splits)).append_column("tokens", tok_col))
+        out.write(table.drop_columns(["text", "bytes", "url"]).append_column("split", pa.array(splits))
+                  .append_column("tokens", tok_col).append_column("url", table.column("url")))
     out.commit()
     st["cpu_seconds"] = time.process_time() - cpu0  # the whole task, the tokenizer's threads included
     st["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

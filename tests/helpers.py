@@ -94,7 +94,7 @@ class Evil:
 
 
 def extract_files(work_root: str, files: list[tuple[str, str]], *, text_field: str = "text", id_field: str | None = None,
-                  batch_rows: int = 64, language: bool = False):
+                  batch_rows: int = 64, language: bool = False, **file_options):
     """Run the extract task that `prepare` runs, on one partition of ``files`` ([(path, format)]),
     in this process (no Ray). Returns (stats, kept document rows, quarantine rows)."""
     import pyarrow.parquet as pq
@@ -104,7 +104,7 @@ def extract_files(work_root: str, files: list[tuple[str, str]], *, text_field: s
     from gristmill.pipeline.workdir import WorkDir, part_name
 
     task = {"part": 0, "files": [{"uri": p, "format": fmt, "text_field": text_field, "id_field": id_field,
-                                  "rel": os.path.basename(p)} for p, fmt in files]}
+                                  "rel": os.path.basename(p), **file_options} for p, fmt in files]}
     stats = extract_partition(task, ExtractConfig(), LanguageConfig(enabled=language), work_root, batch_rows)
     wd = WorkDir(work_root)
     docs = pq.read_table(wd.path("docs", f"{part_name(0)}.parquet")).to_pylist()

@@ -126,6 +126,32 @@ def test_a_forged_document_index_fact_is_refused_by_verify(tmp_path):
     assert (problem.error.field, problem.error.stated, problem.error.actual) == ("doc_index.rows", 129, 128)
 
 
+def test_a_doc_index_from_before_the_url_column_is_read_and_verified(tmp_path):
+    """Indexes published before ``url`` existed stay valid: verify accepts their schema, readers
+    give a null ``url``; an index lacking another column is still refused."""
+    import pyarrow.parquet as pq
+
+    from gristmill.manifests.doc_index import LEGACY_SCHEMAS
+
+    pub = build_dataset(str(tmp_path / "ds"))
+    path = os.path.join(pub.url, "doc_index.parquet")
+    new = pq.read_table(path)
+    assert new.column("url").null_count == new.num_rows
+    old = new.drop_columns(["url"]).cast(LEGACY_SCHEMAS[0])
+    for table, ok in ((old, True), (old.drop_columns(["lang"]), False)):
+        pq.write_table(table, path)
+        data = open(path, "rb").read()
+        forge(pub, lambda d: d["doc_index"].update(sha256=hashlib.sha256(data).hexdigest(), bytes=len(data)))
+        problems = verify_published(load_manifest(pub.url))
+        if ok:
+            assert problems == []
+            got = read_doc_index(path, columns=["doc_id", "url"])
+            assert got.column("doc_id").to_pylist() == new.column("doc_id").to_pylist()
+            assert got.column("url").null_count == got.num_rows
+        else:
+            assert [p.path for p in problems] == ["doc_index.parquet"] and problems[0].error.field == "schema"
+
+
 @pytest.mark.parametrize("column, value, field, actual", [
     ("row", 40, "row", "span 5 with row 40"),  # shard 0 has rows 0..39
     ("shard", 4, "shard", "span 5 with shard 4"),  # 4 shards

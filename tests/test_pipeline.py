@@ -88,6 +88,9 @@ def test_published_dataset_is_valid_and_splits_are_disjoint(first_run):
     for span in index:
         by_split[split_of_shard[span["shard"]]].add(span["doc_id"])
     assert by_split["train"] and by_split["validation"] and not by_split["train"] & by_split["validation"]
+    # provenance: a WARC page's WARC-Target-URI is its url; inputs without one have none
+    urls = {span["source"].rsplit("/", 1)[-1]: span["url"] for span in index}
+    assert urls["06-web.warc.gz"].startswith("https://example.org/page/") and urls["00-books.jsonl.zst"] is None
     assert {i.uri.rsplit("/", 1)[-1] for i in m.inputs} >= {"00-books.jsonl.zst", "06-web.warc.gz"}
 
 
