@@ -184,6 +184,10 @@ class DecontamConfig(Section):
     min_matches: PositiveInt = 1  # gram hits an item needs in a document (items with fewer grams: all of them)
     min_item_words: PositiveInt = 1  # eval items shorter than this are counted but not indexed
     against_validation: Bool = True  # the executor also checks train against the validation split
+    validation_min_matches: PositiveInt = 1  # as min_matches, for the pass against the validation split
+    # Boilerplate: a validation n-gram found in more than this many documents of the corpus
+    # (both splits) is not overlap (licence footers, navigation, repeated headers); null counts every gram.
+    validation_max_doc_freq: PositiveInt | None = 10
 
     @model_validator(mode="after")
     def _eval_sets(self) -> "DecontamConfig":

@@ -32,6 +32,7 @@ from gristmill.pipeline.config import DecontamConfig, EvalSetSpec  # noqa: F401 
 
 STAGE = "decontaminate"
 REASON = "contaminated"
+VALIDATION_REASON = "validation_overlap"  # the pass against the dataset's own validation split
 # The verdict on a matching document. Removed rows carry the eval_* and matches columns.
 ACTION, EVAL_SET, EVAL_ITEM, MATCHES, EVAL_MATCHES, CUT_TEXT = (
     "action", "eval_set", "eval_item", "matches", "eval_matches", "cut_text")
@@ -102,25 +103,29 @@ def reference_index(items: list[tuple[str, str]], cfg: DecontamConfig, name: str
 
 def decontaminate_against_docs(train_docs: pa.Table, reference_docs: pa.Table, cfg: DecontamConfig,
                                name: str = "validation") -> StageResult:
-    """Check ``train_docs`` against the texts of ``reference_docs`` (the validation split)."""
+    """Check ``train_docs`` against the texts of ``reference_docs`` (the validation split):
+    removals are ``validation_overlap``, with ``validation_min_matches``. (The stage also drops
+    the corpus' boilerplate grams first, ``validation_max_doc_freq``; this table function sees
+    no corpus.)"""
     pairs = zip(reference_docs.column("id").to_pylist(), reference_docs.column("text").to_pylist()) \
         if reference_docs.num_rows else ()
     index, record = reference_index(list(pairs), cfg, name)
-    return scan(train_docs, index, cfg, [record])
+    return scan(train_docs, index, cfg, [record], VALIDATION_REASON, cfg.validation_min_matches)
 
 
-def scan(docs: pa.Table, index: ngrams.NgramIndex, cfg: DecontamConfig, records: list[dict]) -> StageResult:
+def scan(docs: pa.Table, index: ngrams.NgramIndex, cfg: DecontamConfig, records: list[dict], reason: str = REASON,
+         min_matches: int | None = None) -> StageResult:
     """``docs`` split into kept (cut texts applied) and removed, and the report's counts."""
-    found = find(docs, index, cfg)
-    kept, removed = apply_verdicts(docs, found)
-    return StageResult(kept=kept, removed=removed, stats=report(index, cfg, records, found))
+    found = find(docs, index, cfg, min_matches)
+    kept, removed = apply_verdicts(docs, found, reason)
+    return StageResult(kept=kept, removed=removed, stats=report(index, cfg, records, found, min_matches))
 
 
-def find(docs: pa.Table, index: ngrams.NgramIndex, cfg: DecontamConfig) -> list[dict]:
+def find(docs: pa.Table, index: ngrams.NgramIndex, cfg: DecontamConfig, min_matches: int | None = None) -> list[dict]:
     """The verdict rows of the documents that contain eval items, in (order, id) order."""
-    found = []
+    found, k = [], cfg.min_matches if min_matches is None else min_matches
     for start in range(0, docs.num_rows, BATCH_SIZE):
-        found += _scan_batch(docs.slice(start, BATCH_SIZE), index, cfg.policy, cfg.margin, cfg.min_matches).to_pylist()
+        found += _scan_batch(docs.slice(start, BATCH_SIZE), index, cfg.policy, cfg.margin, k).to_pylist()
     found.sort(key=lambda r: (r["order"], r["id"]))
     return found
 
@@ -145,7 +150,7 @@ def _scan_batch(batch: pa.Table, index: ngrams.NgramIndex, policy: str, margin: 
     return out
 
 
-def apply_verdicts(docs: pa.Table, found: list[dict]) -> tuple[pa.Table, pa.Table]:
+def apply_verdicts(docs: pa.Table, found: list[dict], reason: str = REASON) -> tuple[pa.Table, pa.Table]:
     """(kept, removed): ``docs`` without the dropped documents and with the cut ones' shorter
     text; the dropped ones with every column plus ``reason`` and the matched item."""
     verdicts = {r["id"]: r for r in found}
@@ -160,7 +165,7 @@ def apply_verdicts(docs: pa.Table, found: list[dict]) -> tuple[pa.Table, pa.Tabl
     removed = docs.filter(pa.array(drop, pa.bool_()))
     for c in (EVAL_SET, EVAL_ITEM, MATCHES, EVAL_MATCHES):
         removed = removed.append_column(c, pa.array([v[c] for v in gone], VERDICT[c]))
-    removed = removed.append_column("reason", pa.array([REASON] * len(gone), pa.string()))
+    removed = removed.append_column("reason", pa.array([reason] * len(gone), pa.string()))
     return kept, removed
 
 
@@ -175,7 +180,8 @@ def partition_task(item: dict, cfg: DecontamConfig, index_path: str, root: str, 
                    override_files: list[str], split: Any = None) -> dict:
     """One partition's surviving documents against the index at ``index_path``: writes its removed
     rows and its cut texts; returns the verdicts (few) for the report. With ``split``, only the
-    partition's train documents are checked (the pass against the validation split)."""
+    partition's train documents are checked (the pass against the validation split: its own
+    reason, ``validation_overlap``, and its own ``validation_min_matches``)."""
     from gristmill.pipeline.documents import OVERRIDE_SCHEMA, REMOVED_SCHEMA, to_removed_rows
     from gristmill.pipeline.survivors import surviving_docs
     from gristmill.pipeline.tokenize import split_of
@@ -191,10 +197,10 @@ def partition_task(item: dict, cfg: DecontamConfig, index_path: str, root: str, 
             t = t.filter(pa.array([split_of(i, split) == "train" for i in t.column("id").to_pylist()], pa.bool_()))
         n_docs += t.num_rows
         n_bytes += int(sum(t.column("bytes").to_pylist()))
-        found = find(t, index, cfg)
+        found = find(t, index, cfg, None if split is None else cfg.validation_min_matches)
         if not found:
             continue
-        kept, removed = apply_verdicts(t, found)
+        kept, removed = apply_verdicts(t, found, REASON if split is None else VALIDATION_REASON)
         removed_out.write(to_removed_rows(removed, STAGE))
         n_removed += removed.num_rows
         removed_bytes += int(sum(removed.column("bytes").to_pylist()))
@@ -205,7 +211,8 @@ def partition_task(item: dict, cfg: DecontamConfig, index_path: str, root: str, 
     removed_out.commit()
     override_out.commit()
     return {"documents_in": n_docs, "bytes_in": n_bytes, "found": found_all,
-            "removed": {REASON: n_removed} if n_removed else {}, "removed_bytes": removed_bytes}
+            "removed": {REASON if split is None else VALIDATION_REASON: n_removed} if n_removed else {},
+            "removed_bytes": removed_bytes}
 
 
 VALIDATION_SCHEMA = pa.schema([("id", pa.string()), ("text", pa.string())])
@@ -241,10 +248,50 @@ def validation_index_task(item: dict, cfg: DecontamConfig, root: str, files: lis
     return {"record": record}
 
 
+DF_SCHEMA = pa.schema([("gram", pa.int64()), ("documents", pa.int64())])
+
+
+def document_frequency_task(item: dict, root: str, index_path: str, removed_files: list[str],
+                            override_files: list[str]) -> dict:
+    """How many of one partition's documents (both splits, as they stand after the eval pass)
+    contain each gram of the validation index: (gram position, documents), for the grams seen."""
+    from gristmill.pipeline.survivors import surviving_docs
+    from gristmill.pipeline.workdir import ParquetPart
+
+    index = _load_index(index_path)
+    total: dict[int, int] = {}
+    for t in surviving_docs(item["docs"], item["part"], removed_files, override_files, ["id", "text"], 4096):
+        grams, counts = index.document_frequency([x or "" for x in t.column("text").to_pylist()])
+        for g, c in zip(grams.tolist(), counts.tolist()):
+            total[g] = total.get(g, 0) + c
+    out = ParquetPart(os.path.join(root, item["out"]), DF_SCHEMA)
+    keys = sorted(total)
+    out.write(pa.table({"gram": keys, "documents": [total[k] for k in keys]}, schema=DF_SCHEMA))
+    out.commit()
+    return {"grams": len(keys)}
+
+
+def prune_index_task(item: dict, root: str, index_path: str, files: list[str], max_doc_freq: int) -> dict:
+    """The validation index without its boilerplate: grams in more than ``max_doc_freq``
+    documents of the corpus (summed over the partitions' counts) are dropped, so they never
+    count as overlap. Holds one count per validation gram, like the index itself."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    index = _load_index(index_path)
+    df = np.zeros(index.ngrams, np.int64)
+    for f in files:
+        t = pq.read_table(f)
+        np.add.at(df, t.column("gram").to_numpy(), t.column("documents").to_numpy())
+    drop = df > max_doc_freq
+    index.without(drop).save(os.path.join(root, item["out"]))
+    return {"boilerplate_ngrams": int(drop.sum()), "max_doc_freq": max_doc_freq}
+
+
 def report_task(item: dict, cfg: DecontamConfig, index_path: str, records: list[dict], found: list[dict]) -> dict:
     """``report`` for an index that lives in the work dir: the validation index holds every
     validation n-gram, so it is loaded in a worker, never in the driver."""
-    return {"report": report(_load_index(index_path), cfg, records, found)}
+    return {"report": report(_load_index(index_path), cfg, records, found, cfg.validation_min_matches)}
 
 
 def _decide(text: str, matches: list[ngrams.Match], policy: str, margin: int) -> tuple[str, str | None]:
@@ -277,7 +324,8 @@ def cut_text(text: str, word_spans: list[tuple[int, int]], margin: int) -> str |
 
 
 # -- report ----------------------------------------------------------------------------------
-def report(index: ngrams.NgramIndex, cfg: DecontamConfig, records: list[dict], found: list[dict]) -> dict:
+def report(index: ngrams.NgramIndex, cfg: DecontamConfig, records: list[dict], found: list[dict],
+           min_matches: int | None = None) -> dict:
     """Per eval set: items found, the documents they were found in (id, provenance), removed/cut counts.
 
     ``found`` is the scan's verdict rows in (order, id) order, so the report is deterministic.
@@ -303,7 +351,7 @@ def report(index: ngrams.NgramIndex, cfg: DecontamConfig, records: list[dict], f
     actions = [r[ACTION] for r in found]
     return {
         "n": cfg.n, "policy": cfg.policy, "margin": cfg.margin if cfg.policy == "cut" else None,
-        "min_matches": cfg.min_matches, "ngrams": index.ngrams,
+        "min_matches": cfg.min_matches if min_matches is None else min_matches, "ngrams": index.ngrams,
         "documents_removed": actions.count("drop"), "documents_cut": actions.count("cut"),
         "eval_sets": records, "per_eval_set": per_set,
     }

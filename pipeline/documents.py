@@ -31,6 +31,8 @@ DOC_SCHEMA = pa.schema([
 ])
 
 # A removed document: its row plus why. `detail` is JSON with the stage's detail columns.
+# `text`: the language filter's removals carry their text (docs/ holds only the documents it
+# kept); for the stages after it the text is in docs/<part> under the same id, so it is null.
 REMOVED_SCHEMA = pa.schema([
     ("id", pa.string()),
     ("order", pa.int64()),
@@ -39,6 +41,7 @@ REMOVED_SCHEMA = pa.schema([
     ("stage", pa.string()),
     ("reason", pa.string()),
     ("detail", pa.string()),
+    ("text", pa.string()),
 ])
 
 # A document whose text a stage shortened (decontamination's `cut` policy): the new text.
@@ -100,4 +103,5 @@ def to_removed_rows(t: pa.Table, stage: str) -> pa.Table:
         "stage": pa.array([stage] * n, pa.string()),
         "reason": t.column("reason").cast(pa.string()) if "reason" in t.column_names else pa.array([stage] * n, pa.string()),
         "detail": pa.array(details, pa.string()),
+        "text": pa.nulls(n, pa.string()),  # in docs/<part>: see REMOVED_SCHEMA
     }, schema=REMOVED_SCHEMA)

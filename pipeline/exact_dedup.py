@@ -30,7 +30,7 @@ KEYS_PER_TASK = 2_000_000  # about 160 MB of keys per task at most
 KEY_SCHEMA = pa.schema([("bucket", pa.int32()), ("norm_hash", pa.string()), ("order", pa.int64()), ("id", pa.string()),
                         ("part", pa.int32()), ("bytes", pa.int64())])
 REMOVED = pa.schema([("id", pa.string()), ("order", pa.int64()), ("part", pa.int32()), ("bytes", pa.int64()),
-                     ("reason", pa.string()), ("duplicate_of", pa.string())])
+                     ("reason", pa.string()), ("duplicate_of", pa.string()), ("duplicate_of_order", pa.int64())])
 
 
 def bucket_of(norm_hash: str) -> int:
@@ -55,10 +55,12 @@ def find_exact_duplicates(keys: pa.Table) -> pa.Table:
     survivor = np.maximum.accumulate(np.where(first, np.arange(len(h)), 0))  # index of each group's first row
     dup = ~first
     ids = keys.column("id").to_numpy(zero_copy_only=False)
+    orders = keys.column("order").to_numpy()
     out = pa.table({"id": keys.column("id").filter(dup), "order": keys.column("order").filter(dup),
                     "part": keys.column("part").filter(dup), "bytes": keys.column("bytes").filter(dup),
                     "reason": pa.array([REASON] * int(dup.sum()), pa.string()),
-                    "duplicate_of": pa.array(ids[survivor[dup]], pa.string())}, schema=REMOVED)
+                    "duplicate_of": pa.array(ids[survivor[dup]], pa.string()),
+                    "duplicate_of_order": pa.array(orders[survivor[dup]], pa.int64())}, schema=REMOVED)
     return out.sort_by("order")
 
 

@@ -120,7 +120,7 @@ def _finish_batch(batch: list[dict], file: dict, part: int, language: LanguageCo
             reason = "language" if lang not in language.allowed else "language_score"
             lg["removed"][reason] = lg["removed"].get(reason, 0) + 1
             removed.append({"id": i, "order": r["order"], "part": part, "bytes": n, "stage": "language", "reason": reason,
-                            "detail": json.dumps({"lang": lang, "lang_score": score})})
+                            "detail": json.dumps({"lang": lang, "lang_score": score}), "text": r["text"]})
             continue
         lg["documents_out"] += 1
         lg["bytes_out"] += n

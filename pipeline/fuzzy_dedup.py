@@ -238,7 +238,7 @@ def removed_task(item: dict, cfg: FuzzyDedupConfig, root: str, assign_files: lis
     sid = [survivors[r]["id"] for r in rootv.tolist()]
     rows = pa.table({"id": [mine[n]["id"] for n in node.tolist()], "order": node, "part": pa.array([part] * len(node), pa.int32()),
                      "bytes": [mine[n]["bytes"] for n in node.tolist()], "reason": [REASON] * len(node),
-                     "duplicate_of": sid, "cluster": sid, "similarity": t.column("similarity")})
+                     "duplicate_of": sid, "duplicate_of_order": rootv, "cluster": sid, "similarity": t.column("similarity")})
     out = ParquetPart(os.path.join(root, item["out"]), REMOVED_SCHEMA)
     out.write(to_removed_rows(rows, STAGE) if rows.num_rows else REMOVED_SCHEMA.empty_table())
     out.commit()

@@ -166,6 +166,41 @@ class NgramIndex:
                 out[t].append(Match(self.set_names[s], self.item_ids[item], len(spans), sorted(spans)))
         return out
 
+    def document_frequency(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """(gram positions in ``hashes``, number of ``texts`` containing each): only grams of
+        this index are counted, so memory follows the index and the hits, not the texts."""
+        parts = []
+        for chunk in _chunks(texts, _CHUNK_CHARS):
+            wh = word_hashes(chunk)
+            pairs = []
+            for length in self.lengths:
+                grams, start = gram_hashes(wh, length)
+                if len(grams) == 0 or self.ngrams == 0:
+                    continue
+                cand = self._candidates(grams)
+                pos = np.searchsorted(self.hashes, grams[cand]).clip(max=self.ngrams - 1)
+                hit = self.hashes[pos] == grams[cand]
+                # (text, gram) as one int64 key; a gram counts once per text
+                pairs.append(wh.text[start[cand[hit]]].astype(np.int64) * self.ngrams + pos[hit])
+            if pairs:
+                keys = np.unique(np.concatenate(pairs))
+                parts.append(keys % self.ngrams)
+        if not parts:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        return np.unique(np.concatenate(parts), return_counts=True)
+
+    def without(self, drop: np.ndarray) -> "NgramIndex":
+        """This index less the grams at the positions ``drop`` (boolean mask over ``hashes``).
+        ``item_grams`` keeps each item's full count, so the hits an item needs
+        (``required_hits``) do not shrink with it; a dropped gram is never a hit."""
+        keep = ~drop
+        per_gram = np.diff(self.owner_ptr)
+        owners = self.owners[np.repeat(keep, per_gram)]
+        ptr = np.concatenate([[0], np.cumsum(per_gram[keep])]).astype(np.int64)
+        return NgramIndex(n=self.n, set_names=self.set_names, set_first=self.set_first, item_ids=self.item_ids,
+                          item_grams=self.item_grams, hashes=self.hashes[keep], owner_ptr=ptr, owners=owners,
+                          lengths=self.lengths)
+
     # -- persistence (the stage caches the index in its work dir; the audit may reload it) -------
     def save(self, path: str) -> None:
         """Write to a local ``.npz`` atomically (temporary name, then rename)."""

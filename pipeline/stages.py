@@ -168,11 +168,23 @@ class Decontaminate(Stage):
                                      functools.partial(decontam.validation_index_task, cfg=cfg, root=ctx.root,
                                                        files=[ctx.wd.path(it["out"]) for it in items]))
             val_path = ctx.wd.path("decontam", "validation.npz")
+            pruned = None
+            if cfg.validation_max_doc_freq is not None:  # boilerplate is not overlap: count, in tasks, then prune
+                df_items = [{**it, "out": f"decontam/validation_df/{it['name']}.parquet"} for it in items]
+                ctx.run_tasks("decontaminate.validation_df", df_items, functools.partial(
+                    decontam.document_frequency_task, root=ctx.root, index_path=val_path,
+                    removed_files=list(ctx.removed_files), override_files=list(ctx.override_files)))
+                (pruned,) = ctx.run_tasks("decontaminate.validation_prune", [{"name": "prune", "out": "decontam/validation-pruned.npz"}],
+                                          functools.partial(decontam.prune_index_task, root=ctx.root, index_path=val_path,
+                                                            files=[ctx.wd.path(it["out"]) for it in df_items],
+                                                            max_doc_freq=cfg.validation_max_doc_freq))
+                val_path = ctx.wd.path("decontam", "validation-pruned.npz")
             second = self._pass(ctx, "decontaminate.validation", val_path, "val-", split)
             (val,) = ctx.run_tasks("decontaminate.validation_report", [{"name": "report"}], functools.partial(
                 decontam.report_task, cfg=cfg, index_path=val_path, records=[built["record"]],
                 found=[f for s in second for f in s["found"]]))
-            val_detail = val["report"]
+            val_detail = {**val["report"], "boilerplate_ngrams": pruned["boilerplate_ngrams"] if pruned else None,
+                          "max_doc_freq": cfg.validation_max_doc_freq}
             detail = {**detail, "against_validation": val_detail,
                       "eval_sets": list(detail.get("eval_sets", [])) + list(val_detail.get("eval_sets", []))}
             stats += second

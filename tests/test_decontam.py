@@ -6,6 +6,7 @@ document shares no 13-gram with an eval item unless one was planted in it.
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -308,6 +309,11 @@ def test_against_validation_split(tmp_path):
     result = decontaminate_against_docs(pa.Table.from_pylist(train), pa.Table.from_pylist(val), cfg)
     (gone,) = result.removed.to_pylist()
     assert (gone["id"], gone["eval_set"], gone["eval_item"], gone["matches"]) == ("tr-3", "validation", "val-2", 18)
+    assert gone["reason"] == "validation_overlap"  # its own reason, not the eval sets' `contaminated`
+    # its own min_matches: the 18 grams of the leaked passage are not enough for 19
+    strict = decontaminate_against_docs(pa.Table.from_pylist(train), pa.Table.from_pylist(val),
+                                        DecontamConfig.from_dict({"validation_min_matches": 19, "min_matches": 1}))
+    assert strict.removed.num_rows == 0 and strict.stats["min_matches"] == 19
     assert result.kept.num_rows == 7
     record = result.stats["eval_sets"][0]
     assert record["uri"] == "split:validation" and record["items"] == 4
@@ -354,7 +360,7 @@ def test_demo_corpus_planted_items_are_all_found_and_nothing_else(tmp_path):
     assert record["sha256"] == hashlib.sha256(data).hexdigest() and record["items"] == len(data.splitlines())
 
 
-def _validation_stage_run(ray, tmp_path, docs_files, eval_path):
+def _validation_stage_run(ray, tmp_path, docs_files, eval_path, work="work", stats=None, **section):
     """The executor's decontaminate stage (both passes) over ``docs_files``, as a fresh run of
     `prepare` in the same work dir would run it; the ids still in the run afterwards."""
     from gristmill.pipeline import stages
@@ -364,12 +370,14 @@ def _validation_stage_run(ray, tmp_path, docs_files, eval_path):
     from gristmill.pipeline.workdir import WorkDir
 
     job = JobConfig.from_dict({"inputs": ["unused.jsonl"], "output": {"store": str(tmp_path / "store"), "dataset": "d"},
-                               "work_dir": str(tmp_path / "work"), "split": {"validation_fraction": 0.5},
-                               "decontaminate": {"eval_sets": [{"name": "e", "path": eval_path}]}})
+                               "work_dir": str(tmp_path / work), "split": {"validation_fraction": 0.5},
+                               "decontaminate": {"eval_sets": [{"name": "e", "path": eval_path}], **section}})
     (stage,) = [s for s in stages.build(job) if s.name == "decontaminate"]
-    ctx = stages.Context(job, WorkDir(str(tmp_path / "work")), ray, [{"part": p} for p in range(len(docs_files))],
+    ctx = stages.Context(job, WorkDir(str(tmp_path / work)), ray, [{"part": p} for p in range(len(docs_files))],
                          Progress(quiet=True), lambda msg: None)
-    stage.run(ctx)
+    out = stage.run(ctx)
+    if stats is not None:
+        stats.update(out)
     return sorted(i for p, f in enumerate(docs_files)
                   for t in surviving_docs(f, p, ctx.removed_files, ctx.override_files, ["id"], 100)
                   for i in t.column("id").to_pylist())
@@ -408,3 +416,46 @@ def test_validation_pass_redone_after_a_kill_between_its_outputs_and_its_marker(
     # kill -9 after the task's outputs were renamed into place, before its marker was written
     os.remove(tmp_path / "work" / "_done" / "decontaminate.validation" / "part-00001.json")
     assert _validation_stage_run(ray_session, tmp_path, docs_files, eval_path) == first
+
+
+def test_validation_overlap_has_its_own_reason_and_boilerplate_is_not_overlap(ray_session, tmp_path):
+    """A footer in many documents of both splits is boilerplate: with validation_max_doc_freq
+    (default 10) it is not overlap; a passage of one validation document leaked into one train
+    document is, under the reason validation_overlap."""
+    from gristmill.pipeline.config import SplitConfig
+    from gristmill.pipeline.documents import make_order
+    from gristmill.pipeline.tokenize import split_of
+    from gristmill.pipeline.workdir import ParquetPart
+
+    rng = np.random.default_rng(5)
+    split = SplitConfig(validation_fraction=0.5)
+    ids = [f"doc-{i}" for i in range(60)]
+    val_ids = [i for i in ids if split_of(i, split) == "validation"][:6]
+    train_ids = [i for i in ids if split_of(i, split) == "train"][:10]
+    footer = phrase(rng, 25)
+    texts = {i: phrase(rng, 60) + " " + footer for i in val_ids + train_ids}  # 16 documents share the footer
+    texts[train_ids[2]] += " " + " ".join(texts[val_ids[3]].split()[5:35])
+    schema = pa.schema([("id", pa.string()), ("order", pa.int64()), ("part", pa.int32()), ("bytes", pa.int64()),
+                        ("source", pa.string()), ("position", pa.int64()), ("text", pa.string())])
+    docs_files = []
+    for p, chunk in enumerate([val_ids[:3] + train_ids[:5], val_ids[3:] + train_ids[5:]]):
+        out = ParquetPart(str(tmp_path / "w1" / "docs" / f"part-{p:05d}.parquet"), schema)
+        out.write(pa.table({"id": chunk, "order": [make_order(p, k) for k in range(len(chunk))], "part": [p] * len(chunk),
+                            "bytes": [len(texts[i].encode()) for i in chunk], "source": ["s"] * len(chunk),
+                            "position": list(range(len(chunk))), "text": [texts[i] for i in chunk]}, schema=schema))
+        out.commit()
+        docs_files.append(out.path)
+    shutil.copytree(tmp_path / "w1" / "docs", tmp_path / "w2" / "docs")
+    eval_path = write_jsonl(tmp_path / "e.jsonl", [{"text": phrase(rng, 20)}])  # matches nothing
+
+    stats = {}
+    kept = _validation_stage_run(ray_session, tmp_path, docs_files, eval_path, "w1", stats)
+    assert sorted(set(val_ids + train_ids) - set(kept)) == [train_ids[2]]
+    assert stats["removed"] == {"validation_overlap": 1}
+    v = stats["detail"]["against_validation"]
+    assert v["max_doc_freq"] == 10 and v["boilerplate_ngrams"] == 25 - 13 + 1  # the footer's 13-grams
+    everything = {}
+    kept = _validation_stage_run(ray_session, tmp_path, docs_files, eval_path, "w2", everything, validation_max_doc_freq=None)
+    assert set(train_ids) - set(kept) == set(train_ids)  # every train document shares the footer with validation
+    assert everything["removed"] == {"validation_overlap": len(train_ids)}
+    assert everything["detail"]["against_validation"]["boilerplate_ngrams"] is None
