@@ -117,6 +117,8 @@ def _doc(args) -> int:
     if len(answer["occurrences"]) > MAX_LINES:
         print(f"  ... {len(answer['occurrences']) - MAX_LINES:,} more (--json has all of them)")
     print(f"source       {p['source']} position {p['position']} lang {p['lang']}")
+    if p.get("url"):
+        print(f"url          {p['url']}")
     print(f"input file   sha256 {p['input_sha256']} ({p['input_bytes']} bytes)" if p["input_sha256"] else
           "input file   not listed in the manifest's inputs")
     print(f"dataset      {p['dataset']} v{p['version']} {p['manifest_sha256']}")

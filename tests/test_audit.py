@@ -92,6 +92,7 @@ def test_doc_reports_steps_ranks_and_provenance(run):
     assert answer["seen"] and answer["fully_seen"] and len(hits) == 2
     assert [(o["step"], o["rank"], o["index"]) for o in answer["occurrences"]] == [(j // B + 1, (j % B) // (B // W), j) for j in hits]
     assert answer["provenance"]["source"] == source_uri(shard[i]) and answer["provenance"]["position"] == row[i]
+    assert answer["provenance"]["url"] is None  # the synthetic inputs have no URLs (tests/test_provenance.py has them)
     # A row of the second epoch not reached by step 20 was never seen.
     first_epoch_only = {(s, r) for s, r in zip(shard[:120], row[:120])} - {(s, r) for s, r in zip(shard[120:], row[120:])}
     s, r = sorted(first_epoch_only)[0]
