@@ -72,7 +72,7 @@ def _token_file(path, docs, first=0):
     p = ParquetPart(str(path), TOKENS_SCHEMA)
     p.write({"id": [d[0] for d in docs], "order": list(range(first, first + len(docs))), "source": ["src"] * len(docs),
              "position": list(range(first, first + len(docs))), "lang": ["en"] * len(docs), "split": [d[1] for d in docs],
-             "tokens": [d[2] for d in docs]})
+             "tokens": [d[2] for d in docs], "url": [f"https://u/{d[0]}" for d in docs]})
     p.commit()
     return str(path)
 
@@ -93,6 +93,7 @@ def test_pack_rows_and_doc_index_reconstruct_every_document(tmp_path):
     index = read_doc_index(str(tmp_path / "stage" / b.doc_index.path)).to_pylist()
     assert [(s["shard"], s["row"], s["start"]) for s in index] == sorted((s["shard"], s["row"], s["start"]) for s in index)
     assert all(s["row"] < b.shards[s["shard"]].rows for s in index)  # no span points into the dropped tails
+    assert all(s["url"] == f"https://u/{s['doc_id']}" for s in index)  # provenance reaches the index
     shards = [read_rows(str(tmp_path / "stage" / s.path)) for s in b.shards]
     assert all(r.shape[1] == 9 for r in shards) and all(r.shape[0] <= 5 for r in shards)
     for split in ("train", "validation"):
