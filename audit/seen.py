@@ -15,7 +15,6 @@ import fsspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from gristmill.manifests import HashMismatchError, Manifest, Published, join, read_doc_index, sha256_bytes
 

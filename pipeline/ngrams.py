@@ -135,6 +135,18 @@ class NgramIndex:
         state["_filter"] = None
         return state
 
+    def _hits(self, wh: WordHashes):
+        """Per gram length: (length, first word of each gram of ``wh`` that is in the index,
+        that gram's position in ``hashes``), in word order."""
+        for length in self.lengths:
+            grams, start = gram_hashes(wh, length)
+            if len(grams) == 0 or self.ngrams == 0:
+                continue
+            cand = self._candidates(grams)
+            pos = np.searchsorted(self.hashes, grams[cand]).clip(max=self.ngrams - 1)
+            hit = self.hashes[pos] == grams[cand]
+            yield length, start[cand[hit]], pos[hit]
+
     def scan(self, texts: list[str], min_matches: int = 1) -> list[list[Match]]:
         """The matches of each text, item by item (in index order)."""
         out: list[list[Match]] = []
@@ -146,15 +158,8 @@ class NgramIndex:
         wh = word_hashes(texts)
         # (text, item) -> spans of matching grams, gathered only where a hash hits: rare.
         found: dict[tuple[int, int], list[tuple[int, int]]] = {}
-        for length in self.lengths:
-            grams, start = gram_hashes(wh, length)
-            if len(grams) == 0 or self.ngrams == 0:
-                continue
-            cand = self._candidates(grams)
-            pos = np.searchsorted(self.hashes, grams[cand]).clip(max=self.ngrams - 1)
-            for c in np.flatnonzero(self.hashes[pos] == grams[cand]):
-                i, g = cand[c], pos[c]
-                w = int(start[i])
+        for length, starts, positions in self._hits(wh):
+            for w, g in zip(starts.tolist(), positions.tolist()):
                 t = int(wh.text[w])
                 span = (w - int(wh.first[t]), w - int(wh.first[t]) + length)
                 for item in self.owners[self.owner_ptr[g] : self.owner_ptr[g + 1]]:
@@ -172,16 +177,8 @@ class NgramIndex:
         parts = []
         for chunk in _chunks(texts, _CHUNK_CHARS):
             wh = word_hashes(chunk)
-            pairs = []
-            for length in self.lengths:
-                grams, start = gram_hashes(wh, length)
-                if len(grams) == 0 or self.ngrams == 0:
-                    continue
-                cand = self._candidates(grams)
-                pos = np.searchsorted(self.hashes, grams[cand]).clip(max=self.ngrams - 1)
-                hit = self.hashes[pos] == grams[cand]
-                # (text, gram) as one int64 key; a gram counts once per text
-                pairs.append(wh.text[start[cand[hit]]].astype(np.int64) * self.ngrams + pos[hit])
+            # (text, gram) as one int64 key; a gram counts once per text
+            pairs = [wh.text[starts].astype(np.int64) * self.ngrams + positions for _, starts, positions in self._hits(wh)]
             if pairs:
                 keys = np.unique(np.concatenate(pairs))
                 parts.append(keys % self.ngrams)

@@ -383,14 +383,30 @@ def _validation_stage_run(ray, tmp_path, docs_files, eval_path, work="work", sta
                   for i in t.column("id").to_pylist())
 
 
+def _write_docs(work, texts: dict, parts: list[list[str]]) -> list[str]:
+    """``work``/docs/part-N.parquet holding the documents ``parts[N]`` (ids into ``texts``), as extract writes them."""
+    from gristmill.pipeline.documents import make_order
+    from gristmill.pipeline.workdir import ParquetPart
+
+    schema = pa.schema([("id", pa.string()), ("order", pa.int64()), ("part", pa.int32()), ("bytes", pa.int64()),
+                        ("source", pa.string()), ("position", pa.int64()), ("text", pa.string())])
+    files = []
+    for p, chunk in enumerate(parts):
+        out = ParquetPart(str(work / "docs" / f"part-{p:05d}.parquet"), schema)
+        out.write(pa.table({"id": chunk, "order": [make_order(p, k) for k in range(len(chunk))], "part": [p] * len(chunk),
+                            "bytes": [len(texts[i].encode()) for i in chunk], "source": ["s"] * len(chunk),
+                            "position": list(range(len(chunk))), "text": [texts[i] for i in chunk]}, schema=schema))
+        out.commit()
+        files.append(out.path)
+    return files
+
+
 def test_validation_pass_redone_after_a_kill_between_its_outputs_and_its_marker(ray_session, tmp_path):
     """A validation-pass task killed after committing its removed file but before its marker is
     redone on the rerun; the rerun must not read that file as an earlier stage's removals (it
     would skip the documents the file removed and rewrite it without them)."""
     from gristmill.pipeline.config import SplitConfig
-    from gristmill.pipeline.documents import make_order
     from gristmill.pipeline.tokenize import split_of
-    from gristmill.pipeline.workdir import ParquetPart
 
     rng = np.random.default_rng(3)
     split = SplitConfig(validation_fraction=0.5)
@@ -399,16 +415,7 @@ def test_validation_pass_redone_after_a_kill_between_its_outputs_and_its_marker(
     train_ids = [i for i in ids if split_of(i, split) == "train"][:6]
     texts = {i: phrase(rng, 60) for i in val_ids + train_ids}
     texts[train_ids[4]] += " " + " ".join(texts[val_ids[1]].split()[5:35])  # a validation passage leaked into train
-    schema = pa.schema([("id", pa.string()), ("order", pa.int64()), ("part", pa.int32()), ("bytes", pa.int64()),
-                        ("source", pa.string()), ("position", pa.int64()), ("text", pa.string())])
-    docs_files = []
-    for p, chunk in enumerate([val_ids[:1] + train_ids[:3], val_ids[1:] + train_ids[3:]]):
-        out = ParquetPart(str(tmp_path / "work" / "docs" / f"part-{p:05d}.parquet"), schema)
-        out.write(pa.table({"id": chunk, "order": [make_order(p, k) for k in range(len(chunk))], "part": [p] * len(chunk),
-                            "bytes": [len(texts[i].encode()) for i in chunk], "source": ["s"] * len(chunk),
-                            "position": list(range(len(chunk))), "text": [texts[i] for i in chunk]}, schema=schema))
-        out.commit()
-        docs_files.append(out.path)
+    docs_files = _write_docs(tmp_path / "work", texts, [val_ids[:1] + train_ids[:3], val_ids[1:] + train_ids[3:]])
     eval_path = write_jsonl(tmp_path / "e.jsonl", [{"text": phrase(rng, 20)}])  # matches nothing
 
     first = _validation_stage_run(ray_session, tmp_path, docs_files, eval_path)
@@ -423,9 +430,7 @@ def test_validation_overlap_has_its_own_reason_and_boilerplate_is_not_overlap(ra
     (default 10) it is not overlap; a passage of one validation document leaked into one train
     document is, under the reason validation_overlap."""
     from gristmill.pipeline.config import SplitConfig
-    from gristmill.pipeline.documents import make_order
     from gristmill.pipeline.tokenize import split_of
-    from gristmill.pipeline.workdir import ParquetPart
 
     rng = np.random.default_rng(5)
     split = SplitConfig(validation_fraction=0.5)
@@ -435,16 +440,7 @@ def test_validation_overlap_has_its_own_reason_and_boilerplate_is_not_overlap(ra
     footer = phrase(rng, 25)
     texts = {i: phrase(rng, 60) + " " + footer for i in val_ids + train_ids}  # 16 documents share the footer
     texts[train_ids[2]] += " " + " ".join(texts[val_ids[3]].split()[5:35])
-    schema = pa.schema([("id", pa.string()), ("order", pa.int64()), ("part", pa.int32()), ("bytes", pa.int64()),
-                        ("source", pa.string()), ("position", pa.int64()), ("text", pa.string())])
-    docs_files = []
-    for p, chunk in enumerate([val_ids[:3] + train_ids[:5], val_ids[3:] + train_ids[5:]]):
-        out = ParquetPart(str(tmp_path / "w1" / "docs" / f"part-{p:05d}.parquet"), schema)
-        out.write(pa.table({"id": chunk, "order": [make_order(p, k) for k in range(len(chunk))], "part": [p] * len(chunk),
-                            "bytes": [len(texts[i].encode()) for i in chunk], "source": ["s"] * len(chunk),
-                            "position": list(range(len(chunk))), "text": [texts[i] for i in chunk]}, schema=schema))
-        out.commit()
-        docs_files.append(out.path)
+    docs_files = _write_docs(tmp_path / "w1", texts, [val_ids[:3] + train_ids[:5], val_ids[3:] + train_ids[5:]])
     shutil.copytree(tmp_path / "w1" / "docs", tmp_path / "w2" / "docs")
     eval_path = write_jsonl(tmp_path / "e.jsonl", [{"text": phrase(rng, 20)}])  # matches nothing
 

@@ -2,7 +2,6 @@
 huggingface/datatrove) on planted addresses, phone numbers, and the stage as Ray tasks."""
 import pyarrow as pa
 import pyarrow.parquet as pq
-import pytest
 
 from gristmill.pipeline.config import PiiConfig
 from gristmill.pipeline.pii import Redactor
