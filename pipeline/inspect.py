@@ -72,12 +72,10 @@ def removed_documents(path: str, reason: str | None = None, stage: str | None = 
     run = resolve_run(path)
     rows, reasons = [], {}
     for f in _removed_files(run, stage):
-        t = pq.read_table(f)
-        for r in t.column("reason").to_pylist():
-            reasons[r] = reasons.get(r, 0) + 1
-        if len(rows) < limit:
-            if reason is not None:
-                t = t.filter(pc.equal(t.column("reason"), reason))
+        for vc in pc.value_counts(pq.read_table(f, columns=["reason"]).column("reason")).to_pylist():
+            reasons[vc["values"]] = reasons.get(vc["values"], 0) + vc["counts"]
+        if len(rows) < limit:  # the full rows (the language filter's carry their text) only while needed
+            t = pq.read_table(f, filters=[("reason", "=", reason)] if reason is not None else None)
             rows += t.slice(0, limit - len(rows)).to_pylist()
     if reason is not None and reason not in reasons:
         raise UsageError(f"no document of {run} was removed as {reason!r}; reasons there: "
