@@ -229,6 +229,10 @@ class Manifest:
     def from_dict(cls, d: dict, *, expected_sha256: str | None = None) -> "Manifest":
         if not isinstance(d, dict):
             raise ManifestError(f"manifest: expected a JSON object, got {type(d).__name__}")
+        if d.get("kind") == "mixture":  # manifests.mixture: it pins dataset manifests, not shards
+            raise ManifestError("manifest: this is a mixture manifest (written by `gristmill mix`), not a dataset's; "
+                                "the loader, `gristmill train` and the audit accept it; dataset tools need one of its "
+                                "components")
         if "schema_version" in d and d["schema_version"] != SCHEMA_VERSION:
             raise SchemaVersionError(
                 f"manifest: unknown schema_version {d['schema_version']!r}; this gristmill reads version {SCHEMA_VERSION}"
