@@ -96,7 +96,7 @@ def _mix(args) -> int:
 def mix(job: MixJob, source: str = "mix job"):
     """Resolve every component (URL or store name -> the version's manifest, hash-checked), build and publish."""
     from .errors import ManifestNotFoundError
-    from .mixture import MixtureError, build_mixture, component_url
+    from .mixture import MixtureError, build_mixture, component_url, load_data
     from .store import ManifestStore, load_manifest
 
     resolved, names = [], []
@@ -115,4 +115,4 @@ def mix(job: MixJob, source: str = "mix job"):
         manifest = build_mixture(job.name, resolved, job.store)
     except MixtureError as e:
         raise MixtureError(f"{source}: {e}") from None
-    return ManifestStore(job.store).publish(manifest, "")
+    return load_data(ManifestStore(job.store).publish(manifest, ""))  # with its components, as the loader takes it

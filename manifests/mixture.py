@@ -247,9 +247,9 @@ def load_data(url: str | Published | PublishedMixture, *, expected_sha256: str |
               **storage_options) -> Published | PublishedMixture:
     """A dataset version or a mixture, whichever ``url`` names; a mixture comes with its components loaded,
     each checked against the hash it pins and against the mixture's seq_len, dtype and tokenizer."""
-    if isinstance(url, (Published, PublishedMixture)):
+    if isinstance(url, PublishedMixture):
         return url
-    pub = _load_as(_Either, url, expected_sha256, storage_options)
+    pub = url if isinstance(url, Published) else _load_as(_Either, url, expected_sha256, storage_options)
     if not isinstance(pub.manifest, MixtureManifest):
         return pub
     return open_components(pub.manifest, pub.url, storage_options)
