@@ -98,7 +98,7 @@ class Loader:
         _check(mapped_limit_bytes is None or mapped_limit_bytes > 0,
                f"mapped_limit_bytes must be None (no limit) or > 0, got {mapped_limit_bytes}")
         self.storage_options = dict(storage_options or {})
-        self.published = load_data(manifest_url) if not isinstance(manifest_url, str) else _load_with_retries(
+        self.published = load_data(manifest_url, **self.storage_options) if not isinstance(manifest_url, str) else _load_with_retries(
             manifest_url, expected_sha256, self.storage_options, retries, backoff_s)
         if expected_sha256 is not None and self.published.manifest.sha256 != expected_sha256:
             raise HashMismatchError(f"manifest at {self.published.url} (hash pinned by the caller)", expected_sha256,

@@ -194,17 +194,27 @@ def rows_of(pub) -> list[np.ndarray]:
     return [read_rows(os.path.join(pub.url, s.path)) for s in pub.manifest.shards]
 
 
-def test_each_sample_is_the_row_its_component_order_names(store, tmp_path):
+@pytest.mark.parametrize("order", ["global", "window", "sequential"])
+def test_each_sample_is_the_row_its_component_order_names(store, tmp_path, order):
     from gristmill.loader.mixture import MixtureOrder
 
     pub = publish(store, tmp_path, WEB_CODE)
-    batches = served(pub.url, tmp_path, steps=6, seed=4)
-    order = MixtureOrder(pub, "train", 4)
+    batches = served(pub.url, tmp_path, steps=6, seed=4, order=order, window_shards=1, cache_limit_bytes=1 << 20)
+    order = MixtureOrder(pub, "train", 4, order, window_shards=1)
     rows = [rows_of(c) for c in pub.components]
     for idx, tokens in batches:
         comp, _, shard, row = order.locate_components(idx)
         expected = np.stack([rows[c][s][r] for c, s, r in zip(comp, shard, row)])
         assert (tokens == expected).all()
+
+
+def test_loader_bench_takes_a_mixture_url(store, tmp_path, capsys):
+    pub = publish(store, tmp_path, WEB_CODE)
+    capsys.readouterr()
+    assert main(["loader", "bench", pub.url, "--steps", "3", "--step-ms", "0", "--latency-ms", "0",
+                 "--global-batch", "8", "--json", "-"]) == 0
+    passes = json.loads(capsys.readouterr().out)["passes"]
+    assert [p["steps"] for p in passes] == [3, 3] and passes[0]["cache_misses"] == 3  # web's 2 shards, code's 1
 
 
 def test_world_size_workers_and_resume_change_nothing(store, tmp_path):
