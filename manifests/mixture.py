@@ -15,7 +15,6 @@ docs/mixtures.md.
 """
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import math
 import posixpath
@@ -23,9 +22,9 @@ from dataclasses import asdict, dataclass, field, replace
 from fractions import Fraction
 from typing import Any
 
-from .errors import EditedManifestError, HashMismatchError, ManifestDecodeError, ManifestError, SchemaVersionError
+from .errors import ManifestDecodeError, ManifestError, SchemaVersionError
 from .hashing import canonical_json, sha256_bytes
-from .manifest import MAX_TOTAL_ROWS, Manifest, _int, _require, _sha
+from .manifest import MAX_TOTAL_ROWS, Manifest, VersionedDocument, _int, _require, _sha, checked_sha256
 from .store import DATASET_NAME, Published, _load_as, join
 
 KIND = "mixture"
@@ -90,7 +89,7 @@ class Component:
 
 
 @dataclass(frozen=True)
-class MixtureManifest:
+class MixtureManifest(VersionedDocument):
     name: str
     seq_len: int
     token_dtype: str
@@ -130,15 +129,6 @@ class MixtureManifest:
     @property
     def sha256(self) -> str:
         return content_sha256(self.to_dict())
-
-    def to_json(self) -> str:
-        d = self.to_dict()
-        d["sha256"] = self.sha256
-        return json.dumps(d, sort_keys=True, indent=1, ensure_ascii=False) + "\n"
-
-    def published(self, version: int) -> "MixtureManifest":
-        now = _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
-        return replace(self, version=version, created_at=now)
 
     # -- parsing --------------------------------------------------------------------------
     @classmethod
@@ -182,15 +172,7 @@ class MixtureManifest:
             loc = m.locations.get(c.name)
             if not isinstance(loc, dict) or not isinstance(loc.get("url"), str) or not loc["url"]:
                 raise MixtureError(f"mixture.locations: no url for component {c.name!r}")
-        try:
-            sha = m.sha256
-        except UnicodeEncodeError as e:
-            raise ManifestDecodeError(f"mixture manifest: a string is not valid Unicode ({e}); it cannot be hashed") from e
-        recorded = d.get("sha256")
-        if recorded is not None and recorded != sha:
-            raise EditedManifestError("mixture manifest.json (its content was edited after publishing)", recorded, sha)
-        if expected_sha256 is not None and expected_sha256 != sha:
-            raise HashMismatchError(f"mixture {m.name!r} (hash pinned by the caller)", expected_sha256, sha)
+        checked_sha256(m, d, expected_sha256, "mixture manifest")
         return m
 
     @classmethod
