@@ -95,8 +95,8 @@ class ShardCache:
     against), or of several (a mixture's components): each shard is fetched from, and checked against,
     the manifest that lists it."""
 
-    def __init__(self, cache_dir: str, published: Published | Sequence[Published], *, storage_options: dict | None = None,
-                 limit_bytes: int | None = None, retries: int = 5, backoff_s: float = 0.2,
+    def __init__(self, cache_dir: str, published: Published | Sequence[Published], *,
+                 storage_options: dict | None = None, limit_bytes: int | None = None, retries: int = 5, backoff_s: float = 0.2,
                  max_open: int = 64, full_timeout_s: float = 60.0, mapped_limit_bytes: int | None = None):
         if limit_bytes is not None and limit_bytes <= 0:
             raise UsageError(f"cache_limit_bytes must be positive or None, got {limit_bytes}")

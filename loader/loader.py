@@ -80,7 +80,8 @@ def plan_steps(order: Order, starts: np.ndarray, offset: int, size: int, entry_o
 
 
 class Loader:
-    def __init__(self, manifest_url: str | Published | PublishedMixture, split: str = "train", seed: int = 0, global_batch: int = 32,
+    def __init__(self, manifest_url: str | Published | PublishedMixture, split: str = "train", seed: int = 0,
+                 global_batch: int = 32,
                  rank: int = 0, world_size: int = 1, order: str = "global", window_shards: int = DEFAULT_WINDOW_SHARDS,
                  cache_dir: str | None = None, cache_limit_bytes: int | None = None, prefetch: int = 4,
                  start_index: int = 0, expected_sha256: str | None = None, storage_options: dict | None = None,
@@ -98,8 +99,10 @@ class Loader:
         _check(mapped_limit_bytes is None or mapped_limit_bytes > 0,
                f"mapped_limit_bytes must be None (no limit) or > 0, got {mapped_limit_bytes}")
         self.storage_options = dict(storage_options or {})
-        self.published = load_data(manifest_url, **self.storage_options) if not isinstance(manifest_url, str) else _load_with_retries(
-            manifest_url, expected_sha256, self.storage_options, retries, backoff_s)
+        if isinstance(manifest_url, str):
+            self.published = _load_with_retries(manifest_url, expected_sha256, self.storage_options, retries, backoff_s)
+        else:  # a Published dataset or mixture (a mixture's components are loaded here if they are not yet)
+            self.published = load_data(manifest_url, **self.storage_options)
         if expected_sha256 is not None and self.published.manifest.sha256 != expected_sha256:
             raise HashMismatchError(f"manifest at {self.published.url} (hash pinned by the caller)", expected_sha256,
                                     self.published.manifest.sha256)
