@@ -71,6 +71,8 @@ class Component:
         if weight is not None and (isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0
                                    or not math.isfinite(weight)):
             raise MixtureError(f"{where}.weight: expected a finite number > 0, got {weight!r}")
+        if weight is not None and budget is not None:
+            raise MixtureError(f"{where}: budget_samples belongs to a token budget, and this component has a weight")
         if tokens is not None:
             tokens = _int(d, "tokens", where, hi=MAX_TOTAL_ROWS, lo=1)
             budget = _int(d, "budget_samples", where, hi=MAX_TOTAL_ROWS, lo=1) if budget is not None else None
@@ -269,7 +271,8 @@ def check_component(m: MixtureManifest, c: Component, cm: Manifest) -> None:
 # -- building (gristmill mix) ----------------------------------------------------------------------
 def apportion(shares: list[Fraction], limit: int = MAX_PERIOD) -> list[int]:
     """Integer parts proportional to ``shares``: exact when the shares' common denominator fits ``limit``,
-    else largest remainder at ``limit`` parts (ties to the earlier component). Every part is >= 1."""
+    else largest remainder at ``limit`` parts (ties to the earlier component). A share below
+    ``1 / limit`` may get 0 parts; the caller refuses that."""
     total = sum(shares)
     shares = [s / total for s in shares]
     q = math.lcm(*(s.denominator for s in shares))
