@@ -13,7 +13,8 @@ import os
 from dataclasses import dataclass
 
 from gristmill.errors import GristmillError
-from gristmill.manifests import ManifestNotFoundError, Published, load_manifest
+from gristmill.manifests import ManifestNotFoundError, Published
+from gristmill.manifests.mixture import PublishedMixture, load_data
 from gristmill.trainer.meta import META_FILE, STEP_DIR, CheckpointError, read_meta
 
 
@@ -109,15 +110,16 @@ def world_size_segments(ckpt_dir: str, meta: dict) -> tuple[tuple[int, int | Non
     return tuple(reversed(segments))
 
 
-def open_manifest(ckpt: Checkpoint, manifest_url: str | None = None) -> Published:
+def open_manifest(ckpt: Checkpoint, manifest_url: str | None = None) -> Published | PublishedMixture:
     """Load the manifest the checkpoint names (or one moved to ``manifest_url``) and insist on its hash.
+    A mixture comes with its components, each checked against the hash the mixture pins.
 
     ``load_manifest`` already refuses a manifest whose content no longer matches its recorded
     hash; here the hash must also equal the one the checkpoint trained on.
     """
     url = manifest_url or ckpt.manifest_url
     try:
-        published = load_manifest(url)
+        published = load_data(url)
     except ManifestNotFoundError as e:
         raise AuditError(f"{e}; checkpoint {ckpt.path} was trained on manifest {ckpt.manifest_sha256} at "
                          f"{ckpt.manifest_url}: if that version moved, pass its new location with --manifest") from e

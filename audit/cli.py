@@ -54,8 +54,14 @@ def _open(args):
     ckpt = read_checkpoint(args.checkpoint)
     if args.verify_checkpoint:
         verify_files(ckpt)
+    from gristmill.manifests.mixture import is_mixture
+
+    from .mixture import consumed_components
+
     published = open_manifest(ckpt, args.manifest)
     steps = parse_steps(args.steps, ckpt)
+    if is_mixture(published):  # one Consumed per component (audit/mixture.py)
+        return ckpt, published, steps, consumed_components(published, ckpt, steps)
     return ckpt, published, steps, consumed(published.manifest, ckpt, steps)
 
 
@@ -65,12 +71,18 @@ def _seen(args) -> int:
 
     check_output_path(args.out)
     check_output_path(args.samples_out)
+    from gristmill.manifests.mixture import is_mixture
+
+    from .mixture import audit_seen_mixture, consumed_table_mixture
+
     ckpt, published, steps, used = _open(args)
-    report = audit_seen(published, used, steps)
+    mixed = is_mixture(published)
+    report = audit_seen_mixture(published, used, steps) if mixed else audit_seen(published, used, steps)
     if args.out:
         write_table(report.documents, args.out)
     if args.samples_out:
-        write_table(consumed_table(used, published.manifest), args.samples_out)
+        write_table(consumed_table_mixture(published, used) if mixed else consumed_table(used, published.manifest),
+                    args.samples_out)
     if args.json:
         json.dump(report.summary, sys.stdout, indent=1, sort_keys=True)
         print()
@@ -78,7 +90,11 @@ def _seen(args) -> int:
     s = report.summary
     print(f"checkpoint   {ckpt.path} (step {ckpt.step}, world size {ckpt.world_size}, global batch {ckpt.global_batch}, "
           f"seed {ckpt.seed}, order {ckpt.order})")
-    print(f"manifest     {s['dataset']} v{s['version']} {s['manifest_sha256']} (hash matches the checkpoint)")
+    kind = "mixture " if mixed else "manifest"
+    print(f"{kind}     {s['dataset']} v{s['version']} {s['manifest_sha256']} (hash matches the checkpoint)")
+    for name, c in s.get("by_component", {}).items():
+        print(f"  {name:<20} {c['samples']:>10,} samples ({c['share']:.2%}; weight {c['parts']}/{c['period']})  "
+              f"{c['tokens_seen']:>14,} tokens ({c['rows_seen']:,} of {c['rows']:,} rows)  {c['dataset']} v{c['version']}")
     print(f"steps        {s['steps'][0]}:{s['steps'][1]}  {s['samples']:,} samples, {s['rows_seen']:,} distinct rows "
           f"({s['rows_seen_more_than_once']:,} more than once)")
     print(f"tokens       {s['tokens_seen']:,} distinct, {s['token_exposures']:,} with repeats")
@@ -100,10 +116,13 @@ def _seen(args) -> int:
 
 
 def _doc(args) -> int:
+    from gristmill.manifests.mixture import is_mixture
+
     from .doc import audit_doc
+    from .mixture import audit_doc_mixture
 
     ckpt, published, steps, used = _open(args)
-    answer = audit_doc(published, ckpt, used, args.doc_id)
+    answer = (audit_doc_mixture if is_mixture(published) else audit_doc)(published, ckpt, used, args.doc_id)
     if args.json:
         json.dump(answer, sys.stdout, indent=1, sort_keys=True)
         print()
@@ -113,7 +132,8 @@ def _doc(args) -> int:
     print(f"{answer['doc_id']}: {how} seen ({answer['tokens_seen']:,} of {answer['tokens']:,} tokens) "
           f"in steps {steps[0]}:{steps[1]} of {ckpt.path}")
     for o in answer["occurrences"][:MAX_LINES]:
-        print(f"  step {o['step']:>8} rank {o['rank']:>4} index {o['index']:>12}  {o['shard']} row {o['row']} ({o['tokens']} tokens)")
+        where = f"{o['component']}/{o['shard']}" if "component" in o else o["shard"]
+        print(f"  step {o['step']:>8} rank {o['rank']:>4} index {o['index']:>12}  {where} row {o['row']} ({o['tokens']} tokens)")
     if len(answer["occurrences"]) > MAX_LINES:
         print(f"  ... {len(answer['occurrences']) - MAX_LINES:,} more (--json has all of them)")
     print(f"source       {p['source']} position {p['position']} lang {p['lang']}")
@@ -121,18 +141,23 @@ def _doc(args) -> int:
         print(f"url          {p['url']}")
     print(f"input file   sha256 {p['input_sha256']} ({p['input_bytes']} bytes)" if p["input_sha256"] else
           "input file   not listed in the manifest's inputs")
-    print(f"dataset      {p['dataset']} v{p['version']} {p['manifest_sha256']}")
+    print(f"dataset      {p['dataset']} v{p['version']} {p['manifest_sha256']}"
+          + (f" (component {p['component']} of mixture {p['mixture']} {p['mixture_sha256']})" if "mixture" in p else ""))
     return 0 if answer["seen"] else 1
 
 
 def _leak(args) -> int:
+    from gristmill.manifests.mixture import is_mixture
+
     from .leak import audit_leak
+    from .mixture import audit_leak_mixture
     from .output import check_output_path, write_table
 
     check_output_path(args.out)
     ckpt, published, steps, used = _open(args)
-    report = audit_leak(published, used, args.eval_file, fields=args.fields, n=args.n, min_matches=args.min_matches,
-                        id_field=args.id_field, fmt=args.format)
+    report = (audit_leak_mixture if is_mixture(published) else audit_leak)(
+        published, used, args.eval_file, fields=args.fields, n=args.n, min_matches=args.min_matches,
+        id_field=args.id_field, fmt=args.format)
     if args.out:
         write_table(report.matches, args.out)
     if args.json:
@@ -144,10 +169,15 @@ def _leak(args) -> int:
     print(f"{verdict}: {s['items_leaked']} of {s['items']} items of {s['eval_file']} occur in "
           f"{s['documents_leaked']} documents seen in steps {steps[0]}:{steps[1]} ({s['documents_checked']:,} documents, "
           f"{s['tokens_checked']:,} tokens checked, {s['n']}-grams)")
-    if s["decontaminated_against"]:
+    if isinstance(s["decontaminated_against"], dict):  # a mixture: per component
+        for name, against in s["decontaminated_against"].items():
+            if against:
+                print(f"  (component {name} was decontaminated against this file, as eval set {against!r})")
+    elif s["decontaminated_against"]:
         print(f"  (this file is the manifest's eval set {s['decontaminated_against']!r}: the dataset was decontaminated against it)")
     for row in report.matches.slice(0, MAX_LINES).to_pylist():
-        print(f"  item {row['item']:>6} in {row['doc_id']}  steps {row['steps']}  ({row['ngrams']} matching n-grams)")
+        where = f"{row['component']}/{row['doc_id']}" if "component" in row else row["doc_id"]
+        print(f"  item {row['item']:>6} in {where}  steps {row['steps']}  ({row['ngrams']} matching n-grams)")
     if report.matches.num_rows > MAX_LINES:
         print(f"  ... {report.matches.num_rows - MAX_LINES:,} more (use --out)")
     if args.out:

@@ -19,6 +19,10 @@
    the shards, for the same number of steps (just under one epoch of the 1x dataset), with the
    default ``mapped_limit_bytes`` (256 MiB of shard pages kept mapped) and with a limit both
    datasets exceed (``--rss-limit-mb``), which the warm section also prices.
+4. Mixtures: the same warm-cache global-shuffle read (batch 32, uint16, workers=0) of one dataset
+   of ``--mix-sequences`` rows against a mixture (``gristmill mix``, weights 5:3:2) of three
+   datasets holding the same number of rows in the same shard size, interleaved runs, best of
+   ``--repeats``: what the interleave and the per-component orders cost.
 
     python benchmarks/bench_loader.py [--sequences 50000] [--work /tmp/gristmill-bench-loader] [--json out.json]
 """
@@ -219,6 +223,44 @@ def peak_rss(pub, cache_dir: str, steps: int, mapped_limit: int | None) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+# -- 4. mixtures ---------------------------------------------------------------------------------
+def mixture_section(args) -> dict:
+    from gristmill.manifests.mix_cli import MixJob, mix
+
+    n, shard_rows = args.mix_sequences, args.shard_rows
+    single = dataset(args.work, f"mix-single-{n}-{shard_rows}", n, shard_rows)
+    sizes = {"web": n // 2, "code": n * 3 // 10, "books": n - n // 2 - n * 3 // 10}
+    parts = [dataset(args.work, f"mix-{name}-{rows}-{shard_rows}", rows, shard_rows) for name, rows in sizes.items()]
+    job = MixJob.from_dict({"name": "blend", "store": os.path.join(args.work, "mix-store"), "components": [
+        {"dataset": p.url, "name": name, "weight": w} for p, name, w in zip(parts, sizes, (5, 3, 2))]})
+    blend = mix(job)
+    cache = os.path.join(args.work, "cache")
+    for pub in (single, *parts):  # the cache is content-addressed: warming each component warms the mixture
+        warm_cache(pub, cache)
+    steps, warmup = args.steps, 50
+    loaders = {"single dataset": LoaderRun(single, cache, BATCH, warmup, 0, None),
+               "mixture of 3 (5:3:2)": LoaderRun(blend, cache, BATCH, warmup, 0, None)}
+    runs = {k: [] for k in loaders}
+    for _ in range(args.repeats):
+        for k, run in loaders.items():
+            runs[k].append(run.rate(steps))
+    for run in loaders.values():
+        run.ld.close()
+    wall = {k: max(x[0] for x in v) for k, v in runs.items()}
+    cpu = {k: max(x[1] for x in v) for k, v in runs.items()}
+    ratios = {f"{metric}: mixture / single": t["mixture of 3 (5:3:2)"] / t["single dataset"]
+              for metric, t in (("wall", wall), ("per CPU-second", cpu))}
+    print(f"\nmixture vs single dataset, warm cache, global shuffle, seq_len {SEQ_LEN}, batch {BATCH}, uint16, "
+          f"workers=0, {n:,} rows each, {steps} steps, best of {args.repeats} interleaved runs:")
+    print(f"  {'method':<46} {'samples/s (wall)':>17} {'samples/CPU-s':>14}")
+    for k in loaders:
+        print(f"  {k:<46} {wall[k]:>17,.0f} {cpu[k]:>14,.0f}")
+    for k, v in ratios.items():
+        print(f"    {k:<70} {v:6.2f}")
+    return {"rows": n, "steps": steps, "runs_wall_and_cpu_samples_per_s": runs, "best_wall": wall,
+            "best_per_cpu_second": cpu, "ratios": ratios, "mixture_sha256": blend.manifest.sha256}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sequences", type=int, default=50_000)
@@ -234,7 +276,8 @@ def main() -> int:
     ap.add_argument("--rss-limit-mb", type=int, default=16,
                     help="mapped_limit_bytes (MiB) of the second RSS pair, below both datasets (priced in the warm section)")
     ap.add_argument("--work", default="/tmp/gristmill-bench-loader")
-    ap.add_argument("--skip", nargs="*", default=[], choices=["warm", "cold", "rss", "litdata"])
+    ap.add_argument("--mix-sequences", type=int, default=20_000, help="rows of the mixture section's single dataset")
+    ap.add_argument("--skip", nargs="*", default=[], choices=["warm", "cold", "rss", "litdata", "mixture"])
     ap.add_argument("--json", help="write all results here")
     args = ap.parse_args()
     import torch
@@ -325,6 +368,9 @@ def main() -> int:
             print(f"  {k:>30}: {v['shards']:>4} shards  after imports {v['after_imports_mb']:.0f} MB  "
                   f"peak {v['peak_rss_mb']:.0f} MB  releases {v['page_releases']}  at the end: anonymous {v['anon_end_mb']:.0f} MB, "
                   f"file-backed {v['file_end_mb']:.0f} MB")
+
+    if "mixture" not in args.skip:
+        results["mixture"] = mixture_section(args)
 
     if args.json:
         with open(args.json, "w") as f:

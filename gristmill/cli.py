@@ -12,7 +12,8 @@ import traceback
 from gristmill.errors import GristmillError
 
 # Each module has `register(subparsers)`; its handlers return an exit code.
-COMMAND_MODULES = ("gristmill.manifests.cli", "gristmill.pipeline.cli", "gristmill.pipeline.inspect", "gristmill.loader.cli",
+COMMAND_MODULES = ("gristmill.manifests.cli", "gristmill.manifests.mix_cli", "gristmill.pipeline.cli", "gristmill.pipeline.inspect",
+                   "gristmill.loader.cli",
                    "gristmill.trainer.cli", "gristmill.audit.cli")
 
 

@@ -33,6 +33,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass
+from typing import Sequence
 
 import fsspec
 import numpy as np
@@ -90,18 +91,25 @@ class _Entry:
 
 
 class ShardCache:
-    """The shards of one published manifest (``published``: its URL and the facts its shards are checked against)."""
+    """The shards of one published manifest (``published``: its URL and the facts its shards are checked
+    against), or of several (a mixture's components): each shard is fetched from, and checked against,
+    the manifest that lists it."""
 
-    def __init__(self, cache_dir: str, published: Published, *, storage_options: dict | None = None,
-                 limit_bytes: int | None = None, retries: int = 5, backoff_s: float = 0.2,
+    def __init__(self, cache_dir: str, published: Published | Sequence[Published], *,
+                 storage_options: dict | None = None, limit_bytes: int | None = None, retries: int = 5, backoff_s: float = 0.2,
                  max_open: int = 64, full_timeout_s: float = 60.0, mapped_limit_bytes: int | None = None):
         if limit_bytes is not None and limit_bytes <= 0:
             raise UsageError(f"cache_limit_bytes must be positive or None, got {limit_bytes}")
         if retries < 1:
             raise UsageError(f"retries must be >= 1, got {retries}")
         os.makedirs(cache_dir, exist_ok=True)
-        self.dir, self.base_url, self.manifest = cache_dir, published.url, published.manifest
+        sources = (published,) if isinstance(published, Published) else tuple(published)
+        self.dir, self.base_url, self.manifest = cache_dir, sources[0].url, sources[0].manifest
+        # Shards are named by content: a shard two sources share can come from either.
+        self._source = {s.raw_sha256: p for p in reversed(sources) for s in p.manifest.shards}
         self.fs = fsspec.core.url_to_fs(self.base_url, **(storage_options or {}))[0]
+        self._fs = {p.url: self.fs if _protocol(p.url) == _protocol(self.base_url) else fsspec.core.url_to_fs(p.url)[0]
+                    for p in sources}
         self.limit_bytes, self.retries, self.backoff_s = limit_bytes, retries, backoff_s
         self.max_open, self.full_timeout_s, self.mapped_limit_bytes = max_open, full_timeout_s, mapped_limit_bytes
         self.page_releases = 0  # times bound_mapped_pages released every mapping's pages
@@ -249,10 +257,11 @@ class ShardCache:
         if st is None or not self._verify(shard, path, st):
             downloaded = self._download(shard)
             st = os.stat(path)
-        mapped = MappedShard(path, self.manifest, shard)  # mapped while pinned: nobody can evict it in between
+        manifest = self._source[shard.raw_sha256].manifest
+        mapped = MappedShard(path, manifest, shard)  # mapped while pinned: nobody can evict it in between
         if shard.raw_sha256 not in self._in_vocab:  # a full read, once per shard per process (memory speed)
             try:
-                check_vocab(mapped.rows, self.manifest, shard)
+                check_vocab(mapped.rows, manifest, shard)
             except BaseException:
                 mapped.close()
                 raise
@@ -283,7 +292,7 @@ class ShardCache:
 
     def _download(self, shard: Shard) -> int:
         """Fetch, verify and install one shard, once per node (the .dl lock); returns bytes fetched."""
-        path, url = self.path(shard), join(self.base_url, shard.path)
+        path, url = self.path(shard), join(self._source[shard.raw_sha256].url, shard.path)
         fd = _flock(self._lock_path(shard, "dl"), fcntl.LOCK_EX)
         try:
             st = _stat(path)  # another process may have installed it while we waited
@@ -313,14 +322,14 @@ class ShardCache:
             _unlock(fd)
 
     def _fetch_once(self, shard: Shard, url: str, path: str) -> int:
-        data = self.fs.cat_file(url)
+        data = self._fs[self._source[shard.raw_sha256].url].cat_file(url)
         actual = sha256_bytes(data)
         if actual != shard.sha256:
             raise HashMismatchError(f"shard {shard.path} as downloaded from {url}", shard.sha256, actual)
         # The bytes are the pinned ones from here on: a mismatch below is the manifest's, not the network's.
         if len(data) != shard.bytes:
             raise FactMismatchError(shard.path, "bytes", shard.bytes, len(data))
-        rows = checked_rows(read_table(pa.py_buffer(data)), self.manifest, shard)
+        rows = checked_rows(read_table(pa.py_buffer(data)), self._source[shard.raw_sha256].manifest, shard)
         self._make_room(shard.raw_bytes)
         tmp = f"{path}.tmp-{os.getpid()}-{threading.get_ident()}"
         try:
@@ -476,6 +485,10 @@ def _file_pages(mapped: MappedShard) -> tuple[int, int] | None:
 def _dontneed(pages: tuple[int, int]) -> None:
     if _libc.madvise(pages[0], pages[1], _MADV_DONTNEED) != 0:
         log.debug("madvise(MADV_DONTNEED) failed: errno %d", ctypes.get_errno())
+
+
+def _protocol(url: str) -> str:
+    return url.partition("://")[0] if "://" in url else "file"
 
 
 def _stat(path: str):

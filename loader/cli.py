@@ -9,7 +9,8 @@ def register(sub) -> None:
     lsub = p.add_subparsers(dest="loader_command", required=True, metavar="ACTION")
     b = lsub.add_parser("bench", help="input wait of a simulated trainer reading through a simulated remote store",
                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    b.add_argument("url", nargs="?", help="dataset version: <root>/<dataset>[/v<N>] (any fsspec URL)")
+    b.add_argument("url", nargs="?",
+                   help="dataset version or mixture (gristmill mix): <root>/<name>[/v<N>] (any fsspec URL)")
     b.add_argument("--synthetic", action="store_true", help="build a throwaway random-token dataset instead of a URL")
     b.add_argument("--sequences", type=int, default=4096, help="--synthetic: sequences in the dataset")
     b.add_argument("--seq-len", type=int, default=2048, help="--synthetic: tokens per sequence")

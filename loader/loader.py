@@ -27,10 +27,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 import torch
 
-from gristmill.manifests import EditedManifestError, HashMismatchError, ManifestDecodeError, Published, load_manifest
+from gristmill.manifests import EditedManifestError, HashMismatchError, ManifestDecodeError, Published
+from gristmill.manifests.mixture import PublishedMixture, is_mixture, load_data
 
 from .cache import CacheError, ShardCache
 from .gather import gather_rows
+from .mixture import MixtureOrder
 from .order import DEFAULT_WINDOW_SHARDS, Order
 from gristmill.errors import UsageError
 
@@ -78,7 +80,8 @@ def plan_steps(order: Order, starts: np.ndarray, offset: int, size: int, entry_o
 
 
 class Loader:
-    def __init__(self, manifest_url: str | Published, split: str = "train", seed: int = 0, global_batch: int = 32,
+    def __init__(self, manifest_url: str | Published | PublishedMixture, split: str = "train", seed: int = 0,
+                 global_batch: int = 32,
                  rank: int = 0, world_size: int = 1, order: str = "global", window_shards: int = DEFAULT_WINDOW_SHARDS,
                  cache_dir: str | None = None, cache_limit_bytes: int | None = None, prefetch: int = 4,
                  start_index: int = 0, expected_sha256: str | None = None, storage_options: dict | None = None,
@@ -96,8 +99,10 @@ class Loader:
         _check(mapped_limit_bytes is None or mapped_limit_bytes > 0,
                f"mapped_limit_bytes must be None (no limit) or > 0, got {mapped_limit_bytes}")
         self.storage_options = dict(storage_options or {})
-        self.published = manifest_url if isinstance(manifest_url, Published) else _load_with_retries(
-            manifest_url, expected_sha256, self.storage_options, retries, backoff_s)
+        if isinstance(manifest_url, str):
+            self.published = _load_with_retries(manifest_url, expected_sha256, self.storage_options, retries, backoff_s)
+        else:  # a Published dataset or mixture (a mixture's components are loaded here if they are not yet)
+            self.published = load_data(manifest_url, **self.storage_options)
         if expected_sha256 is not None and self.published.manifest.sha256 != expected_sha256:
             raise HashMismatchError(f"manifest at {self.published.url} (hash pinned by the caller)", expected_sha256,
                                     self.published.manifest.sha256)
@@ -106,9 +111,15 @@ class Loader:
         self.global_batch, self.rank, self.world_size = int(global_batch), int(rank), int(world_size)
         self.local_batch = self.global_batch // self.world_size
         self.window_shards, self.prefetch, self.workers, self.fetch_workers = int(window_shards), prefetch, workers, fetch_workers
-        self.order = Order(self.manifest, split, self.seed, order, self.window_shards)
-        self.num_samples = self.order.num_samples  # rows per epoch
-        self.stop_index = None if epochs is None else epochs * self.num_samples
+        # A mixture URL works wherever a dataset's does: only the order and the shards' sources differ.
+        if is_mixture(self.published):
+            self.order = MixtureOrder(self.published, split, self.seed, order, self.window_shards)
+            self.shards, sources = self.order.shards, self.published.components
+        else:
+            self.order = Order(self.manifest, split, self.seed, order, self.window_shards)
+            self.shards, sources = self.manifest.shards, (self.published,)
+        self.num_samples = self.order.num_samples  # rows per epoch (a mixture: its length, None if endless)
+        self.stop_index = self.order.stop_index(epochs)
         self.pin_memory = torch.cuda.is_available() if pin_memory is None else bool(pin_memory)
         stored = np.dtype(self.manifest.token_dtype)
         stored_torch = torch.from_numpy(np.empty(0, stored)).dtype
@@ -133,12 +144,12 @@ class Loader:
                     f"{self.shards_in_flight()} shards ({need:,} bytes) are needed at once; raise the limit, "
                     + {"global": "use order='window', ", "window": "use fewer window_shards, "}.get(order, "")
                     + "or lower prefetch")
-        self.cache = ShardCache(self.cache_dir, self.published, storage_options=self.storage_options,
+        self.cache = ShardCache(self.cache_dir, sources, storage_options=self.storage_options,
                                 limit_bytes=cache_limit_bytes, retries=retries, backoff_s=backoff_s,
                                 max_open=max(64, self.shards_in_flight()),
                                 mapped_limit_bytes=mapped_limit_bytes)
-        self._entry_of_shard = self.cache.ids(self.manifest.shards)
-        self._shard_of_entry = {int(e): s for e, s in zip(self._entry_of_shard, self.manifest.shards)}
+        self._entry_of_shard = self.cache.ids(self.shards)
+        self._shard_of_entry = {int(e): s for e, s in zip(self._entry_of_shard, self.shards)}
         self.next_index = int(start_index)
         self.last_metrics: dict = {}
         self._generation = 0  # bumped by load_state_dict: a running iterator restarts from the new index
@@ -173,14 +184,15 @@ class Loader:
         samples = self.prefetch * self.local_batch
         span = (self.prefetch - 1) * self.global_batch + self.local_batch  # global indices they spread over
         min_rows = int(self.order.rows[self.order.rows > 0].min())
+        streams = self.order.streams  # a mixture's components each read their own windows
         if self.order_name == "global":
             return min(shards, samples)
         if self.order_name == "window":  # a window holds >= 1 shard, so >= min_rows rows
-            return min(shards, samples, self.window_shards * (-(-span // min_rows) + 1))
-        return min(shards, samples, -(-span // min_rows) + 1)
+            return min(shards, samples, streams * self.window_shards * (-(-span // min_rows) + 1))
+        return min(shards, samples, streams * (-(-span // min_rows) + 1))
 
     def required_cache_bytes(self) -> int:
-        sizes = sorted((self.manifest.shards[i].raw_bytes for i in self.order.shard_ids), reverse=True)
+        sizes = sorted((self.shards[i].raw_bytes for i in self.order.shard_ids), reverse=True)
         return sum(sizes[: self.shards_in_flight()])
 
     # -- planning ----------------------------------------------------------------------------
@@ -343,13 +355,14 @@ def _check(ok: bool, message: str) -> None:
         raise UsageError(message)
 
 
-def _load_with_retries(url: str, expected_sha256, storage_options: dict, retries: int, backoff_s: float) -> Published:
+def _load_with_retries(url: str, expected_sha256, storage_options: dict, retries: int,
+                       backoff_s: float) -> Published | PublishedMixture:
     """Read the manifest, retrying what a flaky remote does to a read: an I/O error, bytes that do not
     decode (not UTF-8 / JSON) or that do not hash to the sha256 they record (a byte flipped in transit).
     A manifest that reads back valid but is refused (a wrong pinned hash, a bad field) is final."""
     for attempt in range(retries):
         try:
-            return load_manifest(url, expected_sha256=expected_sha256, **storage_options)
+            return load_data(url, expected_sha256=expected_sha256, **storage_options)
         except (OSError, ManifestDecodeError, EditedManifestError) as e:
             if attempt + 1 == retries:
                 if isinstance(e, ManifestDecodeError):

@@ -99,6 +99,8 @@ class Order:
     ``row`` the row inside it. Construction is O(shards); ``locate`` is pure and vectorised.
     """
 
+    streams = 1  # independent streams of rows read at once (a mixture's order has one per component)
+
     def __init__(self, manifest: Manifest, split: str, seed: int, order: str = "global",
                  window_shards: int = DEFAULT_WINDOW_SHARDS):
         if order not in ORDERS:
@@ -117,6 +119,10 @@ class Order:
         self._epochs: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
 
     # -- public --------------------------------------------------------------------------
+    def stop_index(self, epochs: int | None) -> int | None:
+        """The first global index past ``epochs`` epochs (None: endless)."""
+        return None if epochs is None else epochs * self.num_samples
+
     def locate(self, indices) -> tuple[np.ndarray, np.ndarray]:
         """Global sample indices (any int array) -> (shard positions in manifest.shards, rows)."""
         g = np.asarray(indices, dtype=np.int64)

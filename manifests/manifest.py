@@ -176,8 +176,36 @@ REQUIRED = (
 )
 
 
+class VersionedDocument:
+    """What a dataset manifest and a mixture manifest (manifests.mixture) share: JSON that records its
+    own hash, published as a numbered version."""
+
+    def to_json(self) -> str:
+        d = self.to_dict()
+        d["sha256"] = self.sha256
+        return json.dumps(d, sort_keys=True, indent=1, ensure_ascii=False) + "\n"
+
+    def published(self, version: int):
+        now = _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
+        return replace(self, version=version, created_at=now)
+
+
+def checked_sha256(m: VersionedDocument, d: dict, expected_sha256: str | None, what: str) -> str:
+    """``m``'s hash, refused if it differs from the one ``d`` records (an edit) or the caller pins."""
+    try:
+        sha = m.sha256
+    except UnicodeEncodeError as e:  # JSON can escape a lone surrogate (\udcff), which has no UTF-8
+        raise ManifestDecodeError(f"{what}: a string is not valid Unicode ({e}); it cannot be hashed") from e
+    recorded = d.get("sha256")
+    if recorded is not None and recorded != sha:
+        raise EditedManifestError(f"{what}.json (its content was edited after publishing)", recorded, sha)
+    if expected_sha256 is not None and expected_sha256 != sha:
+        raise HashMismatchError(f"{what} of {m.dataset!r} (hash pinned by the caller)", expected_sha256, sha)
+    return sha
+
+
 @dataclass(frozen=True)
-class Manifest:
+class Manifest(VersionedDocument):
     dataset: str
     tokenizer: Tokenizer
     seq_len: int
@@ -215,20 +243,15 @@ class Manifest:
     def shards_of(self, split: str) -> tuple[Shard, ...]:
         return tuple(s for s in self.shards if s.split == split)
 
-    def to_json(self) -> str:
-        d = self.to_dict()
-        d["sha256"] = self.sha256
-        return json.dumps(d, sort_keys=True, indent=1, ensure_ascii=False) + "\n"
-
-    def published(self, version: int) -> "Manifest":
-        now = _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
-        return replace(self, version=version, created_at=now)
-
     # -- parsing --------------------------------------------------------------------------
     @classmethod
     def from_dict(cls, d: dict, *, expected_sha256: str | None = None) -> "Manifest":
         if not isinstance(d, dict):
             raise ManifestError(f"manifest: expected a JSON object, got {type(d).__name__}")
+        if d.get("kind") == "mixture":  # manifests.mixture: it pins dataset manifests, not shards
+            raise ManifestError("manifest: this is a mixture manifest (written by `gristmill mix`), not a dataset's; "
+                                "the loader, `gristmill train` and the audit accept it; dataset tools need one of its "
+                                "components")
         if "schema_version" in d and d["schema_version"] != SCHEMA_VERSION:
             raise SchemaVersionError(
                 f"manifest: unknown schema_version {d['schema_version']!r}; this gristmill reads version {SCHEMA_VERSION}"
@@ -259,15 +282,7 @@ class Manifest:
         paths = [s.path for s in m.shards]
         if len(set(paths)) != len(paths):
             raise ManifestError("manifest: two shards share a path")
-        try:
-            sha = m.sha256
-        except UnicodeEncodeError as e:  # JSON can escape a lone surrogate (\udcff), which has no UTF-8
-            raise ManifestDecodeError(f"manifest: a string is not valid Unicode ({e}); it cannot be hashed") from e
-        recorded = d.get("sha256")
-        if recorded is not None and recorded != sha:
-            raise EditedManifestError("manifest.json (its content was edited after publishing)", recorded, sha)
-        if expected_sha256 is not None and expected_sha256 != sha:
-            raise HashMismatchError(f"manifest of {m.dataset!r} (hash pinned by the caller)", expected_sha256, sha)
+        checked_sha256(m, d, expected_sha256, "manifest")
         # Consistency of the stated counts (after the hash checks: an edited manifest is named as such).
         for i, s in enumerate(m.shards):
             if s.tokens != s.rows * m.row_tokens:

@@ -91,7 +91,8 @@ class ManifestStore:
             raise ManifestError(f"dataset name {manifest.dataset!r} must match {DATASET_NAME.pattern}")
         existing = self.versions(manifest.dataset)
         if version is None and existing:
-            latest = self.load(manifest.dataset, existing[-1])
+            # Read back as the same kind of manifest (a dataset's or a mixture's: manifests.mixture).
+            latest = _load_as(type(manifest), self.version_url(manifest.dataset, existing[-1]), None, self.storage_options)
             if latest.manifest.sha256 == manifest.sha256:
                 return latest
         base = posixpath.join(self._root_path, manifest.dataset)
@@ -104,8 +105,8 @@ class ManifestStore:
         elif version in existing:
             raise VersionExistsError(f"{manifest.dataset} v{version} is already published; published versions are never overwritten")
         vdir = posixpath.join(base, f"v{version}")
-        src_fs, src_root = url_to_fs(files_dir)
         files = _pinned_files(manifest)
+        src_fs, src_root = url_to_fs(files_dir) if files else (None, None)
         for rel in files:
             if not src_fs.exists(posixpath.join(src_root, rel)):
                 raise ManifestError(f"cannot publish: pinned file {rel!r} is missing from {files_dir}")
@@ -118,8 +119,11 @@ class ManifestStore:
                     fo.write(chunk)
 
         # Parallel copy: publishing is I/O (object stores answer each request slowly, not serially).
-        with ThreadPoolExecutor(max_workers=min(16, len(files))) as pool:
-            list(pool.map(copy, files))
+        if files:
+            with ThreadPoolExecutor(max_workers=min(16, len(files))) as pool:
+                list(pool.map(copy, files))
+        else:
+            self.fs.makedirs(vdir, exist_ok=True)
         published = manifest.published(version)
         self._commit(posixpath.join(vdir, MANIFEST_FILE), published.to_json().encode(), overwrite=False)
         self._commit(posixpath.join(base, LATEST_FILE), f"{version}\n".encode(), overwrite=True)
@@ -157,12 +161,20 @@ def read_latest(fs, path: str, url: str) -> int:
     return int(text)
 
 
-def _pinned_files(m: Manifest) -> list[str]:
+def _pinned_files(m) -> list[str]:
+    """The files a version directory holds beside its manifest.json (a mixture's holds none: it pins manifests)."""
+    if not isinstance(m, Manifest):
+        return []
     return [m.tokenizer.path, m.doc_index.path, *(s.path for s in m.shards)]
 
 
 def load_manifest(url: str, *, expected_sha256: str | None = None, **storage_options) -> Published:
     """Load a manifest from ``.../v<N>``, ``.../v<N>/manifest.json`` or ``<root>/<dataset>`` (latest)."""
+    return _load_as(Manifest, url, expected_sha256, storage_options)
+
+
+def _load_as(kind, url: str, expected_sha256: str | None, storage_options: dict) -> Published:
+    """``kind.from_json`` (``Manifest`` or ``manifests.mixture.MixtureManifest``) of the manifest.json a URL names."""
     url = url.rstrip("/")
     fs, path = url_to_fs(url, **storage_options)
     if path.endswith("/" + MANIFEST_FILE) or path == MANIFEST_FILE:
@@ -173,5 +185,5 @@ def load_manifest(url: str, *, expected_sha256: str | None = None, **storage_opt
     target = posixpath.join(path, MANIFEST_FILE)
     if not fs.exists(target):
         raise ManifestNotFoundError(f"no manifest at {url} (expected {join(url, MANIFEST_FILE)})")
-    manifest = Manifest.from_json(fs.cat_file(target), expected_sha256=expected_sha256, source=join(url, MANIFEST_FILE))
+    manifest = kind.from_json(fs.cat_file(target), expected_sha256=expected_sha256, source=join(url, MANIFEST_FILE))
     return Published(manifest, url)

@@ -23,7 +23,7 @@ class RunConfig(Section):
 
 
 class DataConfig(Section):
-    manifest: NonEmptyStr  # <store>/<dataset>[/v<N>]: the published dataset version to train on
+    manifest: NonEmptyStr  # <store>/<dataset>[/v<N>]: the published dataset version (or mixture: gristmill mix) to train on
     expected_sha256: Str | None = None  # pin the manifest; refuse anything else
     seed: Int = 0  # loader shuffle seed
     order: Literal["global", "window"] = "global"

@@ -34,6 +34,7 @@ DCP_KEY = "gristmill.data_position"  # the DCP state-dict entry holding DATA_POS
 # Fields every meta.json has (dotted paths), and the ones that decide what data the model saw.
 REQUIRED = ("step", "world_size", "global_batch", "seq_len", "loader.next_index", "loader.seed", "loader.order",
             "data.manifest_sha256", "data.manifest_url")
+DATA_KINDS = ("dataset", "mixture")  # what data.manifest_sha256 names; absent: dataset
 DATA_POSITION = ("step", "world_size", "global_batch", "loader", "data.manifest_sha256", "data.split",
                  "manifest_changes")
 
@@ -52,6 +53,20 @@ def new_meta(*, step: int, world_size: int, global_batch: int, seq_len: int, loa
             "tokens_seen": step * global_batch * seq_len, "loader": dict(loader),
             "data": {**(data or {}), "manifest_sha256": manifest_sha256, "manifest_url": manifest_url, "split": split},
             "manifest_changes": list(manifest_changes), "resumed_from": resumed_from, "job": job or {}, **extra}
+
+
+def data_fields(published) -> dict:
+    """The ``data`` section's descriptive fields of a dataset or a mixture (manifests.mixture): its name and
+    version; a mixture's also ``kind: mixture`` and its components, each pinned by its manifest's sha256
+    (the mixture hash itself is ``data.manifest_sha256``, which the data position covers)."""
+    m = published.manifest
+    out = {"dataset": m.dataset, "version": m.version}
+    if getattr(m, "kind", "dataset") == "mixture":
+        out["kind"] = "mixture"
+        out["components"] = [{"name": c.name, "dataset": c.dataset, "sha256": c.sha256, "parts": c.parts,
+                              "period": m.period, "exhausted": c.exhausted, "version": pub.manifest.version}
+                             for c, pub in zip(m.components, published.components)]
+    return out
 
 
 def content_sha256(meta: dict) -> str:
@@ -117,6 +132,14 @@ def validate(meta: dict, where: str) -> None:
     if loader.get("manifest_sha256", data_sha) != data_sha:
         raise CheckpointError(f"{where}: loader.manifest_sha256 {loader['manifest_sha256']} differs from "
                               f"data.manifest_sha256 {data_sha}")
+    kind = meta["data"].get("kind", "dataset")  # checkpoints written before mixtures have no kind: a dataset
+    if kind not in DATA_KINDS:
+        raise CheckpointError(f"{where}: data.kind {kind!r} is not one of {', '.join(DATA_KINDS)}")
+    if kind == "mixture" and not (isinstance(meta["data"].get("components"), list) and meta["data"]["components"]
+                                  and all(isinstance(c, dict) and "name" in c and "sha256" in c
+                                          for c in meta["data"]["components"])):
+        raise CheckpointError(f"{where}: data.kind is mixture but data.components does not list the components "
+                              f"(name, sha256)")
     job = (meta.get("job") or {}).get("data", {})
     for key, value in (("seed", loader["seed"]), ("order", loader["order"]), ("global_batch", B)):
         if key in job and job[key] != value:

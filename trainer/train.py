@@ -23,14 +23,15 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from gristmill.loader import Loader
-from gristmill.manifests import ManifestError, code_version, load_manifest
+from gristmill.manifests import ManifestError, code_version
+from gristmill.manifests.mixture import load_data
 from gristmill.manifests.shards import atomic_write
 
 from . import config as config_mod
 from .cli import add_arguments, print_config
 from .checkpoint import Checkpointer, committed, library_versions, set_rng_state
 from .config import JobConfig
-from .meta import new_meta
+from .meta import data_fields, new_meta
 from .metrics import MetricsLog, device_name, format_step, mfu, peak_flops, young_daly_interval_s
 from .model import Transformer, count_params, flops_per_token, model_args
 from .parallelize import build_mesh, init_distributed, parallelize, resolve_attention, resolve_mixed_precision
@@ -191,7 +192,7 @@ def train(cfg: JobConfig, *, stop_after_step: int | None = None, allow_manifest_
     allow_manifest_change = allow_manifest_change or cfg.checkpoint.allow_manifest_change
 
     # Data: the manifest pins vocabulary, sequence length and the content hash the checkpoint records.
-    pub = load_manifest(cfg.data.manifest, expected_sha256=cfg.data.expected_sha256)
+    pub = load_data(cfg.data.manifest, expected_sha256=cfg.data.expected_sha256)  # a dataset or a mixture
     manifest = pub.manifest
     seq_len, B = manifest.seq_len, cfg.data.global_batch
     _, n_micro = local_batch_sizes(cfg, d.world_size)
@@ -271,7 +272,7 @@ def _loop(cfg: JobConfig, d, model, optimizer, ckpt: Checkpointer, loader: Loade
             step=step, world_size=d.world_size, global_batch=B, seq_len=seq_len, loader=loader.state_dict(),
             manifest_sha256=manifest.sha256, manifest_url=pub.url, split="train", manifest_changes=manifest_changes,
             resumed_from=resumed_from, job=cfg.to_dict(), tokens_seen=tokens_seen,
-            data={"dataset": manifest.dataset, "version": manifest.version},
+            data=data_fields(pub),
             scheduler={"kind": "warmup_cosine", "step": step, "lr": cfg.optimizer.lr,
                        "warmup_steps": cfg.optimizer.warmup_steps, "total_steps": cfg.run.steps,
                        "min_lr_ratio": cfg.optimizer.min_lr_ratio,

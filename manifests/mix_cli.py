@@ -1,0 +1,118 @@
+"""``gristmill mix MIX.yaml``: publish a mixture manifest of dataset versions pinned by hash.
+
+The job file (pydantic, `gristmill.config`: unknown keys refused, ``--set``, ``--print-config``)::
+
+    name: web-code             # the mixture's name in the store
+    store: ./store             # the manifest store it is published to (a dataset name below resolves here)
+    components:
+      - dataset: web           # a dataset name in `store`, or a URL <root>/<dataset>[/v<N>]
+        weight: 3              # a proportion (any positive number; they are normalised) ...
+      - dataset: /data/store/code
+        version: 2             # optional: that version instead of the latest
+        sha256: 9f2c...        # optional: refuse anything else
+        weight: 1
+        exhausted: stop        # repeat (default): a fresh epoch; stop: the mixture ends when it runs out
+        name: code             # optional: the component's name (default: its dataset's)
+
+Or every component a token budget (``tokens: 2_000_000_000``) instead of a weight: the mixture
+then ends when the budgets are used up. See docs/mixtures.md.
+"""
+from __future__ import annotations
+
+from typing import Annotated, Iterable, Literal
+
+from pydantic import AfterValidator, Field, ValidationInfo, model_validator
+
+from gristmill import config
+from gristmill.config import Float, NonEmptyStr, PositiveInt, ResolvedPath, Section, Str, fail
+
+PositiveFloat = Annotated[Float, Field(gt=0, allow_inf_nan=False)]
+
+
+def _dataset_ref(value: str, info: ValidationInfo) -> str:
+    """A bare name is a dataset in the job's store; anything with a '/' is a path (relative: to the job file) or URL."""
+    return config._resolve(value, info) if "/" in value else value
+
+
+DatasetRef = Annotated[Str, Field(min_length=1), AfterValidator(_dataset_ref)]
+
+
+class ComponentConfig(Section):
+    dataset: DatasetRef  # a dataset name in `store`, or a dataset URL
+    name: Str | None = None  # default: the dataset's name
+    version: PositiveInt | None = None  # default: the latest
+    sha256: Str | None = None  # pin: refuse a component manifest with another hash
+    weight: PositiveFloat | None = None
+    tokens: PositiveInt | None = None  # token budget (training tokens: seq_len per sample)
+    exhausted: Literal["repeat", "stop"] = "repeat"
+
+    @model_validator(mode="after")
+    def _weight_or_tokens(self) -> "ComponentConfig":
+        if (self.weight is None) == (self.tokens is None):
+            fail("exactly one of weight or tokens", f"weight={self.weight!r}, tokens={self.tokens!r}")
+        return self
+
+
+class MixJob(Section):
+    name: NonEmptyStr
+    store: Annotated[ResolvedPath, Field(min_length=1)]
+    components: Annotated[list[ComponentConfig], Field(min_length=1)]
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "MixJob":
+        if len({c.tokens is None for c in self.components}) > 1:
+            fail("every component with a weight, or every one with a token budget (tokens)", "both kinds",
+                 at=("components",))
+        return self
+
+
+def load(path: str, overrides: Iterable[str] = ()) -> MixJob:
+    return config.load(MixJob, path, overrides)
+
+
+def register(sub) -> None:
+    p = sub.add_parser("mix", help="publish a mixture of dataset versions (pinned by sha256) with weights or token budgets")
+    p.add_argument("job", help="mixture job YAML (see docs/mixtures.md)")
+    config.add_arguments(p)
+    p.set_defaults(handler=_mix)
+
+
+def _mix(args) -> int:
+    job = load(args.job, args.overrides)
+    if args.print_config:
+        print(config.dump_yaml(job), end="")
+        return 0
+    pub = mix(job, source=args.job)
+    m = pub.manifest
+    print(f"published mixture {m.name} v{m.version}: {pub.url}")
+    print(f"sha256 {m.sha256}")
+    for c in m.components:
+        how = f"budget {c.tokens:,} tokens ({c.budget_samples:,} samples)" if c.tokens is not None else f"weight {c.weight:g}"
+        print(f"  {c.name:<20} {c.parts}/{m.period} of samples ({how}, exhausted: {c.exhausted})  "
+              f"{c.dataset} {c.sha256[:16]}…")
+    return 0
+
+
+def mix(job: MixJob, source: str = "mix job"):
+    """Resolve every component (URL or store name -> the version's manifest, hash-checked), build and publish."""
+    from .errors import ManifestNotFoundError
+    from .mixture import MixtureError, build_mixture, component_url, load_data
+    from .store import ManifestStore, load_manifest
+
+    resolved, names = [], []
+    for i, c in enumerate(job.components):
+        url = component_url(c.dataset, job.store, c.version)
+        try:
+            pub = load_manifest(url, expected_sha256=c.sha256)
+        except ManifestNotFoundError as e:
+            raise MixtureError(f"{source}: components[{i}].dataset: unknown component {c.dataset!r}: {e}") from e
+        name = c.name or pub.manifest.dataset
+        if name in names:
+            raise MixtureError(f"{source}: components[{i}]: a second component named {name!r}; give it a name")
+        names.append(name)
+        resolved.append(({"name": name, "weight": c.weight, "tokens": c.tokens, "exhausted": c.exhausted}, pub))
+    try:
+        manifest = build_mixture(job.name, resolved, job.store)
+    except MixtureError as e:
+        raise MixtureError(f"{source}: {e}") from None
+    return load_data(ManifestStore(job.store).publish(manifest, ""))  # with its components, as the loader takes it

@@ -1,0 +1,342 @@
+"""The mixture manifest: several dataset versions, pinned by sha256, blended by integer parts.
+
+A mixture is published in a manifest store exactly like a dataset (``<root>/<name>/v<N>/manifest.json``
+plus ``latest``) but its version directory holds no other file: it pins each component's
+*manifest* by hash, and the loader reads the components' shards where they lie. Its identity is
+the sha256 of its canonical JSON without the fields that say where or when it was published
+(``version``, ``created_at``, ``code_version``, ``locations``: moving the component datasets or
+republishing the mixture keeps the hash) and without ``sha256`` itself.
+
+Proportions are stored as integer ``parts`` summing to ``period`` (at most :data:`MAX_PERIOD`),
+computed once here from the job's weights or token budgets: the loader's interleave uses only
+these integers (loader/mixture.py), so no floating point enters the sample order. The full
+format is in docs/format.md; the interleave, its bound and the exhaustion policies in
+docs/mixtures.md.
+"""
+from __future__ import annotations
+
+import json
+import math
+import posixpath
+from dataclasses import asdict, dataclass, field, replace
+from fractions import Fraction
+from typing import Any
+
+from .errors import ManifestDecodeError, ManifestError, SchemaVersionError
+from .hashing import canonical_json, sha256_bytes
+from .manifest import MAX_TOTAL_ROWS, Manifest, VersionedDocument, _int, _require, _sha, checked_sha256
+from .store import DATASET_NAME, Published, _load_as, join
+
+KIND = "mixture"
+MIXTURE_SCHEMA_VERSION = 1
+MAX_PERIOD = 1 << 20  # parts sum to at most this: the loader keeps a one-period table of 12 bytes a part
+POLICIES = ("repeat", "stop")  # what a component that runs out does: a fresh epoch, or end the mixture
+UNHASHED_FIELDS = ("version", "created_at", "code_version", "locations", "sha256")
+REQUIRED = ("kind", "schema_version", "name", "seq_len", "token_dtype", "tokenizer", "period", "components", "locations")
+
+
+class MixtureError(ManifestError):
+    """A mixture (its job, its manifest or its components) is not valid: names the component and what differs."""
+
+
+@dataclass(frozen=True)
+class MixTokenizer:
+    """The tokenizer every component shares (the components' ``tokenizer`` minus its path)."""
+
+    sha256: str
+    vocab_size: int
+    eos_id: int
+
+
+@dataclass(frozen=True)
+class Component:
+    name: str  # unique within the mixture
+    dataset: str  # the component manifest's dataset name
+    sha256: str  # the component manifest's hash: what the mixture pins
+    parts: int  # its share of every period of the interleave: parts / period of all samples
+    exhausted: str  # "repeat" (a fresh epoch) or "stop" (the mixture ends where it would need one more row)
+    weight: float | None = None  # as given in the job (None when a token budget was given)
+    tokens: int | None = None  # token budget as given (None when a weight was given)
+    budget_samples: int | None = None  # ceil(tokens / seq_len): the samples the budget allows, at most
+    train_rows: int = 0  # rows of the component's train split (what "stop" runs out of)
+
+    @classmethod
+    def from_dict(cls, d: dict, where: str) -> "Component":
+        _require(d, ("name", "dataset", "sha256", "parts", "exhausted", "train_rows"), where)
+        if d["exhausted"] not in POLICIES:
+            raise MixtureError(f"{where}.exhausted: expected one of {', '.join(POLICIES)}, got {d['exhausted']!r}")
+        weight, tokens, budget = d.get("weight"), d.get("tokens"), d.get("budget_samples")
+        if (weight is None) == (tokens is None):
+            raise MixtureError(f"{where}: give exactly one of weight or tokens")
+        if weight is not None and (isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0
+                                   or not math.isfinite(weight)):
+            raise MixtureError(f"{where}.weight: expected a finite number > 0, got {weight!r}")
+        if weight is not None and budget is not None:
+            raise MixtureError(f"{where}: budget_samples belongs to a token budget, and this component has a weight")
+        if tokens is not None:
+            tokens = _int(d, "tokens", where, hi=MAX_TOTAL_ROWS, lo=1)
+            budget = _int(d, "budget_samples", where, hi=MAX_TOTAL_ROWS, lo=1) if budget is not None else None
+            if budget is None:
+                raise MixtureError(f"{where}: a token budget needs budget_samples")
+        return cls(name=str(d["name"]), dataset=str(d["dataset"]), sha256=_sha(d["sha256"], f"{where}.sha256"),
+                   parts=_int(d, "parts", where, hi=MAX_PERIOD + 1, lo=1), exhausted=d["exhausted"],
+                   weight=weight, tokens=tokens, budget_samples=budget,
+                   train_rows=_int(d, "train_rows", where, hi=MAX_TOTAL_ROWS))
+
+    @property
+    def limit(self) -> int | None:
+        """Train samples after which this component ends the mixture (None: never)."""
+        caps = [x for x in (self.budget_samples, self.train_rows if self.exhausted == "stop" else None) if x is not None]
+        return min(caps) if caps else None
+
+
+@dataclass(frozen=True)
+class MixtureManifest(VersionedDocument):
+    name: str
+    seq_len: int
+    token_dtype: str
+    tokenizer: MixTokenizer
+    period: int
+    components: tuple[Component, ...]
+    locations: dict = field(default_factory=dict)  # component name -> {"url": ..., "version": N} (unhashed)
+    schema_version: int = MIXTURE_SCHEMA_VERSION
+    code_version: str | None = None
+    version: int | None = None
+    created_at: str | None = None
+    kind: str = KIND
+
+    # -- what dataset-reading code asks of a manifest (trainer, loader) -----------------------
+    @property
+    def dataset(self) -> str:
+        """The store directory a mixture is published under (a dataset's is its dataset name)."""
+        return self.name
+
+    @property
+    def row_tokens(self) -> int:
+        return self.seq_len + 1
+
+    def component(self, name: str) -> Component:
+        for c in self.components:
+            if c.name == name:
+                return c
+        raise MixtureError(f"mixture {self.name!r} has no component {name!r}; it has "
+                           f"{', '.join(c.name for c in self.components)}")
+
+    # -- identity -------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["components"] = [asdict(c) for c in self.components]
+        return d
+
+    @property
+    def sha256(self) -> str:
+        return content_sha256(self.to_dict())
+
+    # -- parsing --------------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, d: Any, *, expected_sha256: str | None = None) -> "MixtureManifest":
+        if not isinstance(d, dict):
+            raise MixtureError(f"mixture manifest: expected a JSON object, got {type(d).__name__}")
+        if d.get("kind") != KIND:
+            raise MixtureError(f"manifest: kind is {d.get('kind')!r}, not {KIND!r}: this is not a mixture manifest "
+                               f"(a dataset URL works wherever a mixture URL does)")
+        if d.get("schema_version") != MIXTURE_SCHEMA_VERSION:
+            raise SchemaVersionError(f"mixture manifest: unknown schema_version {d.get('schema_version')!r}; this "
+                                     f"gristmill reads version {MIXTURE_SCHEMA_VERSION}")
+        _require(d, REQUIRED, "mixture")
+        if d["token_dtype"] not in ("uint16", "uint32"):
+            raise MixtureError(f"mixture.token_dtype: must be uint16 or uint32, got {d['token_dtype']!r}")
+        tok = d["tokenizer"]
+        _require(tok, ("sha256", "vocab_size", "eos_id"), "mixture.tokenizer")
+        comps = d["components"]
+        if not isinstance(comps, list) or not comps:
+            raise MixtureError("mixture.components: expected a non-empty list")
+        if not isinstance(d["locations"], dict):
+            raise MixtureError("mixture.locations: expected an object (component name -> url, version)")
+        m = cls(name=str(d["name"]), seq_len=_int(d, "seq_len", "mixture", lo=1),
+                token_dtype=d["token_dtype"],
+                tokenizer=MixTokenizer(_sha(tok["sha256"], "mixture.tokenizer.sha256"),
+                                       _int(tok, "vocab_size", "mixture.tokenizer", lo=1),
+                                       _int(tok, "eos_id", "mixture.tokenizer")),
+                period=_int(d, "period", "mixture", hi=MAX_PERIOD + 1, lo=1),
+                components=tuple(Component.from_dict(c, f"components[{i}]") for i, c in enumerate(comps)),
+                locations=d["locations"], code_version=d.get("code_version"), version=d.get("version"),
+                created_at=d.get("created_at"))
+        names = [c.name for c in m.components]
+        if len(set(names)) != len(names):
+            raise MixtureError(f"mixture.components: two components share a name ({', '.join(names)})")
+        if sum(c.parts for c in m.components) != m.period:
+            raise MixtureError(f"mixture.period: {m.period} is not the sum of the components' parts "
+                               f"({sum(c.parts for c in m.components)})")
+        if len({c.tokens is None for c in m.components}) > 1:
+            raise MixtureError("mixture.components: either every component has a weight or every one a token budget")
+        for c in m.components:
+            loc = m.locations.get(c.name)
+            if not isinstance(loc, dict) or not isinstance(loc.get("url"), str) or not loc["url"]:
+                raise MixtureError(f"mixture.locations: no url for component {c.name!r}")
+        checked_sha256(m, d, expected_sha256, "mixture manifest")
+        return m
+
+    @classmethod
+    def from_json(cls, text: str | bytes, *, expected_sha256: str | None = None,
+                  source: str = "manifest") -> "MixtureManifest":
+        return cls.from_dict(_parse(text, source), expected_sha256=expected_sha256)
+
+
+def content_sha256(d: dict) -> str:
+    return sha256_bytes(canonical_json({k: v for k, v in d.items() if k not in UNHASHED_FIELDS}))
+
+
+def _parse(text: str | bytes, source: str) -> Any:
+    try:
+        return json.loads(text)
+    except UnicodeDecodeError as e:
+        raise ManifestDecodeError(f"{source}: not UTF-8 text ({e})") from e
+    except (json.JSONDecodeError, RecursionError) as e:
+        raise ManifestDecodeError(f"{source}: not valid JSON: {e}") from e
+
+
+class _Either:
+    """``from_json`` that reads whichever kind the file is: a mixture by its ``kind`` field, else a dataset."""
+
+    @staticmethod
+    def from_json(text, *, expected_sha256=None, source="manifest"):
+        d = _parse(text, source)
+        if isinstance(d, dict) and d.get("kind") == KIND:
+            return MixtureManifest.from_dict(d, expected_sha256=expected_sha256)
+        return Manifest.from_dict(d, expected_sha256=expected_sha256)
+
+
+# -- the published form: the mixture plus its loaded components ---------------------------------
+@dataclass(frozen=True)
+class PublishedMixture:
+    manifest: MixtureManifest
+    url: str  # the mixture's version directory
+    components: tuple[Published, ...]  # in manifest order, each hash-checked against its pin
+
+
+def is_mixture(published) -> bool:
+    return isinstance(published, PublishedMixture)
+
+
+def resolve_location(mixture_url: str, location: str) -> str:
+    """A component URL as recorded: relative (same store: ``../../web/v1``) to the mixture's version dir, or absolute."""
+    if "://" in location or location.startswith("/"):
+        return location
+    proto, sep, path = mixture_url.rpartition("://") if "://" in mixture_url else ("", "", mixture_url)
+    return f"{proto}{sep}{posixpath.normpath(posixpath.join(path, location))}"
+
+
+def load_data(url: str | Published | PublishedMixture, *, expected_sha256: str | None = None,
+              **storage_options) -> Published | PublishedMixture:
+    """A dataset version or a mixture, whichever ``url`` names; a mixture comes with its components loaded,
+    each checked against the hash it pins and against the mixture's seq_len, dtype and tokenizer."""
+    if isinstance(url, PublishedMixture):
+        return url
+    pub = url if isinstance(url, Published) else _load_as(_Either, url, expected_sha256, storage_options)
+    if not isinstance(pub.manifest, MixtureManifest):
+        return pub
+    return open_components(pub.manifest, pub.url, storage_options)
+
+
+def open_components(m: MixtureManifest, url: str, storage_options: dict | None = None) -> PublishedMixture:
+    from .errors import ManifestNotFoundError
+
+    comps = []
+    for c in m.components:
+        where = resolve_location(url, m.locations[c.name]["url"])
+        # Options of the mixture's filesystem fit a component on the same one only.
+        same = where.partition("://")[0] == url.partition("://")[0] if "://" in where or "://" in url else True
+        try:
+            pub = _load_as(Manifest, where, c.sha256, (storage_options or {}) if same else {})
+        except ManifestNotFoundError as e:
+            raise MixtureError(f"mixture {m.name!r}: component {c.name!r} ({c.dataset}, manifest {c.sha256}) is not at "
+                               f"{where}: {e}") from e
+        check_component(m, c, pub.manifest)
+        comps.append(pub)
+    return PublishedMixture(m, url, tuple(comps))
+
+
+def check_component(m: MixtureManifest, c: Component, cm: Manifest) -> None:
+    """A component must fit the mixture: the same seq_len, token dtype and tokenizer (hash, vocab, eos)."""
+    for what, mine, theirs in (("seq_len", m.seq_len, cm.seq_len), ("token_dtype", m.token_dtype, cm.token_dtype),
+                               ("tokenizer.sha256", m.tokenizer.sha256, cm.tokenizer.sha256),
+                               ("tokenizer.vocab_size", m.tokenizer.vocab_size, cm.tokenizer.vocab_size),
+                               ("tokenizer.eos_id", m.tokenizer.eos_id, cm.tokenizer.eos_id)):
+        if mine != theirs:
+            raise MixtureError(f"mixture {m.name!r}: component {c.name!r} ({cm.dataset}) has {what} {theirs!r}, the "
+                               f"mixture {mine!r}; every component must share seq_len, token dtype and tokenizer")
+
+
+# -- building (gristmill mix) ----------------------------------------------------------------------
+def apportion(shares: list[Fraction], limit: int = MAX_PERIOD) -> list[int]:
+    """Integer parts proportional to ``shares``: exact when the shares' common denominator fits ``limit``,
+    else largest remainder at ``limit`` parts (ties to the earlier component). A share below
+    ``1 / limit`` may get 0 parts; the caller refuses that."""
+    total = sum(shares)
+    shares = [s / total for s in shares]
+    q = math.lcm(*(s.denominator for s in shares))
+    if q <= limit:
+        return [int(s * q) for s in shares]
+    floors = [math.floor(s * limit) for s in shares]
+    rest = limit - sum(floors)
+    by_remainder = sorted(range(len(shares)), key=lambda i: (-(shares[i] * limit - floors[i]), i))
+    for i in by_remainder[:rest]:
+        floors[i] += 1
+    return floors
+
+
+def build_mixture(name: str, resolved: list[tuple[dict, Published]], store_root: str) -> MixtureManifest:
+    """The mixture of resolved components: ``(spec, published)`` with spec keys name, weight, tokens, exhausted."""
+    from .provenance import code_version
+
+    if not DATASET_NAME.fullmatch(name):
+        raise MixtureError(f"mixture name {name!r} must match {DATASET_NAME.pattern}")
+    first_spec, first = resolved[0]
+    fm = first.manifest
+    if len({spec["tokens"] is None for spec, _ in resolved}) > 1:
+        raise MixtureError("components: give every component a weight, or every one a token budget (tokens), not "
+                           "a mix of both: a budget fixes the mixture's length, a weight only a proportion")
+    budgets = first_spec["tokens"] is not None
+    comps, locations = [], {}
+    for spec, pub in resolved:
+        m = pub.manifest
+        train_rows = sum(s.rows for s in m.shards_of("train"))
+        if train_rows == 0:
+            raise MixtureError(f"component {spec['name']!r} ({pub.url}) has no train rows")
+        budget = -(-spec["tokens"] // m.seq_len) if budgets else None
+        if budget is not None and spec["exhausted"] == "stop" and budget > train_rows:
+            raise MixtureError(f"component {spec['name']!r}: its budget of {spec['tokens']:,} tokens is {budget:,} "
+                               f"samples of {m.seq_len} tokens, more than its {train_rows:,} train rows, with "
+                               f"exhausted: stop; lower the budget or set exhausted: repeat")
+        comps.append(Component(name=spec["name"], dataset=m.dataset, sha256=m.sha256, parts=1,
+                               exhausted=spec["exhausted"], weight=spec["weight"], tokens=spec["tokens"],
+                               budget_samples=budget, train_rows=train_rows))
+        locations[spec["name"]] = {"url": _relative(pub.url, store_root, name), "version": m.version}
+    shares = [Fraction(c.budget_samples) if budgets else Fraction(str(c.weight)) for c in comps]
+    parts = apportion(shares)
+    if min(parts) < 1:
+        small = comps[parts.index(min(parts))].name
+        raise MixtureError(f"component {small!r}: its share is below 1/{MAX_PERIOD} of the mixture, too small to "
+                           f"place; raise its weight or budget")
+    comps = [replace(c, parts=p) for c, p in zip(comps, parts)]
+    mix = MixtureManifest(name=name, seq_len=fm.seq_len, token_dtype=fm.token_dtype,
+                          tokenizer=MixTokenizer(fm.tokenizer.sha256, fm.tokenizer.vocab_size, fm.tokenizer.eos_id),
+                          period=sum(parts), components=tuple(comps), locations=locations, code_version=code_version())
+    for c, (_, pub) in zip(mix.components, resolved):
+        check_component(mix, c, pub.manifest)
+    return mix
+
+
+def _relative(component_url: str, store_root: str, name: str) -> str:
+    """Inside the mixture's store: relative to the mixture's version directory, so the store can move whole."""
+    root = store_root.rstrip("/")
+    if component_url.startswith(root + "/"):
+        return posixpath.join("..", "..", component_url[len(root) + 1:])
+    return component_url
+
+
+def component_url(dataset: str, store_root: str, version: int | None) -> str:
+    """A component named in a mix job: a URL (``<root>/<dataset>[/v<N>]``), or a dataset name in the mixture's store."""
+    url = dataset if ("/" in dataset or "://" in dataset) else join(store_root, dataset)
+    return join(url, f"v{version}") if version is not None else url
