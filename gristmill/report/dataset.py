@@ -1,0 +1,191 @@
+"""``gristmill report DATASET_URL``: the data card of one dataset version.
+
+Built from the manifest (always: counts per stage, LSH parameters, clusters, decontamination
+hits, shards, inputs), the document index it pins (tokens per source, file and document), and,
+when the prepare run's work dir is at hand, its files (lengths, language scores, quoted texts:
+``gristmill.report.workfiles``). A figure whose data the run lacks is replaced by a note that
+says so.
+"""
+from __future__ import annotations
+
+import shlex
+
+import numpy as np
+
+from gristmill.manifests import Published, load_manifest
+
+from . import dedup, tokens
+from .page import Figure, Note, Page, Table
+from .workfiles import WorkFiles, find_run_dir
+
+TOP = 30  # rows of a long breakdown drawn; the table under the figure lists all of them
+
+
+def dataset_page(published: Published, run_dir: str | None = None) -> Page:
+    m = published.manifest
+    stats = m.stats
+    acc = stats.get("accounting", {})
+    work = WorkFiles(run_dir) if run_dir else None
+    tokens_out = stats.get("stages", {}).get("pack", {}).get("tokens_out", sum(s.tokens for s in m.shards))
+    page = Page(
+        title=f"{m.dataset} v{m.version}",
+        subtitle=f"dataset card: {published.url} - created {m.created_at} - code {m.code_version}",
+        totals=[("input", "input records", acc.get("input")), ("kept", "documents kept", acc.get("kept")),
+                ("removed", "removed", sum(acc.get("removed", {}).values())),
+                ("quarantined", "quarantined", sum(acc.get("quarantined", {}).values())),
+                ("tokens_out", "tokens packed", tokens_out), ("shards", "shards", len(m.shards)),
+                ("manifest_sha256", "manifest sha256", m.sha256)])
+    if acc:
+        page.totals.append(("balanced", "input = kept + removed + quarantined", "yes" if acc.get("balanced") else "NO"))
+    if work is None:
+        page.section("workdir", "Work dir").add(Note(
+            "The prepare run's work dir was not found (pass --work-dir, the job's work_dir): the length and "
+            "language-score histograms and the quoted documents need its files; every other figure comes from "
+            "the manifest and the document index.", missing=True))
+    funnel(page, stats, work)
+    language(page, stats, m.config, work)
+    lengths(page, work)
+    dedup.fuzzy_section(page, stats.get("stages", {}).get("fuzzy_dedup"), work)
+    dedup.decontam_section(page, stats.get("stages", {}).get("decontaminate"), m.config, work)
+    tokens.tokens_section(page, published)
+    tokens.chain_section(page, published)
+    return page
+
+
+def build(url: str, work_dir: str | None = None) -> tuple[Page, str | None]:
+    """The page of the dataset version at ``url`` and the run dir it was made in (None: not found)."""
+    published = load_manifest(url)
+    run_dir = find_run_dir(work_dir, published.manifest.sha256) if work_dir else None
+    return dataset_page(published, run_dir), run_dir
+
+
+def funnel(page: Page, stats: dict, work: WorkFiles | None) -> None:
+    stages = stats.get("stages", {})
+    sec = page.section("funnel", "Stage funnel")
+    if not stages:
+        sec.add(Note("This manifest has no per-stage statistics (not made by gristmill prepare).", missing=True))
+        return
+    seconds = {r["stage"]: r.get("wall_seconds") for r in (work.report["stages"] if work else [])}
+    names = stage_order(stages, work)
+    rows = []
+    for n in names:
+        s = stages[n]
+        removed = s.get("removed", {})
+        quarantined = s.get("quarantined", {})
+        rows.append([n, s.get("documents_in"), s.get("documents_out"), sum(removed.values()), sum(quarantined.values()),
+                     s.get("bytes_in"), s.get("bytes_out"), s.get("tokens_out"),
+                     ", ".join(f"{k} {v:,}" for k, v in {**removed, **quarantined}.items()), seconds.get(n)])
+    table = Table(["stage", "docs in", "docs out", "removed", "quarantined", "bytes in", "bytes out", "tokens out",
+                   "by reason", "wall s"], rows)
+    sec.add(Figure("funnel_documents", "Documents into and out of every stage",
+                   lambda: _fig().bars(names, {"in": [stages[n]["documents_in"] for n in names],
+                                               "out": [stages[n].get("documents_out") or 0 for n in names]},
+                                       xlabel="documents"), table),
+            Figure("funnel_bytes", "Bytes into and out of every stage",
+                   lambda: _fig().bars([n for n in names if stages[n].get("bytes_in") is not None],
+                                       {"in": [stages[n]["bytes_in"] for n in names if stages[n].get("bytes_in") is not None],
+                                        "out": [stages[n].get("bytes_out") or 0 for n in names
+                                                if stages[n].get("bytes_in") is not None]}, xlabel="bytes"),
+                   Table(["stage", "bytes in", "bytes out"], [[n, stages[n].get("bytes_in"), stages[n].get("bytes_out")]
+                                                              for n in names if stages[n].get("bytes_in") is not None])))
+    if work is None:
+        sec.add(Note("Stage times are in the run's report.json (work dir not found).", missing=True))
+    # Removal reasons of every stage, drawn generically: a new stage's rules (e.g. quality
+    # filters) show up here with no change to the report.
+    reasons = [(n, r, v) for n in names for r, v in stages[n].get("removed", {}).items()]
+    sec2 = page.section("reasons", "Removed and quarantined, by reason")
+    if reasons:
+        labels = [f"{n}: {r}" for n, r, _ in reasons]
+        sec2.add(Figure("removed_by_reason", "Documents removed, by stage and reason",
+                        lambda: _fig().bars(labels, {"documents": [v for *_, v in reasons]}, xlabel="documents"),
+                        Table(["stage", "reason", "documents"], [list(x) for x in reasons])))
+    else:
+        sec2.add(Note("No stage removed any document."))
+    quarantined = [(n, r, v) for n in names for r, v in stages[n].get("quarantined", {}).items()]
+    if quarantined:
+        sec2.add(Figure("quarantined_by_reason", "Input records quarantined, by reason",
+                        lambda: _fig().bars([f"{n}: {r}" for n, r, _ in quarantined],
+                                            {"records": [v for *_, v in quarantined]}, xlabel="records"),
+                        Table(["stage", "reason", "records"], [list(x) for x in quarantined]),
+                        caption="the bad records are in the run's quarantine.jsonl, with byte ranges"))
+    else:
+        sec2.add(Note("No input record was quarantined."))
+
+
+PIPELINE_ORDER = ("extract", "language", "exact_dedup", "fuzzy_dedup", "decontaminate", "tokenize")
+
+
+def stage_order(stages: dict, work: WorkFiles | None) -> list[str]:
+    """The stages in the order they ran: report.json's rows when the run dir is known (the
+    manifest's JSON is key-sorted); else the executor's fixed order, any other stage that
+    removes documents before tokenize."""
+    have = [n for n, s in stages.items() if "documents_in" in s]
+    if work is not None:
+        ran = [r["stage"] for r in work.report.get("stages", []) if r["stage"] in have]
+        return ran + [n for n in have if n not in ran]
+    known = [n for n in PIPELINE_ORDER if n in have]
+    others = [n for n in have if n not in PIPELINE_ORDER]
+    return known[:-1] + others + known[-1:] if "tokenize" in known else known + others
+
+
+def language(page: Page, stats: dict, config: dict, work: WorkFiles | None) -> None:
+    lg = stats.get("stages", {}).get("language")
+    if not lg:
+        return
+    sec = page.section("language", "Language")
+    langs = sorted(lg.get("languages", {}).items(), key=lambda kv: (-kv[1], kv[0]))
+    if langs:
+        shown = langs[:TOP]
+        sec.add(Figure("languages", "Language mix of the extracted documents (before the filter)",
+                       lambda: _fig().bars([k for k, _ in shown], {"documents": [v for _, v in shown]}, xlabel="documents (log scale)",
+                                           log=True),
+                       Table(["language", "documents"], [list(kv) for kv in langs]),
+                       caption=f"allowed: {', '.join(config.get('language', {}).get('allowed') or []) or 'any'}"))
+    else:
+        sec.add(Note("Language identification was off for this dataset."))
+    scores = work.language_scores() if work else None
+    threshold = config.get("language", {}).get("threshold")
+    if scores is not None and (len(scores[0]) or len(scores[1])):
+        kept, removed = scores
+        edges = np.linspace(0, 1, 41)
+        counts = [np.histogram(kept, edges)[0], np.histogram(removed, edges)[0]]
+        sec.add(Figure("language_scores", "Language-ID score of each document",
+                       lambda: _fig().histogram({"kept": kept, "removed by the language stage": removed}, bins=edges,
+                                                xlabel="language-ID confidence", vline=threshold,
+                                                vlabel=f"threshold {threshold}"),
+                       Table(["score from", "kept", "removed"], [[round(float(edges[i]), 3), int(counts[0][i]), int(counts[1][i])]
+                                                                 for i in range(len(edges) - 1)])))
+    elif langs:
+        sec.add(Note("The score distribution needs the run's work dir (docs/ and removed/language/).", missing=True))
+
+
+def lengths(page: Page, work: WorkFiles | None) -> None:
+    sec = page.section("lengths", "Document lengths")
+    got = work.lengths() if work else None
+    if got is None:
+        sec.add(Note("The length histograms need the run's work dir (docs/, removed/).", missing=True))
+        return
+    before, after = got
+    top = max(int(before.max()) if len(before) else 1, 2)
+    edges = np.unique(np.geomspace(1, top * 1.01, 41).round())
+    cb, ca = np.histogram(before, edges)[0], np.histogram(after, edges)[0]
+    sec.add(Figure("length_histogram", "Document length in UTF-8 bytes, before and after filtering",
+                   lambda: _fig().histogram({"extracted": before, "kept (reached the tokenizer)": after}, bins=edges,
+                                            xlabel="bytes (log scale)", log_x=True),
+                   Table(["bytes from", "extracted", "kept"], [[int(edges[i]), int(cb[i]), int(ca[i])]
+                                                               for i in range(len(edges) - 1) if cb[i] or ca[i]]),
+                   caption=f"median {int(np.median(before)) if len(before) else 0:,} B extracted, "
+                           f"{int(np.median(after)) if len(after) else 0:,} B kept"))
+
+
+def _fig():
+    from . import figures  # matplotlib, only when a page is drawn
+
+    return figures
+
+
+def verify_command(published: Published) -> str:
+    return f"gristmill manifest verify {shlex.quote(published.url)} --sha256 {published.manifest.sha256}"
+
+
+__all__ = ["build", "dataset_page", "verify_command"]
