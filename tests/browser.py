@@ -63,8 +63,9 @@ def screenshot(driver, path: str, out: str, max_bytes: int = 400_000) -> int:
     """A full-page PNG of ``path``, palette-quantised (Pillow) to stay under ``max_bytes``."""
     from PIL import Image
 
+    driver.set_window_size(WIDTH, 900)  # scrollHeight is at least the window's: measure from a small one
     driver.get("file://" + os.path.abspath(path))
-    height = driver.execute_script("return document.documentElement.scrollHeight")
+    height = driver.execute_script("return document.body.scrollHeight")
     driver.set_window_size(WIDTH, height + 20)
     driver.save_screenshot(out)
     img = Image.open(out).convert("RGB")

@@ -22,13 +22,15 @@ STYLE = {"svg.fonttype": "none", "svg.hashsalt": "gristmill", "font.size": 9, "a
          "axes.spines.right": False, "axes.grid": True, "grid.alpha": 0.3, "figure.dpi": 100}
 COLORS = ["#3b6ea8", "#e0823d", "#4c9a5b", "#c44e52", "#8172b2", "#937860", "#da8bc3", "#8c8c8c"]
 _HEADER = re.compile(r"^.*?(?=<svg)", re.S)
+_METADATA = re.compile(r"<metadata>.*?</metadata>\s*", re.S)
 
 
 def _svg(fig) -> str:
     buf = io.StringIO()
     fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None, "Creator": None})
     plt.close(fig)
-    return _HEADER.sub("", buf.getvalue(), count=1)  # drop the XML prolog and doctype: inline in HTML
+    # Inline in HTML: no XML prolog or doctype; no RDF metadata block (it names outside URIs).
+    return _METADATA.sub("", _HEADER.sub("", buf.getvalue(), count=1), count=1)
 
 
 def _fig(width: float = 7.0, height: float = 3.0):
