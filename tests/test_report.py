@@ -52,6 +52,31 @@ def test_without_the_report_extra_the_page_is_plain_text_tables(toy_dataset, tmp
     assert f"manifest sha256: {toy_dataset.manifest.sha256}" in capsys.readouterr().out
 
 
+def test_a_new_stages_reasons_and_counted_detail_are_drawn_with_no_code_for_it(toy_dataset, tmp_path):
+    """What a quality stage would put in the manifest: its rules as removal reasons, and a
+    detail that counts hits by rule."""
+    from dataclasses import replace
+
+    from gristmill.manifests import Published
+    from gristmill.report.dataset import dataset_page
+
+    stages = {"extract": {"documents_in": 10, "documents_out": 10, "bytes_in": 900, "bytes_out": 1000, "quarantined": {}},
+              "quality": {"documents_in": 10, "documents_out": 7, "bytes_in": 1000, "bytes_out": 600,
+                          "removed": {"gopher_repetition": 2, "short_lines": 1},
+                          "detail": {"rule_hits": {"gopher_repetition": 3, "short_lines": 1}, "threshold": 0.5}},
+              "tokenize": {"documents_in": 7, "documents_out": 7, "tokens_out": 70}}
+    m = replace(toy_dataset.manifest, stats={"stages": stages, "accounting": {"input": 10, "kept": 7, "removed": {
+        "gopher_repetition": 2, "short_lines": 1}, "quarantined": {}, "balanced": True}})
+    path = tmp_path / "card.html"
+    write_page(dataset_page(Published(m, toy_dataset.url)), str(path))
+    figs = figures_in(path.read_text())
+    assert "quality: gopher_repetition" in figs["removed_by_reason"] and "short_lines" in figs["removed_by_reason"]
+    assert "gopher_repetition" in figs["quality_rule_hits"] and "<path" in figs["quality_rule_hits"]
+    assert [n for n in figs if n.startswith("funnel")] == ["funnel_documents", "funnel_bytes"]
+    assert figs["funnel_documents"].index("extract") < figs["funnel_documents"].index("quality") \
+        < figs["funnel_documents"].index("tokenize")  # the executor's order, the new stage before tokenize
+
+
 def test_side_by_side_marks_the_words_only_one_document_has():
     left, right = side_by_side("the quick brown fox <b> jumps", "the quick red fox <b> jumps high")
     assert left == "the quick <del>brown</del> fox &lt;b&gt; jumps"

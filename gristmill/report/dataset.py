@@ -8,14 +8,12 @@ says so.
 """
 from __future__ import annotations
 
-import shlex
-
 import numpy as np
 
 from gristmill.manifests import Published, load_manifest
 
 from . import dedup, tokens
-from .page import Figure, Note, Page, Table
+from .page import Figure, Note, Page, Table, plot
 from .workfiles import WorkFiles, find_run_dir
 
 TOP = 30  # rows of a long breakdown drawn; the table under the figure lists all of them
@@ -78,11 +76,11 @@ def funnel(page: Page, stats: dict, work: WorkFiles | None) -> None:
     table = Table(["stage", "docs in", "docs out", "removed", "quarantined", "bytes in", "bytes out", "tokens out",
                    "by reason", "wall s"], rows)
     sec.add(Figure("funnel_documents", "Documents into and out of every stage",
-                   lambda: _fig().bars(names, {"in": [stages[n]["documents_in"] for n in names],
+                   lambda: plot().bars(names, {"in": [stages[n]["documents_in"] for n in names],
                                                "out": [stages[n].get("documents_out") or 0 for n in names]},
                                        xlabel="documents"), table),
             Figure("funnel_bytes", "Bytes into and out of every stage",
-                   lambda: _fig().bars([n for n in names if stages[n].get("bytes_in") is not None],
+                   lambda: plot().bars([n for n in names if stages[n].get("bytes_in") is not None],
                                        {"in": [stages[n]["bytes_in"] for n in names if stages[n].get("bytes_in") is not None],
                                         "out": [stages[n].get("bytes_out") or 0 for n in names
                                                 if stages[n].get("bytes_in") is not None]}, xlabel="bytes"),
@@ -97,21 +95,34 @@ def funnel(page: Page, stats: dict, work: WorkFiles | None) -> None:
     if reasons:
         labels = [f"{n}: {r}" for n, r, _ in reasons]
         sec2.add(Figure("removed_by_reason", "Documents removed, by stage and reason",
-                        lambda: _fig().bars(labels, {"documents": [v for *_, v in reasons]}, xlabel="documents"),
+                        lambda: plot().bars(labels, {"documents": [v for *_, v in reasons]}, xlabel="documents"),
                         Table(["stage", "reason", "documents"], [list(x) for x in reasons])))
     else:
         sec2.add(Note("No stage removed any document."))
     quarantined = [(n, r, v) for n in names for r, v in stages[n].get("quarantined", {}).items()]
     if quarantined:
         sec2.add(Figure("quarantined_by_reason", "Input records quarantined, by reason",
-                        lambda: _fig().bars([f"{n}: {r}" for n, r, _ in quarantined],
+                        lambda: plot().bars([f"{n}: {r}" for n, r, _ in quarantined],
                                             {"records": [v for *_, v in quarantined]}, xlabel="records"),
                         Table(["stage", "reason", "records"], [list(x) for x in quarantined]),
                         caption="the bad records are in the run's quarantine.jsonl, with byte ranges"))
     else:
         sec2.add(Note("No input record was quarantined."))
+    for n in names:
+        if n in OWN_SECTIONS:
+            continue
+        for key, counts in sorted(stages[n].get("detail", {}).items()):
+            # any stage's detail that counts things by name (e.g. a quality stage's rule hits)
+            if isinstance(counts, dict) and counts and all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                                           for v in counts.values()):
+                items = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+                sec2.add(Figure(f"{n}_{key}", f"{n}: {key.replace('_', ' ')}",
+                                lambda items=items: plot().bars([str(k) for k, _ in items[:TOP]],
+                                                                {key: [v for _, v in items[:TOP]]}, xlabel="count"),
+                                Table([key, "count"], [list(kv) for kv in items])))
 
 
+OWN_SECTIONS = ("fuzzy_dedup", "decontaminate")  # their detail has sections of its own below
 PIPELINE_ORDER = ("extract", "language", "exact_dedup", "fuzzy_dedup", "decontaminate", "tokenize")
 
 
@@ -137,7 +148,7 @@ def language(page: Page, stats: dict, config: dict, work: WorkFiles | None) -> N
     if langs:
         shown = langs[:TOP]
         sec.add(Figure("languages", "Language mix of the extracted documents (before the filter)",
-                       lambda: _fig().bars([k for k, _ in shown], {"documents": [v for _, v in shown]}, xlabel="documents (log scale)",
+                       lambda: plot().bars([k for k, _ in shown], {"documents": [v for _, v in shown]}, xlabel="documents (log scale)",
                                            log=True),
                        Table(["language", "documents"], [list(kv) for kv in langs]),
                        caption=f"allowed: {', '.join(config.get('language', {}).get('allowed') or []) or 'any'}"))
@@ -150,7 +161,7 @@ def language(page: Page, stats: dict, config: dict, work: WorkFiles | None) -> N
         edges = np.linspace(0, 1, 41)
         counts = [np.histogram(kept, edges)[0], np.histogram(removed, edges)[0]]
         sec.add(Figure("language_scores", "Language-ID score of each document",
-                       lambda: _fig().histogram({"kept": kept, "removed by the language stage": removed}, bins=edges,
+                       lambda: plot().histogram({"kept": kept, "removed by the language stage": removed}, bins=edges,
                                                 xlabel="language-ID confidence", vline=threshold,
                                                 vlabel=f"threshold {threshold}"),
                        Table(["score from", "kept", "removed"], [[round(float(edges[i]), 3), int(counts[0][i]), int(counts[1][i])]
@@ -170,7 +181,7 @@ def lengths(page: Page, work: WorkFiles | None) -> None:
     edges = np.unique(np.geomspace(1, top * 1.01, 41).round())
     cb, ca = np.histogram(before, edges)[0], np.histogram(after, edges)[0]
     sec.add(Figure("length_histogram", "Document length in UTF-8 bytes, before and after filtering",
-                   lambda: _fig().histogram({"extracted": before, "kept (reached the tokenizer)": after}, bins=edges,
+                   lambda: plot().histogram({"extracted": before, "kept (reached the tokenizer)": after}, bins=edges,
                                             xlabel="bytes (log scale)", log_x=True),
                    Table(["bytes from", "extracted", "kept"], [[int(edges[i]), int(cb[i]), int(ca[i])]
                                                                for i in range(len(edges) - 1) if cb[i] or ca[i]]),
@@ -178,14 +189,4 @@ def lengths(page: Page, work: WorkFiles | None) -> None:
                            f"{int(np.median(after)) if len(after) else 0:,} B kept"))
 
 
-def _fig():
-    from . import figures  # matplotlib, only when a page is drawn
-
-    return figures
-
-
-def verify_command(published: Published) -> str:
-    return f"gristmill manifest verify {shlex.quote(published.url)} --sha256 {published.manifest.sha256}"
-
-
-__all__ = ["build", "dataset_page", "verify_command"]
+__all__ = ["build", "dataset_page"]

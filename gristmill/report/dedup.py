@@ -7,16 +7,11 @@ import html
 
 from gristmill.pipeline.lsh import false_negative_area, false_positive_area
 
-from .page import Figure, Html, Note, Page, Table
+from .page import Figure, Html, Note, Page, Table, plot
 
 QUOTE_CHARS = 1500  # of each quoted document
 PAIRS_SHOWN = 4
 
-
-def _fig():
-    from . import figures
-
-    return figures
 
 
 def _words(text: str) -> list[str]:
@@ -52,7 +47,7 @@ def fuzzy_section(page: Page, stage: dict | None, work) -> None:
                     d.get("documents_removed")]]))
     if sizes:
         sec.add(Figure("cluster_sizes", "Clusters by size (the survivor included)",
-                       lambda: _fig().bars([str(k) for k, _ in sizes], {"clusters": [v for _, v in sizes]},
+                       lambda: plot().bars([str(k) for k, _ in sizes], {"clusters": [v for _, v in sizes]},
                                            xlabel="clusters", horizontal=False),
                        Table(["cluster size", "clusters"], [list(x) for x in sizes])))
     else:
@@ -62,7 +57,7 @@ def fuzzy_section(page: Page, stage: dict | None, work) -> None:
         fp, fn = false_positive_area(t, b, r), false_negative_area(t, b, r)
         p = 1 - (1 - t ** r) ** b
         sec.add(Figure("lsh_curve", "LSH S-curve at these parameters",
-                       lambda: _fig().lsh_curve(b, r, t),
+                       lambda: plot().lsh_curve(b, r, t),
                        Table(["bands", "rows", "num_perm", "threshold", "P(candidate) at threshold",
                               "false-positive area", "false-negative area"],
                              [[b, r, lsh.get("num_perm"), t, round(p, 4), round(fp, 5), round(fn, 5)]]),
@@ -126,7 +121,7 @@ def decontam_section(page: Page, stage: dict | None, config: dict, work) -> None
     table = Table(["eval set", "items", "items indexed", "items found", "documents removed", "documents cut"], set_rows,
                   caption=f"{d.get('n')}-grams, policy {d.get('policy')}, min_matches {d.get('min_matches')}")
     sec.add(Figure("decontam_hits", "Eval-set items found in the training text, and documents removed or cut",
-                   lambda: _fig().bars([r[0] for r in set_rows], {"items found": [r[3] for r in set_rows],
+                   lambda: plot().bars([r[0] for r in set_rows], {"items found": [r[3] for r in set_rows],
                                                                   "documents removed": [r[4] for r in set_rows],
                                                                   "documents cut": [r[5] for r in set_rows]},
                                        xlabel="count"),

@@ -81,6 +81,13 @@ class Page:
         return [i for s in self.sections for i in s.items if isinstance(i, Figure)]
 
 
+def plot():
+    """``gristmill.report.figures`` (matplotlib), imported when a figure is drawn, never before."""
+    from . import figures
+
+    return figures
+
+
 def fmt(v) -> str:
     if isinstance(v, bool) or v is None:
         return "" if v is None else str(v)

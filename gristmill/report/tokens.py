@@ -10,15 +10,10 @@ import pyarrow.compute as pc
 
 from gristmill.manifests import Published
 
-from .page import Figure, Html, Note, Page, Table
+from .page import Figure, Html, Note, Page, Table, plot
 
 TOP = 30
 
-
-def _fig():
-    from . import figures
-
-    return figures
 
 
 def _grouped(table, key: str) -> list[tuple[str, int, int]]:
@@ -48,29 +43,29 @@ def tokens_section(page: Page, published: Published) -> None:
         e[1] += n
     sources = sorted(per_source.items(), key=lambda kv: (-kv[1][1], kv[0]))
     sec.add(Figure("tokens_per_source", "Tokens per source (the job's inputs[].path)",
-                   lambda: _fig().bars([k for k, _ in sources[:TOP]], {"tokens": [v[1] for _, v in sources[:TOP]]},
+                   lambda: plot().bars([k for k, _ in sources[:TOP]], {"tokens": [v[1] for _, v in sources[:TOP]]},
                                        xlabel="tokens"),
                    Table(["source", "documents", "tokens"], [[k, v[0], v[1]] for k, v in sources])),
             Figure("tokens_per_file", f"Tokens per input file{f' (the {TOP} largest)' if len(files) > TOP else ''}",
-                   lambda: _fig().bars([f[0].rsplit("/", 1)[-1] for f in files[:TOP]], {"tokens": [f[2] for f in files[:TOP]]},
+                   lambda: plot().bars([f[0].rsplit("/", 1)[-1] for f in files[:TOP]], {"tokens": [f[2] for f in files[:TOP]]},
                                        xlabel="tokens"),
                    Table(["input file", "documents", "tokens"], [list(f) for f in files])))
     langs = _grouped(spans, "lang")
     sec.add(Figure("tokens_per_language", "Tokens per language",
-                   lambda: _fig().bars([k for k, *_ in langs[:TOP]], {"tokens": [n for *_, n in langs[:TOP]]}, xlabel="tokens"),
+                   lambda: plot().bars([k for k, *_ in langs[:TOP]], {"tokens": [n for *_, n in langs[:TOP]]}, xlabel="tokens"),
                    Table(["language", "documents", "tokens"], [list(x) for x in langs])))
     per_doc = spans.group_by("doc_id", use_threads=False).aggregate([("length", "sum")]).column("length_sum").to_numpy()
     top = max(int(per_doc.max()), 2)
     edges = np.unique(np.geomspace(1, top * 1.01, 41).round())
     counts = np.histogram(per_doc, edges)[0]
     sec.add(Figure("tokens_per_document", "Tokens per document (EOS included)",
-                   lambda: _fig().histogram({"documents": per_doc}, bins=edges, xlabel="tokens (log scale)", log_x=True),
+                   lambda: plot().histogram({"documents": per_doc}, bins=edges, xlabel="tokens (log scale)", log_x=True),
                    Table(["tokens from", "documents"], [[int(edges[i]), int(c)] for i, c in enumerate(counts) if c]),
                    caption=f"{len(per_doc):,} documents, median {int(np.median(per_doc)):,} tokens; "
                            f"{train.num_rows:,} of {spans.num_rows:,} spans in train shards"))
     shards = list(m.shards)
     sec.add(Figure("shard_sizes", "Shard sizes (compressed bytes as published)",
-                   lambda: _fig().bars([s.path.rsplit("/", 1)[-1] for s in shards],
+                   lambda: plot().bars([s.path.rsplit("/", 1)[-1] for s in shards],
                                        {split: [s.bytes if s.split == split else 0 for s in shards]
                                         for split in ("train", "validation") if any(x.split == split for x in shards)},
                                        xlabel="bytes"),

@@ -15,7 +15,7 @@ import numpy as np
 
 from gristmill.errors import UsageError
 
-from .page import Figure, Note, Page, Table
+from .page import Figure, Note, Page, Table, plot
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -24,11 +24,6 @@ def is_run_dir(path: str) -> bool:
     return os.path.isdir(path) and (os.path.exists(os.path.join(path, METRICS_FILE))
                                     or os.path.isdir(os.path.join(path, "checkpoints")))
 
-
-def _fig():
-    from . import figures
-
-    return figures
 
 
 def read_metrics(run_dir: str) -> dict[str, list[dict]]:
@@ -112,7 +107,7 @@ def loss_section(page: Page, train: list[dict], evals: list[dict]) -> None:
     rows = {r["step"]: [r["step"], r["loss"], None, r.get("grad_norm"), r.get("lr")] for r in train}
     for r in evals:
         rows.setdefault(r["step"], [r["step"], None, None, None, None])[2] = r["val_loss"]
-    sec.add(Figure("loss", "Training and validation loss", lambda: _fig().lines(series, xlabel="step", ylabel="loss",
+    sec.add(Figure("loss", "Training and validation loss", lambda: plot().lines(series, xlabel="step", ylabel="loss",
                                                                                markers=len(train) < 60),
                    Table(["step", "loss", "validation loss", "grad norm", "lr"], [rows[k] for k in sorted(rows)])))
     if not evals:
@@ -127,18 +122,18 @@ def speed_section(page: Page, train: list[dict]) -> None:
     tps = [r["tokens_per_s"] for r in train]
     wait = [r["input_wait_pct"] for r in train]
     sec.add(Figure("tokens_per_s", "Tokens per second (all ranks)",
-                   lambda: _fig().lines({"tokens/s": (steps, tps)}, xlabel="step", ylabel="tokens/s"),
+                   lambda: plot().lines({"tokens/s": (steps, tps)}, xlabel="step", ylabel="tokens/s"),
                    Table(["step", "tokens/s", "tokens/s per device", "step s"],
                          [[r["step"], r["tokens_per_s"], r.get("tokens_per_s_per_device"), r.get("step_s")] for r in train])),
             Figure("input_wait", "Input wait: share of each step spent waiting for the loader",
-                   lambda: _fig().lines({"input wait %": (steps, wait)}, xlabel="step", ylabel="% of step"),
+                   lambda: plot().lines({"input wait %": (steps, wait)}, xlabel="step", ylabel="% of step"),
                    Table(["step", "input wait %", "input wait s"], [[r["step"], r["input_wait_pct"], r.get("input_wait_s")]
                                                                     for r in train]),
                    caption=f"median {np.median(wait):.1f}% (the first step also waits for the first batch)"))
     mfu = [(r["step"], r["mfu"]) for r in train if r.get("mfu") is not None]
     if mfu:
         sec.add(Figure("mfu", "Model FLOPs utilisation (dense bf16 peak of the device)",
-                       lambda: _fig().lines({"MFU %": ([s for s, _ in mfu], [100 * v for _, v in mfu])}, xlabel="step",
+                       lambda: plot().lines({"MFU %": ([s for s, _ in mfu], [100 * v for _, v in mfu])}, xlabel="step",
                                             ylabel="% of peak"),
                        Table(["step", "MFU"], [list(x) for x in mfu])))
     else:
@@ -161,7 +156,7 @@ def ranks_section(page: Page, train: list[dict]) -> None:
         slower = np.array([r["rank_step_s"][k] / min(r["rank_step_s"]) for r in per if len(r["rank_step_s"]) > k])
         rows.append([k, float(np.median(own)), float(own.max()), round(float(np.median(slower)), 3)])
     sec.add(Figure("rank_step_s", "Each rank's step time (a straggler is the line above the others)",
-                   lambda: _fig().lines(series, xlabel="step", ylabel="seconds"),
+                   lambda: plot().lines(series, xlabel="step", ylabel="seconds"),
                    Table(["rank", "median step s", "max step s", "median x fastest rank"], rows),
                    caption=f"{world} rank(s)"))
 
@@ -173,7 +168,7 @@ def checkpoint_section(page: Page, saves: list[dict], metas: list[dict], train: 
         return
     if saves:
         sec.add(Figure("checkpoint_save_s", "Time training was blocked by each save",
-                       lambda: _fig().bars([str(r["step"]) for r in saves], {"blocked s": [r["blocked_s"] for r in saves]},
+                       lambda: plot().bars([str(r["step"]) for r in saves], {"blocked s": [r["blocked_s"] for r in saves]},
                                            xlabel="seconds", horizontal=False),
                        Table(["step", "blocked s", "Young/Daly interval s"],
                              [[r["step"], r["blocked_s"], r.get("young_daly_interval_s")] for r in saves])))
@@ -206,7 +201,7 @@ def seen_section(page: Page, summary: dict | None, why: str | None) -> None:
         entries = sorted(summary[key].items(), key=lambda kv: (-kv[1]["tokens_seen"], kv[0]))
         shown = entries[:30]
         sec.add(Figure(name, f"Tokens seen per {title}",
-                       lambda shown=shown: _fig().bars([k.rsplit("/", 1)[-1] for k, _ in shown],
+                       lambda shown=shown: plot().bars([k.rsplit("/", 1)[-1] for k, _ in shown],
                                                        {"tokens seen": [v["tokens_seen"] for _, v in shown]},
                                                        xlabel="tokens"),
                        Table([title.split(" (")[0], "documents", "fully seen", "tokens seen", "token exposures"],
