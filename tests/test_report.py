@@ -31,6 +31,7 @@ def test_dataset_page_without_its_work_dir_draws_what_the_manifest_has_and_says_
     assert {"tokens_per_source", "tokens_per_file", "tokens_per_document", "shard_sizes"} <= set(figs)
     assert all("<svg" in f and "<path" in f for f in figs.values())
     assert "--work-dir" in html and 'class="missing"' in html  # the figures it cannot draw are named
+    assert 'data-total="input"' not in html  # a synthetic manifest has no accounting: no empty total
     assert f'data-total="manifest_sha256" data-value="{toy_dataset.manifest.sha256}"' in html
     assert f"gristmill manifest verify {toy_dataset.url} --sha256 {toy_dataset.manifest.sha256}" in html
     # self-contained: no script, no stylesheet link, every href or src a fragment of the page itself
@@ -141,3 +142,17 @@ def test_report_errors_are_one_line(target, says, tmp_path, capsys):
     assert cli.main(["report", target]) == 2
     err = capsys.readouterr().err
     assert err.startswith("gristmill report: error: ") and says in err and err.count("\n") == 1
+
+
+def test_histograms_add_up_file_by_file():
+    import numpy as np
+
+    from gristmill.report.hist import LOG_EDGES, UNIT_EDGES, Histogram, shown
+
+    sizes = np.array([1, 3, 900, 1024, 70_000, 5])
+    h = Histogram(LOG_EDGES).add(sizes[:2]).add(sizes[2:])
+    assert (h.counts == np.histogram(sizes, LOG_EDGES)[0]).all() and h.n == 6 and h.mean == sizes.mean()
+    edges, (counts,) = shown(h)
+    assert edges[0] <= 1 < edges[1] and edges[-2] <= 70_000 < edges[-1] and counts.sum() == 6
+    scores = Histogram(UNIT_EDGES).add([0.0, 0.5, 1.0, float("nan")])
+    assert scores.n == 3 and scores.counts[0] == 1 and scores.counts[-1] == 1  # 1.0 is in the last bin; NaN in none

@@ -13,6 +13,7 @@ import numpy as np
 from gristmill.manifests import Published, load_manifest
 
 from . import dedup, tokens
+from .hist import UNIT_EDGES, shown
 from .page import Figure, Note, Page, Table, plot
 from .workfiles import WorkFiles, find_run_dir
 
@@ -156,16 +157,14 @@ def language(page: Page, stats: dict, config: dict, work: WorkFiles | None) -> N
         sec.add(Note("Language identification was off for this dataset."))
     scores = work.language_scores() if work else None
     threshold = config.get("language", {}).get("threshold")
-    if scores is not None and (len(scores[0]) or len(scores[1])):
-        kept, removed = scores
-        edges = np.linspace(0, 1, 41)
-        counts = [np.histogram(kept, edges)[0], np.histogram(removed, edges)[0]]
+    if scores is not None and (scores[0].n or scores[1].n):
+        edges, kept, removed = UNIT_EDGES, scores[0].counts, scores[1].counts  # the whole [0, 1] range, always
         sec.add(Figure("language_scores", "Language-ID score of each document",
-                       lambda: plot().histogram({"kept": kept, "removed by the language stage": removed}, bins=edges,
+                       lambda: plot().histogram({"kept": kept, "removed by the language stage": removed}, edges=edges,
                                                 xlabel="language-ID confidence", vline=threshold,
                                                 vlabel=f"threshold {threshold}"),
-                       Table(["score from", "kept", "removed"], [[round(float(edges[i]), 3), int(counts[0][i]), int(counts[1][i])]
-                                                                 for i in range(len(edges) - 1)])))
+                       Table(["score from", "kept", "removed"], [[round(float(edges[i]), 3), int(kept[i]), int(removed[i])]
+                                                                 for i in range(len(kept)) if kept[i] or removed[i]])))
     elif langs:
         sec.add(Note("The score distribution needs the run's work dir (docs/ and removed/language/).", missing=True))
 
@@ -176,17 +175,13 @@ def lengths(page: Page, work: WorkFiles | None) -> None:
     if got is None:
         sec.add(Note("The length histograms need the run's work dir (docs/, removed/).", missing=True))
         return
-    before, after = got
-    top = max(int(before.max()) if len(before) else 1, 2)
-    edges = np.unique(np.geomspace(1, top * 1.01, 41).round())
-    cb, ca = np.histogram(before, edges)[0], np.histogram(after, edges)[0]
+    edges, (before, after) = shown(*got)
     sec.add(Figure("length_histogram", "Document length in UTF-8 bytes, before and after filtering",
-                   lambda: plot().histogram({"extracted": before, "kept (reached the tokenizer)": after}, bins=edges,
+                   lambda: plot().histogram({"extracted": before, "kept (reached the tokenizer)": after}, edges=edges,
                                             xlabel="bytes (log scale)", log_x=True),
-                   Table(["bytes from", "extracted", "kept"], [[int(edges[i]), int(cb[i]), int(ca[i])]
-                                                               for i in range(len(edges) - 1) if cb[i] or ca[i]]),
-                   caption=f"median {int(np.median(before)) if len(before) else 0:,} B extracted, "
-                           f"{int(np.median(after)) if len(after) else 0:,} B kept"))
+                   Table(["bytes from", "extracted", "kept"], [[int(edges[i]), int(before[i]), int(after[i])]
+                                                               for i in range(len(before)) if before[i] or after[i]]),
+                   caption=f"mean {got[0].mean:,.0f} B extracted, {got[1].mean:,.0f} B kept"))
 
 
 __all__ = ["build", "dataset_page"]

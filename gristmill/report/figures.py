@@ -70,14 +70,14 @@ def bars(labels: list[str], series: dict[str, list[float]], *, xlabel: str = "",
         return _svg(fig)
 
 
-def histogram(series: dict[str, np.ndarray], *, bins, xlabel: str, log_x: bool = False, vline: float | None = None,
-              vlabel: str = "") -> str:
-    """Overlaid step histograms of each series on shared ``bins``."""
+def histogram(series: dict[str, np.ndarray], *, edges: np.ndarray, xlabel: str, log_x: bool = False,
+              vline: float | None = None, vlabel: str = "") -> str:
+    """Overlaid filled step histograms of counts already binned on ``edges`` (gristmill.report.hist)."""
     fig, ax = _fig()
     with plt.rc_context(STYLE):
-        for i, (name, values) in enumerate(series.items()):
-            ax.hist(values, bins=bins, histtype="stepfilled", alpha=0.45, label=f"{name} ({len(values):,})",
-                    color=COLORS[i % len(COLORS)], edgecolor=COLORS[i % len(COLORS)])
+        for i, (name, counts) in enumerate(series.items()):
+            ax.stairs(counts, edges, fill=True, alpha=0.45, label=f"{name} ({int(np.sum(counts)):,})",
+                      color=COLORS[i % len(COLORS)])
         if log_x:
             ax.set_xscale("log")
         if vline is not None:

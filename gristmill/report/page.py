@@ -69,7 +69,7 @@ class Section:
 class Page:
     title: str
     subtitle: str
-    totals: list[tuple[str, str, object]]  # (key, label, value): shown first, each with data-total=key
+    totals: list[tuple[str, str, object]]  # (key, label, value): shown first, each with data-total=key; None: not shown
     sections: list[Section] = field(default_factory=list)
 
     def section(self, id: str, title: str) -> Section:
@@ -109,7 +109,7 @@ def text_table(t: Table) -> str:
 
 def render_text(page: Page) -> str:
     out = [page.title, page.subtitle, ""]
-    out += [f"{label}: {fmt(value)}" for _, label, value in page.totals]
+    out += [f"{label}: {fmt(value)}" for _, label, value in page.totals if value is not None]
     for s in page.sections:
         out += ["", f"== {s.title}"]
         for it in s.items:
@@ -153,7 +153,7 @@ TEMPLATE = """<!DOCTYPE html>
 <meta name="viewport" content="width=device-width, initial-scale=1"><style>{{ css }}</style></head>
 <body><header><h1>{{ page.title }}</h1><p>{{ page.subtitle }}</p></header>
 <nav>{% for s in page.sections %}<a href="#{{ s.id }}">{{ s.title }}</a>{% endfor %}</nav>
-<main><div class="totals">{% for key, label, value in page.totals %}
+<main><div class="totals">{% for key, label, value in page.totals if value is not none %}
 <div class="total"><b data-total="{{ key }}" data-value="{{ value }}">{{ fmt(value) }}</b><span>{{ label }}</span></div>{% endfor %}</div>
 {% for s in page.sections %}<section id="{{ s.id }}"><h2>{{ s.title }}</h2>
 {% for it in s.items %}{% if it.kind == "figure" %}<figure data-figure="{{ it.obj.name }}">{{ it.svg }}

@@ -10,6 +10,7 @@ import pyarrow.compute as pc
 
 from gristmill.manifests import Published
 
+from .hist import LOG_EDGES, Histogram, shown
 from .page import Figure, Html, Note, Page, Table, plot
 
 TOP = 30
@@ -54,14 +55,13 @@ def tokens_section(page: Page, published: Published) -> None:
     sec.add(Figure("tokens_per_language", "Tokens per language",
                    lambda: plot().bars([k for k, *_ in langs[:TOP]], {"tokens": [n for *_, n in langs[:TOP]]}, xlabel="tokens"),
                    Table(["language", "documents", "tokens"], [list(x) for x in langs])))
-    per_doc = spans.group_by("doc_id", use_threads=False).aggregate([("length", "sum")]).column("length_sum").to_numpy()
-    top = max(int(per_doc.max()), 2)
-    edges = np.unique(np.geomspace(1, top * 1.01, 41).round())
-    counts = np.histogram(per_doc, edges)[0]
+    per_doc = Histogram(LOG_EDGES).add(
+        spans.group_by("doc_id", use_threads=False).aggregate([("length", "sum")]).column("length_sum").to_numpy())
+    edges, (counts,) = shown(per_doc)
     sec.add(Figure("tokens_per_document", "Tokens per document (EOS included)",
-                   lambda: plot().histogram({"documents": per_doc}, bins=edges, xlabel="tokens (log scale)", log_x=True),
+                   lambda: plot().histogram({"documents": counts}, edges=edges, xlabel="tokens (log scale)", log_x=True),
                    Table(["tokens from", "documents"], [[int(edges[i]), int(c)] for i, c in enumerate(counts) if c]),
-                   caption=f"{len(per_doc):,} documents, median {int(np.median(per_doc)):,} tokens; "
+                   caption=f"{per_doc.n:,} documents, mean {per_doc.mean:,.0f} tokens; "
                            f"{train.num_rows:,} of {spans.num_rows:,} spans in train shards"))
     shards = list(m.shards)
     sec.add(Figure("shard_sizes", "Shard sizes (compressed bytes as published)",

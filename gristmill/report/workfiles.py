@@ -17,9 +17,13 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from gristmill.pipeline.documents import PART_SHIFT
+from gristmill.pipeline.survivors import surviving_docs
 from gristmill.pipeline.workdir import part_name
 
+from .hist import LOG_EDGES, UNIT_EDGES, Histogram
+
 REPORT_FILE = "report.json"
+BATCH = 65_536
 
 
 def find_run_dir(work_dir: str, manifest_sha256: str) -> str | None:
@@ -52,32 +56,38 @@ class WorkFiles:
     def removed_files(self, stage: str | None = None) -> list[str]:
         return self._files("removed", stage or "*", "*.parquet")
 
-    def lengths(self) -> tuple[np.ndarray, np.ndarray] | None:
-        """(bytes of every extracted document, bytes of those that reached the tokenizer), or None
-        without the work files. A document cut by decontamination counts at its extracted length."""
+    def lengths(self) -> tuple[Histogram, Histogram] | None:
+        """Histograms of the UTF-8 bytes of every extracted document and of those that reached the
+        tokenizer (``pipeline.survivors``, partition by partition), or None without the work files.
+        A document cut by decontamination counts at its extracted length."""
         docs = self.docs_files()
         if not docs:
             return None
-        kept = [pq.read_table(f, columns=["order", "bytes"]) for f in docs]
-        lang = [pq.read_table(f, columns=["bytes"]).column("bytes").to_numpy() for f in self.removed_files("language")]
-        later = [pq.read_table(f, columns=["order"]).column("order").to_numpy()
-                 for f in self.removed_files() if os.path.basename(os.path.dirname(f)) != "language"]
-        order = np.concatenate([t.column("order").to_numpy() for t in kept])
-        size = np.concatenate([t.column("bytes").to_numpy() for t in kept])
-        gone = np.concatenate(later) if later else np.zeros(0, np.int64)
-        before = np.concatenate([size, *lang])
-        return before, size[~np.isin(order, gone)]
+        before, after = Histogram(LOG_EDGES), Histogram(LOG_EDGES)
+        for f in self.removed_files("language"):  # the language stage's removals are not in docs/
+            before.add(pq.read_table(f, columns=["bytes"]).column("bytes").to_numpy())
+        removed = self.removed_files()
+        for f in docs:
+            for batch in pq.ParquetFile(f).iter_batches(columns=["bytes"], batch_size=BATCH):
+                before.add(batch.column(0).to_numpy())
+            part = int(os.path.basename(f)[len("part-"):-len(".parquet")])
+            for t in surviving_docs(f, part, removed, [], ["id", "bytes"], BATCH):
+                after.add(t.column("bytes").to_numpy())
+        return before, after
 
-    def language_scores(self) -> tuple[np.ndarray, np.ndarray] | None:
-        """(scores of the kept documents, scores of the ones the language stage removed)."""
+    def language_scores(self) -> tuple[Histogram, Histogram] | None:
+        """Histograms of the language-ID scores of the documents kept and of those the language stage removed."""
         docs = self.docs_files()
         if not docs:
             return None
-        kept = np.concatenate([pc.fill_null(pq.read_table(f, columns=["lang_score"]).column("lang_score"), np.nan)
-                               .to_numpy(zero_copy_only=False) for f in docs])
-        removed = [json.loads(d).get("lang_score") for f in self.removed_files("language")
-                   for d in pq.read_table(f, columns=["detail"]).column("detail").to_pylist()]
-        return kept[~np.isnan(kept)], np.array([s for s in removed if s is not None], dtype=np.float64)
+        kept, removed = Histogram(UNIT_EDGES), Histogram(UNIT_EDGES)
+        for f in docs:
+            for batch in pq.ParquetFile(f).iter_batches(columns=["lang_score"], batch_size=BATCH):
+                kept.add(pc.fill_null(batch.column(0), np.nan).to_numpy(zero_copy_only=False))
+        for f in self.removed_files("language"):
+            scores = [json.loads(d).get("lang_score") for d in pq.read_table(f, columns=["detail"]).column("detail").to_pylist()]
+            removed.add([np.nan if x is None else x for x in scores])
+        return kept, removed
 
     def texts(self, *, orders=(), ids=()) -> dict:
         """Texts of a few documents by ``order`` (keyed by order) and by ``id`` (keyed by id)."""
