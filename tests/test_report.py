@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from gristmill import cli
-from gristmill.report import build_report, write_dataset_report, write_page
+from gristmill.report import build_report, render_text, write_dataset_report, write_page
 from gristmill.report.dedup import side_by_side
 from helpers import write_checkpoint_meta
 
@@ -31,7 +31,9 @@ def test_dataset_page_without_its_work_dir_draws_what_the_manifest_has_and_says_
     assert {"tokens_per_source", "tokens_per_file", "tokens_per_document", "shard_sizes"} <= set(figs)
     assert all("<svg" in f and "<path" in f for f in figs.values())
     assert "--work-dir" in html and 'class="missing"' in html  # the figures it cannot draw are named
-    assert 'data-total="input"' not in html  # a synthetic manifest has no accounting: no empty total
+    assert 'data-total="input"' not in html and 'data-total="removed"' not in html  # no accounting: no empty totals
+    page, _ = build_report(toy_dataset.url, work_dir=str(tmp_path))
+    assert f"no run under {tmp_path} has a report.json naming this manifest" in render_text(page)
     assert f'data-total="manifest_sha256" data-value="{toy_dataset.manifest.sha256}"' in html
     assert f"gristmill manifest verify {toy_dataset.url} --sha256 {toy_dataset.manifest.sha256}" in html
     # self-contained: no script, no stylesheet link, every href or src a fragment of the page itself

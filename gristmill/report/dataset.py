@@ -20,7 +20,8 @@ from .workfiles import WorkFiles, find_run_dir
 TOP = 30  # rows of a long breakdown drawn; the table under the figure lists all of them
 
 
-def dataset_page(published: Published, run_dir: str | None = None) -> Page:
+def dataset_page(published: Published, run_dir: str | None = None, searched: str | None = None) -> Page:
+    """``searched``: the --work-dir in which no run of this manifest was found (for the note)."""
     m = published.manifest
     stats = m.stats
     acc = stats.get("accounting", {})
@@ -30,15 +31,17 @@ def dataset_page(published: Published, run_dir: str | None = None) -> Page:
         title=f"{m.dataset} v{m.version}",
         subtitle=f"dataset card: {published.url} - created {m.created_at} - code {m.code_version}",
         totals=[("input", "input records", acc.get("input")), ("kept", "documents kept", acc.get("kept")),
-                ("removed", "removed", sum(acc.get("removed", {}).values())),
-                ("quarantined", "quarantined", sum(acc.get("quarantined", {}).values())),
+                ("removed", "removed", sum(acc["removed"].values()) if acc else None),
+                ("quarantined", "quarantined", sum(acc["quarantined"].values()) if acc else None),
                 ("tokens_out", "tokens packed", tokens_out), ("shards", "shards", len(m.shards)),
                 ("manifest_sha256", "manifest sha256", m.sha256)])
     if acc:
         page.totals.append(("balanced", "input = kept + removed + quarantined", "yes" if acc.get("balanced") else "NO"))
     if work is None:
+        where = (f"no run under {searched} has a report.json naming this manifest" if searched
+                 else "pass --work-dir, the job's work_dir")
         page.section("workdir", "Work dir").add(Note(
-            "The prepare run's work dir was not found (pass --work-dir, the job's work_dir): the length and "
+            f"The prepare run's work dir was not found ({where}): the length and "
             "language-score histograms and the quoted documents need its files; every other figure comes from "
             "the manifest and the document index.", missing=True))
     funnel(page, stats, work)
@@ -55,7 +58,7 @@ def build(url: str, work_dir: str | None = None) -> tuple[Page, str | None]:
     """The page of the dataset version at ``url`` and the run dir it was made in (None: not found)."""
     published = load_manifest(url)
     run_dir = find_run_dir(work_dir, published.manifest.sha256) if work_dir else None
-    return dataset_page(published, run_dir), run_dir
+    return dataset_page(published, run_dir, searched=None if run_dir else work_dir), run_dir
 
 
 def funnel(page: Page, stats: dict, work: WorkFiles | None) -> None:
