@@ -20,6 +20,7 @@ demo: install
 	$(PY) -m gristmill.demo
 
 test: install
+	sh tests/setup_browser.sh  # Chromium + chromedriver from apt for the report's browser tests, when missing
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 clean:

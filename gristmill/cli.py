@@ -13,8 +13,7 @@ from gristmill.errors import GristmillError
 
 # Each module has `register(subparsers)`; its handlers return an exit code.
 COMMAND_MODULES = ("gristmill.manifests.cli", "gristmill.manifests.mix_cli", "gristmill.pipeline.cli", "gristmill.pipeline.inspect",
-                   "gristmill.loader.cli",
-                   "gristmill.trainer.cli", "gristmill.audit.cli")
+                   "gristmill.loader.cli", "gristmill.trainer.cli", "gristmill.audit.cli", "gristmill.report.cli")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,6 +1,6 @@
 """`make demo`: the whole data path on an embedded default, each step printing what it did.
 
-demo corpus -> prepare (Ray) -> verify -> loader bench -> CPU training run -> audit.
+demo corpus -> prepare (Ray) -> verify -> loader bench -> CPU training run -> audit -> reports.
 Every step is the real CLI command a user would type; the demo only strings them together.
 """
 from __future__ import annotations
@@ -33,6 +33,10 @@ STEPS = [
      ["audit", "seen", RUN, "--out", os.path.join(OUT, "seen.parquet")]),
     ("Audit: did the demo eval set leak into what the model saw? (it was decontaminated, so: no)",
      ["audit", "leak", RUN, "--eval", os.path.join(OUT, "evals", "demo_qa.jsonl")]),
+    ("Report: the dataset's data card as one HTML page (prepare wrote it too, beside report.json)",
+     ["report", DATASET, "--work-dir", os.path.join(OUT, "work")]),
+    ("Report: the training run as one HTML page (loss, throughput, ranks, checkpoints, what the model saw)",
+     ["report", RUN]),
 ]
 
 

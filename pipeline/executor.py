@@ -204,6 +204,7 @@ class Executor:
         ctx.timings["total"]["seconds"] = time.perf_counter() - t_all
         report = rep.build_report(stats, r["extract"], r["tokenize"], ctx.timings, published, self.wd.root)
         self._write_outputs(report, global_names)
+        self._write_page(published)
         return RunResult(published.manifest.sha256, published.url, published.manifest.version, report, self.wd.root)
 
     def _write_outputs(self, report: dict, global_names: list[str]) -> None:
@@ -215,6 +216,17 @@ class Executor:
         for stage in global_names:
             removed += sorted(_glob.glob(self.wd.path("removed", stage, "*.parquet")))
         rep.export_jsonl(removed, self.wd.path("removed.jsonl"))
+
+    def _write_page(self, published) -> None:
+        """report.html beside report.json (gristmill.report, imported here only: it reads the
+        pipeline's files). Drawing a page never fails a run whose data is published."""
+        try:
+            from gristmill.report import write_dataset_report
+        except Exception as e:  # noqa: BLE001 - a broken report install must not fail prepare
+            self.log(f"[report] report.html not written: {type(e).__name__}: {e}")
+            return
+        if path := write_dataset_report(published, self.wd.root):
+            self.log(f"[report] {path}")
 
 
 def prepare(job: JobConfig, *, address: str | None = None, quiet: bool = False) -> RunResult:

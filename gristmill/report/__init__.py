@@ -1,0 +1,53 @@
+"""HTML reports: a data card for every dataset version, a page for every training run.
+
+``build_report(target)`` reads a dataset version (manifest, document index, and the prepare
+run's work dir when found) or a training run dir (metrics.jsonl, checkpoints, the audit) into
+a ``Page``; ``write_page`` renders it as one self-contained HTML file with matplotlib figures
+(the ``report`` extra) or, without it, as plain-text tables. docs/reports.md describes every figure.
+
+Layering: like the CLI, this package reads every part's files and functions (manifests,
+pipeline work-dir helpers, audit, trainer.meta); loader/ and trainer/ never import it, and the
+pipeline only calls ``write_dataset_report`` at the end of a prepare, lazily.
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+from .page import Page, render, render_text, write_page
+
+log = logging.getLogger("gristmill.report")
+HTML_FILE = "report.html"
+
+
+def build_report(target: str, *, work_dir: str | None = None) -> tuple[Page, str]:
+    """(page, default output path) for a training run dir or a dataset version URL."""
+    from .training import is_run_dir, run_page
+
+    if is_run_dir(target):
+        return run_page(target), os.path.join(target, HTML_FILE)
+    from .dataset import build
+
+    page, run_dir = build(target, work_dir)
+    if run_dir:
+        return page, os.path.join(run_dir, HTML_FILE)
+    title = page.title.replace(" ", "-")
+    return page, f"{title}.html"
+
+
+def write_dataset_report(published, run_dir: str) -> str | None:
+    """``prepare``'s last step: ``<run_dir>/report.html`` beside report.json. Never raises: a
+    page that cannot be drawn must not fail a run whose data is published; it is logged."""
+    path = os.path.join(run_dir, HTML_FILE)
+    try:
+        from .dataset import dataset_page
+
+        write_page(dataset_page(published, run_dir), path)
+        return path
+    except Exception:  # noqa: BLE001 - any failure of the page is only logged (see above)
+        log.warning("could not write %s; `gristmill report %s --work-dir %s` retries it", path, published.url, run_dir,
+                    exc_info=True)
+        return None
+
+
+__all__ = ["HTML_FILE", "Page", "build_report", "render", "render_text", "write_dataset_report", "write_page"]

@@ -1,0 +1,29 @@
+"""``gristmill report DATASET_URL | RUN_DIR``: an HTML page of a dataset version or a training run."""
+from __future__ import annotations
+
+import sys
+
+
+def register(sub) -> None:
+    p = sub.add_parser("report", help="one self-contained HTML page: a dataset version's data card, or a training run")
+    p.add_argument("target", help="a dataset version (<root>/<dataset>[/v<N>]) or a training run dir (holds metrics.jsonl)")
+    p.add_argument("--work-dir", help="dataset: the prepare job's work_dir (or its run dir), for the figures that need "
+                                      "its files (lengths, language scores, quoted documents)")
+    p.add_argument("--out", help="the HTML file to write (default: report.html in the run dir; for a dataset whose "
+                                 "run dir is not found, <dataset>-v<N>.html here)")
+    p.add_argument("--text", action="store_true", help="print the page's tables as plain text instead of writing HTML")
+    p.set_defaults(handler=_report)
+
+
+def _report(args) -> int:
+    from . import build_report
+    from .page import EXTRA_HINT, render_text, write_page
+
+    page, default_out = build_report(args.target, work_dir=args.work_dir)
+    if args.text:
+        sys.stdout.write(render_text(page))
+        return 0
+    out = args.out or default_out
+    full = write_page(page, out)
+    print(f"wrote {out}" + ("" if full else f" (tables only: {EXTRA_HINT} for the figures)"))
+    return 0

@@ -1,0 +1,209 @@
+"""``gristmill report RUN_DIR``: one training run, from its files.
+
+``metrics.jsonl`` (the trainer's per-step log: loss, tokens/s, MFU, input wait, every rank's
+step time; ``eval`` and ``checkpoint`` records), each checkpoint's ``meta.json`` (save time,
+tokens seen) and, through the audit's own functions (``gristmill.audit``), what the model saw
+per source and per language, exactly, from the newest checkpoint and its manifest.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+
+import numpy as np
+
+from gristmill.errors import UsageError
+
+from .page import Figure, Note, Page, Table, plot
+
+METRICS_FILE = "metrics.jsonl"
+
+
+def is_run_dir(path: str) -> bool:
+    return os.path.isdir(path) and (os.path.exists(os.path.join(path, METRICS_FILE))
+                                    or os.path.isdir(os.path.join(path, "checkpoints")))
+
+
+
+def read_metrics(run_dir: str) -> dict[str, list[dict]]:
+    """Records by kind; a resumed run appends, so the last record of a (kind, step) wins."""
+    last: dict[tuple[str, int], dict] = {}
+    path = os.path.join(run_dir, METRICS_FILE)
+    if os.path.exists(path):
+        with open(path) as f:
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    r = json.loads(line)
+                except ValueError:
+                    raise UsageError(f"{path}:{n}: not a JSON line; the trainer writes one JSON object a line") from None
+                last[(r.get("kind", "train"), int(r.get("step", 0)))] = r
+    out: dict[str, list[dict]] = {"train": [], "eval": [], "checkpoint": []}
+    for (kind, _), r in sorted(last.items(), key=lambda kv: (kv[0][0], kv[0][1])):
+        out.setdefault(kind, []).append(r)
+    return out
+
+
+def checkpoints(run_dir: str) -> list[dict]:
+    """Every committed checkpoint's meta.json (trainer.meta's reader), by step."""
+    from gristmill.trainer.meta import STEP_DIR, read_meta
+
+    out = []
+    for d in glob.glob(os.path.join(run_dir, "checkpoints", "step-*")):
+        if STEP_DIR.match(os.path.basename(d)) and os.path.exists(os.path.join(d, "meta.json")):
+            out.append(read_meta(d))
+    return sorted(out, key=lambda m: m["step"])
+
+
+def seen(run_dir: str) -> tuple[dict | None, str | None]:
+    """The audit's summary for the newest checkpoint (``gristmill audit seen --json``), or why not."""
+    from gristmill.audit import audit_seen, consumed, open_manifest, parse_steps, read_checkpoint
+    from gristmill.errors import GristmillError
+
+    try:
+        ckpt = read_checkpoint(run_dir)
+        published = open_manifest(ckpt)
+        steps = parse_steps(None, ckpt)
+        return audit_seen(published, consumed(published.manifest, ckpt, steps), steps).summary, None
+    except GristmillError as e:
+        return None, str(e)
+
+
+def run_page(run_dir: str) -> Page:
+    if not is_run_dir(run_dir):
+        raise UsageError(f"{run_dir}: not a training run dir (no {METRICS_FILE} nor checkpoints/)")
+    rec = read_metrics(run_dir)
+    train, evals, saves = rec["train"], rec["eval"], rec["checkpoint"]
+    metas = checkpoints(run_dir)
+    summary, why = seen(run_dir)
+    last = train[-1] if train else {}
+    page = Page(title=f"training run {os.path.basename(os.path.abspath(run_dir))}",
+                subtitle=f"{os.path.abspath(run_dir)}" + (f" - data {summary['dataset']} v{summary['version']}" if summary else ""),
+                totals=[("steps", "last logged step", last.get("step")), ("tokens_seen", "tokens trained", last.get("tokens_seen")),
+                        ("loss", "last loss", round(last["loss"], 4) if "loss" in last else None),
+                        ("val_loss", "last validation loss", round(evals[-1]["val_loss"], 4) if evals else None),
+                        ("checkpoints", "checkpoints", len(metas))])
+    if summary:
+        page.totals += [("documents_seen", "documents seen", summary["documents_seen"]),
+                        ("manifest_sha256", "manifest sha256", summary["manifest_sha256"])]
+    loss_section(page, train, evals)
+    speed_section(page, train)
+    ranks_section(page, train)
+    checkpoint_section(page, saves, metas, train)
+    seen_section(page, summary, why)
+    return page
+
+
+def loss_section(page: Page, train: list[dict], evals: list[dict]) -> None:
+    sec = page.section("loss", "Loss")
+    if not train:
+        sec.add(Note(f"No train record in {METRICS_FILE}.", missing=True))
+        return
+    series = {"train loss": ([r["step"] for r in train], [r["loss"] for r in train])}
+    if evals:
+        series["validation loss"] = ([r["step"] for r in evals], [r["val_loss"] for r in evals])
+    rows = {r["step"]: [r["step"], r["loss"], None, r.get("grad_norm"), r.get("lr")] for r in train}
+    for r in evals:
+        rows.setdefault(r["step"], [r["step"], None, None, None, None])[2] = r["val_loss"]
+    sec.add(Figure("loss", "Training and validation loss", lambda: plot().lines(series, xlabel="step", ylabel="loss",
+                                                                               markers=len(train) < 60),
+                   Table(["step", "loss", "validation loss", "grad norm", "lr"], [rows[k] for k in sorted(rows)])))
+    if not evals:
+        sec.add(Note("No validation loss: the run's eval.every is 0.", missing=True))
+
+
+def speed_section(page: Page, train: list[dict]) -> None:
+    if not train:
+        return
+    sec = page.section("speed", "Throughput, MFU and input wait")
+    steps = [r["step"] for r in train]
+    tps = [r["tokens_per_s"] for r in train]
+    wait = [r["input_wait_pct"] for r in train]
+    sec.add(Figure("tokens_per_s", "Tokens per second (all ranks)",
+                   lambda: plot().lines({"tokens/s": (steps, tps)}, xlabel="step", ylabel="tokens/s"),
+                   Table(["step", "tokens/s", "tokens/s per device", "step s"],
+                         [[r["step"], r["tokens_per_s"], r.get("tokens_per_s_per_device"), r.get("step_s")] for r in train])),
+            Figure("input_wait", "Input wait: share of each step spent waiting for the loader",
+                   lambda: plot().lines({"input wait %": (steps, wait)}, xlabel="step", ylabel="% of step"),
+                   Table(["step", "input wait %", "input wait s"], [[r["step"], r["input_wait_pct"], r.get("input_wait_s")]
+                                                                    for r in train]),
+                   caption=f"median {np.median(wait):.1f}% (the first step also waits for the first batch)"))
+    mfu = [(r["step"], r["mfu"]) for r in train if r.get("mfu") is not None]
+    if mfu:
+        sec.add(Figure("mfu", "Model FLOPs utilisation (dense bf16 peak of the device)",
+                       lambda: plot().lines({"MFU %": ([s for s, _ in mfu], [100 * v for _, v in mfu])}, xlabel="step",
+                                            ylabel="% of peak"),
+                       Table(["step", "MFU"], [list(x) for x in mfu])))
+    else:
+        sec.add(Note("MFU: not reported: the device's peak FLOP/s is not in trainer.metrics.PEAK_BF16_FLOPS (a CPU run, "
+                     "or hardware not in the table).", missing=True))
+
+
+def ranks_section(page: Page, train: list[dict]) -> None:
+    per = [r for r in train if r.get("rank_step_s")]
+    if not per:
+        return
+    sec = page.section("ranks", "Step time per rank")
+    world = max(len(r["rank_step_s"]) for r in per)
+    series = {f"rank {k}": ([r["step"] for r in per if len(r["rank_step_s"]) > k],
+                            [r["rank_step_s"][k] for r in per if len(r["rank_step_s"]) > k]) for k in range(world)}
+    rows = []
+    for k in range(world):
+        own = np.array(series[f"rank {k}"][1])
+        # a straggler: slower than the step's fastest rank, step after step
+        slower = np.array([r["rank_step_s"][k] / min(r["rank_step_s"]) for r in per if len(r["rank_step_s"]) > k])
+        rows.append([k, float(np.median(own)), float(own.max()), round(float(np.median(slower)), 3)])
+    sec.add(Figure("rank_step_s", "Each rank's step time (a straggler is the line above the others)",
+                   lambda: plot().lines(series, xlabel="step", ylabel="seconds"),
+                   Table(["rank", "median step s", "max step s", "median x fastest rank"], rows),
+                   caption=f"{world} rank(s)"))
+
+
+def checkpoint_section(page: Page, saves: list[dict], metas: list[dict], train: list[dict]) -> None:
+    sec = page.section("checkpoints", "Checkpoints")
+    if not saves and not metas:
+        sec.add(Note("No checkpoint was written (checkpoint.enabled false, or the run stopped first).", missing=True))
+        return
+    if saves:
+        sec.add(Figure("checkpoint_save_s", "Time training was blocked by each save",
+                       lambda: plot().bars([str(r["step"]) for r in saves], {"blocked s": [r["blocked_s"] for r in saves]},
+                                           xlabel="seconds", horizontal=False),
+                       Table(["step", "blocked s", "Young/Daly interval s"],
+                             [[r["step"], r["blocked_s"], r.get("young_daly_interval_s")] for r in saves])))
+        step_s = float(np.median([r["step_s"] for r in train])) if train else None
+        yd = saves[-1].get("young_daly_interval_s")
+        every = np.diff([0] + [r["step"] for r in saves])
+        if yd and step_s:
+            sec.add(Note(f"Young/Daly: for the last save's cost ({saves[-1]['blocked_s']:.3f} s) and the job's MTBF, "
+                         f"checkpoint every {yd:,.0f} s = about {max(1, round(yd / step_s)):,} steps at the median "
+                         f"{step_s:.3f} s/step; this run saved every {int(np.median(every))} steps "
+                         f"({np.median(every) * step_s:,.1f} s)."))
+    if metas:
+        sec.add(Table(["checkpoint", "created (UTC)", "save s", "tokens seen", "world size", "manifest sha256"],
+                      [[f"step-{m['step']}", m.get("created_at"), m.get("save_seconds"), m.get("tokens_seen"),
+                        m.get("world_size"), m["data"]["manifest_sha256"][:16]] for m in metas],
+                      caption="committed checkpoints (meta.json); older ones were removed by checkpoint.keep"))
+
+
+def seen_section(page: Page, summary: dict | None, why: str | None) -> None:
+    sec = page.section("seen", "What the model saw")
+    if summary is None:
+        sec.add(Note(f"The audit could not answer: {why}", missing=True))
+        return
+    sec.add(Note(f"From the newest checkpoint, exactly (gristmill audit seen): steps {summary['steps'][0]}:"
+                 f"{summary['steps'][1]}, {summary['samples']:,} samples, {summary['tokens_seen']:,} distinct tokens "
+                 f"({summary['token_exposures']:,} with repeats), {summary['documents_seen']:,} documents "
+                 f"({summary['documents_fully_seen']:,} fully)."))
+    for key, name, title in (("by_source", "seen_per_source", "source (the job's inputs[].path)"),
+                             ("by_lang", "seen_per_language", "language"), ("by_file", "seen_per_file", "input file")):
+        entries = sorted(summary[key].items(), key=lambda kv: (-kv[1]["tokens_seen"], kv[0]))
+        shown = entries[:30]
+        sec.add(Figure(name, f"Tokens seen per {title}",
+                       lambda shown=shown: plot().bars([k.rsplit("/", 1)[-1] for k, _ in shown],
+                                                       {"tokens seen": [v["tokens_seen"] for _, v in shown]},
+                                                       xlabel="tokens"),
+                       Table([title.split(" (")[0], "documents", "fully seen", "tokens seen", "token exposures"],
+                             [[k, v["documents"], v["fully_seen"], v["tokens_seen"], v["token_exposures"]]
+                              for k, v in entries])))

@@ -1,0 +1,108 @@
+"""What the dataset report reads from a prepare run's work dir (``<work_dir>/<run key>/``).
+
+The manifest holds the counts; the work dir holds what a figure needs beyond them: per-document
+lengths and language scores (``docs/``, ``removed/language/``), which documents later stages
+removed (``removed/<stage>/``), and the texts of the few documents the page quotes. Only
+narrow columns are read (``bytes``, ``order``, ``lang_score``), never the text of every
+document; texts are read for quoted documents only, by partition and row-group filter.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+
+import numpy as np
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from gristmill.pipeline.documents import PART_SHIFT
+from gristmill.pipeline.survivors import surviving_docs
+from gristmill.pipeline.workdir import part_name
+
+from .hist import LOG_EDGES, UNIT_EDGES, Histogram
+
+REPORT_FILE = "report.json"
+BATCH = 65_536
+
+
+def find_run_dir(work_dir: str, manifest_sha256: str) -> str | None:
+    """The run dir under ``work_dir`` (a job's ``work_dir`` or a run dir itself) whose report.json
+    names this manifest; the newest when several do."""
+    found = []
+    for path in [os.path.join(work_dir, REPORT_FILE)] + glob.glob(os.path.join(work_dir, "*", REPORT_FILE)):
+        try:
+            with open(path) as f:
+                rep = json.load(f)
+        except (OSError, ValueError):
+            continue
+        if rep.get("manifest_sha256") == manifest_sha256:
+            found.append((os.path.getmtime(path), os.path.dirname(path)))
+    return max(found)[1] if found else None
+
+
+class WorkFiles:
+    def __init__(self, run_dir: str):
+        self.root = run_dir
+        with open(os.path.join(run_dir, REPORT_FILE)) as f:
+            self.report = json.load(f)
+
+    def _files(self, *parts: str) -> list[str]:
+        return sorted(glob.glob(os.path.join(self.root, *parts)))
+
+    def docs_files(self) -> list[str]:
+        return self._files("docs", "part-*.parquet")
+
+    def removed_files(self, stage: str | None = None) -> list[str]:
+        return self._files("removed", stage or "*", "*.parquet")
+
+    def lengths(self) -> tuple[Histogram, Histogram] | None:
+        """Histograms of the UTF-8 bytes of every extracted document and of those that reached the
+        tokenizer (``pipeline.survivors``, partition by partition), or None without the work files.
+        A document cut by decontamination counts at its extracted length."""
+        docs = self.docs_files()
+        if not docs:
+            return None
+        before, after = Histogram(LOG_EDGES), Histogram(LOG_EDGES)
+        for f in self.removed_files("language"):  # the language stage's removals are not in docs/
+            before.add(pq.read_table(f, columns=["bytes"]).column("bytes").to_numpy())
+        removed = self.removed_files()
+        for f in docs:
+            for batch in pq.ParquetFile(f).iter_batches(columns=["bytes"], batch_size=BATCH):
+                before.add(batch.column(0).to_numpy())
+            part = int(os.path.basename(f)[len("part-"):-len(".parquet")])
+            for t in surviving_docs(f, part, removed, [], ["id", "bytes"], BATCH):
+                after.add(t.column("bytes").to_numpy())
+        return before, after
+
+    def language_scores(self) -> tuple[Histogram, Histogram] | None:
+        """Histograms of the language-ID scores of the documents kept and of those the language stage removed."""
+        docs = self.docs_files()
+        if not docs:
+            return None
+        kept, removed = Histogram(UNIT_EDGES), Histogram(UNIT_EDGES)
+        for f in docs:
+            for batch in pq.ParquetFile(f).iter_batches(columns=["lang_score"], batch_size=BATCH):
+                kept.add(pc.fill_null(batch.column(0), np.nan).to_numpy(zero_copy_only=False))
+        for f in self.removed_files("language"):
+            scores = [json.loads(d).get("lang_score") for d in pq.read_table(f, columns=["detail"]).column("detail").to_pylist()]
+            removed.add([np.nan if x is None else x for x in scores])
+        return kept, removed
+
+    def texts(self, *, orders=(), ids=()) -> dict:
+        """Texts of a few documents by ``order`` (keyed by order) and by ``id`` (keyed by id)."""
+        out: dict = {}
+        by_part: dict[int, list[int]] = {}
+        for o in orders:
+            by_part.setdefault(int(o) >> PART_SHIFT, []).append(int(o))
+        for part, wanted in by_part.items():
+            path = os.path.join(self.root, "docs", f"{part_name(part)}.parquet")
+            if os.path.exists(path):
+                t = pq.read_table(path, columns=["order", "text"], filters=[("order", "in", wanted)])
+                out.update(zip(t.column("order").to_pylist(), t.column("text").to_pylist()))
+        ids = list(ids)
+        if ids:
+            for path in self.docs_files():
+                t = pq.read_table(path, columns=["id", "text"], filters=[("id", "in", ids)])
+                out.update(zip(t.column("id").to_pylist(), t.column("text").to_pylist()))
+        return out
