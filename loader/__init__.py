@@ -11,7 +11,7 @@ import importlib
 # Lazy: the audit imports only `loader.order` and should not pay for torch.
 _EXPORTS = {
     "CacheFullError": "cache", "ShardCache": "cache", "ShardFetchError": "cache",
-    "CacheTooSmallError": "loader", "Loader": "loader",
+    "CacheTooSmallError": "loader", "Loader": "loader", "DocumentBoundaries": "documents",
     "ORDERS": "order", "Order": "order", "sample_at": "order", "samples_at": "order",
 }
 
@@ -22,5 +22,5 @@ def __getattr__(name):
     return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
 
 
-__all__ = ["ORDERS", "CacheFullError", "CacheTooSmallError", "Loader", "Order", "ShardCache", "ShardFetchError",
+__all__ = ["ORDERS", "CacheFullError", "CacheTooSmallError", "DocumentBoundaries", "Loader", "Order", "ShardCache", "ShardFetchError",
            "sample_at", "samples_at"]
