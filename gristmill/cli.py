@@ -13,7 +13,8 @@ from gristmill.errors import GristmillError
 
 # Each module has `register(subparsers)`; its handlers return an exit code.
 COMMAND_MODULES = ("gristmill.manifests.cli", "gristmill.pipeline.cli", "gristmill.loader.cli",
-                   "gristmill.trainer.cli", "gristmill.audit.cli")
+                   "gristmill.trainer.cli", "gristmill.audit.cli",
+                   "gristmill.manifests.export_cli")
 
 
 def build_parser() -> argparse.ArgumentParser:
