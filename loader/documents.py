@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from gristmill.errors import UsageError
 from gristmill.manifests import Published
 from gristmill.manifests.doc_index import read_published_doc_index, row_offsets
 
@@ -31,6 +32,9 @@ class DocumentBoundaries:
     """The span starts of every row of one published manifest, looked up by (shard, row)."""
 
     def __init__(self, published: Published, storage_options: dict | None = None):
+        if not isinstance(published, Published):  # e.g. a mixture: one index per component, not supported yet
+            raise UsageError(f"documents=True reads one dataset version's document index; {type(published).__name__} "
+                             f"has none of its own")
         m = published.manifest
         spans = read_published_doc_index(published, columns=["shard", "row", "start"], storage_options=storage_options)
         self.offsets = row_offsets(m)
