@@ -80,3 +80,11 @@ def test_a_tampered_document_index_is_refused(tmp_path):
     pq.write_table(t.slice(1), path)  # one span dropped: the boundaries would be wrong
     with pytest.raises(HashMismatchError):
         Loader(pub.url, cache_dir=str(tmp_path / "c"), documents=True)
+
+
+def test_a_source_without_its_own_document_index_is_refused(pub):
+    from gristmill.errors import UsageError
+    from gristmill.loader import DocumentBoundaries
+
+    with pytest.raises(UsageError, match="document index"):
+        DocumentBoundaries(pub.manifest)  # a manifest alone, not a published version: no index to read
