@@ -11,33 +11,21 @@ import fnmatch
 import posixpath
 from dataclasses import dataclass
 
-import fsspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from gristmill.manifests import HashMismatchError, Manifest, Published, join, read_doc_index, sha256_bytes
+from gristmill.manifests import Manifest, Published
+from gristmill.manifests.doc_index import read_published_doc_index, row_offsets  # noqa: F401  (row_offsets: audit's import point)
 
 from .consumed import Consumed
 
 DOC_COLUMNS = ["shard", "row", "start", "length", "doc_id", "source", "position", "lang", "url"]
 
 
-def row_offsets(manifest: Manifest) -> np.ndarray:
-    """``offsets[s] + row`` is a row's key: unique across all shards of the manifest."""
-    return np.concatenate([[0], np.cumsum([s.rows for s in manifest.shards], dtype=np.int64)])
-
-
 def read_spans(published: Published, columns: list[str] | None = None, filters=None) -> pa.Table:
     """The document index the manifest pins, read once and hash-checked: the join is only as good as the index."""
-    url = join(published.url, published.manifest.doc_index.path)
-    with fsspec.open(url, "rb") as f:
-        data = f.read()
-    actual = sha256_bytes(data)
-    if actual != published.manifest.doc_index.sha256:
-        raise HashMismatchError(url, published.manifest.doc_index.sha256, actual)
-    source = pa.BufferReader(data)
-    return read_doc_index(source, columns=columns or DOC_COLUMNS, filters=filters)
+    return read_published_doc_index(published, columns=columns or DOC_COLUMNS, filters=filters)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import traceback
 from gristmill.errors import GristmillError
 
 # Each module has `register(subparsers)`; its handlers return an exit code.
-COMMAND_MODULES = ("gristmill.manifests.cli", "gristmill.manifests.mix_cli", "gristmill.pipeline.cli", "gristmill.pipeline.inspect",
+COMMAND_MODULES = ("gristmill.manifests.cli", "gristmill.manifests.mix_cli", "gristmill.manifests.export_cli", "gristmill.pipeline.cli", "gristmill.pipeline.inspect",
                    "gristmill.loader.cli", "gristmill.trainer.cli", "gristmill.audit.cli", "gristmill.report.cli")
 
 

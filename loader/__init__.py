@@ -11,7 +11,8 @@ import importlib
 # Lazy: the audit imports only `loader.order` and should not pay for torch.
 _EXPORTS = {
     "CacheFullError": "cache", "ShardCache": "cache", "ShardFetchError": "cache",
-    "CacheTooSmallError": "loader", "Loader": "loader",
+    "CacheTooSmallError": "loader", "Loader": "loader", "DocumentBoundaries": "documents",
+    "GristmillDataset": "torch_dataset",
     "ORDERS": "order", "Order": "order", "sample_at": "order", "samples_at": "order",
 }
 
@@ -22,5 +23,5 @@ def __getattr__(name):
     return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
 
 
-__all__ = ["ORDERS", "CacheFullError", "CacheTooSmallError", "Loader", "Order", "ShardCache", "ShardFetchError",
-           "sample_at", "samples_at"]
+__all__ = ["ORDERS", "CacheFullError", "CacheTooSmallError", "DocumentBoundaries", "GristmillDataset", "Loader", "Order",
+           "ShardCache", "ShardFetchError", "sample_at", "samples_at"]

@@ -31,6 +31,7 @@ from gristmill.manifests import EditedManifestError, HashMismatchError, Manifest
 from gristmill.manifests.mixture import PublishedMixture, is_mixture, load_data
 
 from .cache import CacheError, ShardCache
+from .documents import DocumentBoundaries
 from .gather import gather_rows
 from .mixture import MixtureOrder
 from .order import DEFAULT_WINDOW_SHARDS, Order
@@ -87,7 +88,7 @@ class Loader:
                  start_index: int = 0, expected_sha256: str | None = None, storage_options: dict | None = None,
                  workers: int = 2, fetch_workers: int = 8, epochs: int | None = None, retries: int = 5,
                  backoff_s: float = 0.2, pin_memory: bool | None = None, token_dtype: torch.dtype | None = torch.int64,
-                 mapped_limit_bytes: int | None = DEFAULT_MAPPED_LIMIT):
+                 mapped_limit_bytes: int | None = DEFAULT_MAPPED_LIMIT, documents: bool = False):
         _check(global_batch >= 1, f"global_batch must be >= 1, got {global_batch}")
         _check(world_size >= 1 and 0 <= rank < world_size, f"rank {rank} is outside world_size {world_size}")
         _check(global_batch % world_size == 0,
@@ -151,6 +152,8 @@ class Loader:
         self._entry_of_shard = self.cache.ids(self.shards)
         self._shard_of_entry = {int(e): s for e, s in zip(self._entry_of_shard, self.shards)}
         self.next_index = int(start_index)
+        # documents=True: each batch also carries the rows' document boundaries (loader/documents.py).
+        self.documents = DocumentBoundaries(self.published, self.storage_options) if documents else None
         self.last_metrics: dict = {}
         self._generation = 0  # bumped by load_state_dict: a running iterator restarts from the new index
         self._plans: dict[int, _Step] = {}
@@ -283,6 +286,8 @@ class Loader:
         # Inputs and labels are views of one buffer: no copy, and one transfer to the GPU.
         batch = {"tokens": tokens, "input_ids": tokens[:, :-1], "labels": tokens[:, 1:],
                  "indices": torch.from_numpy(step.indices.copy()), "step": step.start // self.global_batch}
+        if self.documents is not None:
+            batch.update(self.documents.batch(*self.order.locate(step.indices)))
         return batch, {"step": batch["step"], "cache_hits": step.entries.size - misses, "cache_misses": misses,
                        "bytes_downloaded": downloaded}
 

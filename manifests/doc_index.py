@@ -9,7 +9,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .errors import FactMismatchError, ManifestError
+from .errors import FactMismatchError, HashMismatchError, ManifestError
+from .hashing import sha256_bytes
 from .manifest import Manifest
 from .parquet_part import ParquetPart
 
@@ -109,6 +110,32 @@ def read_doc_index(source, columns: list[str] | None = None, filters=None) -> pa
     for c in absent:
         table = table.append_column(c, pa.nulls(table.num_rows, DOC_INDEX_SCHEMA.field(c).type))
     return table.select(want)
+
+
+def row_offsets(manifest: Manifest) -> np.ndarray:
+    """``offsets[s] + row`` is a row's key: unique across all shards of the manifest, and sorted
+    the way the index is (by shard, then row)."""
+    return np.concatenate([[0], np.cumsum([s.rows for s in manifest.shards], dtype=np.int64)])
+
+
+def read_published_doc_index(published, columns: list[str] | None = None, filters=None,
+                             storage_options: dict | None = None) -> pa.Table:
+    """The document index a published manifest pins, read once and hash-checked (a join with the
+    rows a model saw is only as good as the index). ``published``: a ``manifests.Published``."""
+    import fsspec
+
+    from .store import join
+
+    url = join(published.url, published.manifest.doc_index.path)
+    with fsspec.open(url, "rb", **(storage_options or {})) as f:
+        data = f.read()
+    actual = sha256_bytes(data)
+    if actual != published.manifest.doc_index.sha256:
+        raise HashMismatchError(url, published.manifest.doc_index.sha256, actual)
+    source = pa.BufferReader(data)
+    if filters is not None:
+        return pq.read_table(source, columns=columns or DOC_INDEX_SCHEMA.names, filters=filters)
+    return read_doc_index(source, columns=columns)
 
 
 def check_doc_index(source, manifest: Manifest) -> None:

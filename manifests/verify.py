@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import fsspec
+import numpy as np
 import pyarrow as pa
 
 from .doc_index import check_doc_index
@@ -71,12 +72,19 @@ def _check_pinned(rel: str, sha: str, actual: str, size: int | None, n: int) -> 
         raise FactMismatchError(rel, "bytes", size, n)
 
 
-def _check_shard(published: Published, s: Shard) -> None:
+def verified_rows(published: Published, s: Shard) -> np.ndarray:
+    """A published shard's ``(rows, seq_len + 1)`` tokens, after checking its sha256, size, schema,
+    row count and token ids against the manifest (what an export must know before copying them)."""
     m = published.manifest
     data = _open(published, s.path, lambda f: f.read())  # a shard is bounded by the target shard size
     _check_pinned(s.path, s.sha256, sha256_bytes(data), s.bytes, len(data))
     rows = checked_rows(read_table(pa.py_buffer(data)), m, s)
     check_vocab(rows, m, s)
+    return rows
+
+
+def _check_shard(published: Published, s: Shard) -> None:
+    rows = verified_rows(published, s)
     raw = write_shard(None, rows, compressed=False)
     if raw.sha256 != s.raw_sha256:
         raise HashMismatchError(f"{s.path} (its uncompressed cache form)", s.raw_sha256, raw.sha256)

@@ -42,6 +42,7 @@ class ModelConfig(Section):
     ffn_dim: PositiveInt | None = None
     rope_theta: PositiveFloat | None = None
     norm_eps: PositiveFloat | None = None
+    document_mask: Bool = False  # attention within documents, rope restarted (loader documents=True; docs/trainer.md)
 
 
 class ParallelismConfig(Section):

@@ -33,7 +33,7 @@ from .checkpoint import Checkpointer, committed, library_versions, set_rng_state
 from .config import JobConfig
 from .meta import data_fields, new_meta
 from .metrics import MetricsLog, device_name, format_step, mfu, peak_flops, young_daly_interval_s
-from .model import Transformer, count_params, flops_per_token, model_args
+from .model import KERNEL_FIELDS, Transformer, count_params, flops_per_token, model_args, position_ids
 from .parallelize import build_mesh, init_distributed, parallelize, resolve_attention, resolve_mixed_precision
 from gristmill.errors import GristmillError
 
@@ -233,7 +233,8 @@ def train(cfg: JobConfig, *, stop_after_step: int | None = None, allow_manifest_
     # Always gristmill's Loader: the audit answers from its pure order, so no other loader may stand in.
     loader = Loader(pub.url, split="train", seed=cfg.data.seed, global_batch=B, rank=d.rank, world_size=d.world_size,
                     order=cfg.data.order, cache_dir=cfg.data.cache_dir, prefetch=cfg.data.prefetch,
-                    expected_sha256=manifest.sha256, token_dtype=None)
+                    expected_sha256=manifest.sha256, token_dtype=None,
+                    documents=cfg.model.document_mask)  # position ids per row (document mask)
     metrics = MetricsLog(run_dir, enabled=rank0, tensorboard=cfg.run.tensorboard)
     try:
         if loader_state is not None:
@@ -381,11 +382,12 @@ def train_step(model, batch: dict, n_micro: int, grad_clip: float, device, *, st
     may replace each micro-batch's loss before backward (Hooks.loss)."""
     inputs, labels = inputs_and_labels(batch, device)
     inputs, labels = inputs.chunk(n_micro), labels.chunk(n_micro)
+    positions = position_ids(batch, device, n_micro)  # document mask: per-document rope and attention
     loss_sum = torch.zeros((), device=device)
-    for i, (x, y) in enumerate(zip(inputs, labels)):
+    for i, (x, y, p) in enumerate(zip(inputs, labels, positions)):
         # Reduce-scatter gradients only after the last micro-batch; earlier ones accumulate locally.
         model.set_requires_gradient_sync(i == n_micro - 1)
-        loss = cross_entropy(model(x), y) / n_micro
+        loss = cross_entropy(model(x, p), y) / n_micro
         if loss_hook is not None:
             loss = loss_hook(step, loss)
         loss.backward()
@@ -408,13 +410,13 @@ def evaluate(model, cfg: JobConfig, url: str, sha256: str, d) -> float:
         raise TrainingError(f"eval.global_batch={B} does not divide by the world size {d.world_size}")
     val = Loader(url, split="validation", seed=cfg.data.seed, global_batch=B, rank=d.rank, world_size=d.world_size,
                  order="sequential", cache_dir=cfg.data.cache_dir, prefetch=cfg.data.prefetch, expected_sha256=sha256,
-                 token_dtype=None)
+                 token_dtype=None, documents=cfg.model.document_mask)
     model.eval()
     total = torch.zeros((), device=d.device)
     n = 0
     for batch in val:
         inputs, labels = inputs_and_labels(batch, d.device)
-        total += cross_entropy(model(inputs), labels)
+        total += cross_entropy(model(inputs, position_ids(batch, d.device, 1)[0]), labels)
         n += 1
         if n == cfg.eval.batches:
             break
@@ -446,8 +448,8 @@ def check_resume(meta: dict, path: str, pub, cfg: JobConfig, allow_manifest_chan
 
 def check_model_args(meta: dict, path: str, args) -> None:
     """The checkpoint's weights must fit the model the job builds (the attention kernel may differ)."""
-    ours = {k: v for k, v in asdict(args).items() if k != "attention"}
-    theirs = {k: v for k, v in meta["model_args"].items() if k != "attention"}
+    ours = {k: v for k, v in asdict(args).items() if k not in KERNEL_FIELDS}
+    theirs = {k: v for k, v in meta["model_args"].items() if k not in KERNEL_FIELDS}
     diff = {k: (theirs.get(k), v) for k, v in ours.items() if theirs.get(k) != v}
     if diff:
         detail = ", ".join(f"{k}: checkpoint {a!r} vs job {b!r}" for k, (a, b) in sorted(diff.items()))

@@ -1,0 +1,73 @@
+"""Document boundaries of packed rows, from the manifest's document index (``Loader(documents=True)``).
+
+A packed row holds the ends and starts of several documents. For every row a batch serves, the
+document index's spans of that row (sorted by start) say where each document begins; from those:
+
+- ``position_ids`` ``(rows, seq_len)`` int64: for each input token its offset from the start of
+  its document within the row. It restarts at 0 at each document start and at the row's first
+  token (a document continued from the previous row restarts too: the model sees no earlier
+  token of it, as Megatron's ``reset_position_ids`` does).
+- ``cu_seqlens`` ``(documents + 1,)`` int32: the cumulative lengths of the row segments over the
+  whole batch flattened row after row, starting at 0 and ending at ``rows * seq_len`` (the
+  flash-attn ``flash_attn_varlen_func`` convention); ``max_seqlen``: the longest segment.
+
+Only the inputs (``tokens[:, :-1]``) are segmented: a span that starts at the row's last token
+starts in the labels alone. The boundaries depend only on (shard, row), which the order derives
+from (seed, global index): the pure-function contract holds with documents too.
+
+Memory: the index's ``row`` keys (int64) and ``start`` (int32) of every span stay in memory,
+12 bytes a span (about 1.2 GB for 100M spans).
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from gristmill.errors import UsageError
+from gristmill.manifests import Published
+from gristmill.manifests.doc_index import read_published_doc_index, row_offsets
+
+
+class DocumentBoundaries:
+    """The span starts of every row of one published manifest, looked up by (shard, row)."""
+
+    def __init__(self, published: Published, storage_options: dict | None = None):
+        if not isinstance(published, Published):  # e.g. a mixture: one index per component, not supported yet
+            raise UsageError(f"documents=True reads one dataset version's document index; {type(published).__name__} "
+                             f"has none of its own")
+        m = published.manifest
+        spans = read_published_doc_index(published, columns=["shard", "row", "start"], storage_options=storage_options)
+        self.offsets = row_offsets(m)
+        shard = spans.column("shard").to_numpy().astype(np.int64)
+        # The index is sorted by (shard, row, start), so these keys are sorted: a row's spans are one run.
+        self.keys = self.offsets[shard] + spans.column("row").to_numpy()
+        self.starts = spans.column("start").to_numpy().astype(np.int64)
+        self.seq_len = m.seq_len
+
+    def segment_starts(self, shards: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """``(n, seq_len)`` bool: True where an input token starts a segment (a document, or the row)."""
+        keys = self.offsets[np.asarray(shards, dtype=np.int64)] + np.asarray(rows, dtype=np.int64)
+        lo, hi = np.searchsorted(self.keys, keys, "left"), np.searchsorted(self.keys, keys, "right")
+        counts = hi - lo
+        which = np.repeat(np.arange(keys.size), counts)  # the batch row of each span
+        first = np.repeat(lo - (np.cumsum(counts) - counts), counts) + np.arange(which.size)
+        start = self.starts[first]
+        inputs = start < self.seq_len
+        out = np.zeros((keys.size, self.seq_len), dtype=bool)
+        out[which[inputs], start[inputs]] = True
+        out[:, 0] = True  # what the row shows of a document continued from the previous row is a segment too
+        return out
+
+    def batch(self, shards: np.ndarray, rows: np.ndarray) -> dict:
+        """``position_ids``, ``cu_seqlens`` and ``max_seqlen`` of the rows (shard, row), in batch order."""
+        return segments_to_batch(self.segment_starts(shards, rows))
+
+
+def segments_to_batch(is_start: np.ndarray) -> dict:
+    """position ids and cu_seqlens from a ``(n, S)`` bool matrix of segment starts (column 0 all True)."""
+    n, S = is_start.shape
+    col = np.arange(S, dtype=np.int64)
+    seg_start = np.maximum.accumulate(np.where(is_start, col, 0), axis=1)
+    bounds = np.append(np.flatnonzero(is_start.reshape(-1)), n * S).astype(np.int32)
+    return {"position_ids": torch.from_numpy(col - seg_start), "cu_seqlens": torch.from_numpy(bounds),
+            "max_seqlen": int(np.diff(bounds).max()) if n else 0}
