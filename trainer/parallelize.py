@@ -137,3 +137,14 @@ def parallelize(model: nn.Module, mesh: DeviceMesh, *, param_dtype: torch.dtype,
         apply_compile(model)
     apply_fsdp(model, mesh, param_dtype)
     return model
+
+
+def build_model(args, mesh: DeviceMesh, *, device: torch.device, seed: int, param_dtype: torch.dtype,
+                activation_checkpoint: str, compile: bool) -> nn.Module:
+    """The model for ``args``, sharded over ``mesh``, with its initial weights from ``seed``."""
+    from .model import Transformer
+
+    torch.manual_seed(seed)
+    model = Transformer(args).to(device)
+    return parallelize(model, mesh, param_dtype=param_dtype, activation_checkpoint=activation_checkpoint,
+                       compile=compile)
