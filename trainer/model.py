@@ -2,8 +2,9 @@
 
 Attention goes through ``F.scaled_dot_product_attention`` (its flash kernel on GPU and CPU) or,
 on GPU in bf16 when the ``flash-attn`` package is installed, through ``flash_attn_func``.
-The model is built whole on every rank from the same seed, then sharded by
-``trainer.parallelize``; that makes the initial weights independent of the world size.
+The trainer builds it on the meta device (no memory), shards it (``trainer.parallelize``), then
+allocates each rank's shards and draws them with ``init_weights``: the initial weights depend on
+the seed only, never on the world size (trainer/init.py).
 """
 from __future__ import annotations
 
@@ -155,18 +156,26 @@ class Transformer(nn.Module):
         # Not parameters and not in the checkpoint: recomputed from args on every start.
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
-        self.init_weights()
+        if not self.output.weight.is_meta:  # built on the meta device: the caller inits after sharding
+            self.init_weights()
 
-    def init_weights(self):
+    @torch.no_grad()
+    def init_weights(self, seed: int = 0):
+        """Draw every parameter (this rank's shard of it, once sharded) from ``seed`` and recompute
+        the rotary tables (``to_empty`` leaves buffers uninitialised too)."""
+        from . import init
+
         # GPT-2 / OLMo style: N(0, 0.02), residual output projections scaled by 1/sqrt(2 * layers).
         std, out_std = 0.02, 0.02 / math.sqrt(2 * self.args.n_layers)
         for name, p in self.named_parameters():
+            name = init.canonical_name(name)
             if p.dim() == 1:
-                nn.init.ones_(p)  # RMSNorm gains
-            elif name.endswith(("wo.weight", "w2.weight")):
-                nn.init.normal_(p, std=out_std)
+                init.ones_(p)  # RMSNorm gains
             else:
-                nn.init.normal_(p, std=std)
+                init.normal_(p, name, seed=seed, std=out_std if name.endswith(("wo.weight", "w2.weight")) else std)
+        cos, sin = rope_tables(self.args.head_dim, self.args.max_seq_len, self.args.rope_theta)
+        self.rope_cos.copy_(cos)
+        self.rope_sin.copy_(sin)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         S = tokens.shape[1]
