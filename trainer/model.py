@@ -193,15 +193,20 @@ def count_params(args: ModelArgs) -> dict[str, int]:
     attn = args.dim * args.head_dim * (2 * args.n_heads + 2 * args.n_kv_heads)
     block = attn + 3 * args.dim * args.ffn_dim + 2 * args.dim
     embedding = args.vocab_size * args.dim
-    non_embedding = args.n_layers * block + args.dim + args.vocab_size * args.dim  # + final norm + output head
-    return {"total": non_embedding + embedding, "non_embedding": non_embedding, "embedding": embedding}
+    head = args.dim + args.vocab_size * args.dim  # final norm + output head
+    non_embedding = args.n_layers * block + head
+    return {"total": non_embedding + embedding, "non_embedding": non_embedding, "embedding": embedding,
+            "block": block, "head": head}
 
 
-def flops_per_token(args: ModelArgs, seq_len: int) -> float:
-    """Training FLOPs per token: 6N for the matmuls (forward + backward) plus 12*L*h*s for attention.
+def flops_per_token_terms(args: ModelArgs, seq_len: int) -> tuple[float, float]:
+    """Training FLOPs per token as (6N, 12*L*h*s): the matmuls (forward + backward) and attention.
 
     N counts the parameters that do matmuls (everything but the input embedding lookup), as in
     the PaLM appendix; 12*L*h*s is the attention score and value products, forward and backward.
     """
-    n = count_params(args)["non_embedding"]
-    return 6.0 * n + 12.0 * args.n_layers * args.dim * seq_len
+    return 6.0 * count_params(args)["non_embedding"], 12.0 * args.n_layers * args.dim * seq_len
+
+
+def flops_per_token(args: ModelArgs, seq_len: int) -> float:
+    return sum(flops_per_token_terms(args, seq_len))

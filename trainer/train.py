@@ -12,6 +12,7 @@ import logging
 import math
 import os
 import signal
+import statistics
 import sys
 import threading
 import time
@@ -32,7 +33,8 @@ from .checkpoint import Checkpointer, committed, library_versions, set_rng_state
 from .config import JobConfig
 from .meta import CheckpointError, new_meta
 from .metrics import MetricsLog, device_name, format_step, mfu, peak_flops, young_daly_interval_s
-from .model import count_params, flops_per_token, model_args
+from .budget import expected_wall_s, format_bytes, format_seconds, memory_budget, planned_flops
+from .model import count_params, flops_per_token, flops_per_token_terms, model_args
 from .parallelize import build_mesh, build_model, init_distributed, resolve_attention, resolve_mixed_precision
 from .state import LoaderState, ModelState, OptimizerState, TrainState, WarmupCosine, lr_at  # noqa: F401 (lr_at: re-exported)
 from gristmill.errors import GristmillError
@@ -178,6 +180,9 @@ class SampleLog:
 
 
 # -- the run --------------------------------------------------------------------------------
+ESTIMATE_AFTER_STEPS = 5  # steps measured before the expected wall time is printed
+
+
 class Trainer:
     """One training run, built in reading order: process group, data, model (sharded), optimizer,
     schedule, loader, then the state a checkpoint holds (``self.states``: model, optimizer,
@@ -210,6 +215,13 @@ class Trainer:
                                  activation_checkpoint=cfg.parallelism.activation_checkpoint,
                                  compile=cfg.parallelism.compile)
         self.optimizer = build_optimizer(self.model, cfg.optimizer, d.device)
+        self.local_params = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel()
+                                for p in self.model.parameters())
+        self.budget = memory_budget(self.args, n_params=count_params(self.args)["total"],
+                                    shards=self.mesh.size(-1),  # the FSDP degree; HSDP replicas hold the same shards
+                                    compute_bytes=torch.tensor([], dtype=self.param_dtype).element_size(),
+                                    micro_batch=cfg.data.micro_batch or self.global_batch // d.world_size,
+                                    seq_len=self.seq_len, activation_checkpoint=cfg.parallelism.activation_checkpoint)
         self.scheduler = WarmupCosine(self.optimizer, cfg.optimizer, cfg.run.steps)
 
         # Always gristmill's Loader: the audit answers from its pure order, so no other loader may stand in.
@@ -268,8 +280,8 @@ class Trainer:
         end_step = cfg.run.steps if stop_after_step is None else min(cfg.run.steps, stop_after_step)
         samples = SampleLog(self.run_dir, enabled=cfg.run.log_samples, writer=self.rank0, world_size=d.world_size,
                             resume_step=start_step)
-        self.log_start()
-        losses, last_saved = [], start_step
+        self.log_start(start_step, end_step)
+        losses, step_times, last_saved = [], [], start_step
         it = iter(self.loader)
         self.model.train()
         with StopSignals() as stop:
@@ -296,6 +308,12 @@ class Trainer:
                 if d.device.type == "cuda":
                     torch.cuda.synchronize()
                 step_s = self.last_step_s = time.perf_counter() - t0
+
+                step_times.append(step_s)
+                if step == start_step + 1:
+                    self.report_memory(step)
+                if step == min(end_step, start_step + ESTIMATE_AFTER_STEPS):
+                    self.report_wall_time(step, end_step, step_times)
 
                 samples.append(step, batch["indices"], d.device)
                 if step % cfg.run.log_every == 0 or not ok or step == end_step:
@@ -326,17 +344,56 @@ class Trainer:
                 "resumed_from": self.resumed_from}
 
     # -- pieces of the loop ---------------------------------------------------------------------
-    def log_start(self) -> None:
+    def log_start(self, start_step: int, end_step: int) -> None:
+        """Per rank: the memory budget term by term; rank 0: the model and the planned compute."""
+        d, args, cfg = self.dist, self.args, self.cfg
+        n, budget = count_params(args), self.budget
+        log.info("rank %d: memory budget (%s params / %d shards = %s per rank; this rank holds %s): %s", d.rank,
+                 f"{n['total']:,}", budget.shards, f"{n['total'] / budget.shards:,.0f}", f"{self.local_params:,}",
+                 budget.describe())
+        self.metrics.write({"kind": "budget", "step": start_step, "bytes": budget.terms, "total_bytes": budget.total,
+                            "local_params": self.local_params})
         if not self.rank0:
             return
-        args, n = self.args, count_params(self.args)
         log.info("model %s: %s parameters (%s non-embedding), %d layers, dim %d; %s; world size %d, "
-                 "global batch %d x %d tokens, %d micro-batch(es) per rank", self.cfg.model.preset, f"{n['total']:,}",
-                 f"{n['non_embedding']:,}", args.n_layers, args.dim, self.param_dtype, self.dist.world_size,
+                 "global batch %d x %d tokens, %d micro-batch(es) per rank", cfg.model.preset, f"{n['total']:,}",
+                 f"{n['non_embedding']:,}", args.n_layers, args.dim, self.param_dtype, d.world_size,
                  self.global_batch, self.seq_len, self.n_micro)
+        tokens = (end_step - start_step) * self.global_batch * self.seq_len
+        plan = planned_flops(*flops_per_token_terms(args, self.seq_len), tokens)
+        log.info("planned compute, steps %d..%d (%s tokens): 6ND %.3e + attention %.3e = %.3e FLOPs",
+                 start_step + 1, end_step, f"{tokens:,}", plan["6ND"], plan["attention"], plan["total"])
         if self.peak is None:
             log.info("MFU: unknown peak FLOP/s for %r (not in trainer.metrics.PEAK_BF16_FLOPS); MFU is not reported",
-                     device_name(self.dist.device))
+                     device_name(d.device))
+
+    def report_memory(self, step: int) -> None:
+        """On CUDA, after the first step: the allocator's peak against the budget."""
+        if self.dist.device.type != "cuda":
+            return
+        peak = torch.cuda.max_memory_allocated(self.dist.device)
+        log.info("rank %d: after step %d, peak memory allocated %s vs budget %s (%.2fx)", self.dist.rank, step,
+                 format_bytes(peak), format_bytes(self.budget.total), peak / self.budget.total)
+        self.metrics.write({"kind": "memory", "step": step, "max_allocated_bytes": peak,
+                            "budget_bytes": self.budget.total, "ratio": peak / self.budget.total})
+
+    def report_wall_time(self, step: int, end_step: int, step_times: list[float]) -> None:
+        """After the first steps: the measured rate (the first step, which compiles and warms the
+        allocator, left out when there are others) and the wall time it implies for the rest."""
+        if not self.rank0:
+            return
+        measured = statistics.median(step_times[1:] or step_times)
+        tps = self.global_batch * self.seq_len / measured
+        achieved = mfu(tps / self.dist.world_size, self.flops_per_token, self.peak)
+        if achieved is None:  # no peak for this device: the measured step time alone
+            rest, at = (end_step - step) * measured, "MFU unknown"
+        else:
+            flops = planned_flops(*flops_per_token_terms(self.args, self.seq_len),
+                                  (end_step - step) * self.global_batch * self.seq_len)["total"]
+            rest = expected_wall_s(flops, mfu=achieved, peak_flops_per_device=self.peak, devices=self.dist.world_size)
+            at = f"MFU {100 * achieved:.1f}%"
+        log.info("measured over steps ..%d: %.3f s/step, %s tokens/s, %s; expected wall time for the %d remaining "
+                 "steps: %s", step, measured, f"{tps:,.0f}", at, end_step - step, format_seconds(rest))
 
     def log_step(self, step: int, *, loss: float, grad_norm: float, lr: float, wait_s: float, step_s: float,
                  ok: bool) -> None:
