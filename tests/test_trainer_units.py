@@ -12,7 +12,7 @@ from gristmill.errors import ConfigError
 from gristmill.trainer import config
 from gristmill.trainer.metrics import PEAK_BF16_FLOPS, mfu, peak_flops, young_daly_interval_s
 from gristmill.trainer.model import PRESETS, Transformer, count_params, flops_per_token, model_args
-from gristmill.trainer.train import lr_at
+from gristmill.trainer.state import lr_at
 
 CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
 
@@ -114,6 +114,19 @@ def test_the_peak_table_is_covered_and_never_matches_a_prefix():
 def test_mfu_uses_the_peak_and_refuses_to_guess():
     assert mfu(1000.0, 1e9, None) is None
     assert mfu(10_000.0, 7.5e9, 989e12) == pytest.approx(10_000 * 7.5e9 / 989e12)
+
+
+def test_a_dcp_state_that_disagrees_with_meta_json_is_refused():
+    from gristmill.trainer.meta import CheckpointError
+    from gristmill.trainer.state import TrainState
+    from gristmill.trainer.train import check_states_match_meta
+
+    meta = {"step": 4, "loader": {"next_index": 32, "seed": 0, "window_shards": None}}
+    check_states_match_meta(meta, "ckpt", TrainState(step=4), {"next_index": 32, "seed": 0, "window_shards": None})
+    with pytest.raises(CheckpointError, match="ckpt/meta.json: step 4 but the DCP train state says 5"):
+        check_states_match_meta(meta, "ckpt", TrainState(step=5), meta["loader"])
+    with pytest.raises(CheckpointError, match="differs from the DCP loader state"):
+        check_states_match_meta(meta, "ckpt", TrainState(step=4), {**meta["loader"], "next_index": 40})
 
 
 def test_young_daly_interval():

@@ -36,7 +36,7 @@ from .metrics import MetricsLog, device_name, format_step, mfu, peak_flops, youn
 from .budget import expected_wall_s, format_bytes, format_seconds, memory_budget, planned_flops
 from .model import count_params, flops_per_token, flops_per_token_terms, model_args
 from .parallelize import build_mesh, build_model, init_distributed, resolve_attention, resolve_mixed_precision
-from .state import LoaderState, ModelState, OptimizerState, TrainState, WarmupCosine, lr_at  # noqa: F401 (lr_at: re-exported)
+from .state import LoaderState, ModelState, OptimizerState, TrainState, WarmupCosine
 from gristmill.errors import GristmillError
 
 log = logging.getLogger("gristmill.trainer")
@@ -204,7 +204,8 @@ class Trainer:
         self.seq_len, self.global_batch = self.manifest.seq_len, cfg.data.global_batch
         _, self.n_micro = local_batch_sizes(cfg, d.world_size)
 
-        # Model, sharded over the mesh; optimizer and schedule over its shards.
+        # Model, sharded over the mesh; optimizer and schedule over its shards. The global generators
+        # start from the seed on every rank; the weights come from generators of their own (trainer/init.py).
         torch.manual_seed(cfg.run.seed)
         overrides = {k: v for k, v in cfg.model.to_dict().items() if k != "preset"}
         self.args = model_args(cfg.model.preset, self.manifest.tokenizer.vocab_size, self.seq_len,
@@ -224,7 +225,18 @@ class Trainer:
                                     seq_len=self.seq_len, activation_checkpoint=cfg.parallelism.activation_checkpoint)
         self.scheduler = WarmupCosine(self.optimizer, cfg.optimizer, cfg.run.steps)
 
-        # Always gristmill's Loader: the audit answers from its pure order, so no other loader may stand in.
+        self.checkpointer = Checkpointer(self.run_dir, keep=cfg.checkpoint.keep, async_save=cfg.checkpoint.async_save,
+                                         rank=d.rank, world_size=d.world_size, device=d.device,
+                                         before_commit=self.hooks.before_commit)
+        self.manifest_changes: list[dict] = []
+        self.resumed_from: str | None = None
+        self.flops_per_token = flops_per_token(self.args, self.seq_len)
+        self.peak = peak_flops(device_name(d.device))
+        self.last_step_s: float | None = None
+
+        # Last, the two that hold threads and files (close() releases them). Always gristmill's
+        # Loader: the audit answers from its pure order, so no other loader may stand in.
+        self.metrics = MetricsLog(self.run_dir, enabled=self.rank0, tensorboard=cfg.run.tensorboard)
         self.loader = Loader(self.pub.url, split="train", seed=cfg.data.seed, global_batch=self.global_batch,
                              rank=d.rank, world_size=d.world_size, order=cfg.data.order, cache_dir=cfg.data.cache_dir,
                              prefetch=cfg.data.prefetch, expected_sha256=self.manifest.sha256, token_dtype=None)
@@ -232,16 +244,6 @@ class Trainer:
         self.loader_state = LoaderState(self.loader)
         self.states = {"model": ModelState(self.model), "optimizer": OptimizerState(self.model, self.optimizer),
                        "scheduler": self.scheduler, "loader": self.loader_state, "train_state": self.train_state}
-
-        self.checkpointer = Checkpointer(self.run_dir, keep=cfg.checkpoint.keep, async_save=cfg.checkpoint.async_save,
-                                         rank=d.rank, world_size=d.world_size, device=d.device,
-                                         before_commit=self.hooks.before_commit)
-        self.metrics = MetricsLog(self.run_dir, enabled=self.rank0, tensorboard=cfg.run.tensorboard)
-        self.manifest_changes: list[dict] = []
-        self.resumed_from: str | None = None
-        self.flops_per_token = flops_per_token(self.args, self.seq_len)
-        self.peak = peak_flops(device_name(d.device))
-        self.last_step_s: float | None = None
 
     def __enter__(self) -> Trainer:
         return self
@@ -550,7 +552,7 @@ def check_states_match_meta(meta: dict, path: str, train_state: TrainState, load
     where = os.path.join(path, "meta.json")
     if train_state.step != meta["step"]:
         raise CheckpointError(f"{where}: step {meta['step']} but the DCP train state says {train_state.step}")
-    saved = {k: v for k, v in (loader_state or {}).items()}
+    saved = dict(loader_state or {})
     if json.loads(json.dumps(saved, sort_keys=True)) != json.loads(json.dumps(meta["loader"], sort_keys=True)):
         raise CheckpointError(f"{where}: loader {meta['loader']} differs from the DCP loader state {saved}")
 
