@@ -19,9 +19,9 @@
 # for data, cache and run; default a temp dir), WHEELS (a folder of wheels for packages the
 # machine lacks; default .whl when present).
 #
-# Install: nothing when `import gristmill.trainer` works. Otherwise gristmill is installed
-# editable with --no-deps --no-index (no network needed), after the wheels in WHEELS. An image
-# with torch but without pydantic or zstandard (the project's device image, Python 3.12) needs:
+# Install: none. The checkout is put on PYTHONPATH as `gristmill` (a folder of links), with the
+# wheels in WHEELS installed beside it (--no-index: no network needed). An image with torch but
+# without pydantic or zstandard (the project's device image, Python 3.12) needs:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \
 #     pydantic pydantic-core annotated-types typing-inspection zstandard
@@ -50,20 +50,30 @@ case "$PRESET" in
   *)    echo "GPU_BENCH_PRESET must be 1b or tiny, got '$PRESET'" >&2; exit 2 ;;
 esac
 
-# -- install, when needed (no network: the wheels travel with the tree) -------------------------
-if ! "$PY" -c "import gristmill.trainer.train" 2>/dev/null; then
-  WHEELS=${WHEELS:-$( [[ -d .whl ]] && echo .whl || true )}
-  if [[ -n "$WHEELS" ]]; then
-    "$PY" -m pip install -q --no-index --no-deps --no-cache-dir "$WHEELS"/*.whl
-  fi
-  "$PY" -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir -e .
-  "$PY" -c "import gristmill.trainer.train" || {
-    echo "gristmill.trainer does not import; bring the missing packages as wheels (see the header)" >&2; exit 2; }
+# -- this checkout as `gristmill`, without installing it ------------------------------------------
+# A folder of links on PYTHONPATH maps the top-level parts to gristmill.<part> as pyproject's
+# package-dir does: no pip, no build backend, nothing written to the machine's site-packages,
+# and the code that runs is this checkout's. Wheels for packages the machine lacks go in too.
+SITE="$WORK/site"
+rm -rf "$SITE"; mkdir -p "$SITE/gristmill"
+for f in "$PWD"/gristmill/*.py; do ln -s "$f" "$SITE/gristmill/"; done
+for part in manifests pipeline loader trainer audit; do ln -s "$PWD/$part" "$SITE/gristmill/$part"; done
+WHEELS=${WHEELS:-$( [[ -d .whl ]] && echo .whl || true )}
+if [[ -n "$WHEELS" ]]; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" "$WHEELS"/*.whl
 fi
+export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+# Python 3.11+: no working directory on sys.path, else the checkout's own gristmill/ folder (which
+# holds no trainer/) would shadow the links for `python -m` and `-c`, torchrun's workers included.
+export PYTHONSAFEPATH=1
+export GRISTMILL_CODE_VERSION="gristmill+g$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)"
+"$PY" -c "import gristmill.trainer.train" || {
+  echo "gristmill.trainer does not import: bring the missing packages as wheels (see the header)" >&2; exit 2; }
 
 {
   echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
   echo "commit: $(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)"
+  "$PY" -c "import gristmill.trainer; print('gristmill:', gristmill.trainer.__path__[0])"
   "$PY" -c "import torch; print('torch:', torch.__version__, '| cuda:', torch.version.cuda, '| device:', torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu')"
   "$PY" -c "import flash_attn; print('flash-attn:', flash_attn.__version__)" 2>/dev/null || echo "flash-attn: not installed (SDPA, flash backend on GPU)"
   command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true

@@ -30,3 +30,5 @@ def test_the_gpu_benchmark_dry_run_records_throughput_budget_and_a_loss_curve(tm
     assert r["loss_last"] < r["loss_first"]  # the counting rows are learnable
     assert "SIGTERM after step" in (out / "train.log").read_text()  # stopped by the clock, cleanly
     assert "| tokens/s per device |" in (out / "results.md").read_text()
+    # the checkout ran through the script's links (a machine without an install), not an installed copy
+    assert f"gristmill: {tmp_path / 'work' / 'site' / 'gristmill' / 'trainer'}" in (out / "environment.txt").read_text()
