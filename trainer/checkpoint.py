@@ -3,7 +3,7 @@
 Layout (docs/trainer.md has every field)::
 
     <run_dir>/checkpoints/step-<N>/       committed: N optimizer steps done
-        .metadata, __<rank>_0.distcp      torch.distributed.checkpoint files (model + optimizer)
+        .metadata, __<rank>_0.distcp      torch.distributed.checkpoint files (model, optimizer, scheduler, loader, train state: trainer/state.py)
         meta.json                         step, data manifest, loader state, RNG, config, sha256 of files
     <run_dir>/checkpoints/.tmp-step-<N>/  being written; never read
 
