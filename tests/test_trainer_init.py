@@ -29,13 +29,14 @@ if d.rank == 0:
     torch.save({k: v.clone() for k, v in full.items()}, out)
 """
 
-# Builds the 8b preset on the meta device, shards it over 2 ranks and allocates the shards;
+# The trainer's build of the 8b preset over 2 ranks up to the initialisation (meta device, wrap,
+# to_empty: build_model minus init_weights, whose 16 GB per rank this machine cannot spare);
 # reports the bytes this rank holds and its resident memory, then draws block 0's shards.
 SHARD_PROBE = """
 import json, torch
 from gristmill.trainer import init
-from gristmill.trainer.model import Transformer, count_params, model_args
-from gristmill.trainer.parallelize import build_mesh, init_distributed, parallelize
+from gristmill.trainer.model import count_params, model_args
+from gristmill.trainer.parallelize import allocate_sharded, build_mesh, init_distributed
 
 def memory():
     found = {}
@@ -47,11 +48,8 @@ def memory():
 
 d = init_distributed()
 args = model_args("8b", vocab_size=128256, max_seq_len=2048)
-with torch.device("meta"):
-    model = Transformer(args)
-parallelize(model, build_mesh(d.device, d.world_size), param_dtype=torch.bfloat16,
-            activation_checkpoint="selective", compile=False)
-model.to_empty(device=d.device)
+model = allocate_sharded(args, build_mesh(d.device, d.world_size), device=d.device, param_dtype=torch.bfloat16,
+                         activation_checkpoint="selective", compile=False)
 local = sum(p.to_local().numel() * p.element_size() for p in model.parameters())
 before = memory()
 block = [(init.canonical_name(n), p) for n, p in model.named_parameters() if ".layers.0." in "." + init.canonical_name(n)]

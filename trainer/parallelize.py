@@ -148,15 +148,22 @@ def parallelize(model: nn.Module, mesh: DeviceMesh, *, param_dtype: torch.dtype,
 
 def build_model(args, mesh: DeviceMesh, *, device: torch.device, seed: int, param_dtype: torch.dtype,
                 activation_checkpoint: str, compile: bool) -> nn.Module:
-    """The model for ``args``, sharded over ``mesh``, each rank holding only its shards: built on
-    the meta device (shapes, no memory), wrapped (activation checkpointing, compile, FSDP2), then
-    ``to_empty`` allocates this rank's shards on ``device`` and ``init_weights`` draws them from
-    ``seed``, the same values for any world size (trainer/init.py)."""
+    """The model for ``args``, sharded over ``mesh``, each rank holding only its shards, with its
+    initial weights drawn from ``seed``: the same values for any world size (trainer/init.py)."""
+    model = allocate_sharded(args, mesh, device=device, param_dtype=param_dtype,
+                             activation_checkpoint=activation_checkpoint, compile=compile)
+    model.init_weights(seed)
+    return model
+
+
+def allocate_sharded(args, mesh: DeviceMesh, *, device: torch.device, param_dtype: torch.dtype,
+                     activation_checkpoint: str, compile: bool) -> nn.Module:
+    """Build on the meta device (shapes, no memory), wrap (activation checkpointing, compile,
+    FSDP2), then ``to_empty``: this rank's shards allocated on ``device``, not yet initialised."""
     from .model import Transformer
 
     with torch.device("meta"):
         model = Transformer(args)
     parallelize(model, mesh, param_dtype=param_dtype, activation_checkpoint=activation_checkpoint, compile=compile)
     model.to_empty(device=device)
-    model.init_weights(seed)
     return model
