@@ -33,7 +33,8 @@ def trained(tmp_path_factory):
            "train", os.path.join(ROOT, "configs", "train-tiny.yaml"),
            "--set", f"data.manifest={published.url}", "--set", f"run.dir={run_dir}", "--set", f"run.steps={STEPS}",
            "--set", "checkpoint.every=3", "--set", "eval.every=0", "--set", f"data.seed={SEED}",
-           "--set", f"data.global_batch={B}", "--set", "run.tensorboard=false", "--set", "data.prefetch=1"]
+           "--set", f"data.global_batch={B}", "--set", "run.tensorboard=false", "--set", "data.prefetch=1",
+           "--set", "run.log_samples=true"]  # the first-hand record the audit is compared with
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -39,9 +39,10 @@ def build_learnable(root: str) -> str:
 
 
 def train(manifest: str, run_dir: str, *sets: str, nproc: int = 1, extra=(), faults=(), check=True,
-          popen=False, cli=False):
+          popen=False, cli=False, log_samples=True):
     """Run ``python -m gristmill.trainer`` (``gristmill train`` with ``cli``, torchrun with ``nproc`` > 1,
-    tests/fault_launcher.py with ``faults``) on the tiny job."""
+    tests/fault_launcher.py with ``faults``) on the tiny job. ``log_samples``: write samples.jsonl,
+    the first-hand record of the indices the tests compare (off by default in the trainer)."""
     launcher = [sys.executable, "-m", "gristmill.cli", "train"] if cli else [sys.executable, "-m", "gristmill.trainer"]
     if faults:
         launcher = [sys.executable, LAUNCHER] + [f"--fault={f}" for f in faults]
@@ -50,7 +51,7 @@ def train(manifest: str, run_dir: str, *sets: str, nproc: int = 1, extra=(), fau
                     "-m", "gristmill.trainer"]
     args = ["--set", f"data.manifest={manifest}", "--set", f"run.dir={run_dir}", "--set", f"data.cache_dir={run_dir}-cache",
             "--set", f"run.steps={STEPS}", "--set", "checkpoint.every=4", "--set", "eval.every=6",
-            "--set", "run.tensorboard=false"]
+            "--set", "run.tensorboard=false", "--set", f"run.log_samples={str(log_samples).lower()}"]
     for s in sets:
         args += ["--set", s]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -211,8 +212,9 @@ def test_non_finite_steps_are_skipped_then_stop_the_run(data, tmp_path):
     # Step 2 alone is skipped and training recovers; steps 4, 5, 6 in a row stop the run.
     run_dir = str(tmp_path / "nan")
     failed = train(data, run_dir, "optimizer.max_bad_steps=3", "eval.every=0", "checkpoint.every=3",
-                   faults=["nan_loss@2", "nan_loss@4", "nan_loss@5", "nan_loss@6"], check=False)
+                   faults=["nan_loss@2", "nan_loss@4", "nan_loss@5", "nan_loss@6"], check=False, log_samples=False)
     assert failed.returncode == 2
+    assert not os.path.exists(os.path.join(run_dir, "samples.jsonl"))  # opt-in: no per-step gather by default
     assert "3 consecutive steps (up to step 6)" in failed.stderr and "max_bad_steps=3" in failed.stderr
     recs = records(run_dir)
     assert [recs[s]["skipped"] for s in range(1, 7)] == [False, True, False, True, True, True]

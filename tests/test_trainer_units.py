@@ -10,9 +10,9 @@ import torch
 
 from gristmill.errors import ConfigError
 from gristmill.trainer import config
-from gristmill.trainer.metrics import mfu, peak_flops, young_daly_interval_s
+from gristmill.trainer.metrics import PEAK_BF16_FLOPS, mfu, peak_flops, young_daly_interval_s
 from gristmill.trainer.model import PRESETS, Transformer, count_params, flops_per_token, model_args
-from gristmill.trainer.train import lr_at
+from gristmill.trainer.state import lr_at
 
 CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
 
@@ -83,13 +83,50 @@ def test_model_is_causal():
     assert torch.equal(a[:, :5], b[:, :5]) and not torch.allclose(a[:, 5:], b[:, 5:])
 
 
-def test_mfu_uses_known_peaks_and_refuses_to_guess():
-    assert peak_flops("NVIDIA H100 80GB HBM3") == 989e12
-    assert peak_flops("NVIDIA H100 PCIe") == 756e12
-    assert peak_flops("NVIDIA A100-SXM4-80GB") == 312e12
-    assert peak_flops("cpu") is None and peak_flops("NVIDIA GeForce GTX 1080") is None
+# Every entry of the peak table, by the names torch.cuda.get_device_name() reports (TFLOP/s,
+# dense bf16, from the vendors' datasheets).
+DEVICE_PEAKS = [
+    ("NVIDIA H100 80GB HBM3", "H100", None, 989), ("NVIDIA H100 PCIe", "H100", "PCIE", 756),
+    ("NVIDIA H100 NVL", "H100", "NVL", 835), ("NVIDIA H200", "H200", None, 989),
+    ("NVIDIA GH200 480GB", "GH200", None, 989), ("NVIDIA H800", "H800", None, 989),
+    ("NVIDIA H800 PCIe", "H800", "PCIE", 756), ("NVIDIA B200", "B200", None, 2250),
+    ("NVIDIA GB200", "GB200", None, 2500), ("NVIDIA B100", "B100", None, 1750),
+    ("NVIDIA A100-SXM4-80GB", "A100", None, 312), ("NVIDIA A800 80GB PCIe", "A800", None, 312),
+    ("NVIDIA L40S", "L40S", None, 362), ("NVIDIA L40", "L40", None, 181), ("NVIDIA L4", "L4", None, 121),
+    ("AMD Instinct MI300X", "MI300X", None, 1307), ("AMD Instinct MI325X", "MI325X", None, 1307),
+]
+
+
+@pytest.mark.parametrize("name,model,variant,tflops", DEVICE_PEAKS)
+def test_every_peak_table_entry_matches_its_exact_device_name(name, model, variant, tflops):
+    assert peak_flops(name) == PEAK_BF16_FLOPS[model][variant] == tflops * 1e12
+
+
+def test_the_peak_table_is_covered_and_never_matches_a_prefix():
+    assert {(m, v) for _, m, v, _ in DEVICE_PEAKS} == {(m, v) for m, vs in PEAK_BF16_FLOPS.items() for v in vs}
+    # "L40" once matched "L4" (121 instead of 181), "GB200" matched "B200" (2250 instead of 2500)
+    assert peak_flops("NVIDIA L40") != peak_flops("NVIDIA L4")
+    assert peak_flops("NVIDIA GB200") != peak_flops("NVIDIA B200")
+    for unknown in ("cpu", "NVIDIA GeForce GTX 1080", "NVIDIA L4X", "NVIDIA H1000", "NVIDIA A10", "NVIDIA RTX A6000"):
+        assert peak_flops(unknown) is None, unknown
+
+
+def test_mfu_uses_the_peak_and_refuses_to_guess():
     assert mfu(1000.0, 1e9, None) is None
     assert mfu(10_000.0, 7.5e9, 989e12) == pytest.approx(10_000 * 7.5e9 / 989e12)
+
+
+def test_a_dcp_state_that_disagrees_with_meta_json_is_refused():
+    from gristmill.trainer.meta import CheckpointError
+    from gristmill.trainer.state import TrainState
+    from gristmill.trainer.train import check_states_match_meta
+
+    meta = {"step": 4, "loader": {"next_index": 32, "seed": 0, "window_shards": None}}
+    check_states_match_meta(meta, "ckpt", TrainState(step=4), {"next_index": 32, "seed": 0, "window_shards": None})
+    with pytest.raises(CheckpointError, match="ckpt/meta.json: step 4 but the DCP train state says 5"):
+        check_states_match_meta(meta, "ckpt", TrainState(step=5), meta["loader"])
+    with pytest.raises(CheckpointError, match="differs from the DCP loader state"):
+        check_states_match_meta(meta, "ckpt", TrainState(step=4), {**meta["loader"], "next_index": 40})
 
 
 def test_young_daly_interval():

@@ -3,7 +3,7 @@
 Layout (docs/trainer.md has every field)::
 
     <run_dir>/checkpoints/step-<N>/       committed: N optimizer steps done
-        .metadata, __<rank>_0.distcp      torch.distributed.checkpoint files (model + optimizer)
+        .metadata, __<rank>_0.distcp      torch.distributed.checkpoint files (model, optimizer, scheduler, loader, train state: trainer/state.py)
         meta.json                         step, data manifest, loader state, RNG, config, sha256 of files
     <run_dir>/checkpoints/.tmp-step-<N>/  being written; never read
 
@@ -47,12 +47,7 @@ import torch.distributed.checkpoint.filesystem as dcp_fs
 import torch.distributed.checkpoint.metadata as dcp_md
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-from torch.distributed.checkpoint.state_dict import (
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
+from torch.distributed.checkpoint.stateful import Stateful
 
 import gristmill
 from gristmill.manifests import sha256_file
@@ -329,11 +324,6 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def app_state(model, optimizer) -> dict:
-    """The DCP state: sharded model and optimizer, resharded automatically on load."""
-    return {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, optimizer)}
-
-
 def _position_tensor(data: bytes) -> torch.Tensor:
     # A plain (replicated) tensor: DCP writes it once, and its bytes land in a file meta.json hashes.
     return torch.frombuffer(bytearray(data), dtype=torch.uint8)
@@ -376,9 +366,11 @@ class Checkpointer:
                     log.info("removing interrupted checkpoint %s", name)
                     shutil.rmtree(os.path.join(root, name), ignore_errors=True)
 
-    def save(self, step: int, model, optimizer, meta: dict) -> float:
-        """Write step ``step``; synchronous saves are committed before this returns. Returns the
-        seconds training was blocked (the whole save, or only the staging copy when async)."""
+    def save(self, step: int, states: dict[str, Stateful], meta: dict) -> float:
+        """Write step ``step`` of ``states`` (trainer.state: model, optimizer, scheduler, loader,
+        train state; DCP reshards them on load); synchronous saves are committed before this
+        returns. Returns the seconds training was blocked (the whole save, or only the staging
+        copy when async)."""
         started = time.perf_counter()
         self.wait()  # one save in flight at a time
         tmp = os.path.join(checkpoints_dir(self.run_dir), f"{TMP_PREFIX}step-{step}")
@@ -389,7 +381,7 @@ class Checkpointer:
         rngs = [None] * self.world_size
         dist.all_gather_object(rngs, rng_state())
         meta = {**meta, "rng": rngs}
-        state = {**app_state(model, optimizer), DCP_KEY: _position_tensor(encode_data_position(meta))}
+        state = {**states, DCP_KEY: _position_tensor(encode_data_position(meta))}
         if self.async_save:
             future = dcp.async_save(state, checkpoint_id=tmp, process_group=self._async_group)
             self.pending = PendingSave(step, tmp, meta, future, started)
@@ -452,11 +444,16 @@ class Checkpointer:
         dist.broadcast_object_list(choice, src=0)
         return choice[0], choice[1]
 
-    def load(self, path: str, model, optimizer, meta: dict) -> None:
-        """Load model and optimizer state (DCP reshards when the world size changed) through the
-        restricted readers, and refuse it if its data position differs from ``meta``'s."""
-        state = {**app_state(model, optimizer), DCP_KEY: _position_buffer(path, read_dcp_metadata(path))}
+    def load(self, path: str, states: dict[str, Stateful], meta: dict) -> None:
+        """Load ``states`` in place (DCP reshards when the world size changed; each Stateful's
+        ``load_state_dict`` runs) through the restricted readers, and refuse the checkpoint if its
+        data position differs from ``meta``'s or it lacks one of the states."""
+        md = read_dcp_metadata(path)
+        saved = {fqn.split(".", 1)[0] for fqn in md.state_dict_metadata}
+        missing = sorted(set(states) - saved)
+        if missing:
+            raise CheckpointError(f"{path}: the DCP state has no {', '.join(missing)} entries (written by an older "
+                                  f"trainer?); start a new run directory or resume with the trainer that wrote it")
+        state = {**states, DCP_KEY: _position_buffer(path, md)}
         load_state(state, path)
         compare_data_position(meta, state[DCP_KEY].numpy().tobytes(), os.path.join(path, META_FILE))
-        set_model_state_dict(model, state["model"])
-        set_optimizer_state_dict(model, optimizer, state["optimizer"])

@@ -15,11 +15,14 @@ PositiveFloat = Annotated[Float, Field(gt=0)]
 
 
 class RunConfig(Section):
-    dir: Str = "runs/default"  # run directory: metrics.jsonl, samples.jsonl, checkpoints/
+    dir: Str = "runs/default"  # run directory: metrics.jsonl, checkpoints/ (and samples.jsonl with log_samples)
     steps: PositiveInt = 100  # optimizer steps of the whole run (the LR schedule's length)
     seed: Int = 0  # model init and per-rank RNG
     log_every: PositiveInt = 1
     tensorboard: Bool = True  # when torch.utils.tensorboard is importable
+    # samples.jsonl: every step's global sample indices as the ranks' batches carried them (one
+    # all-gather per step). Off by default: the indices follow from the loader state in the checkpoint.
+    log_samples: Bool = False
 
 
 class DataConfig(Section):

@@ -5,28 +5,33 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 
 import torch
 
-# Dense (no sparsity) bf16 tensor-core peaks in FLOP/s, from the vendors' datasheets. Matched by
-# substring of torch.cuda.get_device_name(), most specific first. Anything else is "unknown":
-# an MFU computed against a guessed peak is worse than none.
-PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
-    ("GH200", 989e12),
-    ("H200", 989e12),
-    ("H100 PCIe", 756e12),
-    ("H100 NVL", 835e12),
-    ("H100", 989e12),  # SXM
-    ("H800", 989e12),
-    ("B200", 2250e12),
-    ("B100", 1750e12),
-    ("A100", 312e12),
-    ("A800", 312e12),
-    ("L40S", 362e12),
-    ("L4", 121e12),
-    ("MI300X", 1307e12),
-    ("MI325X", 1307e12),
-)
+# Dense (no sparsity) bf16 tensor-core peaks in FLOP/s per device, from the vendors' datasheets,
+# by model name as torch.cuda.get_device_name() spells it ("NVIDIA H100 80GB HBM3",
+# "NVIDIA L40S", "AMD Instinct MI300X"). A name matches an entry only when the model token is
+# equal, never a prefix or a substring: "L40" is not "L4" and "GB200" is not "B200". A variant
+# (a later token such as PCIe) refines the model's default. Anything else is "unknown": an MFU
+# computed against a guessed peak is worse than none.
+PEAK_BF16_FLOPS: dict[str, dict[str | None, float]] = {
+    "H100": {None: 989e12, "PCIE": 756e12, "NVL": 835e12},  # None: SXM
+    "H200": {None: 989e12},
+    "GH200": {None: 989e12},
+    "H800": {None: 989e12, "PCIE": 756e12},
+    "B200": {None: 2250e12},
+    "GB200": {None: 2500e12},
+    "B100": {None: 1750e12},
+    "A100": {None: 312e12},
+    "A800": {None: 312e12},
+    "L40S": {None: 362e12},
+    "L40": {None: 181e12},
+    "L4": {None: 121e12},
+    "MI300X": {None: 1307e12},
+    "MI325X": {None: 1307e12},
+}
+_VENDOR_WORDS = {"NVIDIA", "AMD", "INSTINCT", "TESLA"}
 
 
 def device_name(device: torch.device) -> str:
@@ -36,11 +41,16 @@ def device_name(device: torch.device) -> str:
 
 
 def peak_flops(name: str) -> float | None:
-    """The dense bf16 peak of one device, or None when the hardware is not in the table."""
-    for key, flops in PEAK_BF16_FLOPS:
-        if key in name:
-            return flops
-    return None
+    """The dense bf16 peak of one device, or None when the hardware is not in the table.
+    The model is the first word after the vendor's (words split at spaces, '-' and '_')."""
+    words = [w for w in re.split(r"[\s_-]+", name.upper()) if w]
+    while words and words[0] in _VENDOR_WORDS:
+        words.pop(0)
+    if not words or words[0] not in PEAK_BF16_FLOPS:
+        return None
+    variants = PEAK_BF16_FLOPS[words[0]]
+    found = [variants[w] for w in words[1:] if w in variants]
+    return found[0] if found else variants[None]
 
 
 def mfu(tokens_per_s_per_device: float, flops_per_token: float, peak: float | None) -> float | None:

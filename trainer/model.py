@@ -9,8 +9,10 @@ document. The kernel (:class:`DocumentMask`): flash-attn's ``flash_attn_varlen_f
 ``cu_seqlens`` on GPU with ``attention="flash"``; otherwise flex attention with a block mask on
 GPU (only the blocks a document touches are computed); on CPU SDPA with a dense boolean
 ``(B, 1, S, S)`` mask (flex attention has no backward on CPU in torch 2.13).
-The model is built whole on every rank from the same seed, then sharded by
-``trainer.parallelize``; that makes the initial weights independent of the world size.
+
+The trainer builds it on the meta device (no memory), shards it (``trainer.parallelize``), then
+allocates each rank's shards and draws them with ``init_weights``: the initial weights depend on
+the seed only, never on the world size (trainer/init.py).
 """
 from __future__ import annotations
 
@@ -238,18 +240,26 @@ class Transformer(nn.Module):
         # Not parameters and not in the checkpoint: recomputed from args on every start.
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
-        self.init_weights()
+        if not self.output.weight.is_meta:  # built on the meta device: the caller inits after sharding
+            self.init_weights()
 
-    def init_weights(self):
+    @torch.no_grad()
+    def init_weights(self, seed: int = 0):
+        """Draw every parameter (this rank's shard of it, once sharded) from ``seed`` and recompute
+        the rotary tables (``to_empty`` leaves buffers uninitialised too)."""
+        from . import init
+
         # GPT-2 / OLMo style: N(0, 0.02), residual output projections scaled by 1/sqrt(2 * layers).
         std, out_std = 0.02, 0.02 / math.sqrt(2 * self.args.n_layers)
         for name, p in self.named_parameters():
+            name = init.canonical_name(name)
             if p.dim() == 1:
-                nn.init.ones_(p)  # RMSNorm gains
-            elif name.endswith(("wo.weight", "w2.weight")):
-                nn.init.normal_(p, std=out_std)
+                init.ones_(p)  # RMSNorm gains
             else:
-                nn.init.normal_(p, std=std)
+                init.normal_(p, name, seed=seed, std=out_std if name.endswith(("wo.weight", "w2.weight")) else std)
+        cos, sin = rope_tables(self.args.head_dim, self.args.max_seq_len, self.args.rope_theta)
+        self.rope_cos.copy_(cos)
+        self.rope_sin.copy_(sin)
 
     def forward(self, tokens: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Logits of ``tokens`` (B, S). ``position_ids`` (B, S): each token's offset in its document
@@ -280,15 +290,20 @@ def count_params(args: ModelArgs) -> dict[str, int]:
     attn = args.dim * args.head_dim * (2 * args.n_heads + 2 * args.n_kv_heads)
     block = attn + 3 * args.dim * args.ffn_dim + 2 * args.dim
     embedding = args.vocab_size * args.dim
-    non_embedding = args.n_layers * block + args.dim + args.vocab_size * args.dim  # + final norm + output head
-    return {"total": non_embedding + embedding, "non_embedding": non_embedding, "embedding": embedding}
+    head = args.dim + args.vocab_size * args.dim  # final norm + output head
+    non_embedding = args.n_layers * block + head
+    return {"total": non_embedding + embedding, "non_embedding": non_embedding, "embedding": embedding,
+            "block": block, "head": head}
 
 
-def flops_per_token(args: ModelArgs, seq_len: int) -> float:
-    """Training FLOPs per token: 6N for the matmuls (forward + backward) plus 12*L*h*s for attention.
+def flops_per_token_terms(args: ModelArgs, seq_len: int) -> tuple[float, float]:
+    """Training FLOPs per token as (6N, 12*L*h*s): the matmuls (forward + backward) and attention.
 
     N counts the parameters that do matmuls (everything but the input embedding lookup), as in
     the PaLM appendix; 12*L*h*s is the attention score and value products, forward and backward.
     """
-    n = count_params(args)["non_embedding"]
-    return 6.0 * n + 12.0 * args.n_layers * args.dim * seq_len
+    return 6.0 * count_params(args)["non_embedding"], 12.0 * args.n_layers * args.dim * seq_len
+
+
+def flops_per_token(args: ModelArgs, seq_len: int) -> float:
+    return sum(flops_per_token_terms(args, seq_len))

@@ -117,16 +117,23 @@ def apply_compile(model: nn.Module) -> None:
 
 
 def apply_fsdp(model: nn.Module, mesh: DeviceMesh, param_dtype: torch.dtype) -> None:
-    """``fully_shard`` each block, then the root (embeddings, final norm, output head).
+    """FSDP units as torchtitan cuts them: the token embeddings, each block, the final norm and
+    output head together, then the root (which then owns no parameters of its own). The
+    embeddings and the head are the largest tensors at big vocabularies (the 8b preset's are
+    525M parameters each): as units of their own they are gathered only around their own use,
+    not for the whole forward and backward as root parameters would be.
 
     Gradients are reduced in fp32 whatever the compute dtype, so bf16 training sums exactly
     enough bits across ranks.
     """
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+    fully_shard(model.tok_embeddings, mesh=mesh, mp_policy=mp, reshard_after_forward=True)
     blocks = list(model.layers.values())
     for i, block in enumerate(blocks):
         # Backward starts with the last block: keeping it unsharded after forward saves an all-gather.
         fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=i < len(blocks) - 1)
+    # Used last in forward and first in backward: resharding it in between would only re-gather it.
+    fully_shard([model.norm, model.output], mesh=mesh, mp_policy=mp, reshard_after_forward=False)
     fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
 
 
@@ -136,4 +143,27 @@ def parallelize(model: nn.Module, mesh: DeviceMesh, *, param_dtype: torch.dtype,
     if compile:
         apply_compile(model)
     apply_fsdp(model, mesh, param_dtype)
+    return model
+
+
+def build_model(args, mesh: DeviceMesh, *, device: torch.device, seed: int, param_dtype: torch.dtype,
+                activation_checkpoint: str, compile: bool) -> nn.Module:
+    """The model for ``args``, sharded over ``mesh``, each rank holding only its shards, with its
+    initial weights drawn from ``seed``: the same values for any world size (trainer/init.py)."""
+    model = allocate_sharded(args, mesh, device=device, param_dtype=param_dtype,
+                             activation_checkpoint=activation_checkpoint, compile=compile)
+    model.init_weights(seed)
+    return model
+
+
+def allocate_sharded(args, mesh: DeviceMesh, *, device: torch.device, param_dtype: torch.dtype,
+                     activation_checkpoint: str, compile: bool) -> nn.Module:
+    """Build on the meta device (shapes, no memory), wrap (activation checkpointing, compile,
+    FSDP2), then ``to_empty``: this rank's shards allocated on ``device``, not yet initialised."""
+    from .model import Transformer
+
+    with torch.device("meta"):
+        model = Transformer(args)
+    parallelize(model, mesh, param_dtype=param_dtype, activation_checkpoint=activation_checkpoint, compile=compile)
+    model.to_empty(device=device)
     return model

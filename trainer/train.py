@@ -12,6 +12,7 @@ import logging
 import math
 import os
 import signal
+import statistics
 import sys
 import threading
 import time
@@ -31,10 +32,12 @@ from . import config as config_mod
 from .cli import add_arguments, print_config
 from .checkpoint import Checkpointer, committed, library_versions, set_rng_state
 from .config import JobConfig
-from .meta import data_fields, new_meta
+from .meta import CheckpointError, data_fields, new_meta
 from .metrics import MetricsLog, device_name, format_step, mfu, peak_flops, young_daly_interval_s
-from .model import KERNEL_FIELDS, Transformer, count_params, flops_per_token, model_args, position_ids
-from .parallelize import build_mesh, init_distributed, parallelize, resolve_attention, resolve_mixed_precision
+from .budget import expected_wall_s, format_bytes, format_seconds, memory_budget, planned_flops
+from .model import KERNEL_FIELDS, count_params, flops_per_token, flops_per_token_terms, model_args, position_ids
+from .parallelize import build_mesh, build_model, init_distributed, resolve_attention, resolve_mixed_precision
+from .state import LoaderState, ModelState, OptimizerState, TrainState, WarmupCosine
 from gristmill.errors import GristmillError
 
 log = logging.getLogger("gristmill.trainer")
@@ -100,20 +103,14 @@ class StopSignals:
 
 
 # -- small pieces ---------------------------------------------------------------------------
-def lr_at(step: int, cfg: config_mod.OptimizerConfig, total_steps: int) -> float:
-    """Linear warm-up to ``lr`` over ``warmup_steps``, then cosine down to ``lr * min_lr_ratio``."""
-    if cfg.warmup_steps and step <= cfg.warmup_steps:
-        return cfg.lr * step / cfg.warmup_steps
-    progress = min(1.0, (step - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps))
-    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
-
-
-def build_optimizer(model: torch.nn.Module, cfg: config_mod.OptimizerConfig) -> torch.optim.AdamW:
+def build_optimizer(model: torch.nn.Module, cfg: config_mod.OptimizerConfig, device: torch.device) -> torch.optim.AdamW:
     # Weight decay on matrices only; norm gains are scale parameters that decay would shrink to 0.
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
+    # Fused on CUDA: one kernel for all parameters instead of a few per tensor. CPU keeps the
+    # for-each path, which the bitwise CPU tests were written against.
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, fused=device.type == "cuda")
 
 
 def local_batch_sizes(cfg: JobConfig, world_size: int) -> tuple[int, int]:
@@ -151,15 +148,17 @@ def inputs_and_labels(batch: dict, device) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class SampleLog:
-    """Rank 0 writes ``<run_dir>/samples.jsonl``: one line per optimizer step with the global sample
-    indices it consumed, in rank order. On resume, lines after the checkpoint's step are dropped
-    (those steps' weights were discarded with the crash), so the file always describes the
-    lineage of the newest model."""
+    """With ``run.log_samples``, rank 0 writes ``<run_dir>/samples.jsonl``: one line per optimizer
+    step with the global sample indices the ranks' batches carried, in rank order (one all-gather
+    per step: a first-hand record for the audit to be checked against; the indices themselves
+    follow from the checkpoint's loader state). On resume, lines after the checkpoint's step are
+    dropped (those steps' weights were discarded with the crash), so the file always describes
+    the lineage of the newest model."""
 
-    def __init__(self, run_dir: str, enabled: bool, resume_step: int):
+    def __init__(self, run_dir: str, *, enabled: bool, writer: bool, world_size: int, resume_step: int):
         self.path = os.path.join(run_dir, "samples.jsonl")
-        self.enabled = enabled
-        if enabled:
+        self.enabled, self.writer, self.world_size = enabled, writer, world_size
+        if enabled and writer:
             self._truncate_after(resume_step)
 
     def _truncate_after(self, step: int) -> None:
@@ -169,200 +168,293 @@ class SampleLog:
             keep = [line for line in f if line.strip() and json.loads(line)["step"] <= step]
         atomic_write(self.path, "".join(keep).encode())
 
-    def append(self, step: int, indices: list[int]) -> None:
-        if self.enabled:
+    def append(self, step: int, local_indices: torch.Tensor, device) -> None:
+        """Collective when enabled: every rank calls it every step."""
+        if not self.enabled:
+            return
+        local = local_indices.to(device)
+        parts = [torch.empty_like(local) for _ in range(self.world_size)]
+        dist.all_gather(parts, local)
+        if self.writer:
             with open(self.path, "a") as f:
-                f.write(json.dumps({"step": step, "indices": indices}) + "\n")
-
-
-def gather_indices(local: torch.Tensor, world_size: int) -> list[int]:
-    parts = [torch.empty_like(local) for _ in range(world_size)]
-    dist.all_gather(parts, local)
-    return torch.cat(parts).tolist()
+                f.write(json.dumps({"step": step, "indices": torch.cat(parts).tolist()}) + "\n")
 
 
 # -- the run --------------------------------------------------------------------------------
-def train(cfg: JobConfig, *, stop_after_step: int | None = None, allow_manifest_change: bool = False,
-          hooks: Hooks | None = None) -> dict:
-    hooks = hooks or Hooks()
-    d = init_distributed()
-    rank0 = d.rank == 0
-    run_dir = cfg.run.dir
-    os.makedirs(run_dir, exist_ok=True)
-    allow_manifest_change = allow_manifest_change or cfg.checkpoint.allow_manifest_change
+ESTIMATE_AFTER_STEPS = 5  # steps measured before the expected wall time is printed
 
-    # Data: the manifest pins vocabulary, sequence length and the content hash the checkpoint records.
-    pub = load_data(cfg.data.manifest, expected_sha256=cfg.data.expected_sha256)  # a dataset or a mixture
-    manifest = pub.manifest
-    seq_len, B = manifest.seq_len, cfg.data.global_batch
-    _, n_micro = local_batch_sizes(cfg, d.world_size)
 
-    # Model: built whole from the seed on every rank, then sharded.
-    torch.manual_seed(cfg.run.seed)
-    overrides = {k: v for k, v in cfg.model.to_dict().items() if k != "preset"}
-    args = model_args(cfg.model.preset, manifest.tokenizer.vocab_size, seq_len,
-                      attention=resolve_attention(cfg.parallelism.attention, d.device), **overrides)
-    model = Transformer(args)
-    mesh = build_mesh(d.device, d.world_size, cfg.parallelism.dp_shard)
-    param_dtype = resolve_mixed_precision(cfg.parallelism.mixed_precision, d.device)
-    parallelize(model, mesh, param_dtype=param_dtype, activation_checkpoint=cfg.parallelism.activation_checkpoint,
-                compile=cfg.parallelism.compile)
-    optimizer = build_optimizer(model, cfg.optimizer)
+class Trainer:
+    """One training run, built in reading order: process group, data, model (sharded), optimizer,
+    schedule, loader, then the state a checkpoint holds (``self.states``: model, optimizer,
+    scheduler, loader and train state, each DCP ``Stateful``, see trainer/state.py).
+    ``resume()`` loads the newest checkpoint that verifies; ``train()`` is the loop; ``close()``
+    stops the loader's threads (a ``with`` block calls it)."""
 
-    # Resume: the newest checkpoint that verifies; its manifest must match unless overridden.
-    ckpt = Checkpointer(run_dir, keep=cfg.checkpoint.keep, async_save=cfg.checkpoint.async_save, rank=d.rank,
-                        world_size=d.world_size, device=d.device, before_commit=hooks.before_commit)
-    start_step, tokens_seen, skipped_total, manifest_changes, resumed_from = 0, 0, 0, [], None
-    loader_state = None
-    if cfg.checkpoint.enabled and cfg.checkpoint.resume:
-        path, meta = ckpt.latest()
-        if path is not None:
-            manifest_changes = check_resume(meta, path, pub, cfg, allow_manifest_change)
-            check_model_args(meta, path, args)
-            ckpt.load(path, model, optimizer, meta)
-            start_step, tokens_seen = meta["step"], meta["tokens_seen"]
-            skipped_total = meta["bad_steps"]["skipped_total"]
-            if d.rank < len(meta["rng"]):
-                set_rng_state(meta["rng"][d.rank])
-            loader_state = {**meta["loader"], "manifest_sha256": manifest.sha256}
-            resumed_from = path
-            if rank0:
-                log.info("resumed from %s (step %d, next sample %d, world size %d -> %d)", path, start_step,
-                         meta["loader"]["next_index"], meta["world_size"], d.world_size)
+    def __init__(self, cfg: JobConfig, *, allow_manifest_change: bool = False, hooks: Hooks | None = None):
+        self.cfg, self.hooks = cfg, hooks or Hooks()
+        self.allow_manifest_change = allow_manifest_change or cfg.checkpoint.allow_manifest_change
+        self.dist = d = init_distributed()
+        self.rank0 = d.rank == 0
+        self.run_dir = cfg.run.dir
+        os.makedirs(self.run_dir, exist_ok=True)
 
-    # Always gristmill's Loader: the audit answers from its pure order, so no other loader may stand in.
-    loader = Loader(pub.url, split="train", seed=cfg.data.seed, global_batch=B, rank=d.rank, world_size=d.world_size,
-                    order=cfg.data.order, cache_dir=cfg.data.cache_dir, prefetch=cfg.data.prefetch,
-                    expected_sha256=manifest.sha256, token_dtype=None,
-                    documents=cfg.model.document_mask)  # position ids per row (document mask)
-    metrics = MetricsLog(run_dir, enabled=rank0, tensorboard=cfg.run.tensorboard)
-    try:
-        if loader_state is not None:
-            loader.load_state_dict(loader_state)
+        # Data: the manifest pins vocabulary, sequence length and the content hash the checkpoint records.
+        self.pub = load_data(cfg.data.manifest, expected_sha256=cfg.data.expected_sha256)  # a dataset or a mixture
+        self.manifest = self.pub.manifest
+        self.seq_len, self.global_batch = self.manifest.seq_len, cfg.data.global_batch
+        _, self.n_micro = local_batch_sizes(cfg, d.world_size)
+
+        # Model, sharded over the mesh; optimizer and schedule over its shards. The global generators
+        # start from the seed on every rank; the weights come from generators of their own (trainer/init.py).
+        torch.manual_seed(cfg.run.seed)
+        overrides = {k: v for k, v in cfg.model.to_dict().items() if k != "preset"}
+        self.args = model_args(cfg.model.preset, self.manifest.tokenizer.vocab_size, self.seq_len,
+                               attention=resolve_attention(cfg.parallelism.attention, d.device), **overrides)
+        self.mesh = build_mesh(d.device, d.world_size, cfg.parallelism.dp_shard)
+        self.param_dtype = resolve_mixed_precision(cfg.parallelism.mixed_precision, d.device)
+        self.model = build_model(self.args, self.mesh, device=d.device, seed=cfg.run.seed, param_dtype=self.param_dtype,
+                                 activation_checkpoint=cfg.parallelism.activation_checkpoint,
+                                 compile=cfg.parallelism.compile)
+        self.optimizer = build_optimizer(self.model, cfg.optimizer, d.device)
+        self.local_params = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel()
+                                for p in self.model.parameters())
+        self.budget = memory_budget(self.args, n_params=count_params(self.args)["total"],
+                                    shards=self.mesh.size(-1),  # the FSDP degree; HSDP replicas hold the same shards
+                                    compute_bytes=torch.tensor([], dtype=self.param_dtype).element_size(),
+                                    micro_batch=cfg.data.micro_batch or self.global_batch // d.world_size,
+                                    seq_len=self.seq_len, activation_checkpoint=cfg.parallelism.activation_checkpoint)
+        self.scheduler = WarmupCosine(self.optimizer, cfg.optimizer, cfg.run.steps)
+
+        self.checkpointer = Checkpointer(self.run_dir, keep=cfg.checkpoint.keep, async_save=cfg.checkpoint.async_save,
+                                         rank=d.rank, world_size=d.world_size, device=d.device,
+                                         before_commit=self.hooks.before_commit)
+        self.manifest_changes: list[dict] = []
+        self.resumed_from: str | None = None
+        self.flops_per_token = flops_per_token(self.args, self.seq_len)
+        self.peak = peak_flops(device_name(d.device))
+        self.last_step_s: float | None = None
+
+        # Last, the two that hold threads and files (close() releases them). Always gristmill's
+        # Loader: the audit answers from its pure order, so no other loader may stand in.
+        self.metrics = MetricsLog(self.run_dir, enabled=self.rank0, tensorboard=cfg.run.tensorboard)
+        self.loader = Loader(self.pub.url, split="train", seed=cfg.data.seed, global_batch=self.global_batch,
+                             rank=d.rank, world_size=d.world_size, order=cfg.data.order, cache_dir=cfg.data.cache_dir,
+                             prefetch=cfg.data.prefetch, expected_sha256=self.manifest.sha256, token_dtype=None,
+                             documents=cfg.model.document_mask)  # position ids per row (document mask)
+        self.train_state = TrainState()
+        self.loader_state = LoaderState(self.loader)
+        self.states = {"model": ModelState(self.model), "optimizer": OptimizerState(self.model, self.optimizer),
+                       "scheduler": self.scheduler, "loader": self.loader_state, "train_state": self.train_state}
+
+    def __enter__(self) -> Trainer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.loader.close()  # its prefetch threads must not outlive the run, whatever ended it
+        self.metrics.close()
+
+    # -- resume ---------------------------------------------------------------------------------
+    def resume(self) -> None:
+        """Load the newest checkpoint that verifies; its manifest must match unless overridden."""
+        if not (self.cfg.checkpoint.enabled and self.cfg.checkpoint.resume):
+            return
+        path, meta = self.checkpointer.latest()
+        if path is None:
+            return
+        self.manifest_changes = check_resume(meta, path, self.pub, self.cfg, self.allow_manifest_change)
+        check_model_args(meta, path, self.args)
+        self.loader_state.manifest_sha256 = self.manifest.sha256  # a change was allowed, or there is none
+        self.checkpointer.load(path, self.states, meta)
+        check_states_match_meta(meta, path, self.train_state, self.loader_state.loaded)
+        if self.dist.rank < len(meta["rng"]):
+            set_rng_state(meta["rng"][self.dist.rank])
+        self.resumed_from = path
+        if self.rank0:
+            log.info("resumed from %s (step %d, next sample %d, world size %d -> %d)", path, self.train_state.step,
+                     meta["loader"]["next_index"], meta["world_size"], self.dist.world_size)
+
+    # -- the loop -------------------------------------------------------------------------------
+    def train(self, stop_after_step: int | None = None) -> dict:
+        cfg, d, ts = self.cfg, self.dist, self.train_state
+        start_step = ts.step
+        end_step = cfg.run.steps if stop_after_step is None else min(cfg.run.steps, stop_after_step)
+        samples = SampleLog(self.run_dir, enabled=cfg.run.log_samples, writer=self.rank0, world_size=d.world_size,
+                            resume_step=start_step)
+        self.log_start(start_step, end_step)
+        losses, step_times, last_saved = [], [], start_step
+        it = iter(self.loader)
+        self.model.train()
         with StopSignals() as stop:
-            return _loop(cfg, d, model, optimizer, ckpt, loader, metrics, hooks, stop, pub=pub, args=args,
-                         n_micro=n_micro, start_step=start_step, tokens_seen=tokens_seen, skipped_total=skipped_total,
-                         manifest_changes=manifest_changes, resumed_from=resumed_from, stop_after_step=stop_after_step,
-                         param_dtype=param_dtype)
-    finally:
-        loader.close()  # its prefetch threads must not outlive the run, whatever ended it
-        metrics.close()
+            for step in range(start_step + 1, end_step + 1):
+                t0 = time.perf_counter()
+                try:
+                    batch = next(it)
+                except StopIteration:
+                    raise TrainingError(f"the loader ran out of training data at step {step}") from None
+                wait_s = time.perf_counter() - t0
 
+                lr = self.scheduler.step(step)
+                loss, grad_norm = train_step(self.model, batch, self.n_micro, cfg.optimizer.grad_clip, d.device,
+                                             step=step, loss_hook=self.hooks.loss)
+                ok = math.isfinite(loss) and math.isfinite(grad_norm)
+                if ok:
+                    self.optimizer.step()
+                    ts.consecutive_bad = 0
+                else:
+                    ts.skipped_total += 1
+                    ts.consecutive_bad += 1
+                self.optimizer.zero_grad(set_to_none=True)
+                ts.step, ts.tokens_seen = step, ts.tokens_seen + self.global_batch * self.seq_len
+                if d.device.type == "cuda":
+                    torch.cuda.synchronize()
+                step_s = self.last_step_s = time.perf_counter() - t0
 
-def _loop(cfg: JobConfig, d, model, optimizer, ckpt: Checkpointer, loader: Loader, metrics: MetricsLog, hooks: Hooks,
-          stop: StopSignals, *, pub, args, n_micro: int, start_step: int, tokens_seen: int, skipped_total: int,
-          manifest_changes: list, resumed_from: str | None, stop_after_step: int | None, param_dtype) -> dict:
-    rank0 = d.rank == 0
-    run_dir, manifest = cfg.run.dir, pub.manifest
-    seq_len, B = manifest.seq_len, cfg.data.global_batch
-    samples = SampleLog(run_dir, rank0, start_step)
-    flops_tok = flops_per_token(args, seq_len)
-    dev_name = device_name(d.device)
-    peak = peak_flops(dev_name)
-    if rank0:
-        n = count_params(args)
+                step_times.append(step_s)
+                if step == start_step + 1:
+                    self.report_memory(step)
+                if step == min(end_step, start_step + ESTIMATE_AFTER_STEPS):
+                    self.report_wall_time(step, end_step, step_times)
+
+                samples.append(step, batch["indices"], d.device)
+                if step % cfg.run.log_every == 0 or not ok or step == end_step:
+                    self.log_step(step, loss=loss, grad_norm=grad_norm, lr=lr, wait_s=wait_s, step_s=step_s, ok=ok)
+                losses.append(loss)
+                if not ok:
+                    self.check_bad_steps(step, loss, grad_norm)
+
+                if cfg.eval.every and step % cfg.eval.every == 0:
+                    val = evaluate(self.model, cfg, self.pub.url, self.manifest.sha256, d)
+                    self.metrics.write({"kind": "eval", "step": step, "val_loss": val})
+                    if self.rank0:
+                        log.info("step %6d  val_loss %.4f", step, val)
+
+                self.checkpointer.poll()
+                if cfg.checkpoint.enabled and cfg.checkpoint.every and step % cfg.checkpoint.every == 0:
+                    self.save(step)
+                    last_saved = step
+                if signum := agreed_stop_signal(stop, d):
+                    self.checkpointer.wait()  # a save in flight is finished and committed, never abandoned half-written
+                    latest = committed(self.run_dir)
+                    raise Interrupted(signum, step, latest[-1][1] if latest else None)
+
+        if cfg.checkpoint.enabled and last_saved != end_step and end_step > start_step:
+            self.save(end_step)  # the end of the run (or of this slice of it) is always checkpointed
+        self.checkpointer.wait()
+        return {"start_step": start_step, "end_step": end_step, "losses": losses, "skipped_total": ts.skipped_total,
+                "resumed_from": self.resumed_from}
+
+    # -- pieces of the loop ---------------------------------------------------------------------
+    def log_start(self, start_step: int, end_step: int) -> None:
+        """Per rank: the memory budget term by term; rank 0: the model and the planned compute."""
+        d, args, cfg = self.dist, self.args, self.cfg
+        n, budget = count_params(args), self.budget
+        log.info("rank %d: memory budget (%s params / %d shards = %s per rank; this rank holds %s): %s", d.rank,
+                 f"{n['total']:,}", budget.shards, f"{n['total'] / budget.shards:,.0f}", f"{self.local_params:,}",
+                 budget.describe())
+        self.metrics.write({"kind": "budget", "step": start_step, "bytes": budget.terms, "total_bytes": budget.total,
+                            "local_params": self.local_params})
+        if not self.rank0:
+            return
         log.info("model %s: %s parameters (%s non-embedding), %d layers, dim %d; %s; world size %d, "
                  "global batch %d x %d tokens, %d micro-batch(es) per rank", cfg.model.preset, f"{n['total']:,}",
-                 f"{n['non_embedding']:,}", args.n_layers, args.dim, param_dtype, d.world_size, B, seq_len, n_micro)
-        if peak is None:
+                 f"{n['non_embedding']:,}", args.n_layers, args.dim, self.param_dtype, d.world_size,
+                 self.global_batch, self.seq_len, self.n_micro)
+        tokens = (end_step - start_step) * self.global_batch * self.seq_len
+        plan = planned_flops(*flops_per_token_terms(args, self.seq_len), tokens)
+        log.info("planned compute, steps %d..%d (%s tokens): 6ND %.3e + attention %.3e = %.3e FLOPs",
+                 start_step + 1, end_step, f"{tokens:,}", plan["6ND"], plan["attention"], plan["total"])
+        if self.peak is None:
             log.info("MFU: unknown peak FLOP/s for %r (not in trainer.metrics.PEAK_BF16_FLOPS); MFU is not reported",
-                     dev_name)
+                     device_name(d.device))
 
-    def meta_for(step: int) -> dict:
-        return new_meta(
-            step=step, world_size=d.world_size, global_batch=B, seq_len=seq_len, loader=loader.state_dict(),
-            manifest_sha256=manifest.sha256, manifest_url=pub.url, split="train", manifest_changes=manifest_changes,
-            resumed_from=resumed_from, job=cfg.to_dict(), tokens_seen=tokens_seen,
-            data=data_fields(pub),
-            scheduler={"kind": "warmup_cosine", "step": step, "lr": cfg.optimizer.lr,
-                       "warmup_steps": cfg.optimizer.warmup_steps, "total_steps": cfg.run.steps,
-                       "min_lr_ratio": cfg.optimizer.min_lr_ratio,
-                       "last_lr": lr_at(max(step, 1), cfg.optimizer, cfg.run.steps)},
-            bad_steps={"skipped_total": skipped_total, "consecutive": consecutive_bad},
-            model_args=asdict(args), code_version=code_version(), versions=library_versions())
+    def report_memory(self, step: int) -> None:
+        """On CUDA, after the first step: the allocator's peak against the budget."""
+        if self.dist.device.type != "cuda":
+            return
+        peak = torch.cuda.max_memory_allocated(self.dist.device)
+        log.info("rank %d: after step %d, peak memory allocated %s vs budget %s (%.2fx)", self.dist.rank, step,
+                 format_bytes(peak), format_bytes(self.budget.total), peak / self.budget.total)
+        self.metrics.write({"kind": "memory", "step": step, "max_allocated_bytes": peak,
+                            "budget_bytes": self.budget.total, "ratio": peak / self.budget.total})
 
-    def save(step: int) -> None:
-        blocked_s = ckpt.save(step, model, optimizer, meta_for(step))
-        interval_s = young_daly_interval_s(blocked_s, cfg.checkpoint.mtbf_hours * 3600)
-        metrics.write({"kind": "checkpoint", "step": step, "blocked_s": blocked_s, "young_daly_interval_s": interval_s})
-        if rank0:
-            report_interval(blocked_s, interval_s, cfg, last_step_s)
-
-    it = iter(loader)
-    consecutive_bad, last_step_s, last_saved, losses = 0, None, start_step, []
-    end_step = cfg.run.steps if stop_after_step is None else min(cfg.run.steps, stop_after_step)
-    model.train()
-    for step in range(start_step + 1, end_step + 1):
-        t0 = time.perf_counter()
-        try:
-            batch = next(it)
-        except StopIteration:
-            raise TrainingError(f"the loader ran out of training data at step {step}") from None
-        wait_s = time.perf_counter() - t0
-
-        lr = lr_at(step, cfg.optimizer, cfg.run.steps)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        loss, grad_norm = train_step(model, batch, n_micro, cfg.optimizer.grad_clip, d.device, step=step,
-                                     loss_hook=hooks.loss)
-        ok = math.isfinite(loss) and math.isfinite(grad_norm)
-        if ok:
-            optimizer.step()
-            consecutive_bad = 0
+    def report_wall_time(self, step: int, end_step: int, step_times: list[float]) -> None:
+        """After the first steps: the measured rate (the first step, which compiles and warms the
+        allocator, left out when there are others) and the wall time it implies for the rest."""
+        if not self.rank0:
+            return
+        measured = statistics.median(step_times[1:] or step_times)
+        tps = self.global_batch * self.seq_len / measured
+        achieved = mfu(tps / self.dist.world_size, self.flops_per_token, self.peak)
+        if achieved is None:  # no peak for this device: the measured step time alone
+            rest, at = (end_step - step) * measured, "MFU unknown"
         else:
-            skipped_total += 1
-            consecutive_bad += 1
-        optimizer.zero_grad(set_to_none=True)
-        tokens_seen += B * seq_len
-        if d.device.type == "cuda":
-            torch.cuda.synchronize()
-        step_s = time.perf_counter() - t0
-        last_step_s = step_s
+            flops = planned_flops(*flops_per_token_terms(self.args, self.seq_len),
+                                  (end_step - step) * self.global_batch * self.seq_len)["total"]
+            rest = expected_wall_s(flops, mfu=achieved, peak_flops_per_device=self.peak, devices=self.dist.world_size)
+            at = f"MFU {100 * achieved:.1f}%"
+        log.info("measured over steps ..%d: %.3f s/step, %s tokens/s, %s; expected wall time for the %d remaining "
+                 "steps: %s", step, measured, f"{tps:,.0f}", at, end_step - step, format_seconds(rest))
 
-        indices = gather_indices(batch["indices"].to(d.device), d.world_size)
-        samples.append(step, indices)
-        if step % cfg.run.log_every == 0 or not ok or step == end_step:
-            times = [torch.zeros(1, device=d.device) for _ in range(d.world_size)]
-            dist.all_gather(times, torch.tensor([step_s], device=d.device))
-            tps = B * seq_len / step_s
-            record = {"kind": "train", "step": step, "loss": loss, "grad_norm": grad_norm, "lr": lr,
-                      "tokens_seen": tokens_seen, "tokens_per_s": tps, "tokens_per_s_per_device": tps / d.world_size,
-                      "mfu": mfu(tps / d.world_size, flops_tok, peak), "input_wait_s": wait_s,
-                      "input_wait_pct": 100.0 * wait_s / step_s, "step_s": step_s,
-                      "rank_step_s": [t.item() for t in times], "skipped": not ok, "skipped_total": skipped_total}
-            metrics.write(record)
-            if rank0:
-                log.info(format_step(record))
-        losses.append(loss)
-        if not ok and rank0:
+    def log_step(self, step: int, *, loss: float, grad_norm: float, lr: float, wait_s: float, step_s: float,
+                 ok: bool) -> None:
+        d = self.dist
+        times = [torch.zeros(1, device=d.device) for _ in range(d.world_size)]
+        dist.all_gather(times, torch.tensor([step_s], device=d.device))
+        tps = self.global_batch * self.seq_len / step_s
+        record = {"kind": "train", "step": step, "loss": loss, "grad_norm": grad_norm, "lr": lr,
+                  "tokens_seen": self.train_state.tokens_seen, "tokens_per_s": tps,
+                  "tokens_per_s_per_device": tps / d.world_size,
+                  "mfu": mfu(tps / d.world_size, self.flops_per_token, self.peak), "input_wait_s": wait_s,
+                  "input_wait_pct": 100.0 * wait_s / step_s, "step_s": step_s,
+                  "rank_step_s": [t.item() for t in times], "skipped": not ok,
+                  "skipped_total": self.train_state.skipped_total}
+        self.metrics.write(record)
+        if self.rank0:
+            log.info(format_step(record))
+
+    def check_bad_steps(self, step: int, loss: float, grad_norm: float) -> None:
+        ts, limit = self.train_state, self.cfg.optimizer.max_bad_steps
+        if self.rank0:
             log.warning("step %d: non-finite loss %s or grad norm %s: optimizer step skipped (%d in a row, %d total)",
-                        step, loss, grad_norm, consecutive_bad, skipped_total)
-        if not ok and consecutive_bad >= cfg.optimizer.max_bad_steps:
+                        step, loss, grad_norm, ts.consecutive_bad, ts.skipped_total)
+        if ts.consecutive_bad >= limit:
             raise TrainingError(
-                f"{consecutive_bad} consecutive steps (up to step {step}) had a non-finite loss or gradient norm "
-                f"(optimizer.max_bad_steps={cfg.optimizer.max_bad_steps}); stopping. Resume from the last "
-                f"checkpoint in {run_dir}/checkpoints with a lower optimizer.lr or a tighter grad_clip")
+                f"{ts.consecutive_bad} consecutive steps (up to step {step}) had a non-finite loss or gradient norm "
+                f"(optimizer.max_bad_steps={limit}); stopping. Resume from the last "
+                f"checkpoint in {self.run_dir}/checkpoints with a lower optimizer.lr or a tighter grad_clip")
 
-        if cfg.eval.every and step % cfg.eval.every == 0:
-            val = evaluate(model, cfg, pub.url, manifest.sha256, d)
-            metrics.write({"kind": "eval", "step": step, "val_loss": val})
-            if rank0:
-                log.info("step %6d  val_loss %.4f", step, val)
+    def meta(self, step: int) -> dict:
+        """meta.json's content for a save after optimizer step ``step``."""
+        ts = self.train_state
+        return new_meta(
+            step=step, world_size=self.dist.world_size, global_batch=self.global_batch, seq_len=self.seq_len,
+            loader=self.loader.state_dict(), manifest_sha256=self.manifest.sha256, manifest_url=self.pub.url,
+            split="train", manifest_changes=self.manifest_changes, resumed_from=self.resumed_from,
+            job=self.cfg.to_dict(), tokens_seen=ts.tokens_seen,
+            data=data_fields(self.pub),
+            scheduler=self.scheduler.describe(),
+            bad_steps={"skipped_total": ts.skipped_total, "consecutive": ts.consecutive_bad},
+            model_args=asdict(self.args), code_version=code_version(), versions=library_versions())
 
-        ckpt.poll()
-        if cfg.checkpoint.enabled and cfg.checkpoint.every and step % cfg.checkpoint.every == 0:
-            save(step)
-            last_saved = step
-        if signum := agreed_stop_signal(stop, d):
-            ckpt.wait()  # a save in flight is finished and committed, never abandoned half-written
-            latest = committed(run_dir)
-            raise Interrupted(signum, step, latest[-1][1] if latest else None)
+    def save(self, step: int) -> None:
+        blocked_s = self.checkpointer.save(step, self.states, self.meta(step))
+        interval_s = young_daly_interval_s(blocked_s, self.cfg.checkpoint.mtbf_hours * 3600)
+        self.metrics.write({"kind": "checkpoint", "step": step, "blocked_s": blocked_s,
+                            "young_daly_interval_s": interval_s})
+        if self.rank0:
+            report_interval(blocked_s, interval_s, self.cfg, self.last_step_s)
 
-    if cfg.checkpoint.enabled and last_saved != end_step and end_step > start_step:
-        save(end_step)  # the end of the run (or of this slice of it) is always checkpointed
-    ckpt.wait()
-    return {"start_step": start_step, "end_step": end_step, "losses": losses, "skipped_total": skipped_total,
-            "resumed_from": resumed_from}
+
+def train(cfg: JobConfig, *, stop_after_step: int | None = None, allow_manifest_change: bool = False,
+          hooks: Hooks | None = None) -> dict:
+    """Build the run, resume it when a checkpoint verifies, and train to ``run.steps`` (or ``stop_after_step``)."""
+    with Trainer(cfg, allow_manifest_change=allow_manifest_change, hooks=hooks) as trainer:
+        trainer.resume()
+        return trainer.train(stop_after_step)
 
 
 def agreed_stop_signal(stop: StopSignals, d) -> int:
@@ -455,6 +547,17 @@ def check_model_args(meta: dict, path: str, args) -> None:
         detail = ", ".join(f"{k}: checkpoint {a!r} vs job {b!r}" for k, (a, b) in sorted(diff.items()))
         raise TrainingError(f"checkpoint {path} holds a different model shape ({detail}); vocab_size and "
                             f"max_seq_len come from the data manifest")
+
+
+def check_states_match_meta(meta: dict, path: str, train_state: TrainState, loader_state: dict | None) -> None:
+    """The step and loader position restored from the DCP state must be meta.json's (both were
+    written by the same save; a difference means the files were tampered with or mixed up)."""
+    where = os.path.join(path, "meta.json")
+    if train_state.step != meta["step"]:
+        raise CheckpointError(f"{where}: step {meta['step']} but the DCP train state says {train_state.step}")
+    saved = dict(loader_state or {})
+    if json.loads(json.dumps(saved, sort_keys=True)) != json.loads(json.dumps(meta["loader"], sort_keys=True)):
+        raise CheckpointError(f"{where}: loader {meta['loader']} differs from the DCP loader state {saved}")
 
 
 def report_interval(save_s: float, interval: float, cfg: JobConfig, step_s: float | None) -> None:
