@@ -366,7 +366,8 @@ def test_training_on_a_mixture_records_it_and_the_audit_counts_each_component_ex
     cmd = [sys.executable, "-m", "gristmill.trainer", os.path.join(root, "configs", "train-tiny.yaml"),
            "--set", f"data.manifest={mix_url}", "--set", f"run.dir={run_dir}", "--set", f"run.steps={steps}",
            "--set", "checkpoint.every=3", "--set", "eval.every=3", "--set", f"data.global_batch={B}",
-           "--set", "run.tensorboard=false", "--set", f"data.cache_dir={run_dir}-cache"]
+           "--set", "run.tensorboard=false", "--set", f"data.cache_dir={run_dir}-cache",
+           "--set", "run.log_samples=true"]  # samples.jsonl: the check against the audit below
     proc = subprocess.run(cmd, cwd=root, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
