@@ -10,7 +10,8 @@ from __future__ import annotations
 import os
 from typing import Annotated, Any, Iterable, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from gristmill.config import (Bool, Float, Int, NonEmptyStr, NonNegativeInt, PositiveInt, ResolvedPath, Section, Str,
                               fail)
@@ -18,6 +19,7 @@ from gristmill.config import load as _load
 from gristmill.manifests.store import DATASET_NAME
 from gristmill.pipeline import ngrams
 from gristmill.pipeline.lsh import LSHParams, make_params, optimal_params
+from gristmill.pipeline.quality.config import QualityConfig, merge
 
 Format = Literal["jsonl", "parquet", "text", "warc"]
 FORMATS = Format.__args__
@@ -41,6 +43,10 @@ class InputSpec(Section):
     format: Format  # guessed from the extension when omitted
     text_field: Str = "text"  # jsonl / parquet
     id_field: Str | None = None  # jsonl / parquet: use this field as the doc id (else derived from provenance)
+    # Per-source settings (docs/pipeline.md): null = the job-wide section's value.
+    min_chars: PositiveInt | None = None  # extract.min_chars for these files
+    language_threshold: Annotated[Float, Field(ge=0, le=1)] | None = None  # language.threshold for these files
+    quality: dict[str, Any] | None = None  # keys of the quality section, merged onto it for these files
 
     @model_validator(mode="before")
     @classmethod
@@ -262,6 +268,7 @@ class JobConfig(Section):
     extract: ExtractConfig = ExtractConfig()
     language: LanguageConfig = LanguageConfig()
     exact_dedup: ExactDedupConfig = ExactDedupConfig()
+    quality: QualityConfig | None = None  # absent (or null): the stage does not run
     fuzzy_dedup: FuzzyDedupConfig | None = None  # absent (or null): the stage does not run
     decontaminate: DecontamConfig | None = None
     split: SplitConfig = SplitConfig()
@@ -273,6 +280,28 @@ class JobConfig(Section):
     @classmethod
     def _one_or_many(cls, v: Any) -> Any:
         return [v] if isinstance(v, (str, dict)) else v
+
+    @model_validator(mode="after")
+    def _per_source_quality(self) -> "JobConfig":
+        for i in range(len(self.inputs)):
+            self.quality_for(i)
+        return self
+
+    def quality_for(self, i: int) -> QualityConfig | None:
+        """The quality settings of ``inputs[i]``: the job's section with the entry's own keys merged on."""
+        spec = self.inputs[i]
+        if spec.quality is None:
+            return self.quality
+        if self.quality is None or not self.quality.enabled:
+            fail("a quality: section in the job (the stage is off without it)", f"quality settings for inputs[{i}]",
+                 at=("inputs", i, "quality"))
+        try:
+            return QualityConfig.model_validate(merge(self.quality.to_dict(), spec.quality))
+        except ValidationError as e:
+            from gristmill.config import describe_error
+
+            loc, msg = describe_error(QualityConfig, e.errors(include_url=False)[0])
+            raise PydanticCustomError("config", "{msg}", {"msg": msg, "at": ("inputs", i, "quality", *loc)}) from None
 
     def content_dict(self) -> dict:
         """What determines the output: all but the work dir, the store root and parallelism."""
