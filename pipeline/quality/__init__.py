@@ -45,7 +45,7 @@ def metric_names(cfg: QualityConfig) -> list[str]:
 def evaluate(text: str, cfg: QualityConfig) -> Verdict:
     doc = Doc(text)
     metrics: dict[str, float] = {}
-    new_text = text
+    new_text = fineweb_text = text
     sets = rule_sets(cfg)
     for name, _, sub, _ in sets:
         if name == gopher.REPETITION:
@@ -53,13 +53,14 @@ def evaluate(text: str, cfg: QualityConfig) -> Verdict:
         elif name == gopher.QUALITY:
             metrics.update(gopher.quality_metrics(doc, sub))
         elif name == c4.SET:
-            m, kept = c4.measure(doc, sub)
+            m, kept, changed = c4.measure(doc, sub)
             metrics.update(m)
             if sub.drop_lines:
-                new_text = kept
+                fineweb_text = kept
+                new_text = kept if changed else text
         elif name == fineweb.SET:
-            n_words = len(doc.words) if new_text is text else len(words(new_text))
-            metrics.update(fineweb.measure(new_text, n_words, sub))
+            n_words = len(doc.words) if fineweb_text is text else len(words(fineweb_text))
+            metrics.update(fineweb.measure(fineweb_text, n_words, sub))
         else:
             metrics[f"{classifier.SET}:score"] = classifier.score(new_text, sub)
     changed = new_text if new_text != text else None

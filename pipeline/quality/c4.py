@@ -5,8 +5,9 @@ Unified Text-to-Text Transformer", section 2.2; the reference code is tensorflow
 C4 is a line filter: it keeps only lines ending in terminal punctuation with at least three
 words, drops javascript and policy lines, and then judges the document on what is left
 (any "lorem ipsum" or "{" in a kept line, fewer than five sentences). With ``drop_lines`` (the
-default, as in C4) a kept document's text becomes its kept lines: the quality stage writes
-it to ``overrides/quality/``. With ``drop_lines: false`` the text is left alone and only the
+default, as in C4) a kept document that lost a line (or a citation) has its kept lines as its
+new text: the quality stage writes it to ``overrides/quality/``. FineWeb's rules read C4's
+output (its kept lines joined by newlines, as in datatrove) either way. With ``drop_lines: false`` the text is left alone and only the
 document rules apply. Sentences are counted with a regex (a terminal mark followed by space
 and more text ends a sentence) where datatrove runs spaCy's sentencizer.
 """
@@ -32,13 +33,18 @@ RULES = [
 INFO = [f"{SET}:dropped_lines"]  # fraction of lines dropped (a metric, not a rule)
 
 
-def measure(doc: Doc, cfg) -> tuple[dict[str, float], str]:
-    """The metrics and the kept lines' text."""
+def measure(doc: Doc, cfg) -> tuple[dict[str, float], str, bool]:
+    """The metrics, the kept lines' text (C4's output, one line each) and whether a line with
+    text was dropped or cut (if not, only blank lines and indentation differ: the stage keeps
+    the original text, paragraph breaks included)."""
     kept: list[str] = []
     lorem = curly = sentences = 0
     lines = doc.splitlines
+    content = 0  # lines with text: a document that keeps all of them, unchanged, keeps its text as it is
     for line in lines:
         line = line.strip()
+        content += bool(line)
+        original = line
         words = line.split()
         if cfg.max_word_length is not None and any(len(w) > cfg.max_word_length for w in words):
             continue
@@ -61,6 +67,8 @@ def measure(doc: Doc, cfg) -> tuple[dict[str, float], str]:
             continue
         sentences += 1 + len(_SENTENCE_END.findall(line))
         kept.append(line)
+        content -= line == original
     text = "\n".join(kept).strip()
     return ({f"{SET}:lorem_ipsum": float(lorem), f"{SET}:curly_bracket": float(curly), f"{SET}:sentences": float(sentences),
-             f"{SET}:empty": float(not text), f"{SET}:dropped_lines": ratio(len(lines) - len(kept), len(lines))}, text)
+             f"{SET}:empty": float(not text), f"{SET}:dropped_lines": ratio(len(lines) - len(kept), len(lines))},
+            text, content > 0)
