@@ -108,6 +108,9 @@ def test_c4_drops_lines_only_with_drop_lines():
 def test_fastText_classifier_scores_and_filters(tmp_path):
     import fasttext
 
+    assert hasattr(fasttext, "train_supervised"), (
+        "the installed `fasttext` module is fasttext-predict's (no training): "
+        "pip install --force-reinstall --no-deps fasttext-numpy2-wheel (the Makefile does)")
     train = tmp_path / "train.txt"
     rng = random.Random(0)
     with open(train, "w") as f:
