@@ -7,11 +7,11 @@ any of these keys for its own files (``inputs[i].quality``, merged onto this sec
 """
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from pydantic import Field, field_validator
 
-from gristmill.config import Bool, Float, NonEmptyStr, NonNegativeInt, PositiveInt, ResolvedPath, Section, Str
+from gristmill.config import Bool, Float, NonEmptyStr, NonNegativeInt, PositiveInt, ResolvedPath, Section
 
 Ratio = Annotated[Float, Field(ge=0)]
 
