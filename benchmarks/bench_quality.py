@@ -25,8 +25,6 @@ input text is C4's output). Results: OUT/result.json.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import fcntl
 import glob
 import json
 import os
@@ -34,7 +32,6 @@ import subprocess
 import sys
 import time
 
-LOCK = "/tmp/gristmill-heavy.lock"
 SETS = ("gopher_repetition", "gopher_quality", "c4", "fineweb")
 
 # datatrove's reason strings -> gristmill's rule names
@@ -50,16 +47,6 @@ DT_REASONS = {
     "c4": {"lorem_ipsum": "lorem_ipsum", "curly_bracket": "curly_bracket", "too_few_sentences": "sentences"},
     "fineweb": {k: k for k in ("line_punct_ratio", "short_line_ratio", "char_dup_ratio", "list_ratio", "empty")},
 }
-
-
-@contextlib.contextmanager
-def heavy_lock():
-    with open(LOCK, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def write_docs(scale: int, out: str, limit: int | None) -> str:
@@ -165,6 +152,8 @@ def main() -> None:
     ap.add_argument("--out", default="/tmp/gm-quality")
     ap.add_argument("--dt-python", default="/work/bench-venv-datatrove/bin/python")
     a = ap.parse_args()
+    from bench_vs_datatrove import heavy_lock  # the script's own folder is on sys.path
+
     os.makedirs(a.out, exist_ok=True)
     docs = write_docs(a.scale, a.out, a.limit)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

@@ -10,11 +10,12 @@ from __future__ import annotations
 import os
 from typing import Annotated, Any, Iterable, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from gristmill.config import (Bool, Float, Int, NonEmptyStr, NonNegativeInt, PositiveInt, ResolvedPath, Section, Str,
                               fail)
+from gristmill.config import _resolve
 from gristmill.config import load as _load
 from gristmill.manifests.store import DATASET_NAME
 from gristmill.pipeline import ngrams
@@ -47,6 +48,15 @@ class InputSpec(Section):
     min_chars: PositiveInt | None = None  # extract.min_chars for these files
     language_threshold: Annotated[Float, Field(ge=0, le=1)] | None = None  # language.threshold for these files
     quality: dict[str, Any] | None = None  # keys of the quality section, merged onto it for these files
+
+    @field_validator("quality")
+    @classmethod
+    def _classifier_path(cls, v: dict | None, info: ValidationInfo) -> dict | None:
+        # validated only once merged (JobConfig.quality_for), so the one path in it resolves here
+        c = (v or {}).get("classifier")
+        if isinstance(c, dict) and isinstance(c.get("path"), str):
+            v = merge(v, {"classifier": {"path": _resolve(c["path"], info)}})
+        return v
 
     @model_validator(mode="before")
     @classmethod

@@ -146,7 +146,7 @@ def _job(**over):
                                 "work_dir": "w", "quality": {"c4": {"drop_lines": False}}})
 
 
-def test_per_source_quality_settings_merge_onto_the_job_section():
+def test_per_source_quality_settings_merge_onto_the_job_section(tmp_path):
     job = _job(quality={"gopher_quality": {"min_doc_words": 3}})
     cfg = job.quality_for(0)
     assert cfg.gopher_quality.min_doc_words == 3 and cfg.gopher_quality.max_doc_words == 100_000
@@ -156,3 +156,10 @@ def test_per_source_quality_settings_merge_onto_the_job_section():
         _job(quality={"gopher_quality": {"min_doc_wrds": 3}})
     with pytest.raises(ConfigError, match=r"inputs\[0\]\.language_threshold: "):
         _job(language_threshold=1.5)
+    from gristmill.pipeline.config import JobConfig
+
+    (tmp_path / "m.bin").write_bytes(b"")
+    job = JobConfig.from_dict({"inputs": [{"path": "a.jsonl", "quality": {"classifier": {"path": "m.bin", "label": "hq"}}}],
+                               "output": {"store": "s", "dataset": "d"}, "work_dir": "w", "quality": {}},
+                              base_dir=str(tmp_path))
+    assert job.quality_for(0).classifier.path == str(tmp_path / "m.bin")  # relative to the job file, as everywhere
