@@ -15,7 +15,6 @@ is the same whatever the number of workers.
 """
 from __future__ import annotations
 
-import json
 import os
 
 import pyarrow as pa
@@ -34,7 +33,7 @@ def metrics_schema(names: list[str]) -> pa.Schema:
 def partition_task(item: dict, configs: list[dict], names: list[str], root: str, removed_files: list[str],
                    override_files: list[str]) -> dict:
     """``item``: name, part, docs (the partition's document file), sources (uri -> input index)."""
-    from gristmill.pipeline.documents import OVERRIDE_SCHEMA, REMOVED_SCHEMA
+    from gristmill.pipeline.documents import OVERRIDE_SCHEMA, REMOVED_SCHEMA, to_removed_rows
     from gristmill.pipeline.survivors import surviving_docs
     from gristmill.pipeline.workdir import ParquetPart
 
@@ -47,7 +46,7 @@ def partition_task(item: dict, configs: list[dict], names: list[str], root: str,
     for t in surviving_docs(item["docs"], item["part"], removed_files, override_files, COLUMNS, 1024):
         rows = t.to_pydict()
         cols = {k: [] for k in schema.names}
-        removed = {k: [] for k in REMOVED_SCHEMA.names}
+        removed = {k: [] for k in ("id", "order", "part", "bytes", "reason", "value", "threshold")}
         over = {k: [] for k in OVERRIDE_SCHEMA.names}
         for i, order, part, n, source, text in zip(*(rows[k] for k in COLUMNS)):
             v = evaluate(text, cfgs[item["sources"][source]])
@@ -60,15 +59,16 @@ def partition_task(item: dict, configs: list[dict], names: list[str], root: str,
             if v.reason is not None:
                 stats["removed"][v.reason] = stats["removed"].get(v.reason, 0) + 1
                 stats["removed_bytes"] += n
-                for k, x in (("id", i), ("order", order), ("part", part), ("bytes", n), ("stage", "quality"),
-                             ("reason", v.reason), ("detail", json.dumps({"value": v.value, "threshold": v.threshold}))):
+                for k, x in (("id", i), ("order", order), ("part", part), ("bytes", n), ("reason", v.reason),
+                             ("value", v.value), ("threshold", float(v.threshold))):
                     removed[k].append(x)
             elif v.text is not None:
                 stats["texts_shortened"] += 1
                 for k, x in (("id", i), ("order", order), ("part", part), ("text", v.text)):
                     over[k].append(x)
         metrics_out.write(cols)
-        removed_out.write(removed)
+        if removed["id"]:
+            removed_out.write(to_removed_rows(pa.table(removed), "quality"))  # value, threshold -> detail
         override_out.write(over)
     for p in (metrics_out, removed_out, override_out):
         p.commit()
