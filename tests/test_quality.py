@@ -151,6 +151,8 @@ def test_per_source_quality_settings_merge_onto_the_job_section(tmp_path):
     assert cfg.gopher_quality.min_doc_words == 3 and cfg.gopher_quality.max_doc_words == 100_000
     assert cfg.c4.drop_lines is False  # the job's own setting stays
     assert _job().quality_for(0) == _job().quality
+    exempt = _job(quality={"enabled": False}).quality_for(0)
+    assert evaluate("short", exempt).reason is None and evaluate("short", exempt).metrics == {}
     with pytest.raises(ConfigError, match=r"inputs\[0\]\.quality\.gopher_quality\.min_doc_wrds: .*did you mean 'min_doc_words'"):
         _job(quality={"gopher_quality": {"min_doc_wrds": 3}})
     with pytest.raises(ConfigError, match=r"inputs\[0\]\.language_threshold: "):

@@ -26,8 +26,11 @@ class Verdict:
 
 
 def rule_sets(cfg: QualityConfig) -> list[tuple[str, list[Rule], object, list[str]]]:
-    """(name, rules, its config, its metric names) of each enabled rule set, in evaluation order."""
+    """(name, rules, its config, its metric names) of each enabled rule set, in evaluation order
+    (none when the section is off: an input's ``quality: {enabled: false}`` exempts its files)."""
     out = []
+    if not cfg.enabled:
+        return out
     for name, rules, sub, info in ((gopher.REPETITION, gopher.REPETITION_RULES, cfg.gopher_repetition, []),
                                    (gopher.QUALITY, gopher.QUALITY_RULES, cfg.gopher_quality, []),
                                    (c4.SET, c4.RULES, cfg.c4, c4.INFO),
