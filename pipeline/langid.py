@@ -21,7 +21,8 @@ def default_model_path() -> str:
 
 
 @functools.cache
-def _model(path: str):
+def fasttext_model(path: str):
+    """A fastText model, loaded once per process (language ID and the quality classifier)."""
     import fasttext
 
     return fasttext.load_model(path)
@@ -33,7 +34,7 @@ def identify(texts: list[str], model_path: str | None = None, max_chars: int = 4
     fastText reads one line: newlines become spaces, and only the first ``max_chars`` are used
     (the score is stable long before that and long documents would only cost time).
     """
-    model = _model(model_path or default_model_path())
+    model = fasttext_model(model_path or default_model_path())
     langs, scores = [], []
     for t in texts:
         labels, probs = model.predict(t[:max_chars].replace("\n", " ").replace("\r", " "), k=1)

@@ -10,7 +10,7 @@ bookkeeping (exact dedup's keys, fuzzy dedup's bands and edges, decontamination'
 
 ``build(job)`` is the fixed order, each stage present when the job enables it:
 
-    extract (+ language) -> exact_dedup -> fuzzy_dedup -> decontaminate -> pii -> tokenizer -> tokenize -> pack
+    extract (+ language) -> exact_dedup -> quality -> fuzzy_dedup -> decontaminate -> pii -> tokenizer -> tokenize -> pack
 """
 from __future__ import annotations
 
@@ -25,6 +25,9 @@ from gristmill.manifests import DatasetBuilder, FileRef, Shard
 from gristmill.manifests.builder import DOC_INDEX_FILE
 
 from . import decontam, exact_dedup, fuzzy_dedup, pack, pii
+from . import quality as quality_rules
+from .quality import classifier as quality_classifier
+from .quality.task import partition_task as quality_task
 from .config import JobConfig
 from .extract import extract_partition
 from .progress import Progress
@@ -104,7 +107,10 @@ class Extract(Stage):
         job = ctx.job
         fn = functools.partial(extract_partition, extract=job.extract, language=job.language, work_root=ctx.root,
                                batch_rows=job.ray.records_per_batch)
-        items = [{"name": part_name(t["part"]), **t} for t in ctx.partitions]
+        # each file with its input entry's own minimum length and language threshold (per source)
+        items = [{"name": part_name(t["part"]), **t, "files": [{**f, "min_chars": job.inputs[f["input"]].min_chars,
+                                                               "language_threshold": job.inputs[f["input"]].language_threshold}
+                                                              for f in t["files"]]} for t in ctx.partitions]
         stats = ctx.run_tasks("extract", items, fn,
                               measure=lambda s: (s["extract"]["records"], sum(f["bytes"] for f in s["inputs"])))
         ctx.add_outputs("language")
@@ -124,6 +130,29 @@ class ExactDedup(Stage):
         removed, nbytes = _merge_removed(stats)
         ctx.add_outputs(self.name)
         return {"removed": removed, "removed_bytes": nbytes, "detail": {}}
+
+
+class Quality(Stage):
+    """Heuristic and classifier quality rules per partition (pipeline/quality/, docs/quality.md);
+    each input entry may carry its own settings (``JobConfig.quality_for``)."""
+    name, section, kind, removes = "quality", "quality", "map", True
+
+    def __init__(self, job: JobConfig):
+        self.configs = [job.quality_for(i) for i in range(len(job.inputs))]
+        for cfg in {c.classifier for c in self.configs if c.classifier is not None}:
+            quality_classifier.check_label(cfg)  # a wrong model or label fails now, not in a worker
+
+    def run(self, ctx):
+        names = list(dict.fromkeys(m for c in self.configs for m in quality_rules.metric_names(c)))
+        items = [{**it, "docs": d, "sources": {f["uri"]: f["input"] for f in t["files"]}}
+                 for it, d, t in zip(_tasks_per_partition(ctx), ctx.docs_files(), ctx.partitions)]
+        fn = functools.partial(quality_task, configs=[c.to_dict() for c in self.configs], names=names, root=ctx.root,
+                               removed_files=list(ctx.removed_files), override_files=list(ctx.override_files))
+        stats = ctx.run_tasks("quality", items, fn)
+        removed, nbytes = _merge_removed(stats)
+        ctx.add_outputs(self.name)
+        return {"removed": removed, "removed_bytes": nbytes,
+                "detail": {"metrics": names, "texts_shortened": sum(s["texts_shortened"] for s in stats)}}
 
 
 class FuzzyDedup(Stage):
@@ -312,6 +341,8 @@ def build(job: JobConfig) -> list[Stage]:
     stages: list[Stage] = [Extract()]
     if job.exact_dedup.enabled:
         stages.append(ExactDedup())
+    if job.quality is not None and job.quality.enabled:
+        stages.append(Quality(job))
     for cls in (FuzzyDedup, Decontaminate, Pii):  # optional typed sections: absent or enabled: false skips
         section = getattr(job, cls.section)
         if section is not None and section.enabled:

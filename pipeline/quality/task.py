@@ -1,0 +1,75 @@
+"""One partition of the quality stage: measure every surviving document, remove those a rule
+fails, keep every document's metrics.
+
+Outputs (each written atomically; the task's marker commits them):
+
+* ``quality/part-N.parquet``: ``id``, ``order``, ``part``, ``reason`` (null: kept) and one
+  float column per metric (named like its rule, e.g. ``gopher_quality:word_count``; null where
+  the document's input turned that rule set off), for every document the stage saw;
+* ``removed/quality/part-N.parquet``: the removed documents, ``reason`` = the rule, ``detail``
+  = ``{"value": ..., "threshold": ...}``;
+* ``overrides/quality/part-N.parquet``: the new text of kept documents C4 dropped lines from.
+
+A document's verdict is a function of its text and its input's settings only, so the output
+is the same whatever the number of workers.
+"""
+from __future__ import annotations
+
+import os
+
+import pyarrow as pa
+
+from . import evaluate
+from .config import QualityConfig
+
+COLUMNS = ["id", "order", "part", "bytes", "source", "text"]
+
+
+def metrics_schema(names: list[str]) -> pa.Schema:
+    return pa.schema([("id", pa.string()), ("order", pa.int64()), ("part", pa.int32()), ("reason", pa.string()),
+                      *((n, pa.float64()) for n in names)])
+
+
+def partition_task(item: dict, configs: list[dict], names: list[str], root: str, removed_files: list[str],
+                   override_files: list[str]) -> dict:
+    """``item``: name, part, docs (the partition's document file), sources (uri -> input index)."""
+    from gristmill.pipeline.documents import OVERRIDE_SCHEMA, REMOVED_SCHEMA, to_removed_rows
+    from gristmill.pipeline.survivors import surviving_docs
+    from gristmill.pipeline.workdir import ParquetPart
+
+    cfgs = [QualityConfig.model_validate(c) for c in configs]
+    schema = metrics_schema(names)
+    metrics_out = ParquetPart(os.path.join(root, "quality", f"{item['name']}.parquet"), schema)
+    removed_out = ParquetPart(os.path.join(root, "removed", "quality", f"{item['name']}.parquet"), REMOVED_SCHEMA)
+    override_out = ParquetPart(os.path.join(root, "overrides", "quality", f"{item['name']}.parquet"), OVERRIDE_SCHEMA)
+    stats = {"documents_in": 0, "bytes_in": 0, "removed": {}, "removed_bytes": 0, "texts_shortened": 0}
+    for t in surviving_docs(item["docs"], item["part"], removed_files, override_files, COLUMNS, 1024):
+        rows = t.to_pydict()
+        cols = {k: [] for k in schema.names}
+        removed = {k: [] for k in ("id", "order", "part", "bytes", "reason", "value", "threshold")}
+        over = {k: [] for k in OVERRIDE_SCHEMA.names}
+        for i, order, part, n, source, text in zip(*(rows[k] for k in COLUMNS)):
+            v = evaluate(text, cfgs[item["sources"][source]])
+            for k, x in (("id", i), ("order", order), ("part", part), ("reason", v.reason)):
+                cols[k].append(x)
+            for name in names:
+                cols[name].append(v.metrics.get(name))
+            stats["documents_in"] += 1
+            stats["bytes_in"] += n
+            if v.reason is not None:
+                stats["removed"][v.reason] = stats["removed"].get(v.reason, 0) + 1
+                stats["removed_bytes"] += n
+                for k, x in (("id", i), ("order", order), ("part", part), ("bytes", n), ("reason", v.reason),
+                             ("value", v.value), ("threshold", float(v.threshold))):
+                    removed[k].append(x)
+            elif v.text is not None:
+                stats["texts_shortened"] += 1
+                for k, x in (("id", i), ("order", order), ("part", part), ("text", v.text)):
+                    over[k].append(x)
+        metrics_out.write(cols)
+        if removed["id"]:
+            removed_out.write(to_removed_rows(pa.table(removed), "quality"))  # value, threshold -> detail
+        override_out.write(over)
+    for p in (metrics_out, removed_out, override_out):
+        p.commit()
+    return stats
