@@ -267,6 +267,7 @@ class PackConfig(Section):
 class OutputConfig(Section):
     store: Annotated[ResolvedPath, Field(min_length=1)]  # fsspec root of the manifest store
     dataset: Str  # a name, never a path: it becomes one directory under the store
+    report_html: bool = True  # write report.html (the data card, gristmill.report) beside report.json at the end
 
     @field_validator("dataset")
     @classmethod

@@ -204,7 +204,8 @@ class Executor:
         ctx.timings["total"]["seconds"] = time.perf_counter() - t_all
         report = rep.build_report(stats, r["extract"], r["tokenize"], ctx.timings, published, self.wd.root)
         self._write_outputs(report, global_names)
-        self._write_page(published)
+        if self.job.output.report_html:
+            self._write_page(published)
         return RunResult(published.manifest.sha256, published.url, published.manifest.version, report, self.wd.root)
 
     def _write_outputs(self, report: dict, global_names: list[str]) -> None:

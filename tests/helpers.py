@@ -118,7 +118,8 @@ def demo_job_dict(corpus, out, **over) -> dict:
     d = {
         "inputs": [str(corpus / "corpus" / "*.jsonl*"), {"path": str(corpus / "corpus" / "*.parquet"), "text_field": "content"},
                    str(corpus / "corpus" / "*.txt"), str(corpus / "corpus" / "*.warc.gz")],
-        "output": {"store": str(out / "store"), "dataset": "demo"},
+        # report.html costs ~2 s a run (matplotlib); the report tests turn it back on
+        "output": {"store": str(out / "store"), "dataset": "demo", "report_html": False},
         "work_dir": str(out / "work"),
         "extract": {"max_chars": 100_000},
         "split": {"validation_fraction": 0.05},

@@ -39,7 +39,8 @@ def run(tmp_path_factory, ray_session):
 
     out = tmp_path_factory.mktemp("report")
     write_demo_corpus(str(out))
-    job = demo_job_dict(out, out, language={"allowed": ["en"], "threshold": 0.65}, fuzzy_dedup={"threshold": 0.8},
+    job = demo_job_dict(out, out, output={"store": str(out / "store"), "dataset": "demo"},  # report_html: the default
+                        language={"allowed": ["en"], "threshold": 0.65}, fuzzy_dedup={"threshold": 0.8},
                         decontaminate={"eval_sets": [{"name": "demo_qa", "path": str(out / "evals" / "demo_qa.jsonl"),
                                                       "id_field": "id"}]})
     result = prepare(JobConfig.from_dict(job), quiet=True)
