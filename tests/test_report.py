@@ -67,6 +67,7 @@ def test_a_new_stages_reasons_and_counted_detail_are_drawn_with_no_code_for_it(t
               "quality": {"documents_in": 10, "documents_out": 7, "bytes_in": 1000, "bytes_out": 600,
                           "removed": {"gopher_repetition": 2, "short_lines": 1},
                           "detail": {"rule_hits": {"gopher_repetition": 3, "short_lines": 1}, "threshold": 0.5}},
+              "pii": {"documents_in": 7, "documents_out": 7, "detail": {"replacements": {"email": 0, "ip": 0}}},
               "tokenize": {"documents_in": 7, "documents_out": 7, "tokens_out": 70}}
     m = replace(toy_dataset.manifest, stats={"stages": stages, "accounting": {"input": 10, "kept": 7, "removed": {
         "gopher_repetition": 2, "short_lines": 1}, "quarantined": {}, "balanced": True}})
@@ -76,6 +77,7 @@ def test_a_new_stages_reasons_and_counted_detail_are_drawn_with_no_code_for_it(t
     assert "quality: gopher_repetition" in figs["removed_by_reason"] and "short_lines" in figs["removed_by_reason"]
     assert "gopher_repetition" in figs["quality_rule_hits"] and "<path" in figs["quality_rule_hits"]
     assert [n for n in figs if n.startswith("funnel")] == ["funnel_documents", "funnel_bytes"]
+    assert "pii_replacements" not in figs and "pii: replacements: none (email, ip all 0)" in path.read_text()
     assert figs["funnel_documents"].index("extract") < figs["funnel_documents"].index("quality") \
         < figs["funnel_documents"].index("tokenize")  # the executor's order, the new stage before tokenize
 

@@ -117,17 +117,21 @@ def funnel(page: Page, stats: dict, work: WorkFiles | None) -> None:
             continue
         for key, counts in sorted(stages[n].get("detail", {}).items()):
             # any stage's detail that counts things by name (e.g. a quality stage's rule hits)
-            if isinstance(counts, dict) and counts and all(isinstance(v, (int, float)) and not isinstance(v, bool)
-                                                           for v in counts.values()):
-                items = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
-                sec2.add(Figure(f"{n}_{key}", f"{n}: {key.replace('_', ' ')}",
-                                lambda items=items: plot().bars([str(k) for k, _ in items[:TOP]],
-                                                                {key: [v for _, v in items[:TOP]]}, xlabel="count"),
-                                Table([key, "count"], [list(kv) for kv in items])))
+            if not (isinstance(counts, dict) and counts and all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                                                for v in counts.values())):
+                continue
+            if not any(counts.values()):  # e.g. no PII found: a note, not an empty chart
+                sec2.add(Note(f"{n}: {key.replace('_', ' ')}: none ({', '.join(sorted(counts))} all 0)."))
+                continue
+            items = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+            sec2.add(Figure(f"{n}_{key}", f"{n}: {key.replace('_', ' ')}",
+                            lambda items=items: plot().bars([str(k) for k, _ in items[:TOP]],
+                                                            {key: [v for _, v in items[:TOP]]}, xlabel="count"),
+                            Table([key, "count"], [list(kv) for kv in items])))
 
 
 OWN_SECTIONS = ("fuzzy_dedup", "decontaminate")  # their detail has sections of its own below
-PIPELINE_ORDER = ("extract", "language", "exact_dedup", "fuzzy_dedup", "decontaminate", "tokenize")
+PIPELINE_ORDER = ("extract", "language", "exact_dedup", "quality", "fuzzy_dedup", "decontaminate", "pii", "tokenize")  # pipeline.stages.build
 
 
 def stage_order(stages: dict, work: WorkFiles | None) -> list[str]:
