@@ -22,6 +22,7 @@ pytestmark = pytest.mark.slow
 KILL_POINTS = [
     ("extract", "work/*/_done/extract/*.json"),
     ("exact_dedup", "work/*/_done/exact_dedup/*.json"),
+    ("quality", "work/*/_done/quality/*.json"),
     ("fuzzy_dedup", "work/*/_done/fuzzy_dedup.verify/*.json"),
     ("decontaminate", "work/*/_done/decontaminate/*.json"),
     ("tokenize", "work/*/_done/tokenize/*.json"),
@@ -44,7 +45,7 @@ def corpus(tmp_path_factory):
 
 def _job(corpus, out) -> dict:
     return demo_job_dict(
-        corpus, out, fuzzy_dedup={"threshold": 0.8},
+        corpus, out, quality={}, fuzzy_dedup={"threshold": 0.8},
         decontaminate={"eval_sets": [{"name": "demo_qa", "path": str(corpus / "evals" / "demo_qa.jsonl"), "id_field": "id"}]},
         ray={"num_cpus": 2, "partition_bytes": 1})  # a partition per file: many tasks per step to land between
 
