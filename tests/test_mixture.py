@@ -173,6 +173,25 @@ def test_the_interleave_at_a_far_index_needs_no_walk_from_zero():
     assert (k == near_k + (far // 10) * np.array(parts)[comp]).all()
 
 
+def test_manifest_show_summarises_a_mixture_and_json_is_the_whole_manifest(store, tmp_path, capsys):
+    pub = publish(store, tmp_path, [{"dataset": "web", "weight": 0.75},
+                                    {"dataset": "code", "weight": 0.25, "exhausted": "stop"}], name="shown")
+    m = pub.manifest
+    capsys.readouterr()
+    assert main(["manifest", "show", pub.url]) == 0
+    out = capsys.readouterr().out
+    assert f"mixture      shown v{m.version}" in out and m.sha256 in out
+    lines = {c.name: next(x for x in out.splitlines() if x.strip().startswith(c.name + " ")) for c in m.components}
+    for c, comp in zip(m.components, pub.components):
+        rows = sum(s.rows for s in comp.manifest.shards_of("train"))
+        assert f"{c.dataset} v{comp.manifest.version} {c.sha256[:16]}" in lines[c.name]
+        assert f"{rows:,} train rows ({rows * m.seq_len:,} tokens)" in lines[c.name]
+        assert f"exhausted: {c.exhausted}" in lines[c.name] and f"weight {c.weight:g}" in lines[c.name]
+    assert "3/4 = 75.0% of samples" in lines["web"] and "1/4 = 25.0% of samples" in lines["code"]
+    assert main(["manifest", "show", pub.url, "--json"]) == 0
+    assert MixtureManifest.from_json(capsys.readouterr().out, expected_sha256=m.sha256) == m
+
+
 # -- the loader -----------------------------------------------------------------------------------
 def served(url, tmp_path, *, batch=8, steps=None, world_size=1, rank=0, workers=0, start=0, **kw):
     from gristmill.loader import Loader
