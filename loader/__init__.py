@@ -12,6 +12,7 @@ import importlib
 _EXPORTS = {
     "CacheFullError": "cache", "ShardCache": "cache", "ShardFetchError": "cache",
     "CacheTooSmallError": "loader", "Loader": "loader", "DocumentBoundaries": "documents",
+    "MixtureBoundaries": "documents",
     "GristmillDataset": "torch_dataset",
     "ORDERS": "order", "Order": "order", "sample_at": "order", "samples_at": "order",
 }
@@ -23,5 +24,5 @@ def __getattr__(name):
     return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
 
 
-__all__ = ["ORDERS", "CacheFullError", "CacheTooSmallError", "DocumentBoundaries", "GristmillDataset", "Loader", "Order",
-           "ShardCache", "ShardFetchError", "sample_at", "samples_at"]
+__all__ = ["ORDERS", "CacheFullError", "CacheTooSmallError", "DocumentBoundaries", "GristmillDataset", "Loader",
+           "MixtureBoundaries", "Order", "ShardCache", "ShardFetchError", "sample_at", "samples_at"]

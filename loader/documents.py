@@ -17,6 +17,10 @@ from (seed, global index): the pure-function contract holds with documents too.
 
 Memory: the index's ``row`` keys (int64) and ``start`` (int32) of every span stay in memory,
 12 bytes a span (about 1.2 GB for 100M spans).
+
+A mixture (:class:`MixtureBoundaries`): every row it serves is one component's shard row, so the
+row's boundaries are that component's, from its own document index (each read once and
+hash-checked); still a function of (mixture hash, seed, global index), 12 bytes a span of each.
 """
 from __future__ import annotations
 
@@ -26,15 +30,23 @@ import torch
 from gristmill.errors import UsageError
 from gristmill.manifests import Published
 from gristmill.manifests.doc_index import read_published_doc_index, row_offsets
+from gristmill.manifests.mixture import PublishedMixture
+
+
+def document_boundaries(published, storage_options: dict | None = None):
+    """The boundaries of a dataset version's rows, or of a mixture's (each component's own index)."""
+    if isinstance(published, PublishedMixture):
+        return MixtureBoundaries(published, storage_options)
+    return DocumentBoundaries(published, storage_options)
 
 
 class DocumentBoundaries:
     """The span starts of every row of one published manifest, looked up by (shard, row)."""
 
     def __init__(self, published: Published, storage_options: dict | None = None):
-        if not isinstance(published, Published):  # e.g. a mixture: one index per component, not supported yet
-            raise UsageError(f"documents=True reads one dataset version's document index; {type(published).__name__} "
-                             f"has none of its own")
+        if not isinstance(published, Published):  # e.g. a bare Manifest: no URL to read the index from
+            raise UsageError(f"documents=True reads a published dataset version's document index; "
+                             f"{type(published).__name__} has none of its own (pass a Published or a PublishedMixture)")
         m = published.manifest
         spans = read_published_doc_index(published, columns=["shard", "row", "start"], storage_options=storage_options)
         self.offsets = row_offsets(m)
@@ -60,6 +72,29 @@ class DocumentBoundaries:
 
     def batch(self, shards: np.ndarray, rows: np.ndarray) -> dict:
         """``position_ids``, ``cu_seqlens`` and ``max_seqlen`` of the rows (shard, row), in batch order."""
+        return segments_to_batch(self.segment_starts(shards, rows))
+
+
+class MixtureBoundaries:
+    """A mixture's rows, looked up by the mixture order's (shard, row): shards numbered over the
+    components' shards concatenated in manifest order (``MixtureOrder.shards``); each row's spans
+    come from the :class:`DocumentBoundaries` of the component that owns its shard."""
+
+    def __init__(self, mixture: PublishedMixture, storage_options: dict | None = None):
+        self.components = [DocumentBoundaries(pub, storage_options) for pub in mixture.components]
+        self.shard_base = np.cumsum([0] + [len(pub.manifest.shards) for pub in mixture.components], dtype=np.int64)
+        self.seq_len = mixture.manifest.seq_len
+
+    def segment_starts(self, shards: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        shards, rows = np.asarray(shards, dtype=np.int64), np.asarray(rows, dtype=np.int64)
+        owner = np.searchsorted(self.shard_base, shards, "right") - 1
+        out = np.empty((shards.size, self.seq_len), dtype=bool)
+        for c, bounds in enumerate(self.components):
+            sel = owner == c
+            out[sel] = bounds.segment_starts(shards[sel] - self.shard_base[c], rows[sel])
+        return out
+
+    def batch(self, shards: np.ndarray, rows: np.ndarray) -> dict:
         return segments_to_batch(self.segment_starts(shards, rows))
 
 

@@ -31,7 +31,7 @@ from gristmill.manifests import EditedManifestError, HashMismatchError, Manifest
 from gristmill.manifests.mixture import PublishedMixture, is_mixture, load_data
 
 from .cache import CacheError, ShardCache
-from .documents import DocumentBoundaries
+from .documents import document_boundaries
 from .gather import gather_rows
 from .mixture import MixtureOrder
 from .order import DEFAULT_WINDOW_SHARDS, Order
@@ -152,8 +152,9 @@ class Loader:
         self._entry_of_shard = self.cache.ids(self.shards)
         self._shard_of_entry = {int(e): s for e, s in zip(self._entry_of_shard, self.shards)}
         self.next_index = int(start_index)
-        # documents=True: each batch also carries the rows' document boundaries (loader/documents.py).
-        self.documents = DocumentBoundaries(self.published, self.storage_options) if documents else None
+        # documents=True: each batch also carries the rows' document boundaries (loader/documents.py;
+        # a mixture's from each row's own component).
+        self.documents = document_boundaries(self.published, self.storage_options) if documents else None
         self.last_metrics: dict = {}
         self._generation = 0  # bumped by load_state_dict: a running iterator restarts from the new index
         self._plans: dict[int, _Step] = {}

@@ -6,7 +6,7 @@ def register(sub) -> None:
     p = sub.add_parser("manifest", help="inspect and verify published dataset versions")
     msub = p.add_subparsers(dest="manifest_command", required=True, metavar="ACTION")
     show = msub.add_parser("show", help="print a manifest summary with its stage statistics as a table (--json: the whole manifest, machine-readable)")
-    show.add_argument("url", help="dataset version: <root>/<dataset>[/v<N>[/manifest.json]]")
+    show.add_argument("url", help="dataset version or mixture: <root>/<name>[/v<N>[/manifest.json]]")
     show.add_argument("--json", action="store_true", help="print the full manifest JSON")
     show.set_defaults(handler=_show)
     verify = msub.add_parser("verify", help="check every pinned file against the manifest: hashes, sizes, "
@@ -21,13 +21,15 @@ def register(sub) -> None:
 
 
 def _show(args) -> int:
-    from .store import load_manifest
+    from .mixture import MixtureManifest, load_either
 
-    pub = load_manifest(args.url)
+    pub = load_either(args.url)
     m = pub.manifest
     if args.json:
         print(m.to_json(), end="")
         return 0
+    if isinstance(m, MixtureManifest):
+        return _show_mixture(pub)
     print(f"dataset      {m.dataset} v{m.version}  ({pub.url})")
     print(f"sha256       {m.sha256}")
     print(f"created      {m.created_at}   code {m.code_version}")
@@ -45,6 +47,21 @@ def _show(args) -> int:
 
         print("stages")
         print(format_stats(m.stats))
+    return 0
+
+
+def _show_mixture(pub) -> int:
+    from .mix_cli import component_lines
+
+    m = pub.manifest
+    print(f"mixture      {m.name} v{m.version}  ({pub.url})")
+    print(f"sha256       {m.sha256}")
+    print(f"created      {m.created_at}   code {m.code_version}")
+    print(f"tokenizer    vocab {m.tokenizer.vocab_size}, eos {m.tokenizer.eos_id}, sha256 {m.tokenizer.sha256[:16]}…")
+    print(f"sequences    seq_len {m.seq_len} (+1 label token per row), {m.token_dtype}")
+    print(f"components   {len(m.components)}, interleaved in periods of {m.period} samples")
+    for line in component_lines(m):
+        print(line)
     return 0
 
 

@@ -86,11 +86,21 @@ def _mix(args) -> int:
     m = pub.manifest
     print(f"published mixture {m.name} v{m.version}: {pub.url}")
     print(f"sha256 {m.sha256}")
+    for line in component_lines(m):
+        print(line)
+    return 0
+
+
+def component_lines(m) -> list[str]:
+    """One line per component of a ``MixtureManifest``: its share, weight or budget, policy and pinned dataset."""
+    out = []
     for c in m.components:
         how = f"budget {c.tokens:,} tokens ({c.budget_samples:,} samples)" if c.tokens is not None else f"weight {c.weight:g}"
-        print(f"  {c.name:<20} {c.parts}/{m.period} of samples ({how}, exhausted: {c.exhausted})  "
-              f"{c.dataset} {c.sha256[:16]}…")
-    return 0
+        version = m.locations.get(c.name, {}).get("version")
+        out.append(f"  {c.name:<20} {c.parts}/{m.period} = {c.parts / m.period:.1%} of samples ({how}, exhausted: "
+                   f"{c.exhausted})  {c.dataset}{f' v{version}' if version else ''} {c.sha256[:16]}…  "
+                   f"{c.train_rows:,} train rows ({c.train_rows * m.seq_len:,} tokens)")
+    return out
 
 
 def mix(job: MixJob, source: str = "mix job"):

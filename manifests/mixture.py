@@ -233,10 +233,15 @@ def load_data(url: str | Published | PublishedMixture, *, expected_sha256: str |
     each checked against the hash it pins and against the mixture's seq_len, dtype and tokenizer."""
     if isinstance(url, PublishedMixture):
         return url
-    pub = url if isinstance(url, Published) else _load_as(_Either, url, expected_sha256, storage_options)
+    pub = url if isinstance(url, Published) else load_either(url, expected_sha256=expected_sha256, **storage_options)
     if not isinstance(pub.manifest, MixtureManifest):
         return pub
     return open_components(pub.manifest, pub.url, storage_options)
+
+
+def load_either(url: str, *, expected_sha256: str | None = None, **storage_options) -> Published:
+    """The manifest ``url`` names, a dataset's or a mixture's, as it is (a mixture's components not opened)."""
+    return _load_as(_Either, url, expected_sha256, storage_options)
 
 
 def open_components(m: MixtureManifest, url: str, storage_options: dict | None = None) -> PublishedMixture:

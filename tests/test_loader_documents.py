@@ -88,3 +88,52 @@ def test_a_source_without_its_own_document_index_is_refused(pub):
 
     with pytest.raises(UsageError, match="document index"):
         DocumentBoundaries(pub.manifest)  # a manifest alone, not a published version: no index to read
+
+
+# -- a mixture: each row's boundaries from its own component's index ------------------------------
+def publish_mixture(root: str) -> str:
+    """Two components with documents packed several to a row, mixed 3:1; returns the mixture's URL."""
+    import yaml
+
+    from gristmill.cli import main
+    from gristmill.manifests.synthetic import build_synthetic
+
+    build_synthetic(root, dataset="web", doc_tokens=(3, 12), shard_rows=(20, 15), seed=1)
+    build_synthetic(root, dataset="code", doc_tokens=(2, 7), shard_rows=(18,), seed=2)
+    job = os.path.join(root, "mix.yaml")
+    with open(job, "w") as f:
+        yaml.safe_dump({"name": "blend", "store": os.path.join(root, "store"),
+                        "components": [{"dataset": "web", "weight": 3}, {"dataset": "code", "weight": 1}]}, f)
+    assert main(["mix", job]) == 0
+    return os.path.join(root, "store", "blend")
+
+
+def test_a_mixtures_rows_carry_their_own_components_boundaries(tmp_path):
+    from gristmill.loader.mixture import MixtureOrder
+    from gristmill.manifests.mixture import load_data
+
+    mix = load_data(publish_mixture(str(tmp_path / "m")))
+    order = MixtureOrder(mix, "train", 5)
+    owners = set()
+    for batch in batches(mix, tmp_path / "c", steps=4, seed=5, global_batch=8):
+        comp, _, shards, rows = order.locate_components(batch["indices"].numpy())
+        lengths = []
+        for j, (c, s, r) in enumerate(zip(comp.tolist(), shards.tolist(), rows.tolist())):
+            pos, lens = expected_from_index(mix.components[c], s, r)
+            assert batch["position_ids"][j].tolist() == pos
+            lengths += lens
+            owners.add(c)
+        assert batch["cu_seqlens"].tolist() == np.concatenate([[0], np.cumsum(lengths)]).tolist()
+        assert batch["max_seqlen"] == max(lengths)
+    assert owners == {0, 1}  # both components' indexes were read
+
+
+def test_a_tampered_component_document_index_is_refused(tmp_path):
+    from gristmill.manifests.mixture import load_data
+
+    mix = load_data(publish_mixture(str(tmp_path / "m")))
+    code = mix.components[1]
+    path = os.path.join(code.url, code.manifest.doc_index.path)
+    pq.write_table(pq.read_table(path).slice(1), path)
+    with pytest.raises(HashMismatchError, match="doc"):
+        Loader(mix.url, cache_dir=str(tmp_path / "c"), documents=True)

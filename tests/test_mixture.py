@@ -173,6 +173,25 @@ def test_the_interleave_at_a_far_index_needs_no_walk_from_zero():
     assert (k == near_k + (far // 10) * np.array(parts)[comp]).all()
 
 
+def test_manifest_show_summarises_a_mixture_and_json_is_the_whole_manifest(store, tmp_path, capsys):
+    pub = publish(store, tmp_path, [{"dataset": "web", "weight": 0.75},
+                                    {"dataset": "code", "weight": 0.25, "exhausted": "stop"}], name="shown")
+    m = pub.manifest
+    capsys.readouterr()
+    assert main(["manifest", "show", pub.url]) == 0
+    out = capsys.readouterr().out
+    assert f"mixture      shown v{m.version}" in out and m.sha256 in out
+    lines = {c.name: next(x for x in out.splitlines() if x.strip().startswith(c.name + " ")) for c in m.components}
+    for c, comp in zip(m.components, pub.components):
+        rows = sum(s.rows for s in comp.manifest.shards_of("train"))
+        assert f"{c.dataset} v{comp.manifest.version} {c.sha256[:16]}" in lines[c.name]
+        assert f"{rows:,} train rows ({rows * m.seq_len:,} tokens)" in lines[c.name]
+        assert f"exhausted: {c.exhausted}" in lines[c.name] and f"weight {c.weight:g}" in lines[c.name]
+    assert "3/4 = 75.0% of samples" in lines["web"] and "1/4 = 25.0% of samples" in lines["code"]
+    assert main(["manifest", "show", pub.url, "--json"]) == 0
+    assert MixtureManifest.from_json(capsys.readouterr().out, expected_sha256=m.sha256) == m
+
+
 # -- the loader -----------------------------------------------------------------------------------
 def served(url, tmp_path, *, batch=8, steps=None, world_size=1, rank=0, workers=0, start=0, **kw):
     from gristmill.loader import Loader
@@ -346,31 +365,39 @@ def test_audit_leak_checks_every_component_and_names_it(tmp_path, capsys):
     assert {m["component"] for m in matches} >= {"b"} and all(m["item"] == "0" for m in matches)
 
 
-@pytest.mark.slow
-def test_training_on_a_mixture_records_it_and_the_audit_counts_each_component_exactly(tmp_path, capsys):
+def train_on_blend(tmp_path, steps: int, B: int, *sets: str, doc_tokens=None) -> tuple[str, str]:
+    """Mix web and code 3:1 and train the tiny job on the mixture; returns (mixture URL, run dir)."""
     import subprocess
     import sys
-
-    from gristmill.audit import read_checkpoint
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     for name, seed in (("web", 1), ("code", 2)):
         build_synthetic(str(tmp_path), dataset=name, vocab_size=64, shard_rows=(48, 40), val_rows=(16,), seed=seed,
-                        tokens="counting")
+                        tokens="counting", doc_tokens=doc_tokens)
     job = tmp_path / "mix.yaml"
     job.write_text(yaml.safe_dump({"name": "blend", "store": str(tmp_path / "store"), "components": [
         {"dataset": "web", "weight": 3}, {"dataset": "code", "weight": 1}]}))
     assert main(["mix", str(job)]) == 0
-    mix_url = str(tmp_path / "store" / "blend")
-    run_dir, steps, B = str(tmp_path / "run"), 6, 8
+    mix_url, run_dir = str(tmp_path / "store" / "blend"), str(tmp_path / "run")
     cmd = [sys.executable, "-m", "gristmill.trainer", os.path.join(root, "configs", "train-tiny.yaml"),
            "--set", f"data.manifest={mix_url}", "--set", f"run.dir={run_dir}", "--set", f"run.steps={steps}",
            "--set", "checkpoint.every=3", "--set", "eval.every=3", "--set", f"data.global_batch={B}",
            "--set", "run.tensorboard=false", "--set", f"data.cache_dir={run_dir}-cache",
            "--set", "run.log_samples=true"]  # samples.jsonl: the check against the audit below
+    for s in sets:
+        cmd += ["--set", s]
     proc = subprocess.run(cmd, cwd=root, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    return mix_url, run_dir
+
+
+@pytest.mark.slow
+def test_training_on_a_mixture_records_it_and_the_audit_counts_each_component_exactly(tmp_path, capsys):
+    from gristmill.audit import read_checkpoint
+
+    steps, B = 6, 8
+    mix_url, run_dir = train_on_blend(tmp_path, steps, B)
     mixture = load_data(mix_url).manifest
     for step in (3, 6):
         ckpt = read_checkpoint(os.path.join(run_dir, "checkpoints", f"step-{step}"))
@@ -387,3 +414,14 @@ def test_training_on_a_mixture_records_it_and_the_audit_counts_each_component_ex
     assert sorted(i for r in logged for i in r["indices"]) == list(range(steps * B))
     evals = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
     assert any(r["kind"] == "eval" for r in evals)  # the validation pass read the components' validation splits
+
+
+@pytest.mark.slow
+def test_the_document_mask_trains_on_a_mixture(tmp_path):
+    """model.document_mask=true on a mixture URL: the loader serves each row's boundaries from its component."""
+    _, run_dir = train_on_blend(tmp_path, 3, 8, "model.document_mask=true", "eval.every=0", doc_tokens=(4, 12))
+    with open(os.path.join(run_dir, "checkpoints", "step-3", "meta.json")) as f:
+        assert json.load(f)["model_args"]["document_mask"] is True
+    losses = [json.loads(line)["loss"] for line in open(os.path.join(run_dir, "metrics.jsonl"))
+              if json.loads(line)["kind"] == "train"]
+    assert len(losses) == 3 and all(np.isfinite(losses))
