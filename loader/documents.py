@@ -53,7 +53,7 @@ class DocumentBoundaries:
         shard = spans.column("shard").to_numpy().astype(np.int64)
         # The index is sorted by (shard, row, start), so these keys are sorted: a row's spans are one run.
         self.keys = self.offsets[shard] + spans.column("row").to_numpy()
-        self.starts = spans.column("start").to_numpy().astype(np.int64)
+        self.starts = spans.column("start").to_numpy().astype(np.int32)  # < seq_len: 4 bytes a span is enough
         self.seq_len = m.seq_len
 
     def segment_starts(self, shards: np.ndarray, rows: np.ndarray) -> np.ndarray:
