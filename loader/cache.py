@@ -105,8 +105,9 @@ class ShardCache:
         os.makedirs(cache_dir, exist_ok=True)
         sources = (published,) if isinstance(published, Published) else tuple(published)
         self.dir, self.base_url, self.manifest = cache_dir, sources[0].url, sources[0].manifest
-        # Shards are named by content: a shard two sources share can come from either.
-        self._source = {s.raw_sha256: p for p in reversed(sources) for s in p.manifest.shards}
+        # Cached shards are named by content, so two sources may list the same one; it is fetched
+        # from one of them with THAT source's facts (path, sha256, bytes), never a mix of two.
+        self._source = {s.raw_sha256: (p, s) for p in reversed(sources) for s in p.manifest.shards}
         self.fs = fsspec.core.url_to_fs(self.base_url, **(storage_options or {}))[0]
         self._fs = {p.url: self.fs if _protocol(p.url) == _protocol(self.base_url) else fsspec.core.url_to_fs(p.url)[0]
                     for p in sources}
@@ -257,7 +258,8 @@ class ShardCache:
         if st is None or not self._verify(shard, path, st):
             downloaded = self._download(shard)
             st = os.stat(path)
-        manifest = self._source[shard.raw_sha256].manifest
+        pub, shard = self._source[shard.raw_sha256]
+        manifest = pub.manifest
         mapped = MappedShard(path, manifest, shard)  # mapped while pinned: nobody can evict it in between
         if shard.raw_sha256 not in self._in_vocab:  # a full read, once per shard per process (memory speed)
             try:
@@ -292,7 +294,8 @@ class ShardCache:
 
     def _download(self, shard: Shard) -> int:
         """Fetch, verify and install one shard, once per node (the .dl lock); returns bytes fetched."""
-        path, url = self.path(shard), join(self._source[shard.raw_sha256].url, shard.path)
+        pub, shard = self._source[shard.raw_sha256]
+        path, url = self.path(shard), join(pub.url, shard.path)
         fd = _flock(self._lock_path(shard, "dl"), fcntl.LOCK_EX)
         try:
             st = _stat(path)  # another process may have installed it while we waited
@@ -322,14 +325,15 @@ class ShardCache:
             _unlock(fd)
 
     def _fetch_once(self, shard: Shard, url: str, path: str) -> int:
-        data = self._fs[self._source[shard.raw_sha256].url].cat_file(url)
+        pub, _ = self._source[shard.raw_sha256]
+        data = self._fs[pub.url].cat_file(url)
         actual = sha256_bytes(data)
         if actual != shard.sha256:
             raise HashMismatchError(f"shard {shard.path} as downloaded from {url}", shard.sha256, actual)
         # The bytes are the pinned ones from here on: a mismatch below is the manifest's, not the network's.
         if len(data) != shard.bytes:
             raise FactMismatchError(shard.path, "bytes", shard.bytes, len(data))
-        rows = checked_rows(read_table(pa.py_buffer(data)), self._source[shard.raw_sha256].manifest, shard)
+        rows = checked_rows(read_table(pa.py_buffer(data)), pub.manifest, shard)
         self._make_room(shard.raw_bytes)
         tmp = f"{path}.tmp-{os.getpid()}-{threading.get_ident()}"
         try:

@@ -57,16 +57,19 @@ class GristmillDataset(IterableDataset):
         self.url, self.batch_size, self.seed, self.rank, self.world_size = manifest_url, batch_size, seed, rank, world_size
         self.split, self.epochs, self.loader_options = split, epochs, loader_options
         self.global_batch = batch_size * world_size  # samples per step over all ranks
-        # Checked once here, so a bad URL or pinned hash fails before any worker starts.
-        with self._loader(global_batch=self.global_batch, rank=rank, world_size=world_size) as probe:
+        # Checked once here, so a bad URL or pinned hash fails before any worker starts; the probe
+        # also says where the data ends (epochs of a dataset, a finite mixture's end), or None.
+        with self._loader(global_batch=self.global_batch, rank=rank, world_size=world_size, epochs=epochs,
+                          documents=False) as probe:
             self._identity = {k: probe.state_dict()[k] for k in IDENTITY_KEYS}
-            self._stop = None if epochs is None else epochs * probe.num_samples
+            self._stop = probe.stop_index
         self.next_index = int(start_index)
         self._worker_state: dict | None = None  # set in a worker by StatefulDataLoader
 
     def _loader(self, **kw) -> Loader:
-        options = {"workers": 0, "pin_memory": False, **self.loader_options}  # the DataLoader's workers are the parallelism
-        return Loader(self.url, split=self.split, seed=self.seed, **options, **kw)
+        # the DataLoader's workers are the parallelism; ``kw`` wins (the probe reads no document index)
+        options = {"workers": 0, "pin_memory": False, **self.loader_options, **kw}
+        return Loader(self.url, split=self.split, seed=self.seed, **options)
 
     # -- iteration -------------------------------------------------------------------------
     def __iter__(self):
@@ -80,6 +83,10 @@ class GristmillDataset(IterableDataset):
         G = self.global_batch
         with self._loader(global_batch=k * G, rank=w * self.world_size + self.rank, world_size=k * self.world_size,
                           start_index=base) as ld:
+            if self._stop is not None:
+                # The worker's Loader ends a round only where its own G samples end: the rounds past
+                # this worker's slot (workers w+1..k-1) may run past the end without it reading them.
+                ld.stop_index = self._stop + (k - 1 - w) * G
             for batch in ld:
                 start = base + w * G  # this item's step starts here
                 if self._stop is not None and start + G > self._stop:

@@ -92,3 +92,28 @@ def test_the_loader_itself_is_not_a_dataset(pub, tmp_path):
     """Why the wrapper exists: DataLoader(Loader) fails (a Loader holds threads and is not an IterableDataset)."""
     with Loader(pub.url, cache_dir=str(tmp_path), workers=0) as ld, pytest.raises(TypeError):
         iter(DataLoader(ld, batch_size=None))
+
+
+@pytest.mark.parametrize("num_workers", [0, 3])
+def test_a_finite_mixture_serves_every_step_at_any_worker_count(tmp_path, num_workers):
+    """A mixture that ends (a `stop` component) ends at the same step whatever the worker count:
+    a worker's last round may stop short of the others' slots, never drop its own."""
+    import os
+
+    import yaml
+
+    from gristmill.cli import main
+    from gristmill.manifests.synthetic import build_synthetic
+
+    for name, rows, seed in (("web", (30,), 1), ("code", (10,), 2)):
+        build_synthetic(str(tmp_path), dataset=name, shard_rows=rows, val_rows=(), seed=seed)
+    job = tmp_path / "m.yaml"
+    job.write_text(yaml.safe_dump({"name": "m", "store": str(tmp_path / "store"), "components": [
+        {"dataset": "web", "weight": 3}, {"dataset": "code", "weight": 1, "exhausted": "stop"}]}))
+    assert main(["mix", str(job)]) == 0
+    url = os.path.join(str(tmp_path), "store", "m")
+    with Loader(url, global_batch=B, seed=5, cache_dir=str(tmp_path / "c"), workers=0) as ld:
+        want = list(ld)
+    assert len(want) == 10  # 40 samples: 10 steps, which neither 3 workers (nor 4) divide
+    ds = GristmillDataset(url, batch_size=B, seed=5, cache_dir=str(tmp_path / "c"))
+    assert_same(list(DataLoader(ds, batch_size=None, num_workers=num_workers)), want)
