@@ -71,11 +71,13 @@ def _read(path: str, columns: list[str], filters=None) -> pa.Table:
 
 
 # -- 1. bands ------------------------------------------------------------------------------------
-def bands_task(item: dict, cfg: FuzzyDedupConfig, params: LSHParams, root: str, removed_files: list[str]) -> dict:
+def bands_task(item: dict, cfg: FuzzyDedupConfig, params: LSHParams, root: str, removed_files: list[str],
+               override_files: list[str]) -> dict:
     mh = _hasher(cfg.num_perm, cfg.ngram, cfg.seed)
     out = ParquetPart(os.path.join(root, item["out"]), BAND_SCHEMA, row_group_size=_ROW_GROUP)
     tables, docs, nbytes = [], 0, 0
-    for t in surviving_docs(item["docs"], item["part"], removed_files, [], ["id", "order", "text", "bytes"], cfg.batch_size):
+    for t in surviving_docs(item["docs"], item["part"], removed_files, override_files, ["id", "order", "text", "bytes"],
+                            cfg.batch_size):
         docs += t.num_rows
         nbytes += int(pc.sum(t.column("bytes")).as_py() or 0)
         sh = mh.shingles(t.column("text").to_pylist())
@@ -128,7 +130,8 @@ def candidates_task(item: dict, root: str, band_files: list[str]) -> dict:
 
 
 # -- 3. members ----------------------------------------------------------------------------------
-def members_task(item: dict, cfg: FuzzyDedupConfig, root: str, endpoint_files: list[str], removed_files: list[str]) -> dict:
+def members_task(item: dict, cfg: FuzzyDedupConfig, root: str, endpoint_files: list[str], removed_files: list[str],
+                 override_files: list[str]) -> dict:
     part = item["part"]
     wanted = np.unique(np.concatenate([_read(f, ["order"], [("part", "=", part)]).column("order").to_numpy()
                                        for f in endpoint_files])) if endpoint_files else np.zeros(0, np.int64)
@@ -136,7 +139,8 @@ def members_task(item: dict, cfg: FuzzyDedupConfig, root: str, endpoint_files: l
     out = ParquetPart(os.path.join(root, item["out"]), MEMBER_SCHEMA)
     n = 0
     if len(wanted):
-        for t in surviving_docs(item["docs"], part, removed_files, [], ["id", "order", "text", "bytes"], cfg.batch_size):
+        for t in surviving_docs(item["docs"], part, removed_files, override_files, ["id", "order", "text", "bytes"],
+                                cfg.batch_size):
             t = t.filter(pc.is_in(t.column("order"), pa.array(wanted)))
             if not t.num_rows:
                 continue
@@ -253,9 +257,10 @@ def removed_task(item: dict, cfg: FuzzyDedupConfig, root: str, assign_files: lis
 
 # -- the stage -----------------------------------------------------------------------------------
 def find_near_duplicates(run_tasks, root: str, docs_files: list[str], removed_files: list[str],
-                         cfg: FuzzyDedupConfig) -> dict:
+                         cfg: FuzzyDedupConfig, override_files: list[str] = ()) -> dict:
     """Run every step over the partitions' document files (``docs_files[p]`` is partition p's);
-    documents listed in ``removed_files`` (earlier stages) are left out. Writes this stage's
+    documents listed in ``removed_files`` (earlier stages) are left out, and a text rewritten by
+    an earlier stage (``override_files``: C4's dropped lines) is compared as rewritten. Writes this stage's
     removed rows to ``<root>/removed/fuzzy_dedup/part-*.parquet`` and returns its stats.
     ``run_tasks(step, items, fn)`` runs ``fn(item) -> stats`` once per item (pipeline.tasks).
     """
@@ -264,7 +269,8 @@ def find_near_duplicates(run_tasks, root: str, docs_files: list[str], removed_fi
     d = STAGE
     bands = run_tasks(f"{d}.bands", [{"name": part_name(p), "part": p, "docs": docs_files[p],
                                       "out": f"{d}/bands/{part_name(p)}.parquet"} for p in parts],
-                      functools.partial(bands_task, cfg=cfg, params=params, root=root, removed_files=removed_files))
+                      functools.partial(bands_task, cfg=cfg, params=params, root=root, removed_files=removed_files,
+                                        override_files=list(override_files)))
     band_files = [os.path.join(root, d, "bands", f"{part_name(p)}.parquet") for p in parts]
     ranges = plan_bucket_ranges(sum(s["band_rows"] for s in bands))
     cand_items = [{"name": f"task-{i:03d}", "lo": lo, "hi": hi, "out": f"{d}/candidates/task-{i:03d}.parquet",
@@ -274,7 +280,8 @@ def find_near_duplicates(run_tasks, root: str, docs_files: list[str], removed_fi
     candidate_files = [os.path.join(root, it["out"]) for it in cand_items]
     run_tasks(f"{d}.members", [{"name": part_name(p), "part": p, "docs": docs_files[p],
                                 "out": f"{d}/members/{part_name(p)}.parquet"} for p in parts],
-              functools.partial(members_task, cfg=cfg, root=root, endpoint_files=endpoint_files, removed_files=removed_files))
+              functools.partial(members_task, cfg=cfg, root=root, endpoint_files=endpoint_files, removed_files=removed_files,
+                                override_files=list(override_files)))
     buckets = cc.bucket_count(2 * sum(s["pairs"] for s in cand))
     ver_items = [{"name": part_name(p), "part": p, "buckets": buckets, "edges": f"{d}/edges/{part_name(p)}.parquet",
                   "links": f"{d}/links/{part_name(p)}.parquet"} for p in parts]

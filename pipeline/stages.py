@@ -163,7 +163,8 @@ class FuzzyDedup(Stage):
         self.cfg = cfg
 
     def run(self, ctx):
-        out = fuzzy_dedup.find_near_duplicates(ctx.run_tasks, ctx.root, ctx.docs_files(), list(ctx.removed_files), self.cfg)
+        out = fuzzy_dedup.find_near_duplicates(ctx.run_tasks, ctx.root, ctx.docs_files(), list(ctx.removed_files), self.cfg,
+                                               override_files=list(ctx.override_files))
         ctx.add_outputs(self.name)
         return out
 

@@ -53,21 +53,22 @@ def planted_corpus(seed=0, n_base=40, words=150):
     return rows, sims
 
 
-def _run(ray, rows, cfg, work_dir, cpus, parts=1):
-    """The stage over ``rows`` split into ``parts`` partition files, at most ``cpus`` tasks at once."""
+def _run(ray, rows, cfg, work_dir, cpus, parts=1, overrides=None):
+    """The stage over ``rows`` split into ``parts`` partition files, at most ``cpus`` tasks at once;
+    ``overrides`` (id -> text) are an earlier stage's rewritten texts."""
     import json
     import functools
 
     import pyarrow as pa
 
-    from gristmill.pipeline.documents import make_order
+    from gristmill.pipeline.documents import OVERRIDE_SCHEMA, make_order
     from gristmill.pipeline.tasks import run_tasks
     from gristmill.pipeline.workdir import ParquetPart, WorkDir
 
     wd = WorkDir(str(work_dir))
     rows = sorted(rows, key=lambda r: r["order"])
     size = -(-len(rows) // parts)
-    files = []
+    files, override_files = [], []
     for p in range(parts):
         chunk = rows[p * size:(p + 1) * size]
         path = wd.path("docs", f"part-{p:05d}.parquet")
@@ -78,8 +79,15 @@ def _run(ray, rows, cfg, work_dir, cpus, parts=1):
                             "part": [p] * len(chunk)}))
         out.commit()
         files.append(path)
+        mine = [(r["id"], make_order(p, i)) for i, r in enumerate(chunk) if r["id"] in (overrides or {})]
+        if mine:
+            override_files.append(wd.path("overrides", "quality", f"part-{p:05d}.parquet"))
+            ov = ParquetPart(override_files[-1], OVERRIDE_SCHEMA)
+            ov.write(pa.table({"id": [i for i, _ in mine], "order": [o for _, o in mine], "part": [p] * len(mine),
+                               "text": [overrides[i] for i, _ in mine]}, schema=OVERRIDE_SCHEMA))
+            ov.commit()
     runner = functools.partial(_tasks, ray, wd, cpus)
-    stats = find_near_duplicates(runner, wd.root, files, [], cfg)
+    stats = find_near_duplicates(runner, wd.root, files, [], cfg, override_files=override_files)
     removed_t = pa.concat_tables([pq.read_table(f) for f in sorted(glob.glob(wd.path("removed", "fuzzy_dedup", "*.parquet")))])
     removed = sorted((r["id"], (d := json.loads(r["detail"]))["duplicate_of"], d["cluster"], r["reason"], round(d["similarity"], 9))
                      for r in removed_t.to_pylist())
@@ -292,3 +300,15 @@ def test_no_near_duplicates_keeps_everything(ray_session, tmp_path):
     kept, removed, stats = _run(ray_session, rows, FuzzyDedupConfig(), tmp_path, cpus=2)
     assert kept == sorted(r["id"] for r in rows) and removed == []
     assert stats["documents_removed"] == 0 and stats["cluster_sizes"] == {} and stats["sample_pairs"] == []
+
+
+@pytest.mark.slow
+def test_texts_rewritten_by_an_earlier_stage_are_compared_as_rewritten(ray_session, tmp_path):
+    rng = random.Random(6)
+    vocab = _vocab(rng)
+    page = " ".join(rng.choice(vocab) for _ in range(80))
+    boiler = " ".join(rng.choice(vocab) for _ in range(80))  # lines C4's drop_lines took out of d1
+    rows = [{"id": "d0", "order": 0, "text": page}, {"id": "d1", "order": 1, "text": page + "\n" + boiler}]
+    assert _run(ray_session, rows, FuzzyDedupConfig(), tmp_path / "raw", cpus=1)[1] == []
+    kept, removed, _ = _run(ray_session, rows, FuzzyDedupConfig(), tmp_path / "ov", cpus=1, overrides={"d1": page})
+    assert kept == ["d0"] and [r[:2] for r in removed] == [("d1", "d0")]
