@@ -95,6 +95,15 @@ def test_each_rule_removes_under_its_name_and_can_be_turned_off(text, rule, off)
     assert evaluate(text, QualityConfig.model_validate(off)).reason != rule
 
 
+def test_stop_words_count_occurrences_as_datatrove():
+    # one stop word said twice passes min_stop_words: 2 (datatrove sums occurrences, not distinct words)
+    text = "The " + " ".join(w for w in VOCAB[8:] * 2) + " the end."
+    v = evaluate(text, QualityConfig.model_validate(NO_REPETITION))
+    assert v.metrics["gopher_quality:stop_words"] == 1.0  # "The" is not "the": case-sensitive
+    v = evaluate(text.replace("The ", "the "), QualityConfig.model_validate(NO_REPETITION))
+    assert v.metrics["gopher_quality:stop_words"] == 2.0 and v.reason != "gopher_quality:stop_words"
+
+
 def test_c4_drops_lines_only_with_drop_lines():
     text = prose(6) + "\nPlease enable JavaScript to view this page.\nShare"
     kept = evaluate(text, QualityConfig())

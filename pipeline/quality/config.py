@@ -28,7 +28,7 @@ class GopherQualityConfig(Section):
     max_bullet_lines_ratio: Ratio | None = 0.9  # lines starting with '•' or '-'
     max_ellipsis_lines_ratio: Ratio | None = 0.3  # lines ending with '...' or '…'
     min_alpha_words_ratio: Ratio | None = 0.8  # words with at least one letter
-    min_stop_words: NonNegativeInt | None = 2  # distinct stop words present (case-sensitive, as datatrove)
+    min_stop_words: NonNegativeInt | None = 2  # stop-word occurrences (case-sensitive, as datatrove)
     stop_words: tuple[NonEmptyStr, ...] = ("the", "be", "to", "of", "and", "that", "have", "with")
 
 

@@ -44,6 +44,7 @@ def quality_metrics(doc: Doc, cfg) -> dict[str, float]:
     n_alnum = int(counts[alnum].sum())
     text, lines = doc.text, doc.splitlines
     n_lines = len(lines)
+    stop = frozenset(cfg.stop_words)
     return {
         f"{QUALITY}:word_count": float(n_alnum),
         f"{QUALITY}:mean_word_length": ratio(float((counts * lengths)[alnum].sum()), n_alnum),
@@ -52,7 +53,8 @@ def quality_metrics(doc: Doc, cfg) -> dict[str, float]:
         f"{QUALITY}:bullet_lines": ratio(sum(s.lstrip().startswith(("•", "-")) for s in lines), n_lines),
         f"{QUALITY}:ellipsis_lines": ratio(sum(s.rstrip().endswith(("...", "…")) for s in lines), n_lines),
         f"{QUALITY}:alpha_words": ratio(float(counts[alpha].sum()), n_words),
-        f"{QUALITY}:stop_words": float(len(set(cfg.stop_words).intersection(uniq))),
+        # occurrences, not distinct words: datatrove's sum(w in stop_words for w in words)
+        f"{QUALITY}:stop_words": float(counts[np.fromiter((u in stop for u in uniq), bool, len(uniq))].sum()),
     }
 
 
