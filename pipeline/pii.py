@@ -31,8 +31,8 @@ EMAIL = re.compile(
     r"[01]?[0-9][0-9]?|[a-z0-9-]*[a-z0-9]:)])", re.IGNORECASE)
 IPV4 = re.compile(r"(?:(?:25[0-5]|2[0-4][0-9]|[01]?[0-9][0-9]?)\.){3}(?:25[0-5]|2[0-4][0-9]|[01]?[0-9][0-9]?)")
 # An optional +country code, an optional (area code), then 2-4 digit groups joined by one space,
-# dash or dot; accepted when it has 10-15 digits (E.164 allows 15), so dates, years, versions and
-# IP addresses (replaced before, or private and left) do not count.
+# dash or dot; accepted when it has 10-15 digits (E.164 allows 15) and is not an IP address, so
+# dates, years, versions and IP addresses (replaced before, or private and left) do not count.
 PHONE = re.compile(r"(?<![\w+.-])(?:\+\d{1,3}[ .-]?)?(?:\(\d{1,4}\)[ .-]?)?\d{2,4}(?:[ .-]\d{2,4}){1,5}(?![\w.-]?\w)")
 
 
@@ -45,7 +45,11 @@ def _ip_ok(s: str, public_only: bool) -> bool:
 
 
 def _phone_ok(s: str) -> bool:
-    return 10 <= sum(c.isdigit() for c in s) <= 15
+    try:
+        ipaddress.ip_address(s)  # a private IP the ip step left (192.168.100.100 has 12 digits) is no phone
+        return False
+    except ValueError:
+        return 10 <= sum(c.isdigit() for c in s) <= 15
 
 
 class Redactor:

@@ -69,6 +69,9 @@ def test_defaults_phones_opt_in_and_disabled_kinds():
     assert out == "Mail <EMAIL> from <IP> or call <PHONE> or <PHONE>; v1.2.3, 2024-01-15, 1999."
     assert counts == {"email": 1, "ip": 1, "phone": 2}
     assert Redactor(PiiConfig(emails=False, ips=False)).redact(text) == (text, {})
+    # a private IP is left by the ip step and is no phone number either, though it has 12 digits
+    private = "server 192.168.100.100 is up, call 415-555-0132"
+    assert Redactor(PiiConfig(phones=True)).redact(private) == ("server 192.168.100.100 is up, call <PHONE>", {"phone": 1})
 
 
 def test_stage_writes_overrides_counts_and_resumes(ray_session, tmp_path):
