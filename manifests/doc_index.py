@@ -132,10 +132,7 @@ def read_published_doc_index(published, columns: list[str] | None = None, filter
     actual = sha256_bytes(data)
     if actual != published.manifest.doc_index.sha256:
         raise HashMismatchError(url, published.manifest.doc_index.sha256, actual)
-    source = pa.BufferReader(data)
-    if filters is not None:
-        return pq.read_table(source, columns=columns or DOC_INDEX_SCHEMA.names, filters=filters)
-    return read_doc_index(source, columns=columns)
+    return read_doc_index(pa.BufferReader(data), columns=columns, filters=filters)
 
 
 def check_doc_index(source, manifest: Manifest) -> None:

@@ -148,6 +148,12 @@ def test_a_doc_index_from_before_the_url_column_is_read_and_verified(tmp_path):
             got = read_doc_index(path, columns=["doc_id", "url"])
             assert got.column("doc_id").to_pylist() == new.column("doc_id").to_pylist()
             assert got.column("url").null_count == got.num_rows
+            # as `audit doc` reads it: hash-checked, filtered, the url column asked for
+            from gristmill.manifests.doc_index import read_published_doc_index
+
+            one = read_published_doc_index(load_manifest(pub.url), columns=["doc_id", "url"],
+                                           filters=[("doc_id", "=", new.column("doc_id")[0].as_py())])
+            assert one.num_rows >= 1 and one.column("url").null_count == one.num_rows
         else:
             assert [p.path for p in problems] == ["doc_index.parquet"] and problems[0].error.field == "schema"
 
