@@ -17,11 +17,8 @@ import textwrap
 
 from gristmill.errors import UsageError
 
-from .documents import part_of
+from .documents import STAGE_ORDER, part_of
 from .workdir import part_name
-
-# Removal stages in pipeline order; a stage not listed (a newer one) follows them, by name.
-STAGE_ORDER = ("language", "exact_dedup", "fuzzy_dedup", "decontaminate")
 
 
 def resolve_run(path: str) -> str:
@@ -40,6 +37,7 @@ def resolve_run(path: str) -> str:
 
 def _removed_files(run: str, stage: str | None) -> list[str]:
     stages = [os.path.basename(d) for d in glob.glob(os.path.join(run, "removed", "*")) if os.path.isdir(d)]
+    # pipeline order; a stage not listed (a newer one) follows them, by name
     stages.sort(key=lambda s: (STAGE_ORDER.index(s) if s in STAGE_ORDER else len(STAGE_ORDER), s))
     if stage is not None:
         if stage not in stages:

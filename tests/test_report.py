@@ -160,3 +160,17 @@ def test_histograms_add_up_file_by_file():
     assert edges[0] <= 1 < edges[1] and edges[-2] <= 70_000 < edges[-1] and counts.sum() == 6
     scores = Histogram(UNIT_EDGES).add([0.0, 0.5, 1.0, float("nan")])
     assert scores.n == 3 and scores.counts[0] == 1 and scores.counts[-1] == 1  # 1.0 is in the last bin; NaN in none
+
+
+def test_the_fallback_stage_order_is_the_one_the_pipeline_runs(tmp_path):
+    from gristmill.pipeline import stages
+    from gristmill.pipeline.config import JobConfig
+    from gristmill.pipeline.documents import STAGE_ORDER
+    from gristmill.report.dataset import stage_order
+
+    job = JobConfig.from_dict({"inputs": ["unused.jsonl"], "output": {"store": str(tmp_path / "s"), "dataset": "d"},
+                               "work_dir": str(tmp_path / "w"), "quality": {}, "fuzzy_dedup": {}, "decontaminate": {},
+                               "pii": {}})
+    assert [s.name for s in stages.build(job)] == [n for n in STAGE_ORDER if n != "language"]  # language: extract's filter
+    counted = {n: {"documents_in": 1} for n in ("tokenize", "pii", "a_new_stage", "quality", "extract")}
+    assert stage_order(counted, None) == ["extract", "quality", "pii", "a_new_stage", "tokenize"]

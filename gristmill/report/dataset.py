@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from gristmill.manifests import Published, load_manifest
+from gristmill.pipeline.documents import STAGE_ORDER
 
 from . import dedup, tokens
 from .hist import UNIT_EDGES, shown
@@ -131,7 +132,6 @@ def funnel(page: Page, stats: dict, work: WorkFiles | None) -> None:
 
 
 OWN_SECTIONS = ("fuzzy_dedup", "decontaminate")  # their detail has sections of its own below
-PIPELINE_ORDER = ("extract", "language", "exact_dedup", "quality", "fuzzy_dedup", "decontaminate", "pii", "tokenize")  # pipeline.stages.build
 
 
 def stage_order(stages: dict, work: WorkFiles | None) -> list[str]:
@@ -142,9 +142,10 @@ def stage_order(stages: dict, work: WorkFiles | None) -> list[str]:
     if work is not None:
         ran = [r["stage"] for r in work.report.get("stages", []) if r["stage"] in have]
         return ran + [n for n in have if n not in ran]
-    known = [n for n in PIPELINE_ORDER if n in have]
-    others = [n for n in have if n not in PIPELINE_ORDER]
-    return known[:-1] + others + known[-1:] if "tokenize" in known else known + others
+    known = [n for n in STAGE_ORDER if n in have]
+    others = [n for n in have if n not in STAGE_ORDER]
+    at = known.index("tokenize") if "tokenize" in known else len(known)
+    return known[:at] + others + known[at:]
 
 
 def language(page: Page, stats: dict, config: dict, work: WorkFiles | None) -> None:
