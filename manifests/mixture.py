@@ -30,6 +30,7 @@ from .store import DATASET_NAME, Published, _load_as, join
 KIND = "mixture"
 MIXTURE_SCHEMA_VERSION = 1
 MAX_PERIOD = 1 << 20  # parts sum to at most this: the loader keeps a one-period table of 12 bytes a part
+MAX_COMPONENTS = 1024  # building the period's table costs period x components: a forged list must not stall a load
 POLICIES = ("repeat", "stop")  # what a component that runs out does: a fresh epoch, or end the mixture
 UNHASHED_FIELDS = ("version", "created_at", "code_version", "locations", "sha256")
 REQUIRED = ("kind", "schema_version", "name", "seq_len", "token_dtype", "tokenizer", "period", "components", "locations")
@@ -151,6 +152,8 @@ class MixtureManifest(VersionedDocument):
         comps = d["components"]
         if not isinstance(comps, list) or not comps:
             raise MixtureError("mixture.components: expected a non-empty list")
+        if len(comps) > MAX_COMPONENTS:
+            raise MixtureError(f"mixture.components: {len(comps)} components, more than the {MAX_COMPONENTS} allowed")
         if not isinstance(d["locations"], dict):
             raise MixtureError("mixture.locations: expected an object (component name -> url, version)")
         m = cls(name=str(d["name"]), seq_len=_int(d, "seq_len", "mixture", lo=1),
@@ -165,6 +168,11 @@ class MixtureManifest(VersionedDocument):
         names = [c.name for c in m.components]
         if len(set(names)) != len(names):
             raise MixtureError(f"mixture.components: two components share a name ({', '.join(names)})")
+        refuse_repeated_manifests([c.sha256 for c in m.components])
+        for c in m.components:
+            if c.tokens is not None and c.budget_samples != -(-c.tokens // m.seq_len):
+                raise MixtureError(f"mixture {m.name!r}: component {c.name!r}: budget_samples {c.budget_samples} is not "
+                                   f"ceil(tokens {c.tokens} / seq_len {m.seq_len})")
         if sum(c.parts for c in m.components) != m.period:
             raise MixtureError(f"mixture.period: {m.period} is not the sum of the components' parts "
                                f"({sum(c.parts for c in m.components)})")
@@ -262,6 +270,13 @@ def open_components(m: MixtureManifest, url: str, storage_options: dict | None =
     return PublishedMixture(m, url, tuple(comps))
 
 
+def refuse_repeated_manifests(shas: list[str]) -> None:
+    # Two components pinning one manifest would read the same rows in lockstep (a seed per manifest).
+    if len(set(shas)) != len(shas):
+        raise MixtureError("components: two components pin the same dataset manifest; give it one component with "
+                           "their summed weight")
+
+
 def check_component(m: MixtureManifest, c: Component, cm: Manifest) -> None:
     """A component must fit the mixture: the same seq_len, token dtype and tokenizer (hash, vocab, eos)."""
     for what, mine, theirs in (("seq_len", m.seq_len, cm.seq_len), ("token_dtype", m.token_dtype, cm.token_dtype),
@@ -271,6 +286,10 @@ def check_component(m: MixtureManifest, c: Component, cm: Manifest) -> None:
         if mine != theirs:
             raise MixtureError(f"mixture {m.name!r}: component {c.name!r} ({cm.dataset}) has {what} {theirs!r}, the "
                                f"mixture {mine!r}; every component must share seq_len, token dtype and tokenizer")
+    rows = sum(s.rows for s in cm.shards_of("train"))
+    if c.train_rows != rows:  # what `stop` runs out of: a fact of the pinned manifest, checked like the others
+        raise MixtureError(f"mixture {m.name!r}: component {c.name!r} states train_rows {c.train_rows}, its manifest "
+                           f"{cm.sha256[:12]} has {rows}")
 
 
 # -- building (gristmill mix) ----------------------------------------------------------------------
@@ -302,6 +321,7 @@ def build_mixture(name: str, resolved: list[tuple[dict, Published]], store_root:
     if len({spec["tokens"] is None for spec, _ in resolved}) > 1:
         raise MixtureError("components: give every component a weight, or every one a token budget (tokens), not "
                            "a mix of both: a budget fixes the mixture's length, a weight only a proportion")
+    refuse_repeated_manifests([pub.manifest.sha256 for _, pub in resolved])
     budgets = first_spec["tokens"] is not None
     comps, locations = [], {}
     for spec, pub in resolved:

@@ -86,6 +86,8 @@ def test_the_hash_ignores_where_components_are_and_refuses_an_edit(store, tmp_pa
     ([{"dataset": "web", "weight": 1}, {"dataset": "short", "weight": 1}], r"component 'short' \(short\) has seq_len 8, the mixture 16"),
     ([{"dataset": "web", "weight": 1}, {"dataset": "othertok", "weight": 1}], r"component 'othertok' .* has tokenizer\.sha256"),
     ([{"dataset": "web", "weight": 1}, {"dataset": "web", "weight": 1}], r"a second component named 'web'"),
+    ([{"dataset": "web", "weight": 1}, {"name": "web2", "dataset": "web", "weight": 1}],
+     r"two components pin the same dataset manifest"),
     ([{"dataset": "code", "tokens": 16 * 21, "exhausted": "stop"}], r"more than its 20 train rows, with exhausted: stop"),
     ([{"dataset": "web", "weight": 1, "sha256": "0" * 64}], r"hash pinned by the caller"),
 ])
