@@ -216,7 +216,9 @@ class Executor:
         removed = [self.wd.path("removed", "language", f"{part_name(t['part'])}.parquet") for t in self.tasks]
         for stage in global_names:
             removed += sorted(_glob.glob(self.wd.path("removed", stage, "*.parquet")))
-        rep.export_jsonl(removed, self.wd.path("removed.jsonl"))
+        # no text: the language filter removes most of a crawl, and its texts would copy most of the
+        # input uncompressed; they stay in removed/language/*.parquet (what inspect removed reads)
+        rep.export_jsonl(removed, self.wd.path("removed.jsonl"), drop=("text",))
 
     def _write_page(self, published) -> None:
         """report.html beside report.json (gristmill.report, imported here only: it reads the

@@ -120,15 +120,18 @@ def format_table(report: dict) -> str:
     return "\n".join(lines)
 
 
-def export_jsonl(parquet_files: list[str], out_path: str) -> int:
-    """Concatenate bookkeeping parquet files (quarantine, removed) into one JSONL, in order."""
+def export_jsonl(parquet_files: list[str], out_path: str, drop: tuple[str, ...] = ()) -> int:
+    """Concatenate bookkeeping parquet files (quarantine, removed) into one JSONL, in order,
+    less the ``drop`` columns."""
     n = 0
     tmp = out_path + ".tmp"
     with open(tmp, "w") as f:
         for p in parquet_files:
             if not os.path.exists(p):
                 continue
-            for batch in pq.ParquetFile(p).iter_batches(batch_size=4096):
+            pf = pq.ParquetFile(p)
+            columns = [c for c in pf.schema_arrow.names if c not in drop]
+            for batch in pf.iter_batches(batch_size=4096, columns=columns):
                 for row in batch.to_pylist():
                     f.write(json.dumps(row, ensure_ascii=False) + "\n")
                     n += 1

@@ -71,6 +71,7 @@ def test_removals_carry_their_rule_and_value_and_the_accounting_is_exact(run):
     a = run.report["accounting"]
     assert a["balanced"] and a["input"] == 20 + 3 + len(FORTUNES) + len(OTHER_FORTUNES)
     quality = [r for r in _removed(run) if r["stage"] == "quality"]
+    assert not [r for r in _removed(run) if "text" in r]  # removed.jsonl has no texts (inspect removed reads the parquet)
     by_id = {r["id"]: r for r in quality}
     assert by_id["pages.jsonl:20"]["reason"] == "c4:lorem_ipsum"
     assert by_id["pages.jsonl:21"]["reason"] == "gopher_repetition:dup_para_frac"
