@@ -60,6 +60,15 @@ class InputSpec(Section):
             v = merge(v, {"classifier": {"path": _resolve(c["path"], info)}})
         return v
 
+    @model_validator(mode="after")
+    def _html_fields_only(self) -> "InputSpec":
+        # a text file is plain text and a WARC's responses go through the HTML extractor anyway:
+        # html there would be ignored, so it is refused
+        if self.text_format == "html" and self.format not in ("jsonl", "parquet"):
+            fail("text_format: text on a text or warc input (html is for a jsonl or parquet text_field)",
+                 f"'html' on a {self.format} input", at=("text_format",))
+        return self
+
     @model_validator(mode="before")
     @classmethod
     def _guess_format(cls, d: Any) -> Any:

@@ -212,8 +212,8 @@ def read_parquet(uri: str, text_field: str, id_field: str | None, batch_rows: in
             yield _unopenable_parquet(f, e)
             return
         cols = [text_field] + ([id_field] if id_field and id_field in names else [])
-        url_col = url_field if url_field and url_field in names and url_field not in cols else None
-        cols += [url_col] if url_col else []
+        url_col = url_field if url_field and url_field in names else None
+        cols += [url_col] if url_col and url_col not in cols else []  # the id or text column may be the url too
         index = 0
         for g, rows in enumerate(groups):
             first = index

@@ -49,3 +49,17 @@ def test_input_options_are_parsed_and_checked(tmp_path):
     assert JobConfig.from_dict({**base, "inputs": ["a.jsonl"]}).inputs[0].url_field == "url"
     with pytest.raises(ConfigError, match="text_format"):
         JobConfig.from_dict({**base, "inputs": [{"path": "a.jsonl", "text_format": "markdown"}]})
+    for path, fmt in (("a.warc.gz", "warc"), ("a.txt", "text")):  # html would be ignored there: refused
+        with pytest.raises(ConfigError, match=rf"inputs\[0\]\.text_format: expected .*got 'html' on a {fmt} input"):
+            JobConfig.from_dict({**base, "inputs": [{"path": path, "text_format": "html"}]})
+
+
+def test_a_url_field_that_is_also_the_id_or_text_field_is_read(tmp_path):
+    from gristmill.pipeline.readers import read_parquet
+
+    urls = [f"https://u.org/{i}" for i in range(3)]
+    pq.write_table(pa.table({"text": ["a b", "c d", "e f"], "link": urls}), tmp_path / "p.parquet")
+    recs = list(read_parquet(str(tmp_path / "p.parquet"), "text", "link", 1024, "link"))
+    assert [r["url"] for r in recs] == urls
+    recs = list(read_parquet(str(tmp_path / "p.parquet"), "link", None, 1024, "link"))
+    assert [r["url"] for r in recs] == urls and [r["text"] for r in recs] == urls
