@@ -45,11 +45,13 @@ def metric_names(cfg: QualityConfig) -> list[str]:
     return [m for *_, names in rule_sets(cfg) for m in names]
 
 
-def evaluate(text: str, cfg: QualityConfig) -> Verdict:
+def evaluate(text: str, cfg: QualityConfig, sets: list | None = None) -> Verdict:
+    """The verdict on one document; ``sets`` is ``rule_sets(cfg)``, built once by a caller that
+    evaluates many documents (a partition task), else here."""
     doc = Doc(text)
     metrics: dict[str, float] = {}
     new_text = fineweb_text = text
-    sets = rule_sets(cfg)
+    sets = rule_sets(cfg) if sets is None else sets
     for name, _, sub, _ in sets:
         if name == gopher.REPETITION:
             metrics.update(gopher.repetition_metrics(doc, sub))

@@ -19,7 +19,7 @@ import os
 
 import pyarrow as pa
 
-from . import evaluate
+from . import evaluate, rule_sets
 from .config import QualityConfig
 
 COLUMNS = ["id", "order", "part", "bytes", "source", "text"]
@@ -38,6 +38,7 @@ def partition_task(item: dict, configs: list[dict], names: list[str], root: str,
     from gristmill.pipeline.workdir import ParquetPart
 
     cfgs = [QualityConfig.model_validate(c) for c in configs]
+    sets = [rule_sets(c) for c in cfgs]  # once per task, not per document
     schema = metrics_schema(names)
     metrics_out = ParquetPart(os.path.join(root, "quality", f"{item['name']}.parquet"), schema)
     removed_out = ParquetPart(os.path.join(root, "removed", "quality", f"{item['name']}.parquet"), REMOVED_SCHEMA)
@@ -49,7 +50,8 @@ def partition_task(item: dict, configs: list[dict], names: list[str], root: str,
         removed = {k: [] for k in ("id", "order", "part", "bytes", "reason", "value", "threshold")}
         over = {k: [] for k in OVERRIDE_SCHEMA.names}
         for i, order, part, n, source, text in zip(*(rows[k] for k in COLUMNS)):
-            v = evaluate(text, cfgs[item["sources"][source]])
+            src = item["sources"][source]
+            v = evaluate(text, cfgs[src], sets[src])
             for k, x in (("id", i), ("order", order), ("part", part), ("reason", v.reason)):
                 cols[k].append(x)
             for name in names:
