@@ -6,9 +6,9 @@ C4 is a line filter: it keeps only lines ending in terminal punctuation with at 
 words, drops javascript and policy lines, and then judges the document on what is left
 (any "lorem ipsum" or "{" in a kept line, fewer than five sentences). With ``drop_lines`` (the
 default, as in C4) a kept document that lost a line (or a citation) has its kept lines as its
-new text: the quality stage writes it to ``overrides/quality/``. FineWeb's rules read C4's
-output (its kept lines joined by newlines, as in datatrove) either way. With ``drop_lines: false`` the text is left alone and only the
-document rules apply. Sentences are counted with a regex (a terminal mark followed by space
+new text: the quality stage writes it to ``overrides/quality/``, and FineWeb's rules read that
+output (its kept lines joined by newlines, as in datatrove). With ``drop_lines: false`` the
+text is left alone, only the document rules apply, and FineWeb reads the original text. Sentences are counted with a regex (a terminal mark followed by space
 and more text ends a sentence) where datatrove runs spaCy's sentencizer.
 """
 from __future__ import annotations
