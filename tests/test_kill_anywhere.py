@@ -5,6 +5,7 @@ import glob
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -92,9 +93,14 @@ def test_kill_9_anywhere_then_rerun_gives_the_same_hash(corpus, reference, tmp_p
     if stage in SECOND_KILL:  # killed again while the rerun is in the next step's tasks
         _kill_at(_cmd(job), tmp_path, "work/*/_done/tokenizer/*.json" if stage != "tokenize" else "work/*/_done/pack/*.json",
                  rng.uniform(0, 0.15))
+    committed = glob.glob(str(tmp_path / pattern)) if pattern.startswith("work/") else []
     rerun = subprocess.run(_cmd(job), capture_output=True, text=True, timeout=300)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert reference["manifest_sha256"] in rerun.stdout
+    if committed:  # resume is per task: every task committed before the kill is skipped, not redone
+        step = pattern.split("/")[3]
+        skipped = re.search(rf"\[{re.escape(step)}\] (\d+) of (\d+) tasks already done", rerun.stderr)
+        assert skipped and len(committed) <= int(skipped.group(1)), rerun.stderr[-3000:]
     (report,) = glob.glob(str(tmp_path / "work" / "*" / "report.json"))
     with open(report) as f:
         got = json.load(f)
