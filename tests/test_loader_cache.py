@@ -1,5 +1,4 @@
 """loader.cache.ShardCache: pins, eviction order, verification, locks shared across processes."""
-import dataclasses
 import fcntl
 import os
 
@@ -102,12 +101,14 @@ def test_a_corrupt_cached_file_is_replaced_on_first_use(pub, tmp_path):
     second.close()
 
 
-def test_a_shard_missing_from_the_store_names_itself(pub, tmp_path):
-    ghost = dataclasses.replace(pub.manifest.shards[0], path="shards/missing.arrow")
-    cache = cache_for(pub, tmp_path, retries=2)
-    pin(cache, ghost)
-    with pytest.raises(ShardFetchError, match="shard shards/missing.arrow .* failed 2 attempts"):
-        cache.ensure(ghost)
+def test_a_shard_missing_from_the_store_names_itself(tmp_path):
+    pub = build_dataset(str(tmp_path / "ds"), shard_rows=(20, 20), val_rows=(4,))
+    gone = pub.manifest.shards[0]
+    os.remove(os.path.join(pub.url, gone.path))  # deleted from the store after publishing
+    cache = cache_for(pub, tmp_path / "cache", retries=2)
+    pin(cache, gone)
+    with pytest.raises(ShardFetchError, match=f"shard {gone.path} .* failed 2 attempts"):
+        cache.ensure(gone)
     cache.close()
 
 
