@@ -238,7 +238,7 @@ class Trainer:
         # Last, the two that hold threads and files (close() releases them). Always gristmill's
         # Loader: the audit answers from its pure order, so no other loader may stand in.
         self.metrics = MetricsLog(self.run_dir, enabled=self.rank0, tensorboard=cfg.run.tensorboard)
-        self.loader = Loader(self.pub.url, split="train", seed=cfg.data.seed, global_batch=self.global_batch,
+        self.loader = Loader(self.pub, split="train", seed=cfg.data.seed, global_batch=self.global_batch,
                              rank=d.rank, world_size=d.world_size, order=cfg.data.order, cache_dir=cfg.data.cache_dir,
                              prefetch=cfg.data.prefetch, expected_sha256=self.manifest.sha256, token_dtype=None,
                              documents=cfg.model.document_mask)  # position ids per row (document mask)
@@ -327,7 +327,7 @@ class Trainer:
                     self.check_bad_steps(step, loss, grad_norm)
 
                 if cfg.eval.every and step % cfg.eval.every == 0:
-                    val = evaluate(self.model, cfg, self.pub.url, self.manifest.sha256, d)
+                    val = evaluate(self.model, cfg, self.pub, d)
                     self.metrics.write({"kind": "eval", "step": step, "val_loss": val})
                     if self.rank0:
                         log.info("step %6d  val_loss %.4f", step, val)
@@ -495,13 +495,14 @@ def train_step(model, batch: dict, n_micro: int, grad_clip: float, device, *, st
 
 
 @torch.no_grad()
-def evaluate(model, cfg: JobConfig, url: str, sha256: str, d) -> float:
+def evaluate(model, cfg: JobConfig, pub, d) -> float:
     """Mean loss over the first ``eval.batches`` batches of the validation split (same batches every time)."""
     B = cfg.eval.global_batch or cfg.data.global_batch
     if B % d.world_size:
         raise TrainingError(f"eval.global_batch={B} does not divide by the world size {d.world_size}")
-    val = Loader(url, split="validation", seed=cfg.data.seed, global_batch=B, rank=d.rank, world_size=d.world_size,
-                 order="sequential", cache_dir=cfg.data.cache_dir, prefetch=cfg.data.prefetch, expected_sha256=sha256,
+    # the run's loaded data (a dataset or a mixture with its components): no manifest is read again
+    val = Loader(pub, split="validation", seed=cfg.data.seed, global_batch=B, rank=d.rank, world_size=d.world_size,
+                 order="sequential", cache_dir=cfg.data.cache_dir, prefetch=cfg.data.prefetch,
                  token_dtype=None, documents=cfg.model.document_mask)
     model.eval()
     total = torch.zeros((), device=d.device)
