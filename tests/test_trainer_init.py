@@ -27,6 +27,10 @@ model = build_model(args, build_mesh(d.device, d.world_size, dp_shard), device=d
 full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
 if d.rank == 0:
     torch.save({k: v.clone() for k, v in full.items()}, out)
+# Leave together: a rank exiting while gloo's threads still serve the other aborts ("terminate called").
+if torch.distributed.is_initialized():
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
 """
 
 # The trainer's build of the 8b preset over 2 ranks up to the initialisation (meta device, wrap,
@@ -60,6 +64,8 @@ block_local = sum(p.to_local().numel() * p.element_size() for _, p in block)
 block_std = torch.cat([p.to_local().flatten() for _, p in block if p.dim() > 1]).std().item()
 print(json.dumps({"rank": d.rank, "local_bytes": local, "full_bytes": 4 * count_params(args)["total"],
                   "before": before, "after": after, "block_local_bytes": block_local, "block_std": block_std}))
+torch.distributed.barrier()  # leave together (see WEIGHTS_PROBE)
+torch.distributed.destroy_process_group()
 """
 
 
