@@ -225,7 +225,7 @@ def peak_rss(pub, cache_dir: str, steps: int, mapped_limit: int | None) -> dict:
 
 # -- 4. mixtures ---------------------------------------------------------------------------------
 def mixture_section(args) -> dict:
-    from gristmill.manifests.mix_cli import MixJob, mix
+    from gristmill.manifests.mix_config import MixJob, mix
 
     n, shard_rows = args.mix_sequences, args.shard_rows
     single = dataset(args.work, f"mix-single-{n}-{shard_rows}", n, shard_rows)

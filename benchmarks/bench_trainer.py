@@ -35,7 +35,7 @@ def run(url: str, root: str, name: str, steps: int, **sections) -> list[dict]:
            "optimizer": {"warmup_steps": 2}, "checkpoint": {"enabled": False}}
     for section, values in sections.items():
         raw[section] = {**raw.get(section, {}), **values}
-    train(config.JobConfig.from_dict(raw, where=f"bench:{name}"))
+    train(config.TrainConfig.from_dict(raw, where=f"bench:{name}"))
     with open(os.path.join(root, name, "metrics.jsonl")) as f:
         return [json.loads(line) for line in f]
 

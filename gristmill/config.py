@@ -16,7 +16,6 @@ Imports neither torch nor Ray: every part can use it.
 """
 from __future__ import annotations
 
-import argparse
 import difflib
 import os
 import re
@@ -379,12 +378,3 @@ def _bounds(meta: list) -> str:
     if hi:
         return f" {'<=' if hi[1] == ']' else '<'} {hi[0]}"
     return ""
-
-
-# -- command line ------------------------------------------------------------------------------
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """``--set`` and ``--print-config``, the same on every command that reads a job file."""
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a job field (VALUE is YAML), e.g. --set run.steps=10 or --set inputs[0].format=jsonl; repeatable")
-    p.add_argument("--print-config", action="store_true",
-                   help="print the resolved job (every default, overrides applied, paths absolute) as YAML and exit")

@@ -1,5 +1,5 @@
 """``python tests/fault_launcher.py [--fault NAME@STEP ...] JOB.yaml [trainer args]``: the trainer's
-main with faults injected through its hooks (trainer.train.Hooks), for subprocess tests.
+main with faults injected through its hooks (trainer.hooks.Hooks), for subprocess tests.
 
 Faults: ``nan_loss@N`` makes step N's loss NaN (the step must be skipped); ``hang_before_commit@N``
 blocks the step-N save after meta.json is written and before the rename that commits it, after
@@ -12,7 +12,8 @@ import os
 import sys
 import time
 
-from gristmill.trainer.train import Hooks, main
+from gristmill.cli.train import main
+from gristmill.trainer.hooks import Hooks
 
 FAULTS = ("nan_loss", "hang_before_commit")
 

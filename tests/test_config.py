@@ -11,7 +11,7 @@ from gristmill.cli import main
 from gristmill.errors import ConfigError
 from gristmill.pipeline.config import JobConfig as PrepareJob
 from gristmill.pipeline.config import load_job
-from gristmill.trainer.config import JobConfig as TrainJob
+from gristmill.trainer.config import TrainConfig as TrainJob
 from gristmill.trainer.config import load as load_train
 
 INPUTS = "inputs:\n  - path: in/a.jsonl\n  - {path: in/b.txt, format: text}\n"

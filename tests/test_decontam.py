@@ -72,7 +72,7 @@ def test_words_are_exactly_pipeline_text_words_on_any_unicode():
 
 
 def test_hashes_are_stable_across_processes():
-    code = "from pipeline.ngrams import text_grams; print(text_grams('a b c d e f g h i j k l m n o', 13).tolist())"
+    code = "from gristmill.pipeline.ngrams import text_grams; print(text_grams('a b c d e f g h i j k l m n o', 13).tolist())"
     runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                            env={**os.environ, "PYTHONHASHSEED": seed}).stdout for seed in ("1", "2")]
     assert runs[0] == runs[1] == f"{ngrams.text_grams('a b c d e f g h i j k l m n o', 13).tolist()}\n"

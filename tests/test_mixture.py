@@ -105,7 +105,7 @@ def test_print_config_and_the_config_error_shape(store, tmp_path, capsys):
     assert main(["mix", path, "--print-config", "--set", "components[1].exhausted=stop"]) == 0
     printed = yaml.safe_load(capsys.readouterr().out)
     assert printed["components"][1]["exhausted"] == "stop" and printed["components"][0]["dataset"] == "web"
-    from gristmill.manifests.mix_cli import load
+    from gristmill.manifests.mix_config import load
     with pytest.raises(ConfigError, match=r"components\[0\]\.exhausted: expected one of repeat, stop, got 'later'"):
         load(path, ["components[0].exhausted=later"])
 

@@ -119,7 +119,7 @@ def test_mfu_uses_the_peak_and_refuses_to_guess():
 def test_a_dcp_state_that_disagrees_with_meta_json_is_refused():
     from gristmill.trainer.meta import CheckpointError
     from gristmill.trainer.state import TrainState
-    from gristmill.trainer.train import check_states_match_meta
+    from gristmill.trainer.resume import check_states_match_meta
 
     meta = {"step": 4, "loader": {"next_index": 32, "seed": 0, "window_shards": None}}
     check_states_match_meta(meta, "ckpt", TrainState(step=4), {"next_index": 32, "seed": 0, "window_shards": None})
@@ -156,7 +156,7 @@ def test_the_loaders_stored_dtype_batch_gives_the_int64_loss(tmp_path):
     """The trainer asks the loader for uint16 tokens and widens them itself: same inputs, labels, loss."""
     from helpers import build_dataset
     from gristmill.loader import Loader
-    from gristmill.trainer.train import cross_entropy, inputs_and_labels
+    from gristmill.trainer.step import cross_entropy, inputs_and_labels
 
     pub = build_dataset(str(tmp_path / "data"))
     batches = {}
@@ -176,7 +176,7 @@ def test_the_loaders_stored_dtype_batch_gives_the_int64_loss(tmp_path):
 
 def test_unsigned_tokens_widen_to_their_values():
     """Token ids past the signed range survive the trip (they travel as int16/int32 bytes)."""
-    from gristmill.trainer.train import inputs_and_labels
+    from gristmill.trainer.step import inputs_and_labels
 
     for np_dtype in (np.uint16, np.uint32):
         top = np.iinfo(np_dtype).max

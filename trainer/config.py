@@ -83,7 +83,7 @@ class EvalConfig(Section):
     global_batch: NonNegativeInt = 0  # 0 = data.global_batch
 
 
-class JobConfig(Section):
+class TrainConfig(Section):
     run: RunConfig = RunConfig()
     # validate_default: a job without a data section still gets `data.manifest: ... required`.
     data: DataConfig = Field(default_factory=dict, validate_default=True)
@@ -94,6 +94,6 @@ class JobConfig(Section):
     eval: EvalConfig = EvalConfig()
 
 
-def load(path: str, overrides: Iterable[str] = ()) -> JobConfig:
+def load(path: str, overrides: Iterable[str] = ()) -> TrainConfig:
     """Read a job YAML; ``overrides`` are ``section.key=value`` strings (YAML values) applied on top."""
-    return _load(JobConfig, path, overrides)
+    return _load(TrainConfig, path, overrides)

@@ -90,7 +90,7 @@ class WarmupCosine(Stateful):
 
 class LoaderState(Stateful):
     """The loader's position. ``manifest_sha256``, when set, replaces the saved manifest hash on
-    load: a resume onto a different manifest that the user explicitly allowed (trainer.train.check_resume)."""
+    load: a resume onto a different manifest that the user explicitly allowed (trainer.resume.check_resume)."""
 
     def __init__(self, loader, manifest_sha256: str | None = None):
         self.loader, self.manifest_sha256 = loader, manifest_sha256

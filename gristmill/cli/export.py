@@ -31,7 +31,7 @@ def register(sub) -> None:
 
 
 def _megatron(args) -> int:
-    from .export import export_megatron
+    from gristmill.manifests.export import export_megatron
 
     record = export_megatron(args.url, args.out_prefix, split=args.split, expected_sha256=args.sha256,
                              overwrite=args.overwrite)
@@ -40,7 +40,7 @@ def _megatron(args) -> int:
 
 
 def _view(args) -> int:
-    from .export import export_view
+    from gristmill.manifests.export import export_view
 
     record = export_view(args.url, args.out_dir, args.format, splits=tuple(args.split or ("train", "validation")),
                          expected_sha256=args.sha256, overwrite=args.overwrite)

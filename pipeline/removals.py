@@ -1,4 +1,4 @@
-"""``gristmill inspect removed RUN_OR_WORKDIR``: what a run dropped, and why, with the text.
+"""What a run dropped, and why, with the text (the library side of ``gristmill inspect removed``).
 
 Every removing stage writes ``removed/<stage>/*.parquet`` (REMOVED_SCHEMA). The language
 filter's rows carry their text; the later stages' documents are in ``docs/<part>`` under the
@@ -12,8 +12,6 @@ from __future__ import annotations
 import glob
 import json
 import os
-import sys
-import textwrap
 
 from gristmill.errors import UsageError
 
@@ -21,18 +19,17 @@ from .documents import STAGE_ORDER, part_of
 from .workdir import part_name
 
 
-def resolve_run(path: str) -> str:
-    """A run dir (``<work_dir>/<run key>``), given it or the work dir: the most recent run there."""
+def find_runs(path: str) -> list[str]:
+    """The run dirs (``<work_dir>/<run key>``) at ``path``, oldest first: itself when it is one,
+    else the runs in the work dir it names."""
     if os.path.isdir(os.path.join(path, "docs")):
-        return path
+        return [path]
     runs = [d for d in glob.glob(os.path.join(path, "*")) if os.path.isdir(os.path.join(d, "docs"))]
     if not runs:
         raise UsageError(f"{path} is neither a run dir (with docs/ and removed/) nor a work dir holding one; "
                          "give the work_dir of the prepare job or its run dir (report.json's run_dir)")
     runs.sort(key=lambda d: os.path.getmtime(os.path.join(d, "docs")))
-    if len(runs) > 1:
-        print(f"{path} holds {len(runs)} runs; showing the latest, {runs[-1]} (give a run dir to choose)", file=sys.stderr)
-    return runs[-1]
+    return runs
 
 
 def _removed_files(run: str, stage: str | None) -> list[str]:
@@ -67,7 +64,8 @@ def removed_documents(path: str, reason: str | None = None, stage: str | None = 
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    run = resolve_run(path)
+    runs = find_runs(path)
+    run = runs[-1]  # the most recent
     rows, reasons = [], {}
     for f in _removed_files(run, stage):
         for vc in pc.value_counts(pq.read_table(f, columns=["reason"]).column("reason")).to_pylist():
@@ -99,62 +97,10 @@ def removed_documents(path: str, reason: str | None = None, stage: str | None = 
             item["survivor"] = {"id": sid, "source": s.get("source"), "position": s.get("position"),
                                 "url": s.get("url"), "text": s.get("text")}
         out.append(item)
-    return {"run_dir": run, "removed_by_reason": dict(sorted(reasons.items())), "documents": out}
+    return {"run_dir": run, "runs_found": len(runs), "removed_by_reason": dict(sorted(reasons.items())), "documents": out}
 
 
 def _all_parts(run: str) -> list[int]:
     return [int(os.path.basename(f)[5:10]) for f in sorted(glob.glob(os.path.join(run, "docs", "part-*.parquet")))]
 
 
-def format_removed(result: dict, width: int = 100, lines: int = 6) -> str:
-    """The documents as blocks: a header line, then the text (beside its survivor's for a duplicate)."""
-    counts = ", ".join(f"{k} {v:,}" for k, v in result["removed_by_reason"].items())
-    out = [f"run {result['run_dir']}: removed {counts or 'nothing'}", ""]
-    col = max(20, (width - 3) // 2)
-    for n, d in enumerate(result["documents"], 1):
-        where = f"{d['source']}:{d['position']}" if d["source"] else ""
-        extra = {k: v for k, v in d["detail"].items() if k not in ("duplicate_of", "duplicate_of_order", "cluster")}
-        out.append(f"[{n}] {d['reason']} ({d['stage']})  {d['id']}  {where}  {d['url'] or ''}".rstrip()
-                   + (f"  {json.dumps(extra, sort_keys=True)}" if extra else ""))
-        left = _wrap(d["text"], col, lines)
-        if "survivor" in d:
-            s = d["survivor"]
-            right = _wrap(s["text"], col, lines)
-            out.append(f"    {'removed'.ljust(col)} | survivor {s['id']}")
-            for a, b in zip(left + [""] * (len(right) - len(left)), right + [""] * (len(left) - len(right))):
-                out.append(f"    {a.ljust(col)} | {b}".rstrip())
-        else:
-            out += [f"    {a}" for a in _wrap(d["text"], width - 4, lines)]
-        out.append("")
-    return "\n".join(out).rstrip() + "\n"
-
-
-def _wrap(text: str | None, width: int, lines: int) -> list[str]:
-    if text is None:
-        return ["(text not found in the run dir)"]
-    wrapped = textwrap.wrap(" ".join(text.split()), width) or [""]
-    return wrapped[:lines - 1] + ["…"] if len(wrapped) > lines else wrapped
-
-
-def register(sub) -> None:
-    p = sub.add_parser("inspect", help="look at what a prepare run removed")
-    isub = p.add_subparsers(dest="inspect_command", required=True, metavar="WHAT")
-    r = isub.add_parser("removed", help="removed documents with their text; a duplicate beside its survivor")
-    r.add_argument("run", help="the job's work_dir (its latest run) or a run dir (report.json's run_dir)")
-    r.add_argument("--reason", help="only this removal reason (e.g. near_duplicate, exact_duplicate, language, contaminated)")
-    r.add_argument("--stage", help="only this stage's removals (language, exact_dedup, fuzzy_dedup, decontaminate, ...)")
-    r.add_argument("--limit", type=int, default=20, help="at most this many documents (default 20)")
-    r.add_argument("--width", type=int, default=120, help="line width of the text columns (default 120)")
-    r.add_argument("--json", action="store_true", help="the documents as JSON, full texts")
-    r.set_defaults(handler=_removed)
-
-
-def _removed(args) -> int:
-    if args.limit < 0:
-        raise UsageError(f"--limit: expected an integer >= 0, got {args.limit}")
-    result = removed_documents(args.run, reason=args.reason, stage=args.stage, limit=args.limit)
-    if args.json:
-        print(json.dumps(result, indent=1, ensure_ascii=False))
-    else:
-        print(format_removed(result, width=args.width), end="")
-    return 0

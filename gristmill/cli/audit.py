@@ -48,15 +48,15 @@ def register(sub) -> None:
 
 
 def _open(args):
-    from .checkpoint import open_manifest, read_checkpoint, verify_files
-    from .consumed import consumed, parse_steps
+    from gristmill.audit.checkpoint import open_manifest, read_checkpoint, verify_files
+    from gristmill.audit.consumed import consumed, parse_steps
 
     ckpt = read_checkpoint(args.checkpoint)
     if args.verify_checkpoint:
         verify_files(ckpt)
     from gristmill.manifests.mixture import is_mixture
 
-    from .mixture import consumed_components
+    from gristmill.audit.mixture import consumed_components
 
     published = open_manifest(ckpt, args.manifest)
     steps = parse_steps(args.steps, ckpt)
@@ -66,14 +66,14 @@ def _open(args):
 
 
 def _seen(args) -> int:
-    from .output import check_output_path, write_table
-    from .seen import audit_seen, consumed_table
+    from gristmill.audit.output import check_output_path, write_table
+    from gristmill.audit.seen import audit_seen, consumed_table
 
     check_output_path(args.out)
     check_output_path(args.samples_out)
     from gristmill.manifests.mixture import is_mixture
 
-    from .mixture import audit_seen_mixture, consumed_table_mixture
+    from gristmill.audit.mixture import audit_seen_mixture, consumed_table_mixture
 
     ckpt, published, steps, used = _open(args)
     mixed = is_mixture(published)
@@ -118,8 +118,8 @@ def _seen(args) -> int:
 def _doc(args) -> int:
     from gristmill.manifests.mixture import is_mixture
 
-    from .doc import audit_doc
-    from .mixture import audit_doc_mixture
+    from gristmill.audit.doc import audit_doc
+    from gristmill.audit.mixture import audit_doc_mixture
 
     ckpt, published, steps, used = _open(args)
     answer = (audit_doc_mixture if is_mixture(published) else audit_doc)(published, ckpt, used, args.doc_id)
@@ -149,9 +149,9 @@ def _doc(args) -> int:
 def _leak(args) -> int:
     from gristmill.manifests.mixture import is_mixture
 
-    from .leak import audit_leak
-    from .mixture import audit_leak_mixture
-    from .output import check_output_path, write_table
+    from gristmill.audit.leak import audit_leak
+    from gristmill.audit.mixture import audit_leak_mixture
+    from gristmill.audit.output import check_output_path, write_table
 
     check_output_path(args.out)
     ckpt, published, steps, used = _open(args)

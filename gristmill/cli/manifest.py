@@ -21,7 +21,7 @@ def register(sub) -> None:
 
 
 def _show(args) -> int:
-    from .mixture import MixtureManifest, load_either
+    from gristmill.manifests.mixture import MixtureManifest, load_either
 
     pub = load_either(args.url)
     m = pub.manifest
@@ -43,7 +43,7 @@ def _show(args) -> int:
     if m.eval_sets:
         print("eval sets    " + ", ".join(f"{e.name} ({e.items} items, {e.sha256[:12]}…)" for e in m.eval_sets))
     if m.stats:
-        from .stats_table import format_stats
+        from gristmill.manifests.stats_table import format_stats
 
         print("stages")
         print(format_stats(m.stats))
@@ -51,7 +51,7 @@ def _show(args) -> int:
 
 
 def _show_mixture(pub) -> int:
-    from .mix_cli import component_lines
+    from .mix import component_lines
 
     m = pub.manifest
     print(f"mixture      {m.name} v{m.version}  ({pub.url})")
@@ -66,8 +66,8 @@ def _show_mixture(pub) -> int:
 
 
 def _verify(args) -> int:
-    from .store import load_manifest
-    from .verify import verify_published
+    from gristmill.manifests.store import load_manifest
+    from gristmill.manifests.verify import verify_published
 
     pub = load_manifest(args.url, expected_sha256=args.sha256)
     problems = verify_published(pub)
@@ -83,7 +83,7 @@ def _verify(args) -> int:
 
 
 def _list(args) -> int:
-    from .store import ManifestStore
+    from gristmill.manifests.store import ManifestStore
 
     store = ManifestStore(args.root)
     for ds in [args.dataset] if args.dataset else store.datasets():

@@ -1,4 +1,5 @@
-"""``gristmill mix MIX.yaml``: publish a mixture manifest of dataset versions pinned by hash.
+"""The ``gristmill mix MIX.yaml`` job: its model (validation) and ``mix(job)``, which publishes a
+mixture manifest of dataset versions pinned by hash (the command: gristmill/cli/mix.py).
 
 The job file (pydantic, `gristmill.config`: unknown keys refused, ``--set``, ``--print-config``)::
 
@@ -68,39 +69,6 @@ class MixJob(Section):
 
 def load(path: str, overrides: Iterable[str] = ()) -> MixJob:
     return config.load(MixJob, path, overrides)
-
-
-def register(sub) -> None:
-    p = sub.add_parser("mix", help="publish a mixture of dataset versions (pinned by sha256) with weights or token budgets")
-    p.add_argument("job", help="mixture job YAML (see docs/mixtures.md)")
-    config.add_arguments(p)
-    p.set_defaults(handler=_mix)
-
-
-def _mix(args) -> int:
-    job = load(args.job, args.overrides)
-    if args.print_config:
-        print(config.dump_yaml(job), end="")
-        return 0
-    pub = mix(job, source=args.job)
-    m = pub.manifest
-    print(f"published mixture {m.name} v{m.version}: {pub.url}")
-    print(f"sha256 {m.sha256}")
-    for line in component_lines(m):
-        print(line)
-    return 0
-
-
-def component_lines(m) -> list[str]:
-    """One line per component of a ``MixtureManifest``: its share, weight or budget, policy and pinned dataset."""
-    out = []
-    for c in m.components:
-        how = f"budget {c.tokens:,} tokens ({c.budget_samples:,} samples)" if c.tokens is not None else f"weight {c.weight:g}"
-        version = m.locations.get(c.name, {}).get("version")
-        out.append(f"  {c.name:<20} {c.parts}/{m.period} = {c.parts / m.period:.1%} of samples ({how}, exhausted: "
-                   f"{c.exhausted})  {c.dataset}{f' v{version}' if version else ''} {c.sha256[:16]}…  "
-                   f"{c.train_rows:,} train rows ({c.train_rows * m.seq_len:,} tokens)")
-    return out
 
 
 def mix(job: MixJob, source: str = "mix job"):

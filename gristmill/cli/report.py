@@ -16,8 +16,8 @@ def register(sub) -> None:
 
 
 def _report(args) -> int:
-    from . import build_report
-    from .page import EXTRA_HINT, render_text, write_page
+    from gristmill.report import build_report
+    from gristmill.report.page import EXTRA_HINT, render_text, write_page
 
     page, default_out = build_report(args.target, work_dir=args.work_dir)
     if args.text:

@@ -38,10 +38,8 @@ def _bench(args) -> int:
     import tempfile
 
     from gristmill.errors import UsageError
-
+    from gristmill.loader.bench import cold_and_warm, table, to_json
     from gristmill.manifests.synthetic import build_synthetic, even_shards
-
-    from .bench import cold_and_warm, table, to_json
 
     if bool(args.url) == bool(args.synthetic):
         raise UsageError("give either a dataset URL or --synthetic")

@@ -1,0 +1,13 @@
+"""Optional callbacks into a run (none by default). The tests inject faults through them."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Hooks:
+    loss: Callable[[int, torch.Tensor], torch.Tensor] | None = None  # (step, micro-batch loss) -> loss to backpropagate
+    before_commit: Callable[[int, str], None] | None = None  # (step, temp dir) before a save's commit (Checkpointer)
