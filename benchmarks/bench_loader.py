@@ -41,7 +41,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT]  # this checkout's packages
 
-from gristmill.loader import Loader  # noqa: E402
+from gristmill.loader import Batches, Caching, Loader, Sampling, Threads  # noqa: E402
 from gristmill.loader.bench import cold_and_warm, table  # noqa: E402
 from gristmill.manifests import load_manifest  # noqa: E402
 from gristmill.manifests.synthetic import build_synthetic, even_shards  # noqa: E402
@@ -75,7 +75,8 @@ def dataset(work: str, name: str, sequences: int, shard_rows: int):
 
 def warm_cache(pub, cache_dir: str) -> None:
     rows = pub.manifest.shards[0].rows
-    with Loader(pub, order="sequential", global_batch=rows, epochs=1, cache_dir=cache_dir, prefetch=1) as ld:
+    with Loader(pub, Sampling(order="sequential", global_batch=rows, epochs=1), caching=Caching(dir=cache_dir),
+                threads=Threads(prefetch=1)) as ld:
         for _ in ld:
             pass
 
@@ -88,8 +89,9 @@ class LoaderRun:
     def __init__(self, pub, cache_dir: str, batch: int, warmup: int, workers: int, token_dtype, mapped_limit=None):
         # mapped_limit None: no limit. Alone, a loader over this 205 MB dataset stays under the default
         # 256 MiB and never releases; but the limit is per process and five loaders live in this one.
-        self.ld = Loader(pub, order="global", seed=0, global_batch=batch, cache_dir=cache_dir, workers=workers,
-                         prefetch=8, token_dtype=token_dtype, mapped_limit_bytes=mapped_limit)
+        self.ld = Loader(pub, Sampling(order="global", seed=0, global_batch=batch),
+                         caching=Caching(dir=cache_dir, mapped_limit_bytes=mapped_limit),
+                         threads=Threads(workers=workers, prefetch=8), batches=Batches(token_dtype=token_dtype))
         self.it, self.batch = iter(self.ld), batch
         for _ in range(warmup):
             next(self.it)
@@ -197,7 +199,7 @@ def litdata_rate(out: str, steps: int, warmup: int, batched: bool) -> tuple[floa
 RSS_CHILD = r"""
 import json, sys
 sys.path.insert(0, sys.argv[1])
-from gristmill.loader import Loader
+from gristmill.loader import Caching, Loader, Sampling, Threads
 
 def status():  # VmHWM is per address space; ru_maxrss would carry the parent's peak across exec
     d = dict(line.split(":", 1) for line in open("/proc/self/status"))
@@ -205,8 +207,8 @@ def status():  # VmHWM is per address space; ru_maxrss would carry the parent's 
 
 url, cache, steps, limit = sys.argv[2], sys.argv[3], int(sys.argv[4]), json.loads(sys.argv[5])
 before = status()
-kw = {} if limit is None else {"mapped_limit_bytes": limit}
-with Loader(url, order="global", global_batch=32, cache_dir=cache, prefetch=4, **kw) as ld:
+caching = Caching(dir=cache) if limit is None else Caching(dir=cache, mapped_limit_bytes=limit)
+with Loader(url, Sampling(order="global", global_batch=32), caching=caching, threads=Threads(prefetch=4)) as ld:
     for i, _ in enumerate(ld):
         if i + 1 == steps:
             break

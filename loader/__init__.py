@@ -1,7 +1,7 @@
 """Training batches as a pure function of (manifest, seed, global index), from a local NVMe cache.
 
-    from gristmill.loader import Loader
-    for batch in Loader(url, seed=0, global_batch=32, rank=r, world_size=w):
+    from gristmill.loader import Loader, Sampling
+    for batch in Loader(url, Sampling(seed=0, global_batch=32, rank=r, world_size=w)):
         batch["tokens"], batch["input_ids"], batch["labels"], batch["indices"], batch["step"]
 
 See docs/loader.md. ``loader.order`` is the pure order function the audit shares.
@@ -12,6 +12,7 @@ import importlib
 _EXPORTS = {
     "CacheFullError": "cache", "ShardCache": "cache", "ShardFetchError": "cache",
     "CacheTooSmallError": "loader", "Loader": "loader", "DocumentBoundaries": "documents",
+    "Batches": "options", "Caching": "options", "Sampling": "options", "Source": "options", "Threads": "options",
     "MixtureBoundaries": "documents",
     "GristmillDataset": "torch_dataset",
     "ORDERS": "order", "Order": "order", "sample_at": "order", "samples_at": "order",
@@ -24,5 +25,6 @@ def __getattr__(name):
     return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
 
 
-__all__ = ["ORDERS", "CacheFullError", "CacheTooSmallError", "DocumentBoundaries", "GristmillDataset", "Loader",
-           "MixtureBoundaries", "Order", "ShardCache", "ShardFetchError", "sample_at", "samples_at"]
+__all__ = ["ORDERS", "Batches", "CacheFullError", "Caching", "CacheTooSmallError", "DocumentBoundaries", "GristmillDataset", "Loader",
+           "MixtureBoundaries", "Order", "Sampling", "ShardCache", "ShardFetchError",
+           "Source", "Threads", "sample_at", "samples_at"]

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from .loader import Loader
+from .options import sections
 from .simstore import register, simulated_url
 
 
@@ -44,7 +45,7 @@ def run_pass(name: str, url: str, *, steps: int, step_s: float, storage_options:
     waits, step_times = [], []
     fetched = hits = misses = 0
     ttfb = float("nan")  # stays so if the dataset ends before the first batch
-    with Loader(url, storage_options=storage_options, **loader_kw) as ld:
+    with Loader(url, **sections(storage_options=storage_options or {}, **loader_kw)) as ld:
         it = iter(ld)
         for s in range(steps):
             t0 = time.perf_counter()

@@ -34,13 +34,13 @@ from .cache import CacheError, ShardCache
 from .documents import document_boundaries
 from .gather import gather_rows
 from .mixture import MixtureOrder
-from .order import DEFAULT_WINDOW_SHARDS, Order
+from .options import Batches, Caching, Sampling, Source, Threads
+from .order import Order
 from gristmill.errors import UsageError
 
 log = logging.getLogger(__name__)
 
 PLAN_CHUNK_STEPS = 256  # steps located per vectorised call to the order (amortises numpy call overhead)
-DEFAULT_MAPPED_LIMIT = 256 << 20  # shard pages kept mapped per process (see ShardCache.bound_mapped_pages)
 MAPPED_CHECK_STEPS = 2  # steps between two checks of the mapped pages (the overshoot is what 2 steps map)
 
 
@@ -81,14 +81,26 @@ def plan_steps(order: Order, starts: np.ndarray, offset: int, size: int, entry_o
 
 
 class Loader:
-    def __init__(self, manifest_url: str | Published | PublishedMixture, split: str = "train", seed: int = 0,
-                 global_batch: int = 32,
-                 rank: int = 0, world_size: int = 1, order: str = "global", window_shards: int = DEFAULT_WINDOW_SHARDS,
-                 cache_dir: str | None = None, cache_limit_bytes: int | None = None, prefetch: int = 4,
-                 start_index: int = 0, expected_sha256: str | None = None, storage_options: dict | None = None,
-                 workers: int = 2, fetch_workers: int = 8, epochs: int | None = None, retries: int = 5,
-                 backoff_s: float = 0.2, pin_memory: bool | None = None, token_dtype: torch.dtype | None = torch.int64,
-                 mapped_limit_bytes: int | None = DEFAULT_MAPPED_LIMIT, documents: bool = False):
+    """Batches of one rank, in step order. ``data``: a dataset or mixture URL, or a loaded
+    ``Published`` / ``PublishedMixture``; the sections (loader/options.py) default to a
+    single-process run: ``Sampling`` (split, seed, global batch, rank, order, epochs), ``Source``
+    (pinned hash, storage options, retries), ``Caching`` (cache dir and limits), ``Threads`` and
+    ``Batches`` (token dtype, pinned memory, document boundaries)."""
+
+    def __init__(self, data: str | Published | PublishedMixture, sampling: Sampling = Sampling(), *,
+                 source: Source = Source(), caching: Caching = Caching(), threads: Threads = Threads(),
+                 batches: Batches = Batches()):
+        split, seed, global_batch, rank, world_size = (sampling.split, sampling.seed, sampling.global_batch,
+                                                       sampling.rank, sampling.world_size)
+        order, window_shards, start_index, epochs = (sampling.order, sampling.window_shards, sampling.start_index,
+                                                     sampling.epochs)
+        expected_sha256, storage_options, retries, backoff_s = (source.expected_sha256, source.storage_options,
+                                                                source.retries, source.backoff_s)
+        cache_dir, cache_limit_bytes, mapped_limit_bytes = caching.dir, caching.limit_bytes, caching.mapped_limit_bytes
+        prefetch, workers, fetch_workers = threads.prefetch, threads.workers, threads.fetch_workers
+        token_dtype, pin_memory, documents = batches.token_dtype, batches.pin_memory, batches.documents
+        self.sampling, self.source, self.caching, self.threads, self.batches = sampling, source, caching, threads, batches
+        manifest_url = data
         _check(global_batch >= 1, f"global_batch must be >= 1, got {global_batch}")
         _check(world_size >= 1 and 0 <= rank < world_size, f"rank {rank} is outside world_size {world_size}")
         _check(global_batch % world_size == 0,

@@ -34,6 +34,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from gristmill.errors import UsageError
 
 from .loader import Loader
+from .options import sections
 
 IDENTITY_KEYS = ("manifest_sha256", "seed", "order", "split")
 
@@ -69,7 +70,7 @@ class GristmillDataset(IterableDataset):
     def _loader(self, **kw) -> Loader:
         # the DataLoader's workers are the parallelism; ``kw`` wins (the probe reads no document index)
         options = {"workers": 0, "pin_memory": False, **self.loader_options, **kw}
-        return Loader(self.url, split=self.split, seed=self.seed, **options)
+        return Loader(self.url, **sections(split=self.split, seed=self.seed, **options))
 
     # -- iteration -------------------------------------------------------------------------
     def __iter__(self):

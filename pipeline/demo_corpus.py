@@ -243,19 +243,42 @@ def _clearly_english(texts: list[str], min_score: float = 0.85) -> list[bool]:
 
 
 def write_demo_corpus(out_dir: str, scale: int = 1) -> dict:
+    """The corpus files, evals/demo_qa.jsonl and truth/*.jsonl (the planted ground truth) under
+    ``out_dir``; the same bytes for the same ``scale``, every time."""
     rng = random.Random(SEED)
-    corpus, truth_dir, evals = (os.path.join(out_dir, d) for d in ("corpus", "truth", "evals"))
-    for d in (corpus, truth_dir, evals):
-        os.makedirs(d, exist_ok=True)
     paras = stdlib_paragraphs()
     vocab = sorted({w for p in paras[:400] for w in p.split() if w.isalpha() and len(w) > 2})
     docs = english_documents(paras, 1400 * scale, rng, vocab)
-    truth = {k: [] for k in ("exact_duplicates", "near_duplicates", "contaminated", "languages", "bad_records")}
+    truth: dict[str, list] = {k: [] for k in ("exact_duplicates", "near_duplicates", "contaminated", "languages",
+                                              "bad_records")}
     files: dict[str, bytes] = {}
+    books, used, english = _books(docs[: 700 * scale], rng, vocab, truth)
+    files["00-books.jsonl.zst"] = _zst(_jsonl(books))
+    files["01-news.jsonl.gz"] = _gz(_jsonl(_news(docs[700 * scale: 1100 * scale], books, used, english, truth)))
+    files["02-forum.jsonl"] = _forum(docs[1100 * scale: 1200 * scale], truth)
+    files["03-wiki.parquet"] = _wiki(docs[1200 * scale: 1300 * scale], truth)
+    files.update(_truncated(docs[1300 * scale: 1320 * scale], truth))
+    files["06-web.warc.gz"] = _warc(docs[1320 * scale: 1380 * scale])
+    for i, t in enumerate(docs[1380 * scale: 1400 * scale]):  # 07-notes-NN.txt: plain text, one document per file
+        files[f"07-notes-{i:02d}.txt"] = t.encode()
+    _write(out_dir, files, truth)
+    return {"files": len(files), "bytes": sum(len(d) for d in files.values())}
 
-    # 00-books.jsonl.zst: the main English file, with near-duplicate pairs and contaminated docs.
-    books = [{"text": t, "id": f"book-{i}"} for i, t in enumerate(docs[: 700 * scale])]
+
+def _books(docs: list[str], rng: random.Random, vocab: list[str], truth: dict) -> tuple[list[dict], set, list[bool]]:
+    """00-books.jsonl.zst: the main English file, with near-duplicate pairs (appended) and
+    contaminated documents (an eval item pasted in). Returns the records, the documents used as
+    near-duplicate bases, and which of the originals are clearly English."""
+    books = [{"text": t, "id": f"book-{i}"} for i, t in enumerate(docs)]
     english = _clearly_english([r["text"] for r in books])
+    used = _plant_near_duplicates(books, english, rng, vocab, truth)
+    _plant_contamination(books, [i for i in range(len(docs)) if i not in used and english[i]], truth)
+    return books, used, english
+
+
+def _plant_near_duplicates(books: list[dict], english: list[bool], rng: random.Random, vocab: list[str],
+                           truth: dict) -> set:
+    """8 pairs at Jaccard ~0.9 and 8 at ~0.85 (to be merged), 8 at ~0.5 (to be kept apart)."""
     long_docs = [i for i, r in enumerate(books) if len(r["text"].split()) >= 250 and english[i]]
     plan = [(0.9, "duplicate")] * 8 + [(0.85, "duplicate")] * 8 + [(0.5, "distinct")] * 8
     bases = iter(long_docs)
@@ -270,29 +293,36 @@ def write_demo_corpus(out_dir: str, scale: int = 1) -> dict:
         books.append({"text": variant, "id": f"book-{len(books)}"})
         truth["near_duplicates"].append({"a": f"00-books.jsonl.zst:{i}", "b": f"00-books.jsonl.zst:{len(books) - 1}",
                                          "jaccard": round(j, 6), "expect": expect})
-    candidates = [i for i in range(700 * scale) if i not in used and english[i]]
+    return used
+
+
+def _plant_contamination(books: list[dict], candidates: list[int], truth: dict) -> None:
+    """The CONTAMINATED eval items, each pasted into the middle of one of the last candidates."""
     for k, item in zip(candidates[-len(CONTAMINATED):], CONTAMINATED):
         parts = books[k]["text"].split("\n\n")
         parts.insert(len(parts) // 2, EVAL_ITEMS[item])
         books[k]["text"] = "\n\n".join(parts)
         truth["contaminated"].append({"doc_id": f"00-books.jsonl.zst:{k}", "eval_set": "demo_qa", "eval_item": f"qa-{item}"})
-    files["00-books.jsonl.zst"] = _zst(_jsonl(books))
 
-    # 01-news.jsonl.gz: more English, the foreign-language documents, exact copies of books.
-    news = [{"text": t} for t in docs[700 * scale: 1100 * scale]]
+
+def _news(docs: list[str], books: list[dict], used: set, english: list[bool], truth: dict) -> list[dict]:
+    """01-news.jsonl.gz: more English, the foreign-language documents, exact copies of books
+    (every other one with case and punctuation changed: the same after normalisation)."""
+    news = [{"text": t} for t in docs]
     for lang, ps in sorted(FOREIGN.items()):
         for j in range(len(ps)):
             news.append({"text": " ".join(ps[j:] + ps[:j])})  # rotations: distinct documents
             truth["languages"].append({"id": f"01-news.jsonl.gz:{len(news) - 1}", "lang": lang})
-    dup_sources = [i for i in range(0, 700 * scale, 41) if i not in used and english[i]][:6]
+    dup_sources = [i for i in range(0, len(english), 41) if i not in used and english[i]][:6]
     for n, i in enumerate(dup_sources):
         text = books[i]["text"] if n % 2 == 0 else _variant_case_punct(books[i]["text"])
         news.append({"text": text})
         truth["exact_duplicates"].append({"id": f"01-news.jsonl.gz:{len(news) - 1}", "duplicate_of": f"00-books.jsonl.zst:{i}"})
-    files["01-news.jsonl.gz"] = _gz(_jsonl(news))
+    return news
 
-    # 02-forum.jsonl: good records between one bad record of every kind.
-    forum_good = docs[1100 * scale: 1200 * scale]
+
+def _forum(docs: list[str], truth: dict) -> bytes:
+    """02-forum.jsonl: good records between one bad record of every kind."""
     lines: list[bytes] = []
     bad = [(b'{"text": "this line is not valid json', "malformed_json"),
            (b'{"text": "invalid utf-8 here: \xff\xfe"}', "invalid_utf8"),
@@ -300,39 +330,44 @@ def write_demo_corpus(out_dir: str, scale: int = 1) -> dict:
            (b'{"text": 42}', "missing_text_field"),
            (b'{"text": "   \\n  "}', "empty"),
            (json.dumps({"text": "huge " * 30000}).encode(), "huge")]
-    for i, t in enumerate(forum_good):
+    for i, t in enumerate(docs):
         lines.append(json.dumps({"text": t}).encode())
         if i % 15 == 5 and bad:
             line, reason = bad.pop(0)
             truth["bad_records"].append({"source": "02-forum.jsonl", "position": len(lines), "reason": reason})
             lines.append(line)
-    files["02-forum.jsonl"] = b"\n".join(lines) + b"\n"
+    return b"\n".join(lines) + b"\n"
 
-    # 03-wiki.parquet: text column `content`, one null.
-    wiki = docs[1200 * scale: 1300 * scale]
-    content = list(wiki) + [None]
-    truth["bad_records"].append({"source": "03-wiki.parquet", "position": len(wiki), "reason": "missing_text_field"})
+
+def _wiki(docs: list[str], truth: dict) -> bytes:
+    """03-wiki.parquet: text column ``content``, one null."""
+    content = list(docs) + [None]
+    truth["bad_records"].append({"source": "03-wiki.parquet", "position": len(docs), "reason": "missing_text_field"})
     buf = io.BytesIO()
     pq.write_table(pa.table({"doc_id": [f"wiki-{i}" for i in range(len(content))], "content": content}), buf,
                    compression="zstd")
-    files["03-wiki.parquet"] = buf.getvalue()
+    return buf.getvalue()
 
-    # 04/05: truncated compressed files (the records before the cut are readable).
-    cut = [{"text": t} for t in docs[1300 * scale: 1320 * scale]]
+
+def _truncated(docs: list[str], truth: dict) -> dict[str, bytes]:
+    """04/05: truncated compressed files (the records before the cut are readable)."""
+    cut = [{"text": t} for t in docs]
     gz, zst = _gz(_jsonl(cut)), _zst(_jsonl(cut))
-    files["04-cut.jsonl.gz"], files["05-cut.jsonl.zst"] = gz[: len(gz) * 2 // 3], zst[: len(zst) * 2 // 3]
     truth["bad_records"] += [{"source": "04-cut.jsonl.gz", "position": None, "reason": "truncated"},
                              {"source": "05-cut.jsonl.zst", "position": None, "reason": "truncated"}]
+    return {"04-cut.jsonl.gz": gz[: len(gz) * 2 // 3], "05-cut.jsonl.zst": zst[: len(zst) * 2 // 3]}
 
-    # 06-web.warc.gz: HTML pages, one gzip member per record as in Common Crawl.
-    pages = docs[1320 * scale: 1380 * scale]
-    files["06-web.warc.gz"] = b"".join(_gz(_warc_record(f"https://example.org/page/{i}", _html(f"Page {i}", p.split("\n\n")), i))
-                                       for i, p in enumerate(pages))
 
-    # 07-notes-NN.txt: plain text, one document per file.
-    for i, t in enumerate(docs[1380 * scale: 1400 * scale]):
-        files[f"07-notes-{i:02d}.txt"] = t.encode()
+def _warc(docs: list[str]) -> bytes:
+    """06-web.warc.gz: HTML pages, one gzip member per record as in Common Crawl."""
+    return b"".join(_gz(_warc_record(f"https://example.org/page/{i}", _html(f"Page {i}", p.split("\n\n")), i))
+                    for i, p in enumerate(docs))
 
+
+def _write(out_dir: str, files: dict[str, bytes], truth: dict) -> None:
+    corpus, truth_dir, evals = (os.path.join(out_dir, d) for d in ("corpus", "truth", "evals"))
+    for d in (corpus, truth_dir, evals):
+        os.makedirs(d, exist_ok=True)
     for name, data in sorted(files.items()):
         with open(os.path.join(corpus, name), "wb") as f:
             f.write(data)
@@ -341,4 +376,3 @@ def write_demo_corpus(out_dir: str, scale: int = 1) -> dict:
     for name, rows in truth.items():
         with open(os.path.join(truth_dir, f"{name}.jsonl"), "wb") as f:
             f.write(_jsonl(rows))
-    return {"files": len(files), "bytes": sum(len(d) for d in files.values())}

@@ -60,14 +60,15 @@ def test_audit_equals_the_indices_the_trainer_logged(trained):
 
 def test_audit_rows_are_the_rows_the_loader_served(trained):
     published, run_dir, _ = trained
-    from gristmill.loader import Loader
+    from gristmill.loader import Caching, Loader, Sampling, Threads
 
     ckpt = read_checkpoint(run_dir)
     used = consumed(published.manifest, ckpt, parse_steps("2:4", ckpt))
     served = []
     for rank in range(W):  # what each rank's loader serves for steps 2..4, resumed from step 1's state
-        ld = Loader(published.url, split="train", seed=SEED, global_batch=B, rank=rank, world_size=W, order="global",
-                    cache_dir=os.path.join(run_dir, f"cache-{rank}"), prefetch=1)
+        ld = Loader(published.url,
+                    Sampling(split="train", seed=SEED, global_batch=B, rank=rank, world_size=W, order="global"),
+                    caching=Caching(dir=os.path.join(run_dir, f"cache-{rank}")), threads=Threads(prefetch=1))
         ld.load_state_dict({**ld.state_dict(), "next_index": B})
         it = iter(ld)
         served.append([next(it)["input_ids"][:, :2].numpy() for _ in range(3)])

@@ -41,6 +41,7 @@ LAUNCHERS = {"trainer/__main__.py": "gristmill.cli.train"}
 REPORT_USERS = {"gristmill/cli/report.py", "gristmill/cli/prepare.py"}
 
 
+@functools.cache
 def _package_dirs() -> dict[str, str]:
     """folder -> import name, from pyproject.toml's [tool.setuptools.package-dir]."""
     with open(ROOT / "pyproject.toml", "rb") as f:
@@ -65,6 +66,7 @@ def _is_package(path: pathlib.Path) -> bool:
     return path.name == "__init__.py"
 
 
+@functools.cache
 def _trees(path: pathlib.Path) -> list[ast.AST]:
     """The file's syntax tree and that of every string constant in it that is Python code with an import."""
     tree = ast.parse(path.read_text(), filename=str(path))
@@ -78,6 +80,7 @@ def _trees(path: pathlib.Path) -> list[ast.AST]:
     return out
 
 
+@functools.cache
 def imports(path: pathlib.Path) -> list[str]:
     """Every module the file imports, at module level or inside a function, or in code held in a
     string; relative imports resolved, and ``from P import m`` also names ``P.m`` (a submodule or not)."""
@@ -211,6 +214,23 @@ def test_no_import_cycle_lazy_ones_included():
     modules = _modules()
     graph = {m: sorted({n for n in imports(f) if n in modules and n != m}) for m, f in modules.items()}
     assert find_cycles(graph) == []
+
+
+@pytest.mark.parametrize("part", PARTS + ("gristmill/report",))
+def test_inside_a_part_imports_are_relative(part):
+    """`from .cache import ...`, not `from gristmill.loader.cache import ...`: the import then
+    says it stays in the room, whatever tool reads it (docstrings and strings aside)."""
+    name = _package_dirs().get(part) or "gristmill.report"
+    bad = {}
+    for f in _python_files(part):
+        tree = ast.parse(f.read_text())
+        hits = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and not n.level and n.module
+                and (n.module == name or n.module.startswith(name + "."))]
+        hits += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names
+                 if a.name == name or a.name.startswith(name + ".")]
+        if hits:
+            bad[str(f.relative_to(ROOT))] = hits
+    assert bad == {}
 
 
 def test_nothing_imports_a_part_by_its_bare_name():

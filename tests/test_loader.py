@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from helpers import build_dataset, flip_byte
-from gristmill.loader import CacheTooSmallError, Loader, ShardFetchError, samples_at
+from gristmill.loader import (Batches, CacheTooSmallError, Caching, Loader, Sampling, ShardFetchError, Source, Threads,
+                              samples_at)
+from gristmill.loader.options import sections
 from gristmill.loader.simstore import register, simulated_url
 from gristmill.manifests import HashMismatchError, join, read_rows
 
@@ -36,7 +38,7 @@ def take(loader, steps):
 
 def run(pub, cache_dir, steps=6, **kw):
     kw.setdefault("global_batch", 8)
-    with Loader(pub.url if "url" not in kw else kw.pop("url"), cache_dir=str(cache_dir), **kw) as ld:
+    with Loader(pub.url if "url" not in kw else kw.pop("url"), **sections(cache_dir=str(cache_dir), **kw)) as ld:
         return take(ld, steps)
 
 
@@ -80,7 +82,7 @@ def test_every_order_and_batch_shape_gathers_the_named_rows(pub, rows_by_shard, 
 def test_token_dtype_must_hold_the_stored_tokens(pub, tmp_path):
     for bad in (torch.int8, torch.uint8, torch.float32, torch.int16):
         with pytest.raises(ValueError, match="token_dtype"):
-            Loader(pub.url, cache_dir=str(tmp_path), token_dtype=bad)
+            Loader(pub.url, caching=Caching(dir=str(tmp_path)), batches=Batches(token_dtype=bad))
 
 
 def test_released_pages_change_nothing_served(pub, tmp_path, monkeypatch):
@@ -88,7 +90,8 @@ def test_released_pages_change_nothing_served(pub, tmp_path, monkeypatch):
 
     monkeypatch.setattr(ll, "MAPPED_CHECK_STEPS", 1)
     plain = run(pub, tmp_path / "a", steps=9, global_batch=8, mapped_limit_bytes=None)
-    with Loader(pub.url, global_batch=8, cache_dir=str(tmp_path / "b"), workers=0, mapped_limit_bytes=1) as ld:
+    with Loader(pub.url, Sampling(global_batch=8), caching=Caching(dir=str(tmp_path / "b"), mapped_limit_bytes=1),
+                threads=Threads(workers=0)) as ld:
         it = iter(ld)
         released = [next(it) for _ in range(9)]
         assert ld.page_releases >= 1 and ld.last_metrics["page_releases"] == ld.page_releases
@@ -106,12 +109,14 @@ def test_mapped_pages_stay_under_the_limit(tmp_path, monkeypatch):
     monkeypatch.setattr(ll, "MAPPED_CHECK_STEPS", 1)
     pub = build_dataset(str(tmp_path / "data"), shard_rows=(256,) * 8, seq_len=2047)  # 8 shards of 1 MiB
     limit = 1 << 20
-    with Loader(pub.url, global_batch=16, cache_dir=str(tmp_path / "warm"), workers=0) as ld:
+    with Loader(pub.url, Sampling(global_batch=16), caching=Caching(dir=str(tmp_path / "warm")),
+                threads=Threads(workers=0)) as ld:
         next(iter(ld))  # libraries and compiled kernels mapped before measuring
     peaks = {}
     for name, mapped_limit in (("unbounded", None), ("bounded", limit)):
-        with Loader(pub.url, global_batch=16, cache_dir=str(tmp_path / name), workers=0, mapped_limit_bytes=mapped_limit,
-                    epochs=1) as ld:
+        with Loader(pub.url, Sampling(global_batch=16, epochs=1),
+                    caching=Caching(dir=str(tmp_path / name), mapped_limit_bytes=mapped_limit),
+                    threads=Threads(workers=0)) as ld:
             base, peak = file_backed_resident(), 0
             for _ in ld:
                 peak = max(peak, file_backed_resident() - base)
@@ -137,18 +142,19 @@ def test_determinism_across_world_sizes_and_worker_counts(pub, tmp_path, order):
 
 def test_exact_resume_from_state_even_at_another_world_size(pub, tmp_path):
     straight = run(pub, tmp_path, steps=9, seed=1)
-    with Loader(pub.url, seed=1, global_batch=8, cache_dir=str(tmp_path)) as ld:
+    with Loader(pub.url, Sampling(seed=1, global_batch=8), caching=Caching(dir=str(tmp_path))) as ld:
         first = take(ld, 4)
         state = ld.state_dict()
     assert state["next_index"] == 32 and state["manifest_sha256"] == pub.manifest.sha256
-    with Loader(pub.url, seed=1, global_batch=8, cache_dir=str(tmp_path)) as ld:
+    with Loader(pub.url, Sampling(seed=1, global_batch=8), caching=Caching(dir=str(tmp_path))) as ld:
         ld.load_state_dict(state)
         rest = take(ld, 5)
     same(first + rest, straight)
     # Elastic: resume the same state on 2 ranks; together they serve the same samples.
     halves = []
     for r in range(2):
-        with Loader(pub.url, seed=1, global_batch=8, rank=r, world_size=2, cache_dir=str(tmp_path)) as ld:
+        with Loader(pub.url, Sampling(seed=1, global_batch=8, rank=r, world_size=2),
+                    caching=Caching(dir=str(tmp_path))) as ld:
             ld.load_state_dict(state)
             halves.append(take(ld, 5))
     for step in range(5):
@@ -157,7 +163,7 @@ def test_exact_resume_from_state_even_at_another_world_size(pub, tmp_path):
 
 def test_load_state_dict_mid_iteration_restarts_from_the_new_index(pub, tmp_path):
     straight = run(pub, tmp_path, steps=6, seed=2)
-    with Loader(pub.url, seed=2, global_batch=8, cache_dir=str(tmp_path)) as ld:
+    with Loader(pub.url, Sampling(seed=2, global_batch=8), caching=Caching(dir=str(tmp_path))) as ld:
         it = iter(ld)
         next(it), next(it), next(it)
         ld.load_state_dict({"next_index": 8})
@@ -168,7 +174,7 @@ def test_load_state_dict_mid_iteration_restarts_from_the_new_index(pub, tmp_path
 def test_start_index_and_resume_state_refuse_a_different_order(pub, tmp_path):
     straight = run(pub, tmp_path, steps=4, seed=4)
     same(run(pub, tmp_path, steps=2, seed=4, start_index=16), straight[2:4])
-    with Loader(pub.url, seed=4, global_batch=8, cache_dir=str(tmp_path)) as ld:
+    with Loader(pub.url, Sampling(seed=4, global_batch=8), caching=Caching(dir=str(tmp_path))) as ld:
         with pytest.raises(ValueError, match="seed is 5 in the saved state but 4"):
             ld.load_state_dict({**ld.state_dict(), "seed": 5})
         with pytest.raises(ValueError, match="manifest_sha256"):
@@ -178,7 +184,8 @@ def test_start_index_and_resume_state_refuse_a_different_order(pub, tmp_path):
 @pytest.mark.parametrize("order", ["global", "window", "sequential"])
 def test_one_epoch_visits_every_row_exactly_once(pub, tmp_path, order):
     n = sum(s.rows for s in pub.manifest.shards_of("train"))  # 120 = 15 batches of 8
-    with Loader(pub.url, order=order, window_shards=2, global_batch=8, epochs=1, cache_dir=str(tmp_path)) as ld:
+    with Loader(pub.url, Sampling(order=order, window_shards=2, global_batch=8, epochs=1),
+                caching=Caching(dir=str(tmp_path))) as ld:
         batches = list(ld)
     assert len(batches) == n // 8
     seen = np.concatenate([b["input_ids"][:, :2].numpy() for b in batches])  # (shard + 1, row) markers
@@ -186,7 +193,8 @@ def test_one_epoch_visits_every_row_exactly_once(pub, tmp_path, order):
 
 
 def test_validation_split_sequential_order(pub, rows_by_shard, tmp_path):
-    with Loader(pub.url, split="validation", order="sequential", global_batch=4, epochs=1, cache_dir=str(tmp_path)) as ld:
+    with Loader(pub.url, Sampling(split="validation", order="sequential", global_batch=4, epochs=1),
+                caching=Caching(dir=str(tmp_path))) as ld:
         batches = list(ld)
     val = [i for i, s in enumerate(pub.manifest.shards) if s.split == "validation"][0]
     got = np.concatenate([b["input_ids"].numpy() for b in batches])
@@ -194,7 +202,7 @@ def test_validation_split_sequential_order(pub, rows_by_shard, tmp_path):
 
 
 def test_metrics_count_hits_misses_and_bytes(pub, tmp_path):
-    with Loader(pub.url, global_batch=8, cache_dir=str(tmp_path)) as ld:
+    with Loader(pub.url, Sampling(global_batch=8), caching=Caching(dir=str(tmp_path))) as ld:
         metrics = []
         for batch in take_iter(ld, 4):
             metrics.append(dict(ld.last_metrics))
@@ -202,7 +210,7 @@ def test_metrics_count_hits_misses_and_bytes(pub, tmp_path):
     assert sum(m["bytes_downloaded"] for m in metrics) == train_bytes
     assert sum(m["cache_misses"] for m in metrics) == 3
     assert all(m["input_wait_s"] >= 0 for m in metrics) and metrics[0]["step"] == 0
-    with Loader(pub.url, global_batch=8, cache_dir=str(tmp_path)) as ld:  # warm
+    with Loader(pub.url, Sampling(global_batch=8), caching=Caching(dir=str(tmp_path))) as ld:  # warm
         take(ld, 1)
         assert ld.last_metrics["cache_misses"] == 0 and ld.last_metrics["bytes_downloaded"] == 0
         assert ld.last_metrics["cache_hits"] >= 1
@@ -223,7 +231,7 @@ def test_a_corrupted_cached_shard_is_detected_and_fetched_again(pub, tmp_path):
     assert len(cached) == 3
     for name in cached:
         flip_byte(str(cache / name))
-    with Loader(pub.url, global_batch=8, cache_dir=str(cache)) as ld:
+    with Loader(pub.url, Sampling(global_batch=8), caching=Caching(dir=str(cache))) as ld:
         again = []
         misses = 0
         for b in take_iter(ld, 6):
@@ -251,8 +259,8 @@ def test_a_shard_that_keeps_failing_stops_the_run_naming_it(tmp_path):
     bad = build_dataset(str(tmp_path / "ds"))
     victim = bad.manifest.shards[1]
     flip_byte(os.path.join(bad.url, victim.path))
-    with Loader(bad.url, global_batch=8, order="sequential", retries=2, backoff_s=0.0,
-                cache_dir=str(tmp_path / "cache")) as ld:
+    with Loader(bad.url, Sampling(global_batch=8, order="sequential"), source=Source(retries=2, backoff_s=0.0),
+                caching=Caching(dir=str(tmp_path / "cache"))) as ld:
         with pytest.raises(ShardFetchError, match=f"shard {victim.path} .* failed 2 attempts.*sha256 mismatch"):
             list(take_iter(ld, 20))
     assert not [p for p in os.listdir(tmp_path / "cache") if p.startswith(victim.raw_sha256) and ".arrow" in p]
@@ -262,8 +270,8 @@ def test_cache_limit_is_respected_with_eviction(pub, tmp_path):
     shards = pub.manifest.shards_of("train")
     limit = sum(sorted(s.raw_bytes for s in shards)[-2:])  # two windows of one shard, not all three
     sizes = []
-    with Loader(pub.url, order="window", window_shards=1, global_batch=8, prefetch=2, epochs=3,
-                cache_dir=str(tmp_path), cache_limit_bytes=limit) as ld:
+    with Loader(pub.url, Sampling(order="window", window_shards=1, global_batch=8, epochs=3),
+                caching=Caching(dir=str(tmp_path), limit_bytes=limit), threads=Threads(prefetch=2)) as ld:
         downloaded = 0
         for _ in ld:
             sizes.append(ld.cache.cached_bytes())
@@ -276,15 +284,16 @@ def test_cache_limit_is_respected_with_eviction(pub, tmp_path):
 def test_a_cache_limit_too_small_for_the_order_is_refused_at_start(pub, tmp_path):
     big = max(s.raw_bytes for s in pub.manifest.shards_of("train"))
     with pytest.raises(CacheTooSmallError, match=r"too small for order='window' \(window_shards=1\).*up to 2 shards"):
-        Loader(pub.url, order="window", window_shards=1, global_batch=8, prefetch=2, cache_dir=str(tmp_path),
-               cache_limit_bytes=big)
+        Loader(pub.url, Sampling(order="window", window_shards=1, global_batch=8),
+               caching=Caching(dir=str(tmp_path), limit_bytes=big), threads=Threads(prefetch=2))
     with pytest.raises(CacheTooSmallError, match="order='global'"):
-        Loader(pub.url, order="global", global_batch=8, cache_dir=str(tmp_path), cache_limit_bytes=2 * big)
+        Loader(pub.url, Sampling(order="global", global_batch=8),
+               caching=Caching(dir=str(tmp_path), limit_bytes=2 * big))
 
 
 def test_the_manifest_hash_pin_is_enforced(pub, tmp_path):
     with pytest.raises(HashMismatchError, match="pinned by the caller"):
-        Loader(pub.url, cache_dir=str(tmp_path), expected_sha256="f" * 64)
+        Loader(pub.url, source=Source(expected_sha256="f" * 64), caching=Caching(dir=str(tmp_path)))
     assert run(pub, tmp_path, steps=1, expected_sha256=pub.manifest.sha256)[0]["step"] == 0
 
 
@@ -294,8 +303,8 @@ def test_ranks_sharing_a_cache_download_each_shard_once(pub, tmp_path):
 
     def rank(r):
         try:
-            with Loader(simulated_url(pub.url), storage_options=opts, rank=r, world_size=4, global_batch=8,
-                        cache_dir=str(tmp_path)) as ld:
+            with Loader(simulated_url(pub.url), Sampling(rank=r, world_size=4, global_batch=8),
+                        source=Source(storage_options=opts), caching=Caching(dir=str(tmp_path))) as ld:
                 for _ in take_iter(ld, 3):
                     downloaded.append(ld.last_metrics["bytes_downloaded"])
         except Exception as e:  # surfaced below
@@ -311,9 +320,9 @@ def test_ranks_sharing_a_cache_download_each_shard_once(pub, tmp_path):
 
 def test_bad_configuration_is_refused_with_the_value(pub, tmp_path):
     with pytest.raises(ValueError, match="global_batch 10 is not divisible by world_size 4"):
-        Loader(pub.url, global_batch=10, world_size=4, cache_dir=str(tmp_path))
+        Loader(pub.url, Sampling(global_batch=10, world_size=4), caching=Caching(dir=str(tmp_path)))
     with pytest.raises(ValueError, match="rank 4 is outside world_size 4"):
-        Loader(pub.url, global_batch=8, rank=4, world_size=4, cache_dir=str(tmp_path))
+        Loader(pub.url, Sampling(global_batch=8, rank=4, world_size=4), caching=Caching(dir=str(tmp_path)))
 
 
 def test_manifest_through_fsspec_url_and_published_object(pub, tmp_path):
@@ -328,7 +337,7 @@ def test_temporary_files_of_dead_processes_are_removed(pub, tmp_path):
     live = tmp_path / f"{'b' * 64}.arrow.tmp-{os.getpid()}-1"
     orphan.write_bytes(b"x" * 10)
     live.write_bytes(b"x" * 10)
-    Loader(pub.url, cache_dir=str(tmp_path)).close()
+    Loader(pub.url, caching=Caching(dir=str(tmp_path))).close()
     assert not orphan.exists() and live.exists()
 
 
@@ -343,12 +352,13 @@ def test_reads_a_dataset_published_to_memory_fs(tmp_path):
 
 CHILD = """
 import json, sys
-from gristmill.loader import Loader
+from gristmill.loader import Caching, Loader, Sampling, Source
 from gristmill.loader.simstore import register
 register()
 url, cache, rank = sys.argv[1], sys.argv[2], int(sys.argv[3])
 total = 0
-with Loader(url, storage_options={"latency_s": 0.05}, rank=rank, world_size=2, global_batch=8, cache_dir=cache) as ld:
+with Loader(url, Sampling(rank=rank, world_size=2, global_batch=8), source=Source(storage_options={"latency_s": 0.05}),
+            caching=Caching(dir=cache)) as ld:
     for i, _ in enumerate(ld):
         total += ld.last_metrics["bytes_downloaded"]
         if i == 2:
@@ -401,3 +411,15 @@ def test_importing_the_loader_registers_no_simulated_store():
              "print('ok')\n")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def test_flat_options_map_to_the_loaders_sections():
+    """GristmillDataset and the bench take flat option names; each lands in its section, and an
+    unknown one is refused as a bad keyword would be."""
+    from gristmill.loader.options import sections
+
+    got = sections(seed=3, cache_dir="/c", cache_limit_bytes=5, workers=0, documents=True, retries=1)
+    assert got == {"sampling": Sampling(seed=3), "source": Source(retries=1), "caching": Caching(dir="/c", limit_bytes=5),
+                   "threads": Threads(workers=0), "batches": Batches(documents=True)}
+    with pytest.raises(TypeError, match="unknown Loader option 'dir'"):
+        sections(dir="/c")  # a section's own field name is not a flat option

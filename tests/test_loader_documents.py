@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from helpers import build_dataset
-from gristmill.loader import Loader
+from gristmill.loader import Batches, Caching, Loader
+from gristmill.loader.options import sections
 from gristmill.manifests import HashMismatchError
 
 
@@ -19,8 +20,8 @@ def pub(tmp_path_factory):
 
 def batches(pub, cache_dir, steps, **kw):
     out = []
-    with Loader(pub.url, cache_dir=str(cache_dir), global_batch=kw.pop("global_batch", 6), workers=0, documents=True,
-                **kw) as ld:
+    with Loader(pub.url, **sections(cache_dir=str(cache_dir), global_batch=kw.pop("global_batch", 6), workers=0,
+                                    documents=True, **kw)) as ld:
         for batch in ld:
             out.append(batch)
             if len(out) == steps:
@@ -79,7 +80,7 @@ def test_a_tampered_document_index_is_refused(tmp_path):
     t = pq.read_table(path)
     pq.write_table(t.slice(1), path)  # one span dropped: the boundaries would be wrong
     with pytest.raises(HashMismatchError):
-        Loader(pub.url, cache_dir=str(tmp_path / "c"), documents=True)
+        Loader(pub.url, caching=Caching(dir=str(tmp_path / "c")), batches=Batches(documents=True))
 
 
 def test_a_source_without_its_own_document_index_is_refused(pub):
@@ -136,4 +137,4 @@ def test_a_tampered_component_document_index_is_refused(tmp_path):
     path = os.path.join(code.url, code.manifest.doc_index.path)
     pq.write_table(pq.read_table(path).slice(1), path)
     with pytest.raises(HashMismatchError, match="doc"):
-        Loader(mix.url, cache_dir=str(tmp_path / "c"), documents=True)
+        Loader(mix.url, caching=Caching(dir=str(tmp_path / "c")), batches=Batches(documents=True))

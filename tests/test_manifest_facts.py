@@ -13,7 +13,7 @@ import pytest
 
 from helpers import build_dataset
 
-from gristmill.loader import Loader, ShardFetchError
+from gristmill.loader import Caching, Loader, Sampling, ShardFetchError, Source
 from gristmill.manifests import (
     EditedManifestError,
     FactMismatchError,
@@ -49,7 +49,8 @@ def forge(pub, edit) -> None:
 
 
 def serve(url, cache_dir, steps=20):
-    with Loader(url, cache_dir=str(cache_dir), global_batch=8, order="sequential", retries=2, backoff_s=0.0) as ld:
+    with Loader(url, Sampling(global_batch=8, order="sequential"), source=Source(retries=2, backoff_s=0.0),
+                caching=Caching(dir=str(cache_dir))) as ld:
         for i, _ in enumerate(ld):
             if i + 1 == steps:
                 break
@@ -268,13 +269,15 @@ def test_damaged_manifest_reads_are_retried_and_a_persistent_one_is_named(tmp_pa
     damaged_reads["bad"] = {"not utf-8": b"\xff" + good[1:], "truncated": good[: len(good) // 2],
                             "flipped": good.replace(b'"rows": 40', b'"rows": 41')}[damage]
     damaged_reads["n"] = 2  # transient: the third read is good
-    with Loader(pub.url, cache_dir=str(tmp_path / "c"), global_batch=8, retries=3, backoff_s=0.0) as ld:
+    with Loader(pub.url, Sampling(global_batch=8), source=Source(retries=3, backoff_s=0.0),
+                caching=Caching(dir=str(tmp_path / "c"))) as ld:
         assert ld.manifest.sha256 == pub.manifest.sha256
     assert damaged_reads["n"] == 0
     damaged_reads["n"] = 3  # persistent
     want = EditedManifestError if damage == "flipped" else ManifestDecodeError
     with pytest.raises(want, match="edited after publishing" if damage == "flipped" else "the same in all 3 reads"):
-        Loader(pub.url, cache_dir=str(tmp_path / "c"), global_batch=8, retries=3, backoff_s=0.0)
+        Loader(pub.url, Sampling(global_batch=8), source=Source(retries=3, backoff_s=0.0),
+               caching=Caching(dir=str(tmp_path / "c")))
 
 
 def test_gather_refuses_any_row_outside_its_shard_before_reading_it():
@@ -306,8 +309,8 @@ def test_the_loader_runs_where_numba_cannot_write_its_cache(tmp_path):
     blocker.write_text("")
     env = {**os.environ, "NUMBA_CACHE_DIR": str(blocker / "numba"), "XDG_CACHE_HOME": str(blocker / "xdg"),
            "NUMBA_CACHE_LOCATOR_CLASSES": "UserProvidedCacheLocator,UserWideCacheLocator"}
-    child = ("import sys\nfrom gristmill.loader import Loader\n"
-             "with Loader(sys.argv[1], cache_dir=sys.argv[2], global_batch=8, order='sequential') as ld:\n"
+    child = ("import sys\nfrom gristmill.loader import Caching, Loader, Sampling\n"
+             "with Loader(sys.argv[1], Sampling(global_batch=8, order='sequential'), caching=Caching(dir=sys.argv[2])) as ld:\n"
              "    print(next(iter(ld))['tokens'][:, :2].tolist())\n")
     done = subprocess.run([sys.executable, "-c", child, pub.url, str(tmp_path / "cache")], env=env, capture_output=True,
                           text=True, timeout=300)

@@ -197,10 +197,11 @@ def test_manifest_show_summarises_a_mixture_and_json_is_the_whole_manifest(store
 # -- the loader -----------------------------------------------------------------------------------
 def served(url, tmp_path, *, batch=8, steps=None, world_size=1, rank=0, workers=0, start=0, **kw):
     from gristmill.loader import Loader
+    from gristmill.loader.options import sections
 
     out = []
-    with Loader(url, global_batch=batch, world_size=world_size, rank=rank, workers=workers, start_index=start,
-                cache_dir=str(tmp_path / "cache"), prefetch=2, **kw) as ld:
+    with Loader(url, **sections(global_batch=batch, world_size=world_size, rank=rank, workers=workers, start_index=start,
+                                cache_dir=str(tmp_path / "cache"), prefetch=2, **kw)) as ld:
         for i, b in enumerate(ld):
             out.append((b["indices"].numpy().copy(), b["tokens"].numpy().copy()))
             if steps is not None and i + 1 == steps:

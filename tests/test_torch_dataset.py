@@ -6,7 +6,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from helpers import build_dataset
 from gristmill.errors import UsageError
-from gristmill.loader import GristmillDataset, Loader
+from gristmill.loader import Caching, GristmillDataset, Loader, Sampling, Threads
 
 B, STEPS = 4, 7
 pytestmark = pytest.mark.filterwarnings("ignore:.set_vital. is deprecated")  # torchdata 0.11 on torch 2.13
@@ -21,7 +21,8 @@ def pub(tmp_path_factory):
 def reference(pub, tmp_path_factory):
     """The Loader's own first STEPS batches: what every DataLoader must reproduce, item for item."""
     out = []
-    with Loader(pub.url, global_batch=B, seed=5, cache_dir=str(tmp_path_factory.mktemp("c")), workers=0) as ld:
+    with Loader(pub.url, Sampling(global_batch=B, seed=5), caching=Caching(dir=str(tmp_path_factory.mktemp("c"))),
+                threads=Threads(workers=0)) as ld:
         for batch in ld:
             out.append(batch)
             if len(out) == STEPS:
@@ -74,7 +75,7 @@ def test_stateful_dataloader_resumes_exactly(pub, reference, tmp_path, num_worke
 def test_worker_shares_are_disjoint_and_epochs_end(pub, tmp_path):
     ds = dataset(pub, tmp_path, epochs=1)
     items = list(DataLoader(ds, batch_size=None, num_workers=2))
-    n = Loader(pub.url, cache_dir=str(tmp_path)).num_samples
+    n = Loader(pub.url, caching=Caching(dir=str(tmp_path))).num_samples
     assert len(items) == n // B  # the last partial batch is dropped, as the Loader does
     seen = torch.cat([b["indices"] for b in items])
     assert seen.tolist() == list(range(n // B * B))
@@ -90,7 +91,7 @@ def test_a_state_of_another_order_is_refused(pub, tmp_path):
 
 def test_the_loader_itself_is_not_a_dataset(pub, tmp_path):
     """Why the wrapper exists: DataLoader(Loader) fails (a Loader holds threads and is not an IterableDataset)."""
-    with Loader(pub.url, cache_dir=str(tmp_path), workers=0) as ld, pytest.raises(TypeError):
+    with Loader(pub.url, caching=Caching(dir=str(tmp_path)), threads=Threads(workers=0)) as ld, pytest.raises(TypeError):
         iter(DataLoader(ld, batch_size=None))
 
 
@@ -112,7 +113,8 @@ def test_a_finite_mixture_serves_every_step_at_any_worker_count(tmp_path, num_wo
         {"dataset": "web", "weight": 3}, {"dataset": "code", "weight": 1, "exhausted": "stop"}]}))
     assert main(["mix", str(job)]) == 0
     url = os.path.join(str(tmp_path), "store", "m")
-    with Loader(url, global_batch=B, seed=5, cache_dir=str(tmp_path / "c"), workers=0) as ld:
+    with Loader(url, Sampling(global_batch=B, seed=5), caching=Caching(dir=str(tmp_path / "c")),
+                threads=Threads(workers=0)) as ld:
         want = list(ld)
     assert len(want) == 10  # 40 samples: 10 steps, which neither 3 workers (nor 4) divide
     ds = GristmillDataset(url, batch_size=B, seed=5, cache_dir=str(tmp_path / "c"))

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -19,15 +20,18 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from gristmill.trainer.model import model_args
 from gristmill.trainer.parallelize import build_mesh, build_model, init_distributed
 
-out, dp_shard, ac = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 d = init_distributed()
-args = model_args("tiny", vocab_size=101, max_seq_len=16, n_kv_heads=2)
-model = build_model(args, build_mesh(d.device, d.world_size, dp_shard), device=d.device, seed=7,
-                    param_dtype=torch.float32, activation_checkpoint=ac, compile=False)
-full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
-if d.rank == 0:
-    torch.save({k: v.clone() for k, v in full.items()}, out)
+for out, dp_shard, ac in zip(sys.argv[1::3], map(int, sys.argv[2::3]), sys.argv[3::3]):  # one build per triple
+    args = model_args("tiny", vocab_size=101, max_seq_len=16, n_kv_heads=2)
+    model = build_model(args, build_mesh(d.device, d.world_size, dp_shard), device=d.device, seed=7,
+                        param_dtype=torch.float32, activation_checkpoint=ac, compile=False)
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+    if d.rank == 0:
+        torch.save({k: v.clone() for k, v in full.items()}, out)
+"""
+
 # Leave together: a rank exiting while gloo's threads still serve the other aborts ("terminate called").
+LEAVE = """
 if torch.distributed.is_initialized():
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
@@ -37,10 +41,10 @@ if torch.distributed.is_initialized():
 # to_empty: build_model minus init_weights, whose 16 GB per rank this machine cannot spare);
 # reports the bytes this rank holds and its resident memory, then draws block 0's shards.
 SHARD_PROBE = """
-import json, torch
+import json
 from gristmill.trainer import init
-from gristmill.trainer.model import count_params, model_args
-from gristmill.trainer.parallelize import allocate_sharded, build_mesh, init_distributed
+from gristmill.trainer.model import count_params
+from gristmill.trainer.parallelize import allocate_sharded
 
 def memory():
     found = {}
@@ -50,7 +54,6 @@ def memory():
             found[key] = int(value.split()[0]) * 1024
     return found
 
-d = init_distributed()
 args = model_args("8b", vocab_size=128256, max_seq_len=2048)
 model = allocate_sharded(args, build_mesh(d.device, d.world_size), device=d.device, param_dtype=torch.bfloat16,
                          activation_checkpoint="selective", compile=False)
@@ -64,33 +67,46 @@ block_local = sum(p.to_local().numel() * p.element_size() for _, p in block)
 block_std = torch.cat([p.to_local().flatten() for _, p in block if p.dim() > 1]).std().item()
 print(json.dumps({"rank": d.rank, "local_bytes": local, "full_bytes": 4 * count_params(args)["total"],
                   "before": before, "after": after, "block_local_bytes": block_local, "block_std": block_std}))
-torch.distributed.barrier()  # leave together (see WEIGHTS_PROBE)
-torch.distributed.destroy_process_group()
 """
 
 
-def run(script, *args: str, nproc: int = 1) -> str:
-    """Run ``script`` as one plain process (a group of one) or under torchrun with ``nproc`` ranks."""
+def start(script, *args: str, nproc: int = 1) -> subprocess.Popen:
+    """Start ``script`` as one plain process (a group of one) or under torchrun with ``nproc`` ranks."""
     launcher = [sys.executable]
     if nproc > 1:
         launcher += ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
     env = {k: v for k, v in os.environ.items()
            if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
     env.update(OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
-    proc = subprocess.run(launcher + [str(script), *args], capture_output=True, text=True, timeout=300, env=env,
-                          cwd=ROOT)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    return proc.stdout
+    return subprocess.Popen(launcher + [str(script), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, cwd=ROOT)
 
 
-def test_initial_weights_are_the_same_at_any_world_size(tmp_path):
-    script = tmp_path / "weights.py"
-    script.write_text(WEIGHTS_PROBE)
-    one, two, hsdp = (str(tmp_path / f"{n}.pt") for n in ("one", "two", "hsdp"))
-    run(script, one, "-1", "none")  # one process
-    run(script, two, "-1", "selective", nproc=2)  # FSDP over 2 ranks, blocks wrapped for checkpointing
-    run(script, hsdp, "1", "none", nproc=2)  # HSDP: 2 replicas of a 1-rank shard group
-    a, b, c = (torch.load(p) for p in (one, two, hsdp))
+def finish(proc: subprocess.Popen) -> str:
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out[-3000:] + err[-5000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def probes(tmp_path_factory):
+    """Two launches side by side (most of a launch is starting Python and importing torch): one
+    process builds the tiny model; torchrun's 2 ranks build it with FSDP (blocks wrapped for
+    activation checkpointing) and with HSDP (2 replicas of a 1-rank shard group), then run the
+    8b probe. Returns the three weight sets and the 8b probe's per-rank records."""
+    tmp = tmp_path_factory.mktemp("init")
+    one_rank, two_ranks = tmp / "one.py", tmp / "two.py"
+    one_rank.write_text(WEIGHTS_PROBE + LEAVE)
+    two_ranks.write_text(WEIGHTS_PROBE + SHARD_PROBE + LEAVE)
+    one, two, hsdp = (str(tmp / f"{n}.pt") for n in ("one", "two", "hsdp"))
+    procs = [start(one_rank, one, "-1", "none"), start(two_ranks, two, "-1", "selective", hsdp, "1", "none", nproc=2)]
+    out = [finish(p) for p in procs][1]
+    ranks = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    return tuple(torch.load(p) for p in (one, two, hsdp)), ranks
+
+
+def test_initial_weights_are_the_same_at_any_world_size(probes):
+    a, b, c = probes[0]
     assert list(a) == list(b) == list(c) and "tok_embeddings.weight" in a and "output.weight" in a
     for name in a:
         assert torch.equal(a[name], b[name]) and torch.equal(a[name], c[name]), name
@@ -101,13 +117,11 @@ def test_initial_weights_are_the_same_at_any_world_size(tmp_path):
     assert not torch.equal(a["layers.0.attention.wq.weight"], a["layers.1.attention.wq.weight"])
 
 
-def test_the_8b_preset_on_two_ranks_holds_only_its_shards(tmp_path):
+def test_the_8b_preset_on_two_ranks_holds_only_its_shards(probes):
     """Before any step: each rank's parameters are half of the model's 32 GB of fp32, and its
     resident memory stays far below even that half (to_empty only reserves), where building the
     model whole, as the trainer used to, cost 32 GB per rank. Drawing block 0 adds about its shard."""
-    script = tmp_path / "shard.py"
-    script.write_text(SHARD_PROBE)
-    ranks = [json.loads(line) for line in run(script, nproc=2).splitlines() if line.startswith("{")]
+    ranks = probes[1]
     assert sorted(r["rank"] for r in ranks) == [0, 1]
     full = ranks[0]["full_bytes"]
     assert full > 30e9  # the 8b preset: 8.0e9 parameters in fp32

@@ -155,13 +155,14 @@ def test_activation_checkpointing_keeps_the_gradients(mode):
 def test_the_loaders_stored_dtype_batch_gives_the_int64_loss(tmp_path):
     """The trainer asks the loader for uint16 tokens and widens them itself: same inputs, labels, loss."""
     from helpers import build_dataset
-    from gristmill.loader import Loader
+    from gristmill.loader import Batches, Caching, Loader, Sampling
     from gristmill.trainer.step import cross_entropy, inputs_and_labels
 
     pub = build_dataset(str(tmp_path / "data"))
     batches = {}
     for dtype in (None, torch.int64):
-        with Loader(pub.url, global_batch=4, cache_dir=str(tmp_path / "cache"), token_dtype=dtype) as ld:
+        with Loader(pub.url, Sampling(global_batch=4), caching=Caching(dir=str(tmp_path / "cache")),
+                    batches=Batches(token_dtype=dtype)) as ld:
             batches[dtype] = next(iter(ld))
     assert batches[None]["tokens"].dtype == torch.uint16
     x, y = inputs_and_labels(batches[None], "cpu")

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from gristmill.loader import Loader
+from gristmill.loader import Batches, Caching, Loader, Sampling, Threads
 
 from .config import TrainConfig
 from .errors import TrainingError
@@ -19,9 +19,10 @@ def evaluate(model, cfg: TrainConfig, pub, d) -> float:
     if B % d.world_size:
         raise TrainingError(f"eval.global_batch={B} does not divide by the world size {d.world_size}")
     # the run's loaded data (a dataset or a mixture with its components): no manifest is read again
-    val = Loader(pub, split="validation", seed=cfg.data.seed, global_batch=B, rank=d.rank, world_size=d.world_size,
-                 order="sequential", cache_dir=cfg.data.cache_dir, prefetch=cfg.data.prefetch,
-                 token_dtype=None, documents=cfg.model.document_mask)
+    val = Loader(pub, Sampling(split="validation", seed=cfg.data.seed, global_batch=B, rank=d.rank,
+                               world_size=d.world_size, order="sequential"),
+                 caching=Caching(dir=cfg.data.cache_dir), threads=Threads(prefetch=cfg.data.prefetch),
+                 batches=Batches(token_dtype=None, documents=cfg.model.document_mask))
     model.eval()
     total = torch.zeros((), device=d.device)
     n = 0

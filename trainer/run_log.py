@@ -21,74 +21,78 @@ class RunLog:
     """The reporting of one ``Trainer`` (it reads the trainer's model shape, budget and state)."""
 
     def __init__(self, trainer):
-        self.t = trainer
+        self.trainer = trainer
 
     def log_start(self, start_step: int, end_step: int) -> None:
         """Per rank: the memory budget term by term; rank 0: the model and the planned compute."""
-        d, args, cfg = self.t.dist, self.t.args, self.t.cfg
-        n, budget = count_params(args), self.t.budget
+        t = self.trainer
+        d, args, cfg = t.dist, t.args, t.cfg
+        n, budget = count_params(args), t.budget
         log.info("rank %d: memory budget (%s params / %d shards = %s per rank; this rank holds %s): %s", d.rank,
-                 f"{n['total']:,}", budget.shards, f"{n['total'] / budget.shards:,.0f}", f"{self.t.local_params:,}",
+                 f"{n['total']:,}", budget.shards, f"{n['total'] / budget.shards:,.0f}", f"{t.local_params:,}",
                  budget.describe())
-        self.t.metrics.write({"kind": "budget", "step": start_step, "bytes": budget.terms, "total_bytes": budget.total,
-                            "local_params": self.t.local_params})
-        if not self.t.rank0:
+        t.metrics.write({"kind": "budget", "step": start_step, "bytes": budget.terms, "total_bytes": budget.total,
+                         "local_params": t.local_params})
+        if not t.rank0:
             return
         log.info("model %s: %s parameters (%s non-embedding), %d layers, dim %d; %s; world size %d, "
                  "global batch %d x %d tokens, %d micro-batch(es) per rank", cfg.model.preset, f"{n['total']:,}",
-                 f"{n['non_embedding']:,}", args.n_layers, args.dim, self.t.param_dtype, d.world_size,
-                 self.t.global_batch, self.t.seq_len, self.t.n_micro)
-        tokens = (end_step - start_step) * self.t.global_batch * self.t.seq_len
-        plan = planned_flops(*flops_per_token_terms(args, self.t.seq_len), tokens)
+                 f"{n['non_embedding']:,}", args.n_layers, args.dim, t.param_dtype, d.world_size,
+                 t.global_batch, t.seq_len, t.n_micro)
+        tokens = (end_step - start_step) * t.global_batch * t.seq_len
+        plan = planned_flops(*flops_per_token_terms(args, t.seq_len), tokens)
         log.info("planned compute, steps %d..%d (%s tokens): 6ND %.3e + attention %.3e = %.3e FLOPs",
                  start_step + 1, end_step, f"{tokens:,}", plan["6ND"], plan["attention"], plan["total"])
-        if self.t.peak is None:
+        if t.peak is None:
             log.info("MFU: unknown peak FLOP/s for %r (not in trainer.metrics.PEAK_BF16_FLOPS); MFU is not reported",
                      device_name(d.device))
 
     def report_memory(self, step: int) -> None:
         """On CUDA, after the first step: the allocator's peak against the budget."""
-        if self.t.dist.device.type != "cuda":
+        t = self.trainer
+        if t.dist.device.type != "cuda":
             return
-        peak = torch.cuda.max_memory_allocated(self.t.dist.device)
-        log.info("rank %d: after step %d, peak memory allocated %s vs budget %s (%.2fx)", self.t.dist.rank, step,
-                 format_bytes(peak), format_bytes(self.t.budget.total), peak / self.t.budget.total)
-        self.t.metrics.write({"kind": "memory", "step": step, "max_allocated_bytes": peak,
-                            "budget_bytes": self.t.budget.total, "ratio": peak / self.t.budget.total})
+        peak = torch.cuda.max_memory_allocated(t.dist.device)
+        log.info("rank %d: after step %d, peak memory allocated %s vs budget %s (%.2fx)", t.dist.rank, step,
+                 format_bytes(peak), format_bytes(t.budget.total), peak / t.budget.total)
+        t.metrics.write({"kind": "memory", "step": step, "max_allocated_bytes": peak,
+                         "budget_bytes": t.budget.total, "ratio": peak / t.budget.total})
 
     def report_wall_time(self, step: int, end_step: int, step_times: list[float]) -> None:
         """After the first steps: the measured rate (the first step, which compiles and warms the
         allocator, left out when there are others) and the wall time it implies for the rest."""
-        if not self.t.rank0:
+        t = self.trainer
+        if not t.rank0:
             return
         measured = statistics.median(step_times[1:] or step_times)
-        tps = self.t.global_batch * self.t.seq_len / measured
-        achieved = mfu(tps / self.t.dist.world_size, self.t.flops_per_token, self.t.peak)
+        tps = t.global_batch * t.seq_len / measured
+        achieved = mfu(tps / t.dist.world_size, t.flops_per_token, t.peak)
         if achieved is None:  # no peak for this device: the measured step time alone
             rest, at = (end_step - step) * measured, "MFU unknown"
         else:
-            flops = planned_flops(*flops_per_token_terms(self.t.args, self.t.seq_len),
-                                  (end_step - step) * self.t.global_batch * self.t.seq_len)["total"]
-            rest = expected_wall_s(flops, mfu=achieved, peak_flops_per_device=self.t.peak, devices=self.t.dist.world_size)
+            flops = planned_flops(*flops_per_token_terms(t.args, t.seq_len),
+                                  (end_step - step) * t.global_batch * t.seq_len)["total"]
+            rest = expected_wall_s(flops, mfu=achieved, peak_flops_per_device=t.peak, devices=t.dist.world_size)
             at = f"MFU {100 * achieved:.1f}%"
         log.info("measured over steps ..%d: %.3f s/step, %s tokens/s, %s; expected wall time for the %d remaining "
                  "steps: %s", step, measured, f"{tps:,.0f}", at, end_step - step, format_seconds(rest))
 
     def log_step(self, step: int, *, loss: float, grad_norm: float, lr: float, wait_s: float, step_s: float,
                  ok: bool) -> None:
-        d = self.t.dist
+        t = self.trainer
+        d = t.dist
         times = [torch.zeros(1, device=d.device) for _ in range(d.world_size)]
         dist.all_gather(times, torch.tensor([step_s], device=d.device))
-        tps = self.t.global_batch * self.t.seq_len / step_s
+        tps = t.global_batch * t.seq_len / step_s
         record = {"kind": "train", "step": step, "loss": loss, "grad_norm": grad_norm, "lr": lr,
-                  "tokens_seen": self.t.train_state.tokens_seen, "tokens_per_s": tps,
+                  "tokens_seen": t.train_state.tokens_seen, "tokens_per_s": tps,
                   "tokens_per_s_per_device": tps / d.world_size,
-                  "mfu": mfu(tps / d.world_size, self.t.flops_per_token, self.t.peak), "input_wait_s": wait_s,
+                  "mfu": mfu(tps / d.world_size, t.flops_per_token, t.peak), "input_wait_s": wait_s,
                   "input_wait_pct": 100.0 * wait_s / step_s, "step_s": step_s,
-                  "rank_step_s": [self.t.item() for t in times], "skipped": not ok,
-                  "skipped_total": self.t.train_state.skipped_total}
-        self.t.metrics.write(record)
-        if self.t.rank0:
+                  "rank_step_s": [x.item() for x in times], "skipped": not ok,
+                  "skipped_total": t.train_state.skipped_total}
+        t.metrics.write(record)
+        if t.rank0:
             log.info(format_step(record))
 
 

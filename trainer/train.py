@@ -17,7 +17,7 @@ from dataclasses import asdict
 
 import torch
 
-from gristmill.loader import Loader
+from gristmill.loader import Batches, Caching, Loader, Sampling, Source, Threads
 from gristmill.manifests import code_version
 from gristmill.manifests.mixture import load_data
 
@@ -99,10 +99,11 @@ class Trainer:
         # Last, the two that hold threads and files (close() releases them). Always gristmill's
         # Loader: the audit answers from its pure order, so no other loader may stand in.
         self.metrics = MetricsLog(self.run_dir, enabled=self.rank0, tensorboard=cfg.run.tensorboard)
-        self.loader = Loader(self.pub, split="train", seed=cfg.data.seed, global_batch=self.global_batch,
-                             rank=d.rank, world_size=d.world_size, order=cfg.data.order, cache_dir=cfg.data.cache_dir,
-                             prefetch=cfg.data.prefetch, expected_sha256=self.manifest.sha256, token_dtype=None,
-                             documents=cfg.model.document_mask)  # position ids per row (document mask)
+        self.loader = Loader(self.pub, Sampling(split="train", seed=cfg.data.seed, global_batch=self.global_batch,
+                                                rank=d.rank, world_size=d.world_size, order=cfg.data.order),
+                             source=Source(expected_sha256=self.manifest.sha256), caching=Caching(dir=cfg.data.cache_dir),
+                             threads=Threads(prefetch=cfg.data.prefetch),
+                             batches=Batches(token_dtype=None, documents=cfg.model.document_mask))  # position ids: document mask
         self.train_state = TrainState()
         self.loader_state = LoaderState(self.loader)
         self.states = {"model": ModelState(self.model), "optimizer": OptimizerState(self.model, self.optimizer),

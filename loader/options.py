@@ -1,0 +1,88 @@
+"""The Loader's typed sections: what it serves (``Sampling``), where it reads (``Source``), where it
+keeps shards (``Caching``), how many threads (``Threads``) and what a batch holds (``Batches``).
+Each is a frozen dataclass with the defaults a single-process run wants, so a caller names only
+what differs::
+
+    Loader(url, Sampling(seed=1, global_batch=64, rank=r, world_size=w), caching=Caching(dir="/nvme/gm"))
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+import torch
+
+from .order import DEFAULT_WINDOW_SHARDS
+
+DEFAULT_MAPPED_LIMIT = 256 << 20  # shard pages kept mapped per process (see ShardCache.bound_mapped_pages)
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Which global sample indices each step serves (the pure order's inputs, loader/order.py) and
+    this rank's slice of them. Step ``s`` covers ``[s*global_batch, (s+1)*global_batch)``."""
+
+    split: str = "train"
+    seed: int = 0
+    global_batch: int = 32
+    rank: int = 0
+    world_size: int = 1
+    order: str = "global"  # global | window | sequential
+    window_shards: int = DEFAULT_WINDOW_SHARDS  # order="window": shards per window
+    start_index: int = 0  # the first global index served (a resume sets it through load_state_dict)
+    epochs: int | None = None  # None: endless
+
+
+@dataclass(frozen=True)
+class Source:
+    """How the manifest and shards are read from their store."""
+
+    expected_sha256: str | None = None  # refuse a manifest with another hash
+    storage_options: dict = field(default_factory=dict)  # fsspec options of the store
+    retries: int = 5  # per manifest load and shard fetch
+    backoff_s: float = 0.2  # doubled after each failed try
+
+
+@dataclass(frozen=True)
+class Caching:
+    """The node-local shard cache (loader/cache.py)."""
+
+    dir: str | None = None  # default: $GRISTMILL_CACHE_DIR or ~/.cache/gristmill/shards
+    limit_bytes: int | None = None  # None: no limit (no eviction)
+    mapped_limit_bytes: int | None = DEFAULT_MAPPED_LIMIT  # None: no limit on mapped shard pages
+
+
+@dataclass(frozen=True)
+class Threads:
+    prefetch: int = 4  # steps assembled ahead of the consumer
+    workers: int = 2  # batch-assembly threads; 0: in the consumer's thread
+    fetch_workers: int = 8  # download threads
+
+
+@dataclass(frozen=True)
+class Batches:
+    """What a batch holds besides ``tokens`` and ``indices``."""
+
+    token_dtype: torch.dtype | None = torch.int64  # None: the shards' own dtype
+    pin_memory: bool | None = None  # None: when CUDA is available
+    documents: bool = False  # also each row's document boundaries (position_ids, cu_seqlens)
+
+
+SECTIONS = {"sampling": Sampling, "source": Source, "caching": Caching, "threads": Threads, "batches": Batches}
+# the flat names of sections' fields where a flat option list is the documented interface
+# (GristmillDataset's loader_options, `gristmill loader bench`'s flags)
+_FLAT = {"cache_dir": ("caching", "dir"), "cache_limit_bytes": ("caching", "limit_bytes"),
+         "mapped_limit_bytes": ("caching", "mapped_limit_bytes")}
+
+
+def sections(**options) -> dict:
+    """Loader keyword arguments (``sampling=``, ``source=``, ...) from flat option names (``seed``,
+    ``cache_dir``, ``workers``, ...); an unknown name is a TypeError, as a bad keyword would be."""
+    by_section: dict[str, dict] = {name: {} for name in SECTIONS}
+    owner = {f.name: (name, f.name) for name, cls in SECTIONS.items() for f in fields(cls)
+             if f.name not in ("dir", "limit_bytes")} | _FLAT
+    for key, value in options.items():
+        if key not in owner:
+            raise TypeError(f"unknown Loader option {key!r}; options: {', '.join(sorted(owner))}")
+        name, attr = owner[key]
+        by_section[name][attr] = value
+    return {name: SECTIONS[name](**kw) for name, kw in by_section.items() if kw}
