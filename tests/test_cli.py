@@ -3,7 +3,7 @@
 import pytest
 
 from gristmill import cli
-from gristmill.errors import ConfigError
+from gristmill.errors import ConfigError, GristmillError
 
 
 def _raising(monkeypatch, exc):
@@ -52,3 +52,27 @@ def test_a_real_missing_dataset_is_a_manifest_error_line(tmp_path, capsys):
     assert cli.main(["manifest", "show", str(tmp_path / "store" / "nothing")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("gristmill manifest: error: ") and err.count("\n") == 1
+
+
+def test_prepare_writes_the_data_card_from_the_run_result(toy_dataset, tmp_path, monkeypatch, capsys):
+    """The prepare command, not the pipeline, draws report.html, once: from the RunResult's URL
+    (its hash pinned) into its run dir. The page itself is test_report.py's (and the browser
+    test's, end to end); here the drawing is recorded, not done."""
+    import gristmill.report
+    from gristmill.cli.prepare import write_data_card
+    from gristmill.pipeline.executor import RunResult
+
+    calls = []
+
+    def draw(published, run_dir):
+        calls.append((published.url, published.manifest.sha256, run_dir))
+        return f"{run_dir}/report.html"
+
+    monkeypatch.setattr(gristmill.report, "write_dataset_report", draw)
+    m = toy_dataset.manifest
+    assert write_data_card(RunResult(m.sha256, toy_dataset.url, m.version, {}, str(tmp_path))) == f"{tmp_path}/report.html"
+    assert calls == [(toy_dataset.url, m.sha256, str(tmp_path))]
+    assert capsys.readouterr().err == f"[report] {tmp_path}/report.html\n"
+    with pytest.raises(GristmillError):  # the page is of the version prepare published, nothing else
+        write_data_card(RunResult("0" * 64, toy_dataset.url, m.version, {}, str(tmp_path)), quiet=True)
+    assert len(calls) == 1

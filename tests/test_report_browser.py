@@ -2,8 +2,8 @@
 no console error, every figure drawn (an SVG with marks, a size on screen), and the totals the
 page shows equal to report.json (dataset) and to metrics.jsonl and the audit (training run).
 
-One prepare of the demo corpus with every stage (the session's Ray), which writes report.html
-itself; a 6-step tiny training run on it; `gristmill report RUN_DIR`. Chromium and chromedriver
+One prepare of the demo corpus with every stage (the session's Ray), then report.html as the
+prepare command writes it (gristmill/cli/prepare.py); a 6-step tiny training run on it; `gristmill report RUN_DIR`. Chromium and chromedriver
 come from Debian's packages (tests/setup_browser.sh installs them when missing)."""
 from __future__ import annotations
 
@@ -35,6 +35,7 @@ PAIRS = """return {pairs: document.querySelectorAll('[data-pair]').length,
 def run(tmp_path_factory, ray_session):
     from gristmill.pipeline.config import JobConfig
     from gristmill.pipeline.demo_corpus import write_demo_corpus
+    from gristmill.cli.prepare import write_data_card
     from gristmill.pipeline.executor import prepare
 
     out = tmp_path_factory.mktemp("report")
@@ -44,6 +45,7 @@ def run(tmp_path_factory, ray_session):
                         decontaminate={"eval_sets": [{"name": "demo_qa", "path": str(out / "evals" / "demo_qa.jsonl"),
                                                       "id_field": "id"}]})
     result = prepare(JobConfig.from_dict(job), quiet=True)
+    write_data_card(result, quiet=True)
     train_dir = str(out / "train")
     subprocess.run([sys.executable, "-m", "gristmill.trainer", os.path.join(ROOT, "configs", "train-tiny.yaml"),
                     "--set", f"data.manifest={result.url}", "--set", f"run.dir={train_dir}",
