@@ -30,7 +30,7 @@ from gristmill.manifests.shards import atomic_write
 
 from . import config as config_mod
 from .cli import add_arguments, print_config
-from .checkpoint import Checkpointer, committed, library_versions, set_rng_state
+from .checkpoint import Checkpointer, committed, compare_states, library_versions, set_rng_state
 from .config import JobConfig
 from .meta import CheckpointError, data_fields, new_meta
 from .metrics import MetricsLog, device_name, format_step, mfu, peak_flops, young_daly_interval_s
@@ -551,14 +551,9 @@ def check_model_args(meta: dict, path: str, args) -> None:
 
 
 def check_states_match_meta(meta: dict, path: str, train_state: TrainState, loader_state: dict | None) -> None:
-    """The step and loader position restored from the DCP state must be meta.json's (both were
-    written by the same save; a difference means the files were tampered with or mixed up)."""
-    where = os.path.join(path, "meta.json")
-    if train_state.step != meta["step"]:
-        raise CheckpointError(f"{where}: step {meta['step']} but the DCP train state says {train_state.step}")
-    saved = dict(loader_state or {})
-    if json.loads(json.dumps(saved, sort_keys=True)) != json.loads(json.dumps(meta["loader"], sort_keys=True)):
-        raise CheckpointError(f"{where}: loader {meta['loader']} differs from the DCP loader state {saved}")
+    """The step and loader position restored from the DCP state must be meta.json's: the check
+    verify runs too (trainer.checkpoint.compare_states), here on the states as loaded."""
+    compare_states(meta, path, train_state.step, loader_state)
 
 
 def report_interval(save_s: float, interval: float, cfg: JobConfig, step_s: float | None) -> None:
