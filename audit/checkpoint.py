@@ -97,14 +97,25 @@ def world_size_segments(ckpt_dir: str, meta: dict) -> tuple[tuple[int, int | Non
     the steps before it is unknown (None) rather than guessed; an edited one is refused.
     """
     segments = [(int(meta["step"]), int(meta["world_size"]))]
+    chain = [os.path.basename(ckpt_dir)]
     while meta.get("resumed_from"):
         # Same checkpoints/ directory, even if the run directory was moved since.
-        prev = os.path.join(os.path.dirname(ckpt_dir), os.path.basename(str(meta["resumed_from"]).rstrip("/")))
+        name = os.path.basename(str(meta["resumed_from"]).rstrip("/"))
+        step = STEP_DIR.match(name)
+        # A run resumes from an earlier step and saves later ones: the chain's steps strictly decrease,
+        # so it ends. A name that is no step-<N>, or a step not below the last, is an edit (or a cycle).
+        if not step or int(step.group(1)) >= segments[-1][0]:
+            raise CheckpointError(f"{os.path.join(ckpt_dir, META_FILE)}: resumed_from names {name!r}, not an earlier "
+                                  f"step-<N> than step {segments[-1][0]} (chain {' -> '.join(chain + [name])}): "
+                                  f"{META_FILE} was edited or the checkpoints mixed up")
+        chain.append(name)
+        prev = os.path.join(os.path.dirname(ckpt_dir), name)
         if not os.path.isfile(os.path.join(prev, META_FILE)):
-            if step := STEP_DIR.match(os.path.basename(prev)):
-                segments.append((int(step.group(1)), None))
+            segments.append((int(step.group(1)), None))
             break
         meta = read_meta(prev)
+        if int(meta["step"]) != int(step.group(1)):
+            raise CheckpointError(f"{os.path.join(prev, META_FILE)}: step {meta['step']} in a directory named {name}")
         segments.append((int(meta["step"]), int(meta["world_size"])))
         ckpt_dir = prev
     return tuple(reversed(segments))

@@ -66,7 +66,12 @@ def write_dcp_checkpoint(ckpt_dir: str, state: dict | None = None) -> dict:
     position = torch.frombuffer(bytearray(encode_data_position(meta)), dtype=torch.uint8)
     with warnings.catch_warnings():  # DCP warns that no process group means a single-process save: intended
         warnings.simplefilter("ignore", UserWarning)
-        dcp.save({"weight": torch.arange(4.0), **(state or {}), DCP_KEY: position}, checkpoint_id=ckpt_dir, no_dist=True)
+        trainer_states = {  # what trainer.checkpoint.STATES names, the loader and step as meta.json records them
+            "model": {"weight": torch.arange(4.0)}, "optimizer": {"state": {"weight": {"step": torch.tensor(1.0)}}},
+            "scheduler": {"kind": "warmup_cosine", "last_step": meta["step"]}, "loader": dict(meta["loader"]),
+            "train_state": {"step": meta["step"], "tokens_seen": meta["tokens_seen"], "skipped_total": 0,
+                            "consecutive_bad": 0}}
+        dcp.save({**trainer_states, **(state or {}), DCP_KEY: position}, checkpoint_id=ckpt_dir, no_dist=True)
     return write_meta(ckpt_dir, {**meta, "files": file_checksums(ckpt_dir)})
 
 

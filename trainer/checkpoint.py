@@ -25,6 +25,7 @@ import base64
 import collections
 import datetime as dt
 import io
+import json
 import logging
 import os
 import pathlib
@@ -35,6 +36,7 @@ import shutil
 import sys
 import time
 import warnings
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata
@@ -199,7 +201,48 @@ def read_dcp_metadata(path: str) -> dcp_md.Metadata:
         raise CheckpointError(f"{where}: not a readable DCP metadata file: {type(e).__name__}: {e}") from e
     if not isinstance(md, dcp_md.Metadata):
         raise CheckpointError(f"{where}: holds a {type(md).__name__}, not DCP Metadata")
+    check_storage_entries(path, md)
     return md
+
+
+DCP_DATA_FILE = re.compile(r"^__\d+_\d+\.distcp$")  # the names DCP's FileSystemWriter gives its data files
+
+
+def check_storage_entries(path: str, md: dcp_md.Metadata) -> None:
+    """Every DCP storage entry must lie inside a data file of this checkpoint directory: a plain
+    ``__<rank>_<n>.distcp`` name (never ``../step-2/...``, an absolute path or a sub-directory), a regular
+    file (not a link), and ``offset + length`` within its size. Entries with stream transforms
+    (DCP's zstd extension) are refused: this trainer writes none, and a transform's output is not
+    bounded by the file's size (a decompression bomb). Called by every read of the DCP metadata, so
+    verify, the audit and resume all refuse the same entries."""
+    where = os.path.join(path, ".metadata")
+    storage = md.storage_data
+    if not isinstance(storage, dict):
+        raise CheckpointError(f"{where}: storage_data is a {type(storage).__name__}, not DCP's entry table")
+    sizes: dict[str, int] = {}
+    for index, info in storage.items():
+        fqn = getattr(index, "fqn", index)
+        if not isinstance(info, dcp_fs._StorageInfo):
+            raise CheckpointError(f"{where}: the storage entry of {fqn!r} is a {type(info).__name__}, not DCP's")
+        rel = info.relative_path
+        if not (isinstance(rel, str) and DCP_DATA_FILE.match(rel)):
+            raise CheckpointError(f"{where}: the storage entry of {fqn!r} points at {rel!r}, not a data file of this "
+                                  f"checkpoint (__<rank>_<n>.distcp inside {path}): a forged or spliced checkpoint")
+        if info.transform_descriptors:
+            raise CheckpointError(f"{where}: the storage entry of {fqn!r} has stream transforms "
+                                  f"{list(info.transform_descriptors)!r}; this trainer writes none (refused: their output "
+                                  f"is unbounded)")
+        if rel not in sizes:
+            full = os.path.join(path, rel)
+            if os.path.islink(full) or not os.path.isfile(full):
+                raise CheckpointError(f"{where}: the storage entry of {fqn!r} names {rel}, which is "
+                                      f"{'a link' if os.path.islink(full) else 'not a regular file'} in {path}")
+            sizes[rel] = os.path.getsize(full)
+        offset, length = info.offset, info.length
+        if not (type(offset) is int and type(length) is int and 0 <= offset and 0 <= length
+                and offset + length <= sizes[rel]):
+            raise CheckpointError(f"{where}: the storage entry of {fqn!r} spans bytes {offset!r}+{length!r} of {rel}, "
+                                  f"outside its {sizes[rel]} bytes")
 
 
 class SafeReader(dcp.FileSystemReader):
@@ -213,6 +256,60 @@ class SafeReader(dcp.FileSystemReader):
             md.storage_meta = dcp_md.StorageMeta()
         md.storage_meta.load_id = self.load_id
         return md
+
+
+    def _slice_file(self, file, sinfo):
+        """An entry's bytes, after checking that they are what torch.save writes: a zip archive whose
+        members are all stored uncompressed inside the entry. torch.load would inflate a deflated
+        member however large it claims to be (a decompression bomb), so nothing read from an entry
+        can exceed the entry's own length, which :func:`check_storage_entries` bounds by the file."""
+        check_stored_zip(_Window(file, sinfo.offset, sinfo.length), sinfo.length,
+                         f"{self.path}/{sinfo.relative_path}@{sinfo.offset}")
+        return super()._slice_file(file, sinfo)
+
+
+class _Window(io.RawIOBase):
+    """Bytes [offset, offset + length) of a seekable file, as a file (for zipfile: DCP's own view
+    mishandles seeks from the end)."""
+
+    def __init__(self, f, offset: int, length: int):
+        super().__init__()
+        self.f, self.offset, self.length, self.pos = f, offset, length, 0
+
+    def seekable(self) -> bool:
+        return True
+
+    def readable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, pos: int, whence: int = os.SEEK_SET) -> int:
+        base = {os.SEEK_SET: 0, os.SEEK_CUR: self.pos, os.SEEK_END: self.length}[whence]
+        self.pos = min(max(0, base + pos), self.length)
+        return self.pos
+
+    def readinto(self, b) -> int:
+        n = max(0, min(len(b), self.length - self.pos))
+        self.f.seek(self.offset + self.pos)
+        got = self.f.readinto(memoryview(b)[:n]) if n else 0
+        self.pos += got
+        return got
+
+
+def check_stored_zip(f, length: int, where: str) -> None:
+    """Refuse a torch.save blob (a zip) of ``length`` bytes holding a compressed member, or one whose
+    members do not fit inside it."""
+    try:
+        members = zipfile.ZipFile(f).infolist()
+    except (zipfile.BadZipFile, ValueError, OSError, EOFError) as e:
+        raise CheckpointError(f"{where}: a DCP entry that is not a torch.save archive: {e}") from None
+    for m in members:
+        if m.compress_type != zipfile.ZIP_STORED or m.file_size != m.compress_size or m.header_offset + m.file_size > length:
+            raise CheckpointError(f"{where}: DCP entry member {m.filename!r} is compressed or larger than its entry "
+                                  f"({m.compress_size} bytes stored, {m.file_size} claimed, entry {length} bytes); "
+                                  f"torch.save stores members uncompressed (a decompression bomb?)")
 
 
 class SafeLoadPlanner(DefaultLoadPlanner):
@@ -263,30 +360,89 @@ def _position_buffer(path: str, md: dcp_md.Metadata) -> torch.Tensor:
     return torch.empty(entry.size, dtype=torch.uint8)
 
 
-def read_data_position(path: str) -> bytes:
-    """The data position stored in the checkpoint's DCP state (see trainer/meta.py). Local: no collectives."""
-    state = {DCP_KEY: _position_buffer(path, read_dcp_metadata(path))}
+# The Stateful entries every checkpoint of this trainer holds (trainer/state.py, Trainer.states).
+STATES = ("model", "optimizer", "scheduler", "loader", "train_state")
+# Those whose values meta.json also records: read back (small byte entries) and compared with it.
+CROSS_CHECKED = ("loader", "train_state")
+
+
+def _missing_states(path: str, md: dcp_md.Metadata, states=STATES) -> None:
+    saved = {fqn.split(".", 1)[0] for fqn in md.state_dict_metadata}
+    missing = sorted(set(states) - saved)
+    if missing:
+        raise CheckpointError(f"{path}: the DCP state has no {', '.join(missing)} entries (written by an older "
+                              f"trainer?); start a new run directory or resume with the trainer that wrote it")
+
+
+def read_cross_checked(path: str, md: dcp_md.Metadata | None = None) -> dict:
+    """The DCP state's data position (bytes) and its loader and train-state entries (dicts), read
+    locally (no collectives) without touching the model or optimizer tensors."""
+    md = read_dcp_metadata(path) if md is None else md
+    state: dict = {DCP_KEY: _position_buffer(path, md), **{name: {} for name in CROSS_CHECKED}}
+    for fqn, entry in md.state_dict_metadata.items():
+        name, _, key = fqn.partition(".")
+        if name in CROSS_CHECKED:
+            if not isinstance(entry, dcp_md.BytesStorageMetadata) or not key or "." in key:
+                raise CheckpointError(f"{path}: DCP entry {fqn} is not a plain value of the {name} state "
+                                      f"(not written by this trainer?)")
+            state[name][key] = None
     load_state(state, path, no_dist=True)
-    return state[DCP_KEY].numpy().tobytes()
+    return {**state, DCP_KEY: state[DCP_KEY].numpy().tobytes()}
 
 
-def check_data_position(path: str, meta: dict) -> None:
-    """Refuse a checkpoint whose meta.json and DCP state disagree on what data the model saw."""
-    compare_data_position(meta, read_data_position(path), os.path.join(path, META_FILE))
+def compare_states(meta: dict, path: str, step, loader: dict | None) -> None:
+    """The step and loader position restored from the DCP state must be meta.json's (both were
+    written by the same save; a difference means the files were tampered with or mixed up)."""
+    where = os.path.join(path, META_FILE)
+    if step != meta["step"]:
+        raise CheckpointError(f"{where}: step {meta['step']} but the DCP train state says {step}")
+    saved = dict(loader or {})
+    if json.loads(json.dumps(saved, sort_keys=True)) != json.loads(json.dumps(meta["loader"], sort_keys=True)):
+        raise CheckpointError(f"{where}: loader {meta['loader']} differs from the DCP loader state {saved}")
+
+
+def check_dcp_state(path: str, meta: dict) -> None:
+    """What the DCP state must agree on with meta.json, for verify, the audit and resume alike: every
+    state the trainer saves is there, and the data position, the loader state and the step inside it
+    are meta.json's (a consistent, re-sealed edit of meta.json and of one of these copies is still
+    caught by the others)."""
+    md = read_dcp_metadata(path)
+    _missing_states(path, md)
+    got = read_cross_checked(path, md)
+    compare_data_position(meta, got[DCP_KEY], os.path.join(path, META_FILE))
+    compare_states(meta, path, got["train_state"].get("step"), got["loader"])
+
+
+def _irregular(path: str) -> list[str]:
+    """Links and non-regular files under a checkpoint directory: a checkpoint holds only its own files."""
+    out = []
+    for root, dirs, names in os.walk(path):
+        for name in dirs + names:
+            full = os.path.join(root, name)
+            if os.path.islink(full) or not (os.path.isdir(full) or os.path.isfile(full)):
+                out.append(f"{full}: {'a link' if os.path.islink(full) else 'not a regular file'}; a checkpoint "
+                           f"holds only its own regular files")
+    return out
 
 
 def verify(path: str, actual: dict[str, dict] | None = None) -> list[str]:
     """Problems with a committed checkpoint (empty when it can be trusted): meta.json intact and
-    consistent, every file matching its recorded sha256, and (once the files match) the DCP
-    metadata safe to read and its data position equal to meta.json's.
+    consistent, only regular files, every file matching its recorded sha256, and (once the files
+    match) the DCP metadata safe to read, every storage entry inside this directory's data files
+    (:func:`check_storage_entries`) and the DCP state agreeing with meta.json (:func:`check_dcp_state`).
+    The one check resume (:func:`find_resumable`) and ``audit --verify-checkpoint`` both run.
     ``actual`` is the directory's ``file_checksums`` when the caller already computed them."""
     try:
         meta = read_meta(path)
     except CheckpointError as e:
         return [str(e)]
+    problems = _irregular(path)
+    if problems:
+        return problems
     recorded = meta.get("files", {})
+    if not isinstance(recorded, dict) or not all(isinstance(v, dict) and "sha256" in v for v in recorded.values()):
+        return [f"{path}/{META_FILE}: files is not a table of file -> sha256"]
     actual = file_checksums(path) if actual is None else actual
-    problems = []
     for rel, want in recorded.items():
         got = actual.get(rel)
         if got is None:
@@ -298,7 +454,7 @@ def verify(path: str, actual: dict[str, dict] | None = None) -> list[str]:
         problems.append(f"{path}: meta.json lists no files")
     if not problems:
         try:
-            check_data_position(path, meta)
+            check_dcp_state(path, meta)
         except CheckpointError as e:
             problems.append(str(e))
     return problems
@@ -449,11 +605,7 @@ class Checkpointer:
         ``load_state_dict`` runs) through the restricted readers, and refuse the checkpoint if its
         data position differs from ``meta``'s or it lacks one of the states."""
         md = read_dcp_metadata(path)
-        saved = {fqn.split(".", 1)[0] for fqn in md.state_dict_metadata}
-        missing = sorted(set(states) - saved)
-        if missing:
-            raise CheckpointError(f"{path}: the DCP state has no {', '.join(missing)} entries (written by an older "
-                                  f"trainer?); start a new run directory or resume with the trainer that wrote it")
+        _missing_states(path, md, states)
         state = {**states, DCP_KEY: _position_buffer(path, md)}
         load_state(state, path)
         compare_data_position(meta, state[DCP_KEY].numpy().tobytes(), os.path.join(path, META_FILE))

@@ -2,14 +2,12 @@
 recorded change), same global batch, same model shape, and a DCP state that agrees with meta.json."""
 from __future__ import annotations
 
-import json
 import logging
-import os
 from dataclasses import asdict
 
 from .config import TrainConfig
 from .errors import ManifestMismatchError, TrainingError
-from .meta import CheckpointError
+from .checkpoint import compare_states
 from .model import KERNEL_FIELDS
 from .state import TrainState
 
@@ -48,11 +46,6 @@ def check_model_args(meta: dict, path: str, args) -> None:
 
 
 def check_states_match_meta(meta: dict, path: str, train_state: TrainState, loader_state: dict | None) -> None:
-    """The step and loader position restored from the DCP state must be meta.json's (both were
-    written by the same save; a difference means the files were tampered with or mixed up)."""
-    where = os.path.join(path, "meta.json")
-    if train_state.step != meta["step"]:
-        raise CheckpointError(f"{where}: step {meta['step']} but the DCP train state says {train_state.step}")
-    saved = dict(loader_state or {})
-    if json.loads(json.dumps(saved, sort_keys=True)) != json.loads(json.dumps(meta["loader"], sort_keys=True)):
-        raise CheckpointError(f"{where}: loader {meta['loader']} differs from the DCP loader state {saved}")
+    """The step and loader position restored from the DCP state must be meta.json's: the check
+    verify runs too (trainer.checkpoint.compare_states), here on the states as loaded."""
+    compare_states(meta, path, train_state.step, loader_state)
