@@ -5,10 +5,15 @@ Layout of ``cache_dir`` (meant for local NVMe)::
     <raw_sha256>.arrow   the uncompressed, memory-mappable cache form of a shard
     <raw_sha256>.dl      download lock: one process per node downloads a shard
     <raw_sha256>.pin     pin lock: every process using a shard holds it shared
+    <raw_sha256>.src-<sha256>  empty: a verified download proved that published file <sha256> has this cache form
     .evict               eviction lock: one process at a time frees space
 
 Files are named by the content hash of the cache form, so two datasets that share a shard
-share its cache entry and nothing is ever confused with a stale copy. A shard is downloaded
+share its cache entry and nothing is ever confused with a stale copy. A cached file serves a shard
+only where a verified download linked that shard's published ``sha256`` to it (the ``.src-`` marker):
+a manifest stating another shard's cache facts gets its own file fetched and refused, never the other
+shard's rows; and the shards listed to one cache that state the same cache form must state the same
+published file (else a ``ManifestError`` at construction). A shard is downloaded
 whole into memory, checked against the manifest's ``sha256`` and ``bytes`` and against what
 the manifest states about its contents (schema, token dtype, seq_len + 1 tokens per row, row
 count), decompressed, written under a temporary name, checked against ``raw_sha256`` and
@@ -108,6 +113,7 @@ class ShardCache:
         # Cached shards are named by content, so two sources may list the same one; it is fetched
         # from one of them with THAT source's facts (path, sha256, bytes), never a mix of two.
         self._source = {s.raw_sha256: (p, s) for p in reversed(sources) for s in p.manifest.shards}
+        _check_one_file_per_cache_form(sources)
         self.fs = fsspec.core.url_to_fs(self.base_url, **(storage_options or {}))[0]
         self._fs = {p.url: self.fs if _protocol(p.url) == _protocol(self.base_url) else fsspec.core.url_to_fs(p.url)[0]
                     for p in sources}
@@ -281,10 +287,16 @@ class ShardCache:
         self._touch(path)
         return FetchResult(downloaded)
 
+    def _linked(self, shard: Shard) -> bool:
+        return os.path.exists(self._lock_path(shard, f"src-{shard.sha256}"))
+
     def _verify(self, shard: Shard, path: str, st: os.stat_result) -> bool:
-        key = (shard.raw_sha256, st.st_ino, st.st_size, st.st_mtime_ns)
+        key = (shard.raw_sha256, shard.sha256, st.st_ino, st.st_size, st.st_mtime_ns)
         if key in self._verified:
             return True
+        if not self._linked(shard):  # the cached file may be another shard's: fetch this one's own file
+            log.info("cached form of shard %s was never verified as its published file's; fetching it", shard.path)
+            return False
         ok = st.st_size == shard.raw_bytes and sha256_file(path)[0] == shard.raw_sha256
         if ok:
             self._verified.add(key)
@@ -301,14 +313,16 @@ class ShardCache:
             st = _stat(path)  # another process may have installed it while we waited
             if st is not None and self._verify(shard, path, st):
                 return 0
-            if st is not None:
-                _unlink(path)
+            if st is not None and not (st.st_size == shard.raw_bytes and sha256_file(path)[0] == shard.raw_sha256):
+                _unlink(path)  # damaged; a sound file (another shard's, or unlinked) is replaced by the fetch
             last = None
             for attempt in range(self.retries):
                 try:
                     n = self._fetch_once(shard, url, path)
                     st = _stat(path)
-                    self._verified.add((shard.raw_sha256, st.st_ino, st.st_size, st.st_mtime_ns))
+                    with open(self._lock_path(shard, f"src-{shard.sha256}"), "wb"):
+                        pass  # the link published file -> cache form, proved by this download
+                    self._verified.add((shard.raw_sha256, shard.sha256, st.st_ino, st.st_size, st.st_mtime_ns))
                     return n
                 except (CacheFullError, FactMismatchError):  # it already waited / the manifest is wrong: final
                     raise
@@ -338,8 +352,9 @@ class ShardCache:
         tmp = f"{path}.tmp-{os.getpid()}-{threading.get_ident()}"
         try:
             stats = write_shard(tmp, rows, compressed=False)
-            if stats.sha256 != shard.raw_sha256:
-                raise HashMismatchError(f"cache form of shard {shard.path}", shard.raw_sha256, stats.sha256)
+            if stats.sha256 != shard.raw_sha256:  # the published bytes were the pinned ones: the manifest is wrong
+                raise FactMismatchError(f"{shard.path} (its uncompressed cache form)", "raw_sha256", shard.raw_sha256,
+                                        stats.sha256)
             if stats.bytes != shard.raw_bytes:
                 raise FactMismatchError(shard.path, "raw_bytes", shard.raw_bytes, stats.bytes)
             os.replace(tmp, path)
@@ -489,6 +504,20 @@ def _file_pages(mapped: MappedShard) -> tuple[int, int] | None:
 def _dontneed(pages: tuple[int, int]) -> None:
     if _libc.madvise(pages[0], pages[1], _MADV_DONTNEED) != 0:
         log.debug("madvise(MADV_DONTNEED) failed: errno %d", ctypes.get_errno())
+
+
+def _check_one_file_per_cache_form(sources: Sequence[Published]) -> None:
+    """Shards with the same cache form (``raw_sha256``) hold the same rows, so they state the same
+    published file (the writer is deterministic); one that states another's cache form is refused."""
+    seen: dict[str, tuple] = {}
+    for p in sources:
+        for i, s in enumerate(p.manifest.shards):
+            facts = (s.sha256, s.bytes, s.raw_bytes, s.rows)
+            where, first = seen.setdefault(s.raw_sha256, (f"{p.url} shards[{i}] ({s.path})", facts))
+            if first != facts:
+                raise ManifestError(f"{p.url} shards[{i}] ({s.path}): states the cache form (raw_sha256 {s.raw_sha256}) "
+                                    f"of {where}, but another published file (sha256, bytes, raw_bytes, rows {facts} vs "
+                                    f"{first}): one shard states another's cache facts; run `gristmill manifest verify`")
 
 
 def _protocol(url: str) -> str:
