@@ -93,6 +93,10 @@ class ExtractConfig(Section):
     min_chars: PositiveInt = 1  # shorter documents (after stripping) are quarantined as `empty`
     max_chars: PositiveInt = 1_000_000  # longer ones are quarantined as `huge`
     html_main_content: Bool = True  # WARC: resiliparse main-content heuristics
+    # [inputs, issue 26] Bytes of one record in the uncompressed stream (a JSONL line, a text file, a
+    # WARC record's block, a Parquet text value): a larger one is quarantined as `record_too_large`
+    # with its offset, never held in memory whole (pipeline/readers.py, docs/pipeline.md "Reader limits").
+    max_record_bytes: Annotated[Int, Field(ge=1 << 10, le=1 << 31)] = 64 << 20
 
     @model_validator(mode="after")
     def _range(self) -> "ExtractConfig":

@@ -86,6 +86,9 @@ def _input_files(fs, pattern: str, where: str) -> list[tuple[str, dict]]:
         if info.get("type") == "directory":
             raise ConfigError(f"{where}: {p} (matched by {pattern!r}) is a directory, not an input file; "
                                  f"name the files in it, e.g. {posixpath.join(p, '*')!r}")
+        if info.get("type") != "file":  # [inputs, issue 26] a FIFO, device or socket never ends (or never starts)
+            raise ConfigError(f"{where}: {p} (matched by {pattern!r}) is {_not_regular(p)}, not a regular file; "
+                              "copy its contents to a file and name that")
         try:
             p.encode()
         except UnicodeEncodeError:
@@ -95,6 +98,19 @@ def _input_files(fs, pattern: str, where: str) -> list[tuple[str, dict]]:
     if not out:
         raise ConfigError(f"{where}: no input file matches {pattern!r}")
     return out
+
+
+def _not_regular(p: str) -> str:
+    """[inputs, issue 26] What a matched path that is not a regular file is, in words."""
+    import stat
+
+    try:
+        mode = os.stat(p).st_mode
+    except OSError:
+        return "not a regular file"
+    return next((what for test, what in ((stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISCHR, "a character device"),
+                                         (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")) if test(mode)),
+                "a special file")
 
 
 def group_files(files: list[dict], limit: int) -> list[list[dict]]:

@@ -41,7 +41,8 @@ def extract_partition(task: dict, extract: ExtractConfig, language: LanguageConf
         batch: list[dict] = []
         for rec in read_records(file["uri"], file["format"], file["text_field"], file["id_field"],
                                 main_content=extract.html_main_content, batch_rows=batch_rows,
-                                html=file.get("text_format") == "html", url_field=file.get("url_field")):
+                                html=file.get("text_format") == "html", url_field=file.get("url_field"),
+                                max_record_bytes=extract.max_record_bytes):  # [inputs, issue 26] reader limit
             rec["order"] = make_order(part, ex["records"])  # numbered across the partition's files, in file order
             ex["records"] += 1
             if "reason" not in rec:
@@ -58,8 +59,8 @@ def extract_partition(task: dict, extract: ExtractConfig, language: LanguageConf
                     rec.update(reason="huge", detail=f"{len(rec['text'])} characters (max_chars {extract.max_chars})", raw=rec["text"][:500])
             if "reason" in rec:
                 ex["quarantined"][rec["reason"]] = ex["quarantined"].get(rec["reason"], 0) + 1
-                quarantine.append({"source": file["uri"], "position": rec["position"], "offset": rec.get("offset"),
-                                   "end": rec.get("end"), "part": part, "reason": rec["reason"], "detail": rec["detail"],
+                quarantine.append({"source": file["uri"], "position": _int64(rec["position"]), "offset": _int64(rec.get("offset")),
+                                   "end": _int64(rec.get("end")), "part": part, "reason": rec["reason"], "detail": rec["detail"],
                                    "raw": rec.get("raw", "")})
                 continue
             batch.append(rec)
@@ -77,6 +78,12 @@ def extract_partition(task: dict, extract: ExtractConfig, language: LanguageConf
              "cpu_seconds": time.process_time() - cpu0,  # the whole task, all threads (a worker runs one task at a time)
              "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
     return stats
+
+
+def _int64(v: int | None) -> int | None:
+    """[inputs, issue 26] A count a file claims (a WARC Content-Length, a Parquet footer) that no
+    int64 column holds is unknown (null), never a crash while writing the quarantine row."""
+    return v if v is None or -(1 << 63) <= v < (1 << 63) else None
 
 
 def _unencodable(rec: dict) -> str | None:

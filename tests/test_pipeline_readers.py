@@ -63,8 +63,9 @@ def test_parquet_text_field_nulls_and_missing_column(tmp_path):
     recs = list(read_records(str(p), "parquet", "content", "doc_id"))
     assert recs[0] == {"position": 0, "text": "one", "user_id": "x"}
     assert recs[1]["reason"] == "missing_text_field" and recs[2]["text"] == "three"
-    missing = list(read_records(str(p), "parquet", "text"))
-    assert [r["reason"] for r in missing] == ["missing_text_field"] * 3
+    missing = list(read_records(str(p), "parquet", "text"))  # one record per row group: footer counts are claims
+    assert [(r["reason"], r["position"]) for r in missing] == [("missing_text_field", 0)]
+    assert "rows 0-2" in missing[0]["detail"]
 
 
 def test_text_file_is_one_document_and_invalid_utf8_is_quarantined(tmp_path):
