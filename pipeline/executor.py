@@ -219,9 +219,9 @@ class Executor:
     def __init__(self, job: JobConfig, *, address: str | None = None, quiet: bool = False):
         self.job, self.address, self.quiet = job, address, quiet
         self.tasks = plan_inputs(job)
+        check_writable(job.output.store, job.output.dataset)  # [inputs, issue 26] before any work, not at publish
         self.wd = WorkDir(os.path.join(job.work_dir, run_key(job, self.tasks)))
         self.stages = st.build(job)  # fails on a bad stage section before any work starts
-        check_writable(job.output.store, job.output.dataset)  # [inputs, issue 26] before any work, not at publish
 
     def log(self, msg: str) -> None:
         if not self.quiet:

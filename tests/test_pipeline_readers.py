@@ -103,7 +103,7 @@ def _job(tmp_path, **extra):
     ({"langauge": {}}, "langauge: expected one of the keys inputs, output, work_dir, extract, language, "),
     ({"language": {"threshold": 1.5}}, "language.threshold: expected a number in [0, 1], got 1.5"),
     ({"language": {"allowed": []}}, "language.allowed: expected a non-empty list of strings, got []"),
-    ({"pack": {"seq_len": "long"}}, "pack.seq_len: expected an integer >= 1, got 'long'"),
+    ({"pack": {"seq_len": "long"}}, "pack.seq_len: expected an integer in [1, 2147483646], got 'long'"),
     ({"split": {"validation_fraction": 1.0}}, "split.validation_fraction: expected a number in [0, 1), got 1.0"),
     ({"tokenizer": {"path": "/nonexistent/tok.json"}},
      "tokenizer.path: expected an existing tokenizer file, got '/nonexistent/tok.json', which does not exist"),
