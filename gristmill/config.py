@@ -19,6 +19,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
+import reprlib
 import types
 import typing
 from typing import Annotated, Any, ClassVar, Iterable, Literal, Union
@@ -114,13 +115,65 @@ class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
         return super().construct_mapping(node, deep)
 
 
+# A job file expands to at most this many YAML nodes, aliases followed (a real one has a few
+# hundred). Anchors and aliases (`<<: *base`) are fine; a "billion laughs" document, a few
+# hundred bytes that expand to 10^9 nodes, is refused before anything is built from it.
+MAX_YAML_NODES = 100_000
+
+
+def _expanded_nodes(root: yaml.Node, source: str) -> None:
+    """Count the nodes of ``root`` as if every alias were copied out, in time linear in the
+    composed graph (each node's size is computed once); refuse past ``MAX_YAML_NODES``."""
+    size: dict[int, int] = {}
+    open_: set[int] = set()  # nodes whose children are being counted: meeting one again is a loop
+    stack = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        if id(node) in size:
+            continue
+        kids = [n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode) else \
+            node.value if isinstance(node, yaml.SequenceNode) else []
+        if not done:
+            if id(node) in open_:
+                raise ConfigError(f"{source}: line {node.start_mark.line + 1}: a value that contains itself (an alias "
+                                  "inside its own anchor); a job file is a tree")
+            open_.add(id(node))
+            stack.append((node, True))
+            for k in kids:
+                if id(k) in open_ and id(k) not in size:
+                    raise ConfigError(f"{source}: line {k.start_mark.line + 1}: a value that contains itself (an alias "
+                                      "inside its own anchor); a job file is a tree")
+                if id(k) not in size:
+                    stack.append((k, False))
+            continue
+        open_.discard(id(node))
+        size[id(node)] = 1 + sum(size[id(k)] for k in kids)
+        if size[id(node)] > MAX_YAML_NODES:
+            raise ConfigError(f"{source}: expands to more than {MAX_YAML_NODES:,} YAML values once its aliases (*name) "
+                              f"are followed (line {node.start_mark.line + 1}); a job file that large is a mistake or an "
+                              "attack: write the values out or use fewer aliases of aliases")
+
+
 def parse_yaml(text: str, source: str) -> Any:
+    loader = _Loader(text)
     try:
-        return yaml.load(text, Loader=_Loader)  # noqa: S506 - _Loader is a SafeLoader
+        node = loader.get_single_node()  # the graph only: aliases are references here, not copies
+        if node is None:
+            return None
+        _expanded_nodes(node, source)
+        return loader.construct_document(node)  # noqa: S506 - _Loader is a SafeLoader
     except _DuplicateKey as e:
         raise ConfigError(f"{source}: {e}") from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"{source} is not readable YAML: {e}") from None
+        raise ConfigError(f"{source} is not readable YAML: {_short(str(e))}") from None
+    except RecursionError:
+        raise ConfigError(f"{source}: nested too deeply (or an alias inside itself) to be a job file") from None
+    finally:
+        loader.dispose()
+
+
+def _short(text: str, limit: int = 2000) -> str:
+    return text if len(text) <= limit else text[:limit] + " ..."
 
 
 def read_yaml(path: str) -> Any:
@@ -277,8 +330,14 @@ _FALLBACK = {"int_type": "an integer", "int_parsing": "an integer", "int_from_fl
              "model_type": "a mapping", "dict_type": "a mapping", "model_attributes_type": "a mapping"}
 
 
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother, _REPR.maxlong = 3, 80, 80, 80
+
+
 def _show(value: Any) -> str:
-    text = repr(value)
+    """A value in an error message: at most 80 characters, whatever its size (reprlib stops
+    after a few entries and levels; ``repr`` of an aliased tree would expand all of it)."""
+    text = _REPR.repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
 
 

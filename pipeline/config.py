@@ -17,6 +17,7 @@ from gristmill.config import (Bool, Float, Int, NonEmptyStr, NonNegativeInt, Pos
                               fail)
 from gristmill.config import _resolve
 from gristmill.config import load as _load
+from gristmill.manifests.manifest import MAX_SEQ_LEN
 from gristmill.manifests.store import DATASET_NAME
 from gristmill.pipeline import ngrams
 from gristmill.pipeline.lsh import LSHParams, make_params, optimal_params
@@ -93,6 +94,10 @@ class ExtractConfig(Section):
     min_chars: PositiveInt = 1  # shorter documents (after stripping) are quarantined as `empty`
     max_chars: PositiveInt = 1_000_000  # longer ones are quarantined as `huge`
     html_main_content: Bool = True  # WARC: resiliparse main-content heuristics
+    # [inputs, issue 26] Bytes of one record in the uncompressed stream (a JSONL line, a text file, a
+    # WARC record's block, a Parquet text value): a larger one is quarantined as `record_too_large`
+    # with its offset, never held in memory whole (pipeline/readers.py, docs/pipeline.md "Reader limits").
+    max_record_bytes: Annotated[Int, Field(ge=1 << 10, le=1 << 31)] = 64 << 20
 
     @model_validator(mode="after")
     def _range(self) -> "ExtractConfig":
@@ -265,8 +270,14 @@ class TokenizerConfig(Section):
         return _exists_local(v, "tokenizer")
 
 
+# [inputs, issue 26] The longest row every reader serves: shards are Arrow fixed_size_list[seq_len + 1]
+# (an int32 length), the manifest accepts seq_len <= MAX_SEQ_LEN, and the loader's document spans
+# are int32 offsets into a row; the token dtype (uint16/uint32) sizes a row, not its length.
+MAX_PACK_SEQ_LEN = min(MAX_SEQ_LEN, (1 << 31) - 2)
+
+
 class PackConfig(Section):
-    seq_len: PositiveInt = 2048
+    seq_len: Annotated[Int, Field(ge=1, le=MAX_PACK_SEQ_LEN)] = 2048
     shard_bytes: PositiveInt = 64 << 20  # target uncompressed size of a shard
     # Tokens of document starts per pack task (pipeline/pack.py). Part of the output's identity:
     # each range drops its last partial row, so changing it changes the shards.

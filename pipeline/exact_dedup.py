@@ -71,11 +71,17 @@ def plan_tasks(total_docs: int) -> list[dict]:
     return [{"task": i, "lo": edges[i], "hi": edges[i + 1]} for i in range(n)]
 
 
-def dedup_task(task: dict, key_files: list[str], work_root: str) -> dict:
+def dedup_task(task: dict, key_files: list[str], work_root: str, exclude_files: list[str] = ()) -> dict:
     wd, name = WorkDir(work_root), f"task-{task['task']:03d}"
     flt = [("bucket", ">=", task["lo"]), ("bucket", "<", task["hi"])]
     keys = pa.concat_tables([pq.read_table(f, filters=flt, schema=KEY_SCHEMA) for f in key_files]) if key_files \
         else KEY_SCHEMA.empty_table()
+    if exclude_files:  # [inputs, issue 26] documents unique_ids removed are no longer here to survive or be removed
+        from .unique_ids import repeated_ids
+
+        gone = repeated_ids(list(exclude_files))
+        if gone:
+            keys = keys.filter(pa.array([i not in gone for i in keys.column("id").to_pylist()], pa.bool_()))
     removed = find_exact_duplicates(keys)
     out = ParquetPart(wd.path("removed", STAGE, f"{name}.parquet"), REMOVED_SCHEMA)
     out.write(to_removed_rows(removed, STAGE))

@@ -86,6 +86,9 @@ def _input_files(fs, pattern: str, where: str) -> list[tuple[str, dict]]:
         if info.get("type") == "directory":
             raise ConfigError(f"{where}: {p} (matched by {pattern!r}) is a directory, not an input file; "
                                  f"name the files in it, e.g. {posixpath.join(p, '*')!r}")
+        if info.get("type") != "file":  # [inputs, issue 26] a FIFO, device or socket never ends (or never starts)
+            raise ConfigError(f"{where}: {p} (matched by {pattern!r}) is {_not_regular(p)}, not a regular file; "
+                              "copy its contents to a file and name that")
         try:
             p.encode()
         except UnicodeEncodeError:
@@ -95,6 +98,19 @@ def _input_files(fs, pattern: str, where: str) -> list[tuple[str, dict]]:
     if not out:
         raise ConfigError(f"{where}: no input file matches {pattern!r}")
     return out
+
+
+def _not_regular(p: str) -> str:
+    """[inputs, issue 26] What a matched path that is not a regular file is, in words."""
+    import stat
+
+    try:
+        mode = os.stat(p).st_mode
+    except OSError:
+        return "not a regular file"
+    return next((what for test, what in ((stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISCHR, "a character device"),
+                                         (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")) if test(mode)),
+                "a special file")
 
 
 def group_files(files: list[dict], limit: int) -> list[list[dict]]:
@@ -146,6 +162,42 @@ def ray_runtime(job: JobConfig, address: str | None):
         ray.shutdown()
 
 
+def check_writable(store: str, dataset: str) -> None:
+    """[inputs, issue 26] The output store must take a write where the version will go, checked
+    before any work (an unwritable store was once found only after the whole pipeline ran). A
+    local store: a temporary file in the nearest existing directory on the way to
+    ``<store>/<dataset>`` (nothing is created for good); a URL: a probe object written and deleted."""
+    import uuid
+
+    where = f"output.store: {store}"
+    if "://" not in store or store.startswith("file://"):
+        path = os.path.join(store.removeprefix("file://"), dataset)
+        while not os.path.isdir(path):
+            if os.path.lexists(path):
+                raise ConfigError(f"{where}: {path} exists and is not a directory; point output.store elsewhere")
+            parent = os.path.dirname(path)
+            if parent == path:
+                break
+            path = parent
+        try:
+            with contextlib.ExitStack() as stack:
+                import tempfile
+
+                stack.enter_context(tempfile.NamedTemporaryFile(dir=path, prefix=".gristmill-write-probe-"))
+        except OSError as e:
+            raise ConfigError(f"{where}: cannot write in {path} ({e.strerror or e}); fix its permissions or choose "
+                              "another store (checked before any work)") from None
+        return
+    try:
+        fs, root = url_to_fs(store)
+        probe = posixpath.join(root, dataset, f".gristmill-write-probe-{uuid.uuid4().hex}")
+        fs.pipe_file(probe, b"")
+        fs.rm_file(probe)
+    except Exception as e:  # noqa: BLE001 - any backend's refusal is the same finding
+        raise ConfigError(f"{where}: cannot write there ({type(e).__name__}: {e}); fix its credentials or "
+                          "permissions, or choose another store (checked before any work)") from None
+
+
 class RayStartError(GristmillError):
     """Ray could not be started or joined; the message says which setting helps."""
 
@@ -167,6 +219,7 @@ class Executor:
     def __init__(self, job: JobConfig, *, address: str | None = None, quiet: bool = False):
         self.job, self.address, self.quiet = job, address, quiet
         self.tasks = plan_inputs(job)
+        check_writable(job.output.store, job.output.dataset)  # [inputs, issue 26] before any work, not at publish
         self.wd = WorkDir(os.path.join(job.work_dir, run_key(job, self.tasks)))
         self.stages = st.build(job)  # fails on a bad stage section before any work starts
 
@@ -194,6 +247,7 @@ class Executor:
         global_names = [s.name for s in self.stages if s.removes]
         stats = rep.manifest_stats(r["extract"], {n: r[n] for n in global_names}, r["tokenize"], r["pack"]["stats"],
                                    global_names)
+        rep.check_balanced(stats["accounting"], self.wd.root)  # [inputs, issue 26] never publish a run that lost records
         inputs = [Input(f["uri"], f["bytes"], f["sha256"]) for s in r["extract"] for f in s["inputs"]]
         eval_sets = [e for n in global_names for e in r[n].get("detail", {}).get("eval_sets", [])]
         builder = r["pack"]["builder"]

@@ -17,6 +17,7 @@ from .documents import DOC_SCHEMA, QUARANTINE_SCHEMA, REMOVED_SCHEMA, make_id, m
 from .exact_dedup import KEY_SCHEMA, keys_table
 from .langid import identify
 from .readers import read_records
+from .unique_ids import ID_SCHEMA, ids_table
 from .workdir import ParquetPart, WorkDir, part_name
 
 STAGE = "extract"
@@ -33,6 +34,7 @@ def extract_partition(task: dict, extract: ExtractConfig, language: LanguageConf
     ex = {"records": 0, "documents": 0, "bytes_out": 0, "quarantined": {}, "seconds": 0.0}
     lg = {"documents_in": 0, "bytes_in": 0, "documents_out": 0, "bytes_out": 0, "removed": {}, "languages": {}, "seconds": 0.0}
     keys = {k: [] for k in KEY_SCHEMA.names[1:]}  # one partition's dedup keys (~80 B a document)
+    ids = {k: [] for k in ID_SCHEMA.names[1:]} if task.get("check_ids") else None  # [inputs, issue 26] unique_ids' input
     inputs, cpu0 = [], time.process_time()
     for file in task["files"]:
         sha, size = sha256_file(file["uri"])
@@ -41,7 +43,8 @@ def extract_partition(task: dict, extract: ExtractConfig, language: LanguageConf
         batch: list[dict] = []
         for rec in read_records(file["uri"], file["format"], file["text_field"], file["id_field"],
                                 main_content=extract.html_main_content, batch_rows=batch_rows,
-                                html=file.get("text_format") == "html", url_field=file.get("url_field")):
+                                html=file.get("text_format") == "html", url_field=file.get("url_field"),
+                                max_record_bytes=extract.max_record_bytes):  # [inputs, issue 26] reader limit
             rec["order"] = make_order(part, ex["records"])  # numbered across the partition's files, in file order
             ex["records"] += 1
             if "reason" not in rec:
@@ -58,25 +61,35 @@ def extract_partition(task: dict, extract: ExtractConfig, language: LanguageConf
                     rec.update(reason="huge", detail=f"{len(rec['text'])} characters (max_chars {extract.max_chars})", raw=rec["text"][:500])
             if "reason" in rec:
                 ex["quarantined"][rec["reason"]] = ex["quarantined"].get(rec["reason"], 0) + 1
-                quarantine.append({"source": file["uri"], "position": rec["position"], "offset": rec.get("offset"),
-                                   "end": rec.get("end"), "part": part, "reason": rec["reason"], "detail": rec["detail"],
+                quarantine.append({"source": file["uri"], "position": _int64(rec["position"]), "offset": _int64(rec.get("offset")),
+                                   "end": _int64(rec.get("end")), "part": part, "reason": rec["reason"], "detail": rec["detail"],
                                    "raw": rec.get("raw", "")})
                 continue
             batch.append(rec)
             if len(batch) >= batch_rows:
                 ex["seconds"] += time.perf_counter() - t0
-                _finish_batch(batch, file, part, language, docs, removed, keys, ex, lg)
+                _finish_batch(batch, file, part, language, docs, removed, keys, ex, lg, ids)
                 batch, t0 = [], time.perf_counter()
         ex["seconds"] += time.perf_counter() - t0
-        _finish_batch(batch, file, part, language, docs, removed, keys, ex, lg)
+        _finish_batch(batch, file, part, language, docs, removed, keys, ex, lg, ids)
     key_file = ParquetPart(wd.path("keys", f"{name}.parquet"), KEY_SCHEMA, row_group_size=4096)
     key_file.write(keys_table(keys))
-    for p in (docs, removed, quarantine, key_file):
+    outputs = [docs, removed, quarantine, key_file]
+    if ids is not None:  # [inputs, issue 26]
+        outputs.append(ParquetPart(wd.path("ids", f"{name}.parquet"), ID_SCHEMA, row_group_size=4096))
+        outputs[-1].write(ids_table(ids))
+    for p in outputs:
         p.commit()
     stats = {"part": part, "inputs": inputs, "extract": ex, "language": lg,
              "cpu_seconds": time.process_time() - cpu0,  # the whole task, all threads (a worker runs one task at a time)
              "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
     return stats
+
+
+def _int64(v: int | None) -> int | None:
+    """[inputs, issue 26] A count a file claims (a WARC Content-Length, a Parquet footer) that no
+    int64 column holds is unknown (null), never a crash while writing the quarantine row."""
+    return v if v is None or -(1 << 63) <= v < (1 << 63) else None
 
 
 def _unencodable(rec: dict) -> str | None:
@@ -95,7 +108,7 @@ def _unencodable(rec: dict) -> str | None:
 
 
 def _finish_batch(batch: list[dict], file: dict, part: int, language: LanguageConfig, docs: ParquetPart, removed: ParquetPart,
-                  keys: dict, ex: dict, lg: dict) -> None:
+                  keys: dict, ex: dict, lg: dict, id_rows: dict | None = None) -> None:
     if not batch:
         return
     texts = [r["text"] for r in batch]
@@ -115,6 +128,10 @@ def _finish_batch(batch: list[dict], file: dict, part: int, language: LanguageCo
     ids = [r.get("user_id") or make_id(file["rel"], r["position"]) for r in batch]
     out = {k: [] for k in DOC_SCHEMA.names}
     for r, i, lang, score, k, n in zip(batch, ids, langs, scores, keep, nbytes):
+        if id_rows is not None:  # [inputs, issue 26] every good record's id, kept by the language filter or not
+            for key, v in (("id", i), ("order", r["order"]), ("part", part), ("bytes", n), ("kept", k),
+                           ("source", file["uri"]), ("position", r["position"])):
+                id_rows[key].append(v)
         if lang is not None:
             lg["languages"][lang] = lg["languages"].get(lang, 0) + 1
         if not k:

@@ -215,7 +215,7 @@ class NgramIndex:
         with np.load(path) as z:
             meta = json.loads(z["meta"].tobytes())
             if meta.get("hash_version") != HASH_VERSION:
-                raise ValueError(f"{path}: n-gram index built with hash {meta.get('hash_version')!r}, "
+                raise EvalFileError(f"{path}: n-gram index built with hash {meta.get('hash_version')!r}, "
                                  f"this gristmill uses {HASH_VERSION!r}; rebuild it")
             return cls(n=meta["n"], set_names=meta["set_names"], set_first=z["set_first"], item_ids=meta["item_ids"],
                        item_grams=z["item_grams"], hashes=z["hashes"], owner_ptr=z["owner_ptr"], owners=z["owners"],
@@ -382,36 +382,58 @@ def _as_text(value) -> str:
     return value if isinstance(value, str) else str(value)
 
 
+class EvalFileError(UsageError):
+    """An eval file that cannot be read as its format says: the message names the file and the
+    line (row, or byte) where reading stopped, so ``prepare`` and ``audit leak`` print one line."""
+
+
+def _unreadable(path: str, where: str, e: BaseException) -> EvalFileError:
+    what = "not valid UTF-8" if isinstance(e, UnicodeDecodeError) else \
+        "nested too deeply to parse" if isinstance(e, RecursionError) else f"{type(e).__name__}: {e}"
+    return EvalFileError(f"eval file {path}{' ' + where if where else ''}: {what}; fix or replace the file")
+
+
 def _read_jsonl(path: str) -> list[tuple[str, dict]]:
     import fsspec
 
-    out = []
-    with fsspec.open(path, "rt", encoding="utf-8", compression="infer") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"eval file {path} line {lineno}: not valid JSON: {e}") from e
-            if not isinstance(rec, dict):
-                raise ValueError(f"eval file {path} line {lineno}: expected a JSON object, got {type(rec).__name__}")
-            out.append((f"line {lineno}", rec))
+    out, lineno = [], 0
+    try:
+        with fsspec.open(path, "rb", compression="infer") as f:
+            for lineno, raw in enumerate(f, 1):
+                line = raw.decode("utf-8")
+                if not line.strip():
+                    continue
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise EvalFileError(f"eval file {path} line {lineno}: not valid JSON: {e}") from None
+                if not isinstance(rec, dict):
+                    raise EvalFileError(f"eval file {path} line {lineno}: expected a JSON object, got {type(rec).__name__}")
+                out.append((f"line {lineno}", rec))
+    except (UnicodeDecodeError, RecursionError, OSError, EOFError) as e:  # EOFError: a cut .gz
+        raise _unreadable(path, f"line {lineno + 1}" if not isinstance(e, (UnicodeDecodeError, RecursionError))
+                          else f"line {lineno}", e) from None
     return out
 
 
 def _read_parquet(path: str, columns: list[str]) -> list[tuple[str, dict]]:
     import fsspec
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    with fsspec.open(path, "rb") as f:
-        schema = pq.read_schema(f)
-        missing = [c for c in dict.fromkeys(columns) if c not in schema.names]
-        if missing:
-            raise ValueError(f"eval file {path}: no column(s) {', '.join(map(repr, missing))} "
-                             f"(columns: {', '.join(schema.names)})")
-        f.seek(0)
-        rows = pq.read_table(f, columns=list(dict.fromkeys(columns))).to_pylist()
+    try:
+        with fsspec.open(path, "rb") as f:
+            schema = pq.read_schema(f)
+            missing = [c for c in dict.fromkeys(columns) if c not in schema.names]
+            if missing:
+                raise EvalFileError(f"eval file {path}: no column(s) {', '.join(map(repr, missing))} "
+                                    f"(columns: {', '.join(schema.names)})")
+            f.seek(0)
+            rows = pq.read_table(f, columns=list(dict.fromkeys(columns))).to_pylist()
+    except (pa.ArrowException, OSError, ValueError) as e:
+        if isinstance(e, EvalFileError):
+            raise
+        raise _unreadable(path, "", e) from None
     return [(f"row {i}", r) for i, r in enumerate(rows)]
 
 
@@ -419,9 +441,16 @@ def _read_text(path: str, split: str) -> list[tuple[str, str]]:
     import fsspec
 
     if split not in TEXT_SPLITS:
-        raise ValueError(f"eval file {path}: split must be one of {TEXT_SPLITS}, got {split!r}")
-    with fsspec.open(path, "rt", encoding="utf-8", compression="infer") as f:
-        text = f.read().replace("\r\n", "\n")
+        raise EvalFileError(f"eval file {path}: split must be one of {TEXT_SPLITS}, got {split!r}")
+    try:
+        with fsspec.open(path, "rb", compression="infer") as f:
+            data = f.read()
+        text = data.decode("utf-8").replace("\r\n", "\n")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise _unreadable(path, f"line {line}", e) from None
+    except (OSError, EOFError) as e:
+        raise _unreadable(path, "", e) from None
     if split == "auto":
         split = "paragraph" if _BLANK_LINE.search(text.strip()) else "line"
     blocks = _BLANK_LINE.split(text) if split == "paragraph" else text.split("\n")

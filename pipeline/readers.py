@@ -25,7 +25,14 @@ from typing import Iterator
 import fsspec
 
 RAW_SNIPPET = 500  # bytes of a bad record kept in quarantine, enough to find and fix it
-PIECE = 1 << 14  # compressed bytes fed to a decoder at a time: what a damaged stream loses at most before the damage
+PIECE = 1 << 14  # compressed bytes read from a file at a time: what a damaged stream loses at most before the damage
+ZSTD_PIECE = 128  # compressed bytes fed to the zstd decoder per call: bounds its output (~4 MiB) whatever the ratio
+OUT_CHUNK = 1 << 20  # decoded bytes per gzip decoder call (zlib max_length)
+# The default of extract.max_record_bytes: bytes of one record in the uncompressed stream (a JSONL
+# line, a text file, a WARC record's block, a Parquet text value) above which it is quarantined
+# as `record_too_large` without being held in memory whole.
+MAX_RECORD_BYTES = 64 << 20
+MAX_PARQUET_ROWS = 1 << 48  # a footer claiming more rows than this is not believed
 
 
 def bad(position: int, reason: str, detail: str, raw: bytes | str = b"", *, offset: int | None = None,
@@ -57,15 +64,22 @@ class _Decompressed(io.RawIOBase):
 
     Python's gzip and zstandard's stream_reader lose what they decoded in a read that fails, and
     zstandard returns a short stream silently on truncated input; both would drop records
-    without a trace. Here the input is fed in ``PIECE``-byte pieces, so everything decoded before
+    without a trace. Here the input is fed in small pieces, so everything decoded before
     the damaged piece is handed out first, and the end of input is checked against the
     decoder's end-of-frame state. Concatenated members/frames are read like one stream; zero
     bytes between gzip members (tape padding) are skipped, as gzip(1) does.
+
+    Memory is bounded whatever the compression ratio: gzip output comes ``OUT_CHUNK`` bytes at
+    a time (``max_length``); zstd input is fed ``ZSTD_PIECE`` bytes at a time (a zstd block of a
+    few bytes can stand for 128 KiB, so one call makes at most ~4 MiB). Decoded bytes are handed
+    out from an offset into the current chunk, never by re-slicing it: a high-ratio input once
+    cost a copy of the whole decoded chunk per read (zstd at ~3 MB/s).
     """
 
     def __init__(self, raw, kind: str):
         self._raw, self._kind = raw, kind
-        self._d, self._buf, self._in = None, b"", b""
+        self._d, self._buf, self._pos, self._in = None, b"", 0, b""
+        self._pending = False  # gzip: the last call filled its max_length, so zlib may hold more output
         self.produced = self.consumed = 0
 
     def _decoder(self):
@@ -85,8 +99,8 @@ class _Decompressed(io.RawIOBase):
         """Decode until there is output or the input has ended cleanly."""
         import zstandard
 
-        while not self._buf:
-            if not self._in:
+        while self._pos >= len(self._buf):
+            if not self._in and not self._pending:
                 self._in = self._raw.read(PIECE)
                 if not self._in:
                     if self._d is None and self.consumed:
@@ -100,16 +114,24 @@ class _Decompressed(io.RawIOBase):
                     self._in = b""
                     continue
                 self._d = self._decoder()
-            piece, self._in = self._in, b""
             try:
-                out = self._d.decompress(piece)
+                if self._kind == "gz":
+                    piece = self._in
+                    out = self._d.decompress(piece, OUT_CHUNK)
+                    self._in, self._pending = self._d.unconsumed_tail, len(out) == OUT_CHUNK
+                else:
+                    piece, self._in = self._in[:ZSTD_PIECE], self._in[ZSTD_PIECE:]
+                    out = self._d.decompress(piece)
             except (zlib.error, zstandard.ZstdError) as e:
                 self._fail("corrupt_compression", f"not valid {'gzip' if self._kind == 'gz' else 'zstd'} data: {e}")
+            used = len(piece) - len(self._in) if self._kind == "gz" else len(piece)
             if self._d.eof:
-                self._in = self._d.unused_data
-                self._d = None
-            self.consumed += len(piece) - len(self._in)
-            self._buf = out
+                rest = self._d.unused_data
+                self._in = rest + self._in if self._kind == "zst" else rest
+                used -= len(rest)
+                self._d, self._pending = None, False
+            self.consumed += used
+            self._buf, self._pos = out, 0
 
     # FastWARC tells and seeks (forward, past a record): by reading on, in the uncompressed stream.
     def seekable(self) -> bool:
@@ -128,8 +150,9 @@ class _Decompressed(io.RawIOBase):
 
     def readinto(self, b) -> int:
         self._fill()
-        n = min(len(b), len(self._buf))
-        b[:n], self._buf = self._buf[:n], self._buf[n:]
+        n = min(len(b), len(self._buf) - self._pos)
+        b[:n] = self._buf[self._pos:self._pos + n]
+        self._pos += n
         self.produced += n
         return n
 
@@ -148,17 +171,49 @@ def _damage(position: int, e: OSError, offset: int | None, what: str, raw: bytes
     return bad(position, getattr(e, "reason", "read_error"), f"{what}: {type(e).__name__}: {e}", raw, offset=offset)
 
 
-def read_jsonl(uri: str, text_field: str, id_field: str | None, url_field: str | None = None) -> Iterator[dict]:
-    """One JSON object per line; blank lines are not records and are skipped."""
+def _too_large(position: int, offset: int | None, size: int | None, limit: int, what: str, raw: bytes) -> dict:
+    """A record past ``max_record_bytes``: quarantined (its first bytes kept), never held whole."""
+    n = f"{size:,} bytes" if size is not None else "more bytes"
+    return bad(position, "record_too_large", f"{what} holds {n}, over extract.max_record_bytes ({limit:,}); raise the "
+               "limit to read it", raw, offset=offset, end=offset + size if size is not None and offset is not None else None)
+
+
+def bounded_lines(stream, limit: int) -> Iterator[tuple[bytes | None, int, bytes]]:
+    """The lines of a byte stream as (line, length, first bytes); a line longer than ``limit``
+    bytes (its newline included) comes as (None, its length, its first bytes), read past in
+    pieces: memory stays O(limit) however long the line (one 4 GiB line in a 4 MB gzip)."""
+    while True:
+        line = stream.readline(limit + 1)
+        if not line:
+            return
+        if len(line) <= limit:
+            yield line, len(line), b""
+            continue
+        head, n = line[:RAW_SNIPPET], len(line)
+        while not line.endswith(b"\n"):
+            line = stream.readline(1 << 20)
+            if not line:
+                break
+            n += len(line)
+        yield None, n, head
+
+
+def read_jsonl(uri: str, text_field: str, id_field: str | None, url_field: str | None = None,
+               max_record_bytes: int = MAX_RECORD_BYTES) -> Iterator[dict]:
+    """One JSON object per line; blank lines are not records and are skipped. A line over
+    ``max_record_bytes`` (uncompressed, newline included) is quarantined as ``record_too_large``."""
     index = offset = 0
     with fsspec.open(uri, "rb") as f:
         stream = open_stream(f, uri)
         try:
-            for line in stream:
-                if line.strip():
+            for line, n, head in bounded_lines(stream, max_record_bytes):
+                if line is None:
+                    yield _too_large(index, offset, n, max_record_bytes, f"line {index + 1:,}", head)
+                    index += 1
+                elif line.strip():
                     yield _jsonl_record(index, offset, line, text_field, id_field, url_field)
                     index += 1
-                offset += len(line)
+                offset += n
         except DamagedStream as e:
             yield _damage(index, e, offset, f"records from {index} (byte {offset:,}) on are unreadable")
 
@@ -195,11 +250,18 @@ def _jsonl_record(index: int, offset: int, line: bytes, text_field: str, id_fiel
 
 
 def read_parquet(uri: str, text_field: str, id_field: str | None, batch_rows: int = 1024,
-                 url_field: str | None = None) -> Iterator[dict]:
+                 url_field: str | None = None, max_record_bytes: int = MAX_RECORD_BYTES) -> Iterator[dict]:
     """Row groups in order, streamed in batches. A file whose footer cannot be read is one
     quarantine record (nothing of it is readable); a row group that fails to decode is one
     record for its unread rows (position = the first of them, offset/end = the row group's
-    bytes), and the row groups after it are read: they are independent of it."""
+    bytes), and the row groups after it are read: they are independent of it.
+
+    The footer's row counts are claims: a row group that holds fewer rows than it claims gets
+    one ``corrupt_parquet`` record for the missing ones; a footer whose counts cannot be true
+    (negative, not adding up, or beyond 2^48 rows) makes the whole file one; a missing text
+    column is one record per row group, never a loop over claimed rows. A text value over
+    ``max_record_bytes`` (UTF-8) is ``record_too_large``. (pyarrow decodes a page whole: the
+    limit applies to the values, not to the page buffers.)"""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -208,6 +270,9 @@ def read_parquet(uri: str, text_field: str, id_field: str | None, batch_rows: in
             pf = pq.ParquetFile(f)
             meta, names = pf.metadata, pf.schema_arrow.names
             groups = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+            if any(n < 0 for n in groups) or sum(groups) != meta.num_rows or meta.num_rows > MAX_PARQUET_ROWS:
+                raise ValueError(f"the footer's row counts cannot be true: {meta.num_rows:,} rows in all, row groups of "
+                                 f"{', '.join(format(n, ',') for n in groups[:5])}{', ...' if len(groups) > 5 else ''}")
         except (pa.ArrowException, OSError, ValueError) as e:
             yield _unopenable_parquet(f, e)
             return
@@ -217,9 +282,11 @@ def read_parquet(uri: str, text_field: str, id_field: str | None, batch_rows: in
         index = 0
         for g, rows in enumerate(groups):
             first = index
-            if text_field not in names:  # every row is a record without text: account for each
-                for i in range(first, first + rows):
-                    yield bad(i, "missing_text_field", f"column {text_field!r} not in {names}")
+            if text_field not in names:  # one record per row group: a count in the footer is only a claim
+                if rows:
+                    lo, hi = _row_group_bytes(meta.row_group(g))
+                    yield bad(first, "missing_text_field", f"column {text_field!r} not in {names}: row group {g} (rows "
+                              f"{first}-{first + rows - 1}) has no text", offset=lo, end=hi)
                 index += rows
                 continue
             try:
@@ -228,8 +295,13 @@ def read_parquet(uri: str, text_field: str, id_field: str | None, batch_rows: in
                     ids = batch.column(1).to_pylist() if id_field and id_field in names else [None] * len(texts)
                     urls = batch.column(cols.index(url_col)).to_pylist() if url_col else [None] * len(texts)
                     for text, uid, url in zip(texts, ids, urls):
+                        if index >= first + rows:  # more rows than the footer claims
+                            raise ValueError(f"row group {g} holds more rows than its footer's {rows:,}")
                         if not isinstance(text, str):
                             yield bad(index, "missing_text_field", f"column {text_field!r} is null or not a string")
+                        elif len(text) > max_record_bytes // 4 and len(text.encode("utf-8", "surrogatepass")) > max_record_bytes:
+                            yield _too_large(index, None, len(text.encode("utf-8", "surrogatepass")), max_record_bytes,
+                                             f"row {index:,} of column {text_field!r}", text[:RAW_SNIPPET].encode("utf-8", "backslashreplace"))
                         elif id_field is not None and uid is None:
                             yield bad(index, "missing_id_field", f"column {id_field!r} is missing or null")
                         else:
@@ -240,6 +312,11 @@ def read_parquet(uri: str, text_field: str, id_field: str | None, batch_rows: in
                 lo, hi = _row_group_bytes(meta.row_group(g))
                 yield bad(index, "corrupt_parquet", f"row group {g} (rows {first}-{first + rows - 1}) is damaged: rows "
                           f"{index}-{first + rows - 1} unreadable: {type(e).__name__}: {e}", offset=lo, end=hi)
+            else:
+                if index < first + rows:
+                    lo, hi = _row_group_bytes(meta.row_group(g))
+                    yield bad(index, "corrupt_parquet", f"row group {g} holds {index - first:,} rows, not the {rows:,} its "
+                              f"footer claims: rows {index}-{first + rows - 1} do not exist", offset=lo, end=hi)
             index = first + rows  # the footer's row count: positions of later row groups stay row numbers
 
 
@@ -271,14 +348,18 @@ def _row_group_bytes(rg) -> tuple[int | None, int | None]:
         return None, None
 
 
-def read_text(uri: str) -> Iterator[dict]:
-    """A plain text file is one document (position 0): all of it, or quarantined whole."""
+def read_text(uri: str, max_record_bytes: int = MAX_RECORD_BYTES) -> Iterator[dict]:
+    """A plain text file is one document (position 0): all of it, or quarantined whole (over
+    ``max_record_bytes`` uncompressed: ``record_too_large``, read no further)."""
     with fsspec.open(uri, "rb") as f:
         try:
-            data = open_stream(f, uri).read()
+            data = open_stream(f, uri).read(max_record_bytes + 1)
         except DamagedStream as e:
             yield _damage(0, e, 0, "the document cannot be read whole")
             return
+    if len(data) > max_record_bytes:
+        yield _too_large(0, 0, None, max_record_bytes, "the text file", data[:RAW_SNIPPET])
+        return
     try:
         yield {"position": 0, "offset": 0, "text": data.decode("utf-8")}
     except UnicodeDecodeError as e:
@@ -332,14 +413,16 @@ class _StopAtCorruption:
         pass
 
 
-def read_warc(uri: str, main_content: bool = True) -> Iterator[dict]:
+def read_warc(uri: str, main_content: bool = True, max_record_bytes: int = MAX_RECORD_BYTES) -> Iterator[dict]:
     """HTTP responses of a WARC file, HTML converted to text with resiliparse.
 
     The stream is decompressed in Python (not by FastWARC) so a damaged .warc.gz is noticed.
     Every record (of any type) is checked to be whole: the first one that is not, or a
     malformed record header, ends the file with one quarantine record for the rest of it
     (``truncated``, ``corrupt_compression`` or ``malformed_warc``); the records before it are
-    read normally. ``position`` is the byte offset in the uncompressed WARC.
+    read normally. ``position`` is the byte offset in the uncompressed WARC. A record whose
+    Content-Length is over ``max_record_bytes`` is ``record_too_large`` and skipped unread (in
+    pieces); one beyond 2^62 bytes (no offset after it is representable) also ends the file.
     """
     from fastwarc.warc import ArchiveIterator, WarcRecordType
 
@@ -352,12 +435,21 @@ def read_warc(uri: str, main_content: bool = True) -> Iterator[dict]:
         try:
             for record in ArchiveIterator(stream, parse_http=True, stream_detect=False, fsspec_args=False):
                 position, response = record.stream_pos, record.record_type == WarcRecordType.response
-                body = record.reader.read() if response else b""
                 length = record.headers.get("Content-Length")
                 if length is not None and not length.strip().isdigit():
                     yield bad(position, "malformed_warc", f"the WARC record at byte {position:,} has Content-Length {length!r}; "
                               "the rest of the file is not read", _bytes_at(uri, position), offset=position, end=size)
                     return
+                if length is not None and int(length) > max_record_bytes:  # never read into memory
+                    declared, head = int(length), record.reader.read(RAW_SNIPPET)
+                    if declared >= _WARC_LENGTH_MAX:  # FastWARC's own count has overflowed: nothing after it is findable
+                        yield bad(position, "record_too_large", f"the WARC record at byte {position:,} declares Content-Length "
+                                  f"{declared:,}, past any real file; the rest of the file is not read", _bytes_at(uri, position),
+                                  offset=position, end=size)
+                        return
+                    yield _too_large(position, position, declared, max_record_bytes, f"the WARC record at byte {position:,}", head)
+                    continue  # FastWARC reads past its block in pieces
+                body = record.reader.read() if response else b""
                 # A header cut before its Content-Length, or a block shorter than it: the file ends in this record.
                 if length is None or len(body) + record.consume() != record.content_length:
                     if stream.error is not None:
@@ -383,6 +475,7 @@ def read_warc(uri: str, main_content: bool = True) -> Iterator[dict]:
 
 
 _WARC_HEAD_MAX = 1 << 16
+_WARC_LENGTH_MAX = 1 << 62  # a Content-Length at or past this is no real record (offsets are int64)
 
 
 def _warc_record_end(uri: str, start: int | None) -> tuple[int | None, bytes]:
@@ -399,7 +492,7 @@ def _warc_record_end(uri: str, start: int | None) -> tuple[int | None, bytes]:
             head = s.read(_WARC_HEAD_MAX)
             cut = head.find(b"\r\n\r\n")
             m = re.search(rb"(?im)^content-length:[ \t]*(\d+)", head[:cut]) if cut >= 0 else None
-            if m is None:
+            if m is None or int(m.group(1)) >= _WARC_LENGTH_MAX:
                 return None, b""
             end = start + cut + 4 + int(m.group(1))
             rest = head[end - start:]
@@ -454,16 +547,17 @@ def _html_records(recs: Iterator[dict], main_content: bool) -> Iterator[dict]:
 
 def read_records(uri: str, fmt: str, text_field: str = "text", id_field: str | None = None, *,
                  main_content: bool = True, batch_rows: int = 1024, html: bool = False,
-                 url_field: str | None = None) -> Iterator[dict]:
+                 url_field: str | None = None, max_record_bytes: int = MAX_RECORD_BYTES) -> Iterator[dict]:
     """The records of one input file. ``html``: jsonl/parquet ``text_field`` holds HTML, turned
     into text by the extractor WARC pages go through (same settings); a page it cannot read is
-    quarantined with the WARC reasons (``invalid_html``)."""
+    quarantined with the WARC reasons (``invalid_html``). ``max_record_bytes``: see
+    ``MAX_RECORD_BYTES`` (extract.max_record_bytes)."""
     if fmt in ("jsonl", "parquet"):
-        recs = read_jsonl(uri, text_field, id_field, url_field) if fmt == "jsonl" \
-            else read_parquet(uri, text_field, id_field, batch_rows, url_field)
+        recs = read_jsonl(uri, text_field, id_field, url_field, max_record_bytes) if fmt == "jsonl" \
+            else read_parquet(uri, text_field, id_field, batch_rows, url_field, max_record_bytes)
         return _html_records(recs, main_content) if html else recs
     if fmt == "text":
-        return read_text(uri)
+        return read_text(uri, max_record_bytes)
     if fmt == "warc":
-        return read_warc(uri, main_content)
+        return read_warc(uri, main_content, max_record_bytes)
     raise ValueError(f"unknown input format {fmt!r}")

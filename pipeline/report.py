@@ -13,6 +13,8 @@ import os
 
 import pyarrow.parquet as pq
 
+from gristmill.errors import GristmillError
+
 
 def _add(into: dict, counts: dict) -> dict:
     for k, v in counts.items():
@@ -63,6 +65,25 @@ def manifest_stats(extract: list[dict], global_stats: dict, tokenize: list[dict]
                   "quarantined": stages["extract"]["quarantined"]}
     accounting["balanced"] = accounting["input"] == accounting["kept"] + sum(removed_all.values()) + sum(ex["quarantined"].values())
     return {"stages": stages, "accounting": accounting}
+
+
+class AccountingError(GristmillError):
+    """[inputs, issue 26] The run's records do not add up: nothing is published."""
+
+
+def check_balanced(accounting: dict, run_dir: str) -> None:
+    """[inputs, issue 26] Refuse to publish a run whose accounting fails (a document lost or counted
+    twice is a bug, and a version built on it would be ``latest`` with a lie in its stats). The
+    accounting is written to ``<run_dir>/accounting.json`` for the bug report."""
+    if accounting["balanced"]:
+        return
+    path = os.path.join(run_dir, "accounting.json")
+    with open(path, "w") as f:
+        json.dump(accounting, f, indent=1, sort_keys=True)
+    removed, quarantined = sum(accounting["removed"].values()), sum(accounting["quarantined"].values())
+    raise AccountingError(f"the run's accounting does not balance: input {accounting['input']:,} records != kept "
+                          f"{accounting['kept']:,} + removed {removed:,} + quarantined {quarantined:,}; nothing was "
+                          f"published (a gristmill bug: please report it with {path})")
 
 
 def build_report(stats: dict, extract: list[dict], tokenize: list[dict], timings: dict, published, run_dir: str) -> dict:

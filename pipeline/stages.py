@@ -10,7 +10,7 @@ bookkeeping (exact dedup's keys, fuzzy dedup's bands and edges, decontamination'
 
 ``build(job)`` is the fixed order, each stage present when the job enables it:
 
-    extract (+ language) -> exact_dedup -> quality -> fuzzy_dedup -> decontaminate -> pii -> tokenizer -> tokenize -> pack
+    extract (+ language) -> unique_ids (jobs with an id_field) -> exact_dedup -> quality -> fuzzy_dedup -> decontaminate -> pii -> tokenizer -> tokenize -> pack
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from typing import Callable, Literal
 from gristmill.manifests import DatasetBuilder, FileRef, Shard
 from gristmill.manifests.builder import DOC_INDEX_FILE
 
-from . import decontam, exact_dedup, fuzzy_dedup, pack, pii
+from . import decontam, exact_dedup, fuzzy_dedup, pack, pii, unique_ids
 from . import quality as quality_rules
 from .quality import classifier as quality_classifier
 from .quality.task import partition_task as quality_task
@@ -108,13 +108,34 @@ class Extract(Stage):
         fn = functools.partial(extract_partition, extract=job.extract, language=job.language, work_root=ctx.root,
                                batch_rows=job.ray.records_per_batch)
         # each file with its input entry's own minimum length and language threshold (per source)
-        items = [{"name": part_name(t["part"]), **t, "files": [{**f, "min_chars": job.inputs[f["input"]].min_chars,
+        items = [{"name": part_name(t["part"]), **t, "check_ids": needs_id_check(job),  # [inputs, issue 26]
+                  "files": [{**f, "min_chars": job.inputs[f["input"]].min_chars,
                                                                "language_threshold": job.inputs[f["input"]].language_threshold}
                                                               for f in t["files"]]} for t in ctx.partitions]
         stats = ctx.run_tasks("extract", items, fn,
                               measure=lambda s: (s["extract"]["records"], sum(f["bytes"] for f in s["inputs"])))
         ctx.add_outputs("language")
         return stats
+
+
+def needs_id_check(job: JobConfig) -> bool:
+    """[inputs, issue 26] Ids come from the data (some input has an id_field): check they are unique."""
+    return any(spec.id_field is not None for spec in job.inputs)
+
+
+class UniqueIds(Stage):
+    """[inputs, issue 26] An id more than one record carries keeps none of them (pipeline/unique_ids.py)."""
+    name, section, kind, removes = "unique_ids", None, "global", True
+
+    def run(self, ctx):
+        total = sum(s["language"]["documents_in"] for s in ctx.results["extract"])
+        id_files = [ctx.wd.path("ids", f"{part_name(t['part'])}.parquet") for t in ctx.partitions]
+        items = [{**t, "name": f"task-{t['task']:03d}"} for t in unique_ids.plan_tasks(total)]
+        stats = ctx.run_tasks("unique_ids", items, functools.partial(unique_ids.check_task, id_files=id_files,
+                                                                     work_root=ctx.root))
+        removed, nbytes = _merge_removed(stats)
+        ctx.add_outputs(self.name)
+        return {"removed": removed, "removed_bytes": nbytes, "detail": {}}
 
 
 class ExactDedup(Stage):
@@ -126,7 +147,9 @@ class ExactDedup(Stage):
         key_files = [ctx.wd.path("keys", f"{part_name(t['part'])}.parquet") for t in ctx.partitions]
         items = [{**t, "name": f"task-{t['task']:03d}"} for t in exact_dedup.plan_tasks(total)]
         stats = ctx.run_tasks("exact_dedup", items, functools.partial(exact_dedup.dedup_task, key_files=key_files,
-                                                                      work_root=ctx.root))
+                                                                      work_root=ctx.root,  # [inputs, issue 26]
+                                                                      exclude_files=sorted(glob.glob(ctx.wd.path(
+                                                                          "removed", unique_ids.STAGE, "*.parquet")))))
         removed, nbytes = _merge_removed(stats)
         ctx.add_outputs(self.name)
         return {"removed": removed, "removed_bytes": nbytes, "detail": {}}
@@ -340,6 +363,8 @@ class Pack(Stage):
 def build(job: JobConfig) -> list[Stage]:
     """The stages this job runs, in order (every section was validated with the job)."""
     stages: list[Stage] = [Extract()]
+    if needs_id_check(job):  # [inputs, issue 26]
+        stages.append(UniqueIds())
     if job.exact_dedup.enabled:
         stages.append(ExactDedup())
     if job.quality is not None and job.quality.enabled:

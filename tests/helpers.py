@@ -99,9 +99,10 @@ class Evil:
 
 
 def extract_files(work_root: str, files: list[tuple[str, str]], *, text_field: str = "text", id_field: str | None = None,
-                  batch_rows: int = 64, language: bool = False, **file_options):
+                  batch_rows: int = 64, language: bool = False, extract: dict | None = None, **file_options):
     """Run the extract task that `prepare` runs, on one partition of ``files`` ([(path, format)]),
-    in this process (no Ray). Returns (stats, kept document rows, quarantine rows)."""
+    in this process (no Ray); ``extract``: keys of the extract section. Returns (stats, kept
+    document rows, quarantine rows)."""
     import pyarrow.parquet as pq
 
     from gristmill.pipeline.config import ExtractConfig, LanguageConfig
@@ -110,7 +111,7 @@ def extract_files(work_root: str, files: list[tuple[str, str]], *, text_field: s
 
     task = {"part": 0, "files": [{"uri": p, "format": fmt, "text_field": text_field, "id_field": id_field,
                                   "rel": os.path.basename(p), **file_options} for p, fmt in files]}
-    stats = extract_partition(task, ExtractConfig(), LanguageConfig(enabled=language), work_root, batch_rows)
+    stats = extract_partition(task, ExtractConfig(**(extract or {})), LanguageConfig(enabled=language), work_root, batch_rows)
     wd = WorkDir(work_root)
     docs = pq.read_table(wd.path("docs", f"{part_name(0)}.parquet")).to_pylist()
     quarantine = pq.read_table(wd.path("quarantine", f"{part_name(0)}.parquet")).to_pylist()

@@ -89,7 +89,7 @@ def test_every_problem_is_reported_at_once(tmp_path):
         load_train(path)
     assert str(e.value) == (f"{path}: run.seed: expected an integer, got 1.5; "
                             "data.manifest: expected a non-empty string (required), got nothing; "
-                            "data.global_batch: expected an integer >= 1, got 0")
+                            "data.global_batch: expected an integer in [1, 16777216], got 0")
 
 
 @pytest.mark.parametrize("load, text", [(load_job, PREPARE + "pack:\n  seq_len: 64\n  shard_bytes: 4096\n  seq_len: 128\n"),

@@ -111,3 +111,32 @@ def test_stage_writes_overrides_counts_and_resumes(ray_session, tmp_path):
     (tmp_path / "work" / "_done" / "pii" / "part-00001.json").unlink()  # killed before its marker: redone alone
     res2, got2, ctx2 = run()
     assert (res2, got2) == (res, got) and [open(f, "rb").read() for f in ctx2.override_files] == first
+
+
+# Real lines (issue 26: Debian handbook/reference, git release notes, Debian changelogs, man pages,
+# OpenSSL and Node docs): none holds an IP address, though datatrove's pattern replaces each.
+NOT_ADDRESSES = [
+    "5.2.1.1.\xa0Dipendenze: il campo Depends", "  2.1.1.2. Stream Flags", "3.7.91.1 - 2013-03-05",
+    "Git v1.7.8.2 Release Notes", "Fixes since v1.8.2.1", "  * Upgraded to Debian Policy 2.5.0.0 (no change)",
+    "alsa-ucm-conf (1.2.1.2-2) unstable; urgency=medium", "    XFree86 4.3.0.1", "work with gcc 2.7.2.3",
+    "require xserver-xorg-core 2:1.2.99.905-3", "(OID 1.2.840.113549.1.1.1)", "shortName = a very long OID name, 1.2.3.4",
+    "newoid1 = 1.2.3.4.1", "RFC 5280 section 4.2.1.12, the Extended Key Usage", "**deps**: update V8 to 9.7.106.18",
+    "Bump spotbugs-maven-plugin from 4.4.1 to 4.4.2.2", "zlib: '1.3.0.1-motley-7d77fb7'",
+]
+ADDRESSES = [  # (line, replaced as)
+    ("--address=1.2.3.4 --port=5", "--address=IP --port=5"), ("--cidr-ranges 11.22.33.44/32", "--cidr-ranges IP/32"),
+    ("`1.1.1.1`, `8.8.8.8`", "`IP`, `IP`"), ('Request("http://125.125.125.125")', 'Request("http://IP")'),
+    ("-L 80:162.222.181.197:80", "-L 80:IP:80"), ("a NFS server with IP number 193.8.232.7 for", "a NFS server with IP number IP for"),
+    ("will result in 162.222.181.197 being reserved", "will result in IP being reserved"),
+    ("ranges such as \\f51.2.3.4\\fR", "ranges such as \\f5IP\\fR"),  # troff: \f5 is a font, the address 1.2.3.4
+]
+
+
+def test_an_ip_needs_the_context_of_an_address():
+    r = _redactor()
+    for line in NOT_ADDRESSES:
+        assert r.redact(line) == (line, {}), line
+    for line, want in ADDRESSES:
+        assert r.redact(line)[0] == want, line
+    # whatever the rule says, the settings still decide what counts: a private address in context stays
+    assert r.redact("host 10.0.0.1 and host 8.8.8.8") == ("host 10.0.0.1 and host IP", {"ip": 1})

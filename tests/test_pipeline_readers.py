@@ -63,8 +63,9 @@ def test_parquet_text_field_nulls_and_missing_column(tmp_path):
     recs = list(read_records(str(p), "parquet", "content", "doc_id"))
     assert recs[0] == {"position": 0, "text": "one", "user_id": "x"}
     assert recs[1]["reason"] == "missing_text_field" and recs[2]["text"] == "three"
-    missing = list(read_records(str(p), "parquet", "text"))
-    assert [r["reason"] for r in missing] == ["missing_text_field"] * 3
+    missing = list(read_records(str(p), "parquet", "text"))  # one record per row group: footer counts are claims
+    assert [(r["reason"], r["position"]) for r in missing] == [("missing_text_field", 0)]
+    assert "rows 0-2" in missing[0]["detail"]
 
 
 def test_text_file_is_one_document_and_invalid_utf8_is_quarantined(tmp_path):
@@ -102,7 +103,7 @@ def _job(tmp_path, **extra):
     ({"langauge": {}}, "langauge: expected one of the keys inputs, output, work_dir, extract, language, "),
     ({"language": {"threshold": 1.5}}, "language.threshold: expected a number in [0, 1], got 1.5"),
     ({"language": {"allowed": []}}, "language.allowed: expected a non-empty list of strings, got []"),
-    ({"pack": {"seq_len": "long"}}, "pack.seq_len: expected an integer >= 1, got 'long'"),
+    ({"pack": {"seq_len": "long"}}, "pack.seq_len: expected an integer in [1, 2147483646], got 'long'"),
     ({"split": {"validation_fraction": 1.0}}, "split.validation_fraction: expected a number in [0, 1), got 1.0"),
     ({"tokenizer": {"path": "/nonexistent/tok.json"}},
      "tokenizer.path: expected an existing tokenizer file, got '/nonexistent/tok.json', which does not exist"),

@@ -84,6 +84,40 @@ def memory_budget(args, *, n_params: int, shards: int, compute_bytes: int, micro
     return MemoryBudget(terms, n_params, shards)
 
 
+def available_bytes(device) -> tuple[int, str]:
+    """(bytes one rank may use, what they are): a GPU's total memory, or on CPU the host's
+    physical memory shared by the ranks on it (``LOCAL_WORLD_SIZE``, set by torchrun)."""
+    import os
+
+    if getattr(device, "type", str(device)) == "cuda":
+        import torch
+
+        return int(torch.cuda.mem_get_info(device)[1]), f"the {torch.cuda.get_device_name(device)}'s memory"
+    ranks = max(int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1), 1)
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return total // ranks, "this host's memory" + (f" / {ranks} ranks on it" if ranks > 1 else "")
+
+
+# Which job key moves each term (for the message when a budget cannot fit).
+_KNOBS = (("activations", "data.micro_batch (or data.global_batch), or parallelism.activation_checkpoint"),
+          ("logits", "data.micro_batch (or data.global_batch)"),
+          ("", "model.dim / model.n_layers / model.ffn_dim (a smaller model.preset), or more ranks"))
+
+
+def check_fits(budget: MemoryBudget, available: int, what: str) -> None:
+    """Refuse, before anything is allocated, a run whose memory per rank exceeds what the device
+    has: one line naming the largest term and the job keys that shrink it (a traceback from deep
+    inside torch's allocator, minutes in, once stood for this)."""
+    from gristmill.errors import ConfigError
+
+    if budget.total <= available:
+        return
+    name, value = max(budget.terms.items(), key=lambda kv: kv[1])
+    knob = next(k for key, k in _KNOBS if key in name)
+    raise ConfigError(f"the run needs {format_bytes(budget.total)} per rank, more than {what} "
+                      f"({format_bytes(available)}); the largest term is {name} at {format_bytes(value)}: lower {knob}")
+
+
 def planned_flops(flops_per_token_matmul: float, flops_per_token_attention: float, tokens: int) -> dict[str, float]:
     """The run's compute: the 6 N' D matmul term and the attention term, for ``tokens`` tokens."""
     matmul, attention = flops_per_token_matmul * tokens, flops_per_token_attention * tokens

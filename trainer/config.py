@@ -12,6 +12,12 @@ from gristmill.config import Bool, Float, Int, NonEmptyStr, NonNegativeInt, Posi
 from gristmill.config import load as _load
 
 PositiveFloat = Annotated[Float, Field(gt=0)]
+# Upper bounds no real run reaches (issue 26): a typo of a few digits is an error here, not an
+# allocation traceback later. What fits a device is checked against the memory budget before
+# anything is allocated (trainer/budget.py check_fits).
+MAX_BATCH = 1 << 24  # sequences per step (the largest published runs use ~10^4)
+Width = Annotated[Int, Field(ge=1, le=1 << 17)]  # model.dim, ffn_dim (8B: 4096 / 14336)
+Count = Annotated[Int, Field(ge=1, le=1 << 12)]  # layers and heads
 
 
 class RunConfig(Section):
@@ -30,19 +36,19 @@ class DataConfig(Section):
     expected_sha256: Str | None = None  # pin the manifest; refuse anything else
     seed: Int = 0  # loader shuffle seed
     order: Literal["global", "window"] = "global"
-    global_batch: PositiveInt = 32  # sequences per optimizer step, over all ranks
-    micro_batch: NonNegativeInt = 0  # sequences per rank per forward; 0 = the whole local batch (no accumulation)
+    global_batch: Annotated[Int, Field(ge=1, le=MAX_BATCH)] = 32  # sequences per optimizer step, over all ranks
+    micro_batch: Annotated[Int, Field(ge=0, le=MAX_BATCH)] = 0  # sequences per rank per forward; 0 = the whole local batch
     cache_dir: Str | None = None
     prefetch: NonNegativeInt = 4
 
 
 class ModelConfig(Section):
     preset: Str = "tiny"  # see trainer.model.PRESETS (checked there: the presets live with the model)
-    dim: PositiveInt | None = None  # any field set here overrides the preset
-    n_layers: PositiveInt | None = None
-    n_heads: PositiveInt | None = None
-    n_kv_heads: PositiveInt | None = None
-    ffn_dim: PositiveInt | None = None
+    dim: Width | None = None  # any field set here overrides the preset
+    n_layers: Count | None = None
+    n_heads: Count | None = None
+    n_kv_heads: Count | None = None
+    ffn_dim: Width | None = None
     rope_theta: PositiveFloat | None = None
     norm_eps: PositiveFloat | None = None
     document_mask: Bool = False  # attention within documents, rope restarted (loader documents=True; docs/trainer.md)
@@ -80,7 +86,7 @@ class CheckpointConfig(Section):
 class EvalConfig(Section):
     every: NonNegativeInt = 0  # steps between validation passes; 0 = never
     batches: PositiveInt = 4
-    global_batch: NonNegativeInt = 0  # 0 = data.global_batch
+    global_batch: Annotated[Int, Field(ge=0, le=MAX_BATCH)] = 0  # 0 = data.global_batch
 
 
 class TrainConfig(Section):

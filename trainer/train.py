@@ -21,7 +21,7 @@ from gristmill.loader import Batches, Caching, Loader, Sampling, Source, Threads
 from gristmill.manifests import code_version
 from gristmill.manifests.mixture import load_data
 
-from .budget import memory_budget
+from .budget import available_bytes, check_fits, memory_budget
 from .checkpoint import Checkpointer, committed, library_versions, set_rng_state
 from .config import TrainConfig
 from .errors import Interrupted, TrainingError
@@ -73,17 +73,19 @@ class Trainer:
                                attention=resolve_attention(cfg.parallelism.attention, d.device), **overrides)
         self.mesh = build_mesh(d.device, d.world_size, cfg.parallelism.dp_shard)
         self.param_dtype = resolve_mixed_precision(cfg.parallelism.mixed_precision, d.device)
+        # [inputs, issue 26] the budget before any allocation: a run that cannot fit is one ConfigError
+        self.budget = memory_budget(self.args, n_params=count_params(self.args)["total"],
+                                    shards=self.mesh.size(-1),  # the FSDP degree; HSDP replicas hold the same shards
+                                    compute_bytes=torch.tensor([], dtype=self.param_dtype).element_size(),
+                                    micro_batch=cfg.data.micro_batch or self.global_batch // d.world_size,
+                                    seq_len=self.seq_len, activation_checkpoint=cfg.parallelism.activation_checkpoint)
+        check_fits(self.budget, *available_bytes(d.device))
         self.model = build_model(self.args, self.mesh, device=d.device, seed=cfg.run.seed, param_dtype=self.param_dtype,
                                  activation_checkpoint=cfg.parallelism.activation_checkpoint,
                                  compile=cfg.parallelism.compile)
         self.optimizer = build_optimizer(self.model, cfg.optimizer, d.device)
         self.local_params = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel()
                                 for p in self.model.parameters())
-        self.budget = memory_budget(self.args, n_params=count_params(self.args)["total"],
-                                    shards=self.mesh.size(-1),  # the FSDP degree; HSDP replicas hold the same shards
-                                    compute_bytes=torch.tensor([], dtype=self.param_dtype).element_size(),
-                                    micro_batch=cfg.data.micro_batch or self.global_batch // d.world_size,
-                                    seq_len=self.seq_len, activation_checkpoint=cfg.parallelism.activation_checkpoint)
         self.scheduler = WarmupCosine(self.optimizer, cfg.optimizer, cfg.run.steps)
 
         self.checkpointer = Checkpointer(self.run_dir, keep=cfg.checkpoint.keep, async_save=cfg.checkpoint.async_save,
