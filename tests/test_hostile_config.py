@@ -74,11 +74,11 @@ def test_pack_seq_len_is_bounded_by_what_every_reader_serves(tmp_path):
     ("model", {"n_layers": 10 ** 6}, "model.n_layers: expected an integer in [1, 4096] or null"),
 ])
 def test_absurd_trainer_sizes_are_config_errors(section, value, message):
-    from gristmill.trainer.config import JobConfig
+    from gristmill.trainer.config import TrainConfig
 
     d = {"data": {"manifest": "x"}, section: value}
     with pytest.raises(ConfigError) as e:
-        JobConfig.from_dict(d)
+        TrainConfig.from_dict(d)
     assert message in str(e.value)
 
 
