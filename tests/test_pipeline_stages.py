@@ -7,7 +7,8 @@ from gristmill.pipeline.documents import make_order, norm_hash, part_of
 from gristmill.pipeline.exact_dedup import find_exact_duplicates, keys_table, plan_tasks
 from gristmill.pipeline.executor import group_files
 from gristmill.pipeline.pack import pack_split
-from gristmill.pipeline.tokenize import TOKENS_SCHEMA, split_of, train_bpe
+from gristmill.pipeline.documents import split_of
+from gristmill.pipeline.tokenize import TOKENS_SCHEMA, train_bpe
 from gristmill.pipeline.workdir import ParquetPart
 
 
@@ -119,13 +120,15 @@ def _pack_in_ranges(tmp_path, name, docs, cuts, range_tokens):
 
     from gristmill.manifests import Shard
     from gristmill.pipeline import pack
+    from gristmill.pipeline.workdir import WorkDir
 
     bounds = [0, *cuts, len(docs)]
-    files = [_token_file(tmp_path / f"{name}-{i}.parquet", docs[a:b], a) for i, (a, b) in enumerate(zip(bounds, bounds[1:]))]
+    wd = WorkDir(str(tmp_path / name))
+    for i, (a, b) in enumerate(zip(bounds, bounds[1:])):
+        _token_file(wd.tokens(i), docs[a:b], a)
     tokens = {s: [sum(len(d[2]) for d in docs[a:b] if d[1] == s) for a, b in zip(bounds, bounds[1:])] for s in pack.SPLITS}
-    staging = str(tmp_path / name)
-    task = functools.partial(pack.pack_range_task, token_files=files, staging=staging, index_dir=staging + "-idx",
-                             seq_len=8, shard_bytes=9 * 2 * 5, vocab_size=512)
+    staging = wd.staging
+    task = functools.partial(pack.pack_range_task, wd=wd, seq_len=8, shard_bytes=9 * 2 * 5, vocab_size=512)
     out = [task(item) for item in pack.plan_ranges(tokens, range_tokens)]
     shards, slices = [], []
     for o in out:
