@@ -121,6 +121,13 @@ class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
 MAX_YAML_NODES = 100_000
 
 
+
+def existing_local_file(path: str | None, what: str) -> str | None:
+    """A local file must exist now (a URL is checked by whoever opens it)."""
+    if path is not None and "://" not in path and not os.path.exists(path):
+        fail(f"an existing {what} file", f"{path!r}, which does not exist")
+    return path
+
 def _expanded_nodes(root: yaml.Node, source: str) -> None:
     """Count the nodes of ``root`` as if every alias were copied out, in time linear in the
     composed graph (each node's size is computed once); refuse past ``MAX_YAML_NODES``."""

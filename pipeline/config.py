@@ -13,27 +13,20 @@ from typing import Annotated, Any, Iterable, Literal
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from gristmill.config import (Bool, Float, Int, NonEmptyStr, NonNegativeInt, PositiveInt, ResolvedPath, Section, Str,
+from gristmill.config import (Bool, existing_local_file, Float, Int, NonEmptyStr, NonNegativeInt, PositiveInt, ResolvedPath, Section, Str,
                               fail)
 from gristmill.config import _resolve
 from gristmill.config import load as _load
 from gristmill.manifests.manifest import MAX_SEQ_LEN
 from gristmill.manifests.store import DATASET_NAME
-from gristmill.pipeline import ngrams
-from gristmill.pipeline.lsh import LSHParams, make_params, optimal_params
-from gristmill.pipeline.quality.config import QualityConfig, merge
+from . import ngrams
+from .lsh import LSHParams, make_params, optimal_params
+from .quality.config import QualityConfig, merge
 
 Format = Literal["jsonl", "parquet", "text", "warc"]
 FORMATS = Format.__args__
 Policy = Literal["drop", "cut"]
 POLICIES = Policy.__args__
-
-
-def _exists_local(path: str | None, what: str) -> str | None:
-    """A local file must exist now (a URL is checked by whoever opens it)."""
-    if path is not None and "://" not in path and not os.path.exists(path):
-        fail(f"an existing {what} file", f"{path!r}, which does not exist")
-    return path
 
 
 def _no_format(path: str) -> str:
@@ -55,7 +48,7 @@ class InputSpec(Section):
     @field_validator("quality")
     @classmethod
     def _classifier_path(cls, v: dict | None, info: ValidationInfo) -> dict | None:
-        # validated only once merged (JobConfig.quality_for), so the one path in it resolves here
+        # validated only once merged (PrepareConfig.quality_for), so the one path in it resolves here
         c = (v or {}).get("classifier")
         if isinstance(c, dict) and isinstance(c.get("path"), str):
             v = merge(v, {"classifier": {"path": _resolve(c["path"], info)}})
@@ -94,7 +87,7 @@ class ExtractConfig(Section):
     min_chars: PositiveInt = 1  # shorter documents (after stripping) are quarantined as `empty`
     max_chars: PositiveInt = 1_000_000  # longer ones are quarantined as `huge`
     html_main_content: Bool = True  # WARC: resiliparse main-content heuristics
-    # [inputs, issue 26] Bytes of one record in the uncompressed stream (a JSONL line, a text file, a
+    # Bytes of one record in the uncompressed stream (a JSONL line, a text file, a
     # WARC record's block, a Parquet text value): a larger one is quarantined as `record_too_large`
     # with its offset, never held in memory whole (pipeline/readers.py, docs/pipeline.md "Reader limits").
     max_record_bytes: Annotated[Int, Field(ge=1 << 10, le=1 << 31)] = 64 << 20
@@ -125,7 +118,7 @@ class LanguageConfig(Section):
     @field_validator("model")
     @classmethod
     def _model_exists(cls, v: str | None) -> str | None:
-        return _exists_local(v, "language-ID model")
+        return existing_local_file(v, "language-ID model")
 
 
 class ExactDedupConfig(Section):
@@ -267,10 +260,10 @@ class TokenizerConfig(Section):
     @field_validator("path")
     @classmethod
     def _path_exists(cls, v: str | None) -> str | None:
-        return _exists_local(v, "tokenizer")
+        return existing_local_file(v, "tokenizer")
 
 
-# [inputs, issue 26] The longest row every reader serves: shards are Arrow fixed_size_list[seq_len + 1]
+# The longest row every reader serves: shards are Arrow fixed_size_list[seq_len + 1]
 # (an int32 length), the manifest accepts seq_len <= MAX_SEQ_LEN, and the loader's document spans
 # are int32 offsets into a row; the token dtype (uint16/uint32) sizes a row, not its length.
 MAX_PACK_SEQ_LEN = min(MAX_SEQ_LEN, (1 << 31) - 2)
@@ -309,7 +302,7 @@ class RayConfig(Section):
     partition_bytes: PositiveInt = 1 << 20
 
 
-class JobConfig(Section):
+class PrepareConfig(Section):
     """The whole job, sections in stage order."""
 
     inputs: Annotated[tuple[InputSpec, ...], Field(min_length=1)]  # each a path/glob or a mapping with path:
@@ -333,7 +326,7 @@ class JobConfig(Section):
         return [v] if isinstance(v, (str, dict)) else v
 
     @model_validator(mode="after")
-    def _per_source_quality(self) -> "JobConfig":
+    def _per_source_quality(self) -> "PrepareConfig":
         for i in range(len(self.inputs)):
             self.quality_for(i)
         return self
@@ -362,6 +355,6 @@ class JobConfig(Section):
         return d
 
 
-def load_job(path: str, overrides: Iterable[str] = ()) -> JobConfig:
+def load_job(path: str, overrides: Iterable[str] = ()) -> PrepareConfig:
     """Parse a job YAML file with ``--set`` overrides. Relative paths in it are relative to the file's directory."""
-    return _load(JobConfig, path, overrides)
+    return _load(PrepareConfig, path, overrides)

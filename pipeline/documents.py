@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 
 import pyarrow as pa
 
@@ -33,6 +34,7 @@ DOC_SCHEMA = pa.schema([
 # Every stage's name in the order ``pipeline.stages.build`` runs them (``language`` is extract's
 # filter, whose removals go under their own name): the one order of removed/<stage>, of
 # ``inspect removed`` and of the report's stages when report.json is not at hand.
+LANGUAGE = "language"  # extract's language filter: its removals are removed/language/part-N
 STAGE_ORDER = ("extract", "language", "exact_dedup", "quality", "fuzzy_dedup", "decontaminate", "pii",
                "tokenizer", "tokenize", "pack")
 
@@ -87,8 +89,21 @@ def stable_fraction(key: str, salt: int) -> float:
     return int.from_bytes(h, "big") / 2**64
 
 
+def split_of(doc_id: str, split) -> str:
+    """The split of a document (``split``: the job's SplitConfig): a function of its id alone."""
+    return "validation" if stable_fraction(doc_id, split.seed) < split.validation_fraction else "train"
+
+
 _CORE = ("id", "order", "part", "bytes", "reason")
 _NOT_DETAIL = {"text", "source", "position", "lang", "lang_score", "norm_hash", "stage", "detail", "tokens"}
+
+
+def bucket_range_tasks(total_rows: int, buckets: int, rows_per_task: int) -> list[dict]:
+    """Contiguous ranges of ``buckets`` hash buckets, enough that no task holds more than
+    ``rows_per_task`` rows: the tasks of a global step over per-partition files sorted by bucket."""
+    n = max(1, min(buckets, math.ceil(total_rows / rows_per_task)))
+    edges = [round(i * buckets / n) for i in range(n + 1)]
+    return [{"name": f"task-{i:03d}", "task": i, "lo": edges[i], "hi": edges[i + 1]} for i in range(n)]
 
 
 def to_removed_rows(t: pa.Table, stage: str) -> pa.Table:

@@ -18,23 +18,23 @@ from .exact_dedup import KEY_SCHEMA, keys_table
 from .langid import identify
 from .readers import read_records
 from .unique_ids import ID_SCHEMA, ids_table
-from .workdir import ParquetPart, WorkDir, part_name
+from .workdir import ParquetPart, WorkDir
 
 STAGE = "extract"
 
 
-def extract_partition(task: dict, extract: ExtractConfig, language: LanguageConfig, work_root: str,
+def extract_partition(task: dict, extract: ExtractConfig, language: LanguageConfig, wd: WorkDir,
                       batch_rows: int = 1024) -> dict:
-    """Process one partition's files in order; returns its stats (``pipeline.tasks`` commits
+    """Process one partition's files in order; returns its stats (``pipeline.runner`` commits
     them as the task's marker once the outputs are in place)."""
-    wd, part, name = WorkDir(work_root), task["part"], part_name(task["part"])
-    docs = ParquetPart(wd.path("docs", f"{name}.parquet"), DOC_SCHEMA)
-    removed = ParquetPart(wd.path("removed", "language", f"{name}.parquet"), REMOVED_SCHEMA)
-    quarantine = ParquetPart(wd.path("quarantine", f"{name}.parquet"), QUARANTINE_SCHEMA)
+    part = task["part"]
+    docs = ParquetPart(wd.docs(part), DOC_SCHEMA)
+    removed = ParquetPart(wd.removed("language", part), REMOVED_SCHEMA)
+    quarantine = ParquetPart(wd.quarantine(part), QUARANTINE_SCHEMA)
     ex = {"records": 0, "documents": 0, "bytes_out": 0, "quarantined": {}, "seconds": 0.0}
     lg = {"documents_in": 0, "bytes_in": 0, "documents_out": 0, "bytes_out": 0, "removed": {}, "languages": {}, "seconds": 0.0}
     keys = {k: [] for k in KEY_SCHEMA.names[1:]}  # one partition's dedup keys (~80 B a document)
-    ids = {k: [] for k in ID_SCHEMA.names[1:]} if task.get("check_ids") else None  # [inputs, issue 26] unique_ids' input
+    ids = {k: [] for k in ID_SCHEMA.names[1:]} if task.get("check_ids") else None  # unique_ids' input
     inputs, cpu0 = [], time.process_time()
     for file in task["files"]:
         sha, size = sha256_file(file["uri"])
@@ -44,7 +44,7 @@ def extract_partition(task: dict, extract: ExtractConfig, language: LanguageConf
         for rec in read_records(file["uri"], file["format"], file["text_field"], file["id_field"],
                                 main_content=extract.html_main_content, batch_rows=batch_rows,
                                 html=file.get("text_format") == "html", url_field=file.get("url_field"),
-                                max_record_bytes=extract.max_record_bytes):  # [inputs, issue 26] reader limit
+                                max_record_bytes=extract.max_record_bytes):  # reader limit
             rec["order"] = make_order(part, ex["records"])  # numbered across the partition's files, in file order
             ex["records"] += 1
             if "reason" not in rec:
@@ -72,11 +72,11 @@ def extract_partition(task: dict, extract: ExtractConfig, language: LanguageConf
                 batch, t0 = [], time.perf_counter()
         ex["seconds"] += time.perf_counter() - t0
         _finish_batch(batch, file, part, language, docs, removed, keys, ex, lg, ids)
-    key_file = ParquetPart(wd.path("keys", f"{name}.parquet"), KEY_SCHEMA, row_group_size=4096)
+    key_file = ParquetPart(wd.keys(part), KEY_SCHEMA, row_group_size=4096)
     key_file.write(keys_table(keys))
     outputs = [docs, removed, quarantine, key_file]
-    if ids is not None:  # [inputs, issue 26]
-        outputs.append(ParquetPart(wd.path("ids", f"{name}.parquet"), ID_SCHEMA, row_group_size=4096))
+    if ids is not None:
+        outputs.append(ParquetPart(wd.ids(part), ID_SCHEMA, row_group_size=4096))
         outputs[-1].write(ids_table(ids))
     for p in outputs:
         p.commit()
@@ -87,7 +87,7 @@ def extract_partition(task: dict, extract: ExtractConfig, language: LanguageConf
 
 
 def _int64(v: int | None) -> int | None:
-    """[inputs, issue 26] A count a file claims (a WARC Content-Length, a Parquet footer) that no
+    """A count a file claims (a WARC Content-Length, a Parquet footer) that no
     int64 column holds is unknown (null), never a crash while writing the quarantine row."""
     return v if v is None or -(1 << 63) <= v < (1 << 63) else None
 
@@ -128,7 +128,7 @@ def _finish_batch(batch: list[dict], file: dict, part: int, language: LanguageCo
     ids = [r.get("user_id") or make_id(file["rel"], r["position"]) for r in batch]
     out = {k: [] for k in DOC_SCHEMA.names}
     for r, i, lang, score, k, n in zip(batch, ids, langs, scores, keep, nbytes):
-        if id_rows is not None:  # [inputs, issue 26] every good record's id, kept by the language filter or not
+        if id_rows is not None:  # every good record's id, kept by the language filter or not
             for key, v in (("id", i), ("order", r["order"]), ("part", part), ("bytes", n), ("kept", k),
                            ("source", file["uri"]), ("position", r["position"])):
                 id_rows[key].append(v)

@@ -26,10 +26,10 @@ from typing import Iterable, NamedTuple
 
 import numpy as np
 
-from gristmill.pipeline.text import words
+from .text import words
 # The word splitter and hasher live in pipeline.wordhash (one implementation for the whole
 # project); re-exported here because callers and tests use them as ngrams.<name>.
-from gristmill.pipeline.wordhash import WordHashes, fold, mix64, word_char_table, word_hashes  # noqa: F401
+from .wordhash import WordHashes, fold, mix64, word_char_table, word_hashes  # noqa: F401
 from gristmill.errors import UsageError
 
 DEFAULT_N = 13

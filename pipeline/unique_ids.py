@@ -27,12 +27,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .documents import REMOVED_SCHEMA
+from .documents import REMOVED_SCHEMA, bucket_range_tasks
 from .workdir import ParquetPart, WorkDir
 
 STAGE = "unique_ids"
 REASON = "duplicate_id"
-BUCKETS = 256  # = exact_dedup.BUCKETS: plan_tasks is exact dedup's
+BUCKETS = 256  # as exact dedup's
+KEYS_PER_TASK = 2_000_000  # as exact dedup's: about 160 MB of ids per task at most
 ID_SCHEMA = pa.schema([("bucket", pa.int32()), ("id", pa.string()), ("order", pa.int64()), ("part", pa.int32()),
                        ("bytes", pa.int64()), ("kept", pa.bool_()), ("source", pa.string()), ("position", pa.int64())])
 
@@ -48,10 +49,8 @@ def ids_table(rows: dict) -> pa.Table:
 
 
 def plan_tasks(total_docs: int) -> list[dict]:
-    """Bucket ranges as exact dedup plans them (the same 256 buckets, the same rows per task)."""
-    from .exact_dedup import plan_tasks as by_buckets
-
-    return by_buckets(total_docs)
+    """Bucket ranges as exact dedup plans them (the same buckets, the same rows per task)."""
+    return bucket_range_tasks(total_docs, BUCKETS, KEYS_PER_TASK)
 
 
 def repeated(ids: pa.Table) -> pa.Table:
@@ -79,22 +78,34 @@ def repeated(ids: pa.Table) -> pa.Table:
     return out.sort_by("order")
 
 
-def check_task(task: dict, id_files: list[str], work_root: str) -> dict:
-    wd, name = WorkDir(work_root), f"task-{task['task']:03d}"
+def check_task(task: dict, wd: WorkDir, parts: list[int]) -> dict:
+    """One bucket range over every partition's ids: its repeated ids' rows, sorted by order (so
+    by partition: each partition's ``removed_task`` reads only its own row groups)."""
     flt = [("bucket", ">=", task["lo"]), ("bucket", "<", task["hi"])]
-    ids = pa.concat_tables([pq.read_table(f, filters=flt, schema=ID_SCHEMA) for f in id_files]) if id_files \
+    ids = pa.concat_tables([pq.read_table(wd.ids(p), filters=flt, schema=ID_SCHEMA) for p in parts]) if parts \
         else ID_SCHEMA.empty_table()
     removed = repeated(ids)
-    out = ParquetPart(wd.path("removed", STAGE, f"{name}.parquet"), REMOVED_SCHEMA)
+    out = ParquetPart(wd.scratch(STAGE, "repeated", task["name"]), REMOVED_SCHEMA, row_group_size=16_384)
     out.write(removed)
     out.commit()
-    return {"ids": ids.num_rows, "removed": {REASON: removed.num_rows} if removed.num_rows else {},
-            "removed_bytes": int(sum(removed.column("bytes").to_pylist()))}
+    return {"ids": ids.num_rows, "repeated": removed.num_rows}
 
 
-def repeated_ids(files: list[str]) -> set[str]:
-    """The ids this step removed (read by exact dedup, whose keys must not stand for them)."""
+def removed_task(item: dict, wd: WorkDir, tasks: list[str]) -> dict:
+    """Partition ``part``'s rows from every bucket range's file: ``removed/unique_ids/part-N``."""
+    part = item["part"]
+    t = pa.concat_tables([pq.read_table(wd.scratch(STAGE, "repeated", name), filters=[("part", "=", part)],
+                                        schema=REMOVED_SCHEMA) for name in tasks]).sort_by("order") if tasks \
+        else REMOVED_SCHEMA.empty_table()
+    out = ParquetPart(wd.removed(STAGE, part), REMOVED_SCHEMA)
+    out.write(t)
+    out.commit()
+    return {"removed": {REASON: t.num_rows} if t.num_rows else {}, "removed_bytes": int(sum(t.column("bytes").to_pylist()))}
+
+
+def repeated_ids(wd: WorkDir, tasks: tuple[str, ...]) -> set[str]:
+    """The ids this step removed (exact dedup's keys must not stand for them): one small file a task."""
     out: set[str] = set()
-    for f in files:
-        out.update(pq.read_table(f, columns=["id"]).column("id").to_pylist())
+    for name in tasks:
+        out.update(pq.read_table(wd.scratch(STAGE, "repeated", name), columns=["id"]).column("id").to_pylist())
     return out

@@ -59,13 +59,13 @@ def test_an_error_about_a_big_aliased_value_renders_a_few_characters(tmp_path):
 
 def test_pack_seq_len_is_bounded_by_what_every_reader_serves(tmp_path):
     from gristmill.manifests.manifest import MAX_SEQ_LEN
-    from gristmill.pipeline.config import MAX_PACK_SEQ_LEN, JobConfig
+    from gristmill.pipeline.config import MAX_PACK_SEQ_LEN, PrepareConfig
 
     job = {"inputs": ["/x/a.jsonl"], "output": {"store": "/s", "dataset": "d"}, "work_dir": "/w"}
     with pytest.raises(ConfigError, match=r"pack\.seq_len: expected an integer in \[1, 2147483646\], got 3000000000"):
-        JobConfig.from_dict({**job, "pack": {"seq_len": 3_000_000_000}})
+        PrepareConfig.from_dict({**job, "pack": {"seq_len": 3_000_000_000}})
     assert MAX_PACK_SEQ_LEN <= MAX_SEQ_LEN and MAX_PACK_SEQ_LEN + 1 < 2 ** 31  # manifest; fixed_size_list / int32 spans
-    assert JobConfig.from_dict({**job, "pack": {"seq_len": MAX_PACK_SEQ_LEN}}).pack.seq_len == MAX_PACK_SEQ_LEN
+    assert PrepareConfig.from_dict({**job, "pack": {"seq_len": MAX_PACK_SEQ_LEN}}).pack.seq_len == MAX_PACK_SEQ_LEN
 
 
 @pytest.mark.parametrize("section,value,message", [

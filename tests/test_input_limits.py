@@ -16,7 +16,7 @@ import pytest
 import zstandard
 
 from gristmill.errors import ConfigError
-from gristmill.pipeline.config import JobConfig
+from gristmill.pipeline.config import PrepareConfig
 from gristmill.pipeline.demo_corpus import _html, _warc_record
 from gristmill.pipeline.readers import open_stream, read_records
 from helpers import extract_files
@@ -159,10 +159,10 @@ def test_a_parquet_value_past_the_limit_is_quarantined(tmp_path):
 
 def test_the_limit_is_a_job_setting_with_a_default_and_bounds():
     job = {"inputs": ["/x/a.jsonl"], "output": {"store": "/s", "dataset": "d"}, "work_dir": "/w"}
-    assert JobConfig.from_dict(job).extract.max_record_bytes == 64 << 20
-    assert JobConfig.from_dict({**job, "extract": {"max_record_bytes": 1 << 20}}).extract.max_record_bytes == 1 << 20
+    assert PrepareConfig.from_dict(job).extract.max_record_bytes == 64 << 20
+    assert PrepareConfig.from_dict({**job, "extract": {"max_record_bytes": 1 << 20}}).extract.max_record_bytes == 1 << 20
     with pytest.raises(ConfigError, match=r"extract\.max_record_bytes: expected an integer in \[1024, "):
-        JobConfig.from_dict({**job, "extract": {"max_record_bytes": 10}})
+        PrepareConfig.from_dict({**job, "extract": {"max_record_bytes": 10}})
 
 
 def test_high_ratio_zstd_reads_as_fast_as_gzip(tmp_path):
@@ -194,7 +194,7 @@ def test_an_input_that_is_not_a_regular_file_is_refused_before_any_work(tmp_path
         path.symlink_to("/dev/null")
         what = "a character device"
     (tmp_path / "ok.jsonl").write_text('{"text": "x"}\n')
-    job = JobConfig.from_dict({"inputs": [str(tmp_path / "*.jsonl")], "output": {"store": str(tmp_path / "s"), "dataset": "d"},
+    job = PrepareConfig.from_dict({"inputs": [str(tmp_path / "*.jsonl")], "output": {"store": str(tmp_path / "s"), "dataset": "d"},
                                "work_dir": str(tmp_path / "w")})
     with pytest.raises(ConfigError, match=rf"inputs\[0\]\.path: .*{os.path.basename(path)} .* is {re.escape(what)}, not a regular file"):
         plan_inputs(job)

@@ -2,8 +2,6 @@
 none of them, in one file or across partitions, and a run whose accounting fails publishes nothing."""
 import json
 import os
-import types
-from collections import defaultdict
 
 import pyarrow as pa
 import pytest
@@ -34,21 +32,20 @@ def test_every_kept_copy_of_a_repeated_id_is_removed_with_where_the_first_is():
 
 
 def test_a_run_whose_accounting_fails_publishes_nothing(tmp_path, monkeypatch):
-    from gristmill.pipeline import report as rep
-    from gristmill.pipeline.config import JobConfig
-    from gristmill.pipeline.executor import Executor
+    from gristmill.pipeline import executor as exe
+    from gristmill.pipeline.config import PrepareConfig
+    from gristmill.pipeline.stats import AccountingError
 
     (tmp_path / "a.jsonl").write_text('{"text": "x"}\n')
-    job = JobConfig.from_dict({"inputs": [str(tmp_path / "a.jsonl")], "output": {"store": str(tmp_path / "store"), "dataset": "d"},
+    job = PrepareConfig.from_dict({"inputs": [str(tmp_path / "a.jsonl")], "output": {"store": str(tmp_path / "store"), "dataset": "d"},
                                "work_dir": str(tmp_path / "w")})
-    ex = Executor(job, quiet=True)
+    ex = exe.Executor(job, quiet=True)
     bad = {"input": 3, "kept": 1, "removed": {"exact_duplicate": 1}, "quarantined": {}, "balanced": False}
-    monkeypatch.setattr(rep, "manifest_stats", lambda *a: {"stages": {}, "accounting": bad})
+    monkeypatch.setattr(exe, "manifest_stats", lambda *a: {"stages": {}, "accounting": bad})
     os.makedirs(ex.wd.root, exist_ok=True)
-    ctx = types.SimpleNamespace(results=defaultdict(lambda: {"stats": {}, "builder": None}), timings={"total": {}})
-    with pytest.raises(rep.AccountingError, match=r"input 3 records != kept 1 \+ removed 1 \+ quarantined 0; nothing was "
+    with pytest.raises(AccountingError, match=r"input 3 records != kept 1 \+ removed 1 \+ quarantined 0; nothing was "
                                                   r"published"):
-        ex._publish(ctx, 0.0)
+        ex._publish([], {"total": {}}, 0.0)
     assert not (tmp_path / "store" / "d").exists()
     assert json.load(open(os.path.join(ex.wd.root, "accounting.json"))) == bad
 
@@ -69,13 +66,13 @@ def _corpus(tmp_path):
 @pytest.mark.slow
 def test_repeated_ids_keep_none_of_their_documents_whatever_the_partitioning(tmp_path, ray_session):
     from gristmill.manifests import load_manifest, read_doc_index
-    from gristmill.pipeline.config import JobConfig
+    from gristmill.pipeline.config import PrepareConfig
     from gristmill.pipeline.executor import prepare
 
     _corpus(tmp_path)
     hashes = []
     for partition_bytes in (1, 1 << 20):  # one partition per file / both files in one
-        job = JobConfig.from_dict({
+        job = PrepareConfig.from_dict({
             "inputs": [{"path": str(tmp_path / "in" / "*.jsonl"), "id_field": "id"}],
             "output": {"store": str(tmp_path / f"store-{partition_bytes}"), "dataset": "d"},
             "work_dir": str(tmp_path / "work"), "language": {"enabled": False}, "split": {"validation_fraction": 0.0},

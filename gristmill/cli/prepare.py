@@ -21,7 +21,7 @@ def _prepare(args) -> int:
     if job is None:
         return 0
     from gristmill.pipeline.executor import prepare
-    from gristmill.pipeline.report import format_table
+    from gristmill.pipeline.stats import format_table
 
     result = prepare(job, address=args.address, quiet=args.quiet)
     if job.output.report_html:

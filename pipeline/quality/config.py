@@ -11,7 +11,7 @@ from typing import Annotated
 
 from pydantic import Field, field_validator
 
-from gristmill.config import Bool, Float, NonEmptyStr, NonNegativeInt, PositiveInt, ResolvedPath, Section
+from gristmill.config import Bool, existing_local_file, Float, NonEmptyStr, NonNegativeInt, PositiveInt, ResolvedPath, Section
 
 Ratio = Annotated[Float, Field(ge=0)]
 
@@ -92,9 +92,7 @@ class ClassifierConfig(Section):
     @field_validator("path")
     @classmethod
     def _exists(cls, v: str) -> str:
-        from gristmill.pipeline.config import _exists_local
-
-        return _exists_local(v, "fastText classifier")
+        return existing_local_file(v, "fastText classifier")
 
 
 class QualityConfig(Section):
