@@ -41,7 +41,7 @@ def test_unknown_key_names_file_section_and_key(tmp_path):
 def test_bad_values_are_named(tmp_path):
     with pytest.raises(ConfigError, match=r"parallelism.activation_checkpoint: expected one of none, selective, full, got 'some'"):
         config.load(write(tmp_path, "data: {manifest: x}\nparallelism: {activation_checkpoint: some}\n"))
-    with pytest.raises(ConfigError, match=r"data.global_batch: expected an integer >= 1, got '8'"):
+    with pytest.raises(ConfigError, match=r"data.global_batch: expected an integer in \[1, 16777216\], got '8'"):
         config.load(write(tmp_path, "data: {manifest: x, global_batch: '8'}\n"))
     with pytest.raises(ConfigError, match=r"data.manifest: expected a non-empty string \(required\), got nothing"):
         config.load(write(tmp_path, "run: {steps: 3}\n"))
