@@ -30,8 +30,9 @@ import torch
 from gristmill.manifests import EditedManifestError, HashMismatchError, ManifestDecodeError, Published
 from gristmill.manifests.mixture import PublishedMixture, is_mixture, load_data
 
-from .cache import CacheError, ShardCache
+from .cache import ShardCache
 from .documents import document_boundaries
+from .errors import CacheTooSmallError
 from .gather import gather_rows
 from .mixture import MixtureOrder
 from .options import Batches, Caching, Sampling, Source, Threads
@@ -42,10 +43,6 @@ log = logging.getLogger(__name__)
 
 PLAN_CHUNK_STEPS = 256  # steps located per vectorised call to the order (amortises numpy call overhead)
 MAPPED_CHECK_STEPS = 2  # steps between two checks of the mapped pages (the overshoot is what 2 steps map)
-
-
-class CacheTooSmallError(CacheError):
-    """cache_limit_bytes cannot hold the shards the chosen order needs at once."""
 
 
 def default_cache_dir() -> str:

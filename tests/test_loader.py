@@ -103,7 +103,7 @@ def test_mapped_pages_stay_under_the_limit(tmp_path, monkeypatch):
     import gristmill.loader.loader as ll
     from helpers import build_dataset
 
-    from gristmill.loader.cache import file_backed_resident
+    from gristmill.loader.residency import file_backed_resident
 
     assert file_backed_resident() is not None  # Linux: the limit works from /proc/self/statm
     monkeypatch.setattr(ll, "MAPPED_CHECK_STEPS", 1)
