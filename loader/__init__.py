@@ -10,8 +10,8 @@ import importlib
 
 # Lazy: the audit imports only `loader.order` and should not pay for torch.
 _EXPORTS = {
-    "CacheFullError": "cache", "ShardCache": "cache", "ShardFetchError": "cache",
-    "CacheTooSmallError": "loader", "Loader": "loader", "DocumentBoundaries": "documents",
+    "CacheError": "errors", "CacheFullError": "errors", "ShardFetchError": "errors", "CacheTooSmallError": "errors",
+    "ShardCache": "cache", "Loader": "loader", "DocumentBoundaries": "documents",
     "Batches": "options", "Caching": "options", "Sampling": "options", "Source": "options", "Threads": "options",
     "MixtureBoundaries": "documents",
     "GristmillDataset": "torch_dataset",
@@ -25,6 +25,6 @@ def __getattr__(name):
     return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
 
 
-__all__ = ["ORDERS", "Batches", "CacheFullError", "Caching", "CacheTooSmallError", "DocumentBoundaries", "GristmillDataset", "Loader",
+__all__ = ["ORDERS", "Batches", "CacheError", "CacheFullError", "Caching", "CacheTooSmallError", "DocumentBoundaries", "GristmillDataset", "Loader",
            "MixtureBoundaries", "Order", "Sampling", "ShardCache", "ShardFetchError",
            "Source", "Threads", "sample_at", "samples_at"]

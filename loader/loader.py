@@ -30,8 +30,9 @@ import torch
 from gristmill.manifests import EditedManifestError, HashMismatchError, ManifestDecodeError, Published
 from gristmill.manifests.mixture import PublishedMixture, is_mixture, load_data
 
-from .cache import CacheError, ShardCache
+from .cache import ShardCache
 from .documents import document_boundaries
+from .errors import CacheTooSmallError
 from .gather import gather_rows
 from .mixture import MixtureOrder
 from .options import Batches, Caching, Sampling, Source, Threads
@@ -42,10 +43,6 @@ log = logging.getLogger(__name__)
 
 PLAN_CHUNK_STEPS = 256  # steps located per vectorised call to the order (amortises numpy call overhead)
 MAPPED_CHECK_STEPS = 2  # steps between two checks of the mapped pages (the overshoot is what 2 steps map)
-
-
-class CacheTooSmallError(CacheError):
-    """cache_limit_bytes cannot hold the shards the chosen order needs at once."""
 
 
 def default_cache_dir() -> str:
@@ -90,40 +87,28 @@ class Loader:
     def __init__(self, data: str | Published | PublishedMixture, sampling: Sampling = Sampling(), *,
                  source: Source = Source(), caching: Caching = Caching(), threads: Threads = Threads(),
                  batches: Batches = Batches()):
-        split, seed, global_batch, rank, world_size = (sampling.split, sampling.seed, sampling.global_batch,
-                                                       sampling.rank, sampling.world_size)
-        order, window_shards, start_index, epochs = (sampling.order, sampling.window_shards, sampling.start_index,
-                                                     sampling.epochs)
+        # the sections checked their own values; the rest of the set-up reads them under short names
+        split, seed, order, window_shards, epochs = (sampling.split, sampling.seed, sampling.order,
+                                                     sampling.window_shards, sampling.epochs)
         expected_sha256, storage_options, retries, backoff_s = (source.expected_sha256, source.storage_options,
                                                                 source.retries, source.backoff_s)
-        cache_dir, cache_limit_bytes, mapped_limit_bytes = caching.dir, caching.limit_bytes, caching.mapped_limit_bytes
-        prefetch, workers, fetch_workers = threads.prefetch, threads.workers, threads.fetch_workers
-        token_dtype, pin_memory, documents = batches.token_dtype, batches.pin_memory, batches.documents
+        cache_limit_bytes, prefetch = caching.limit_bytes, threads.prefetch
         self.sampling, self.source, self.caching, self.threads, self.batches = sampling, source, caching, threads, batches
-        manifest_url = data
-        _check(global_batch >= 1, f"global_batch must be >= 1, got {global_batch}")
-        _check(world_size >= 1 and 0 <= rank < world_size, f"rank {rank} is outside world_size {world_size}")
-        _check(global_batch % world_size == 0,
-               f"global_batch {global_batch} is not divisible by world_size {world_size}: every rank takes an equal slice")
-        _check(prefetch >= 1 and workers >= 0 and fetch_workers >= 1,
-               f"prefetch and fetch_workers must be >= 1 and workers >= 0, got {prefetch}, {fetch_workers}, {workers}")
-        _check(start_index >= 0, f"start_index must be >= 0, got {start_index}")
-        _check(epochs is None or epochs >= 1, f"epochs must be None (endless) or >= 1, got {epochs}")
-        _check(mapped_limit_bytes is None or mapped_limit_bytes > 0,
-               f"mapped_limit_bytes must be None (no limit) or > 0, got {mapped_limit_bytes}")
         self.storage_options = dict(storage_options or {})
-        if isinstance(manifest_url, str):
-            self.published = _load_with_retries(manifest_url, expected_sha256, self.storage_options, retries, backoff_s)
+        if isinstance(data, str):
+            self.published = _load_with_retries(data, expected_sha256, self.storage_options, retries, backoff_s)
         else:  # a Published dataset or mixture (a mixture's components are loaded here if they are not yet)
-            self.published = load_data(manifest_url, **self.storage_options)
+            self.published = load_data(data, **self.storage_options)
         if expected_sha256 is not None and self.published.manifest.sha256 != expected_sha256:
             raise HashMismatchError(f"manifest at {self.published.url} (hash pinned by the caller)", expected_sha256,
                                     self.published.manifest.sha256)
         self.manifest = self.published.manifest
         self.split, self.seed, self.order_name = split, int(seed), order
-        self.global_batch, self.rank, self.world_size = int(global_batch), int(rank), int(world_size)
+        self.global_batch, self.rank, self.world_size = (int(sampling.global_batch), int(sampling.rank),
+                                                         int(sampling.world_size))
         self.local_batch = self.global_batch // self.world_size
-        self.window_shards, self.prefetch, self.workers, self.fetch_workers = int(window_shards), prefetch, workers, fetch_workers
+        self.window_shards, self.prefetch = int(window_shards), prefetch
+        self.workers, self.fetch_workers = threads.workers, threads.fetch_workers
         # A mixture URL works wherever a dataset's does: only the order and the shards' sources differ.
         if is_mixture(self.published):
             self.order = MixtureOrder(self.published, split, self.seed, order, self.window_shards)
@@ -133,10 +118,10 @@ class Loader:
             self.shards, sources = self.manifest.shards, (self.published,)
         self.num_samples = self.order.num_samples  # rows per epoch (a mixture: its length, None if endless)
         self.stop_index = self.order.stop_index(epochs)
-        self.pin_memory = torch.cuda.is_available() if pin_memory is None else bool(pin_memory)
+        self.pin_memory = torch.cuda.is_available() if batches.pin_memory is None else bool(batches.pin_memory)
         stored = np.dtype(self.manifest.token_dtype)
         stored_torch = torch.from_numpy(np.empty(0, stored)).dtype
-        self.token_dtype = stored_torch if token_dtype is None else token_dtype
+        self.token_dtype = stored_torch if batches.token_dtype is None else batches.token_dtype
         t = self.token_dtype
         wider_int = t.is_signed and not (t.is_floating_point or t.is_complex) and t.itemsize > stored.itemsize
         _check(t == stored_torch or wider_int,
@@ -145,7 +130,7 @@ class Loader:
         self._row_like = np.empty((0, self.manifest.row_tokens), stored)  # tells the gather kernel the shards' dtype
         self._buf_dtype = torch.empty(0, dtype=t).numpy().dtype
         self._steps_since_check = 0
-        self.cache_dir = cache_dir or default_cache_dir()
+        self.cache_dir = caching.dir or default_cache_dir()
         self.cache_limit_bytes = cache_limit_bytes
         if cache_limit_bytes is not None:
             need = self.required_cache_bytes()
@@ -160,13 +145,13 @@ class Loader:
         self.cache = ShardCache(self.cache_dir, sources, storage_options=self.storage_options,
                                 limit_bytes=cache_limit_bytes, retries=retries, backoff_s=backoff_s,
                                 max_open=max(64, self.shards_in_flight()),
-                                mapped_limit_bytes=mapped_limit_bytes)
+                                mapped_limit_bytes=caching.mapped_limit_bytes)
         self._entry_of_shard = self.cache.ids(self.shards)
         self._shard_of_entry = {int(e): s for e, s in zip(self._entry_of_shard, self.shards)}
-        self.next_index = int(start_index)
+        self.next_index = int(sampling.start_index)
         # documents=True: each batch also carries the rows' document boundaries (loader/documents.py;
         # a mixture's from each row's own component).
-        self.documents = document_boundaries(self.published, self.storage_options) if documents else None
+        self.documents = document_boundaries(self.published, self.storage_options) if batches.documents else None
         self.last_metrics: dict = {}
         self._generation = 0  # bumped by load_state_dict: a running iterator restarts from the new index
         self._plans: dict[int, _Step] = {}

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
+from gristmill.errors import UsageError
+
 from .order import DEFAULT_WINDOW_SHARDS
 
 DEFAULT_MAPPED_LIMIT = 256 << 20  # shard pages kept mapped per process (see ShardCache.bound_mapped_pages)
@@ -31,6 +33,14 @@ class Sampling:
     start_index: int = 0  # the first global index served (a resume sets it through load_state_dict)
     epochs: int | None = None  # None: endless
 
+    def __post_init__(self):
+        b, r, w = self.global_batch, self.rank, self.world_size
+        check(b >= 1, f"global_batch must be >= 1, got {b}")
+        check(w >= 1 and 0 <= r < w, f"rank {r} is outside world_size {w}")
+        check(b % w == 0, f"global_batch {b} is not divisible by world_size {w}: every rank takes an equal slice")
+        check(self.start_index >= 0, f"start_index must be >= 0, got {self.start_index}")
+        check(self.epochs is None or self.epochs >= 1, f"epochs must be None (endless) or >= 1, got {self.epochs}")
+
 
 @dataclass(frozen=True)
 class Source:
@@ -50,12 +60,21 @@ class Caching:
     limit_bytes: int | None = None  # None: no limit (no eviction)
     mapped_limit_bytes: int | None = DEFAULT_MAPPED_LIMIT  # None: no limit on mapped shard pages
 
+    def __post_init__(self):
+        check(self.mapped_limit_bytes is None or self.mapped_limit_bytes > 0,
+              f"mapped_limit_bytes must be None (no limit) or > 0, got {self.mapped_limit_bytes}")
+
 
 @dataclass(frozen=True)
 class Threads:
     prefetch: int = 4  # steps assembled ahead of the consumer
     workers: int = 2  # batch-assembly threads; 0: in the consumer's thread
     fetch_workers: int = 8  # download threads
+
+    def __post_init__(self):
+        check(self.prefetch >= 1 and self.workers >= 0 and self.fetch_workers >= 1,
+              f"prefetch and fetch_workers must be >= 1 and workers >= 0, got {self.prefetch}, {self.fetch_workers}, "
+              f"{self.workers}")
 
 
 @dataclass(frozen=True)
@@ -65,6 +84,11 @@ class Batches:
     token_dtype: torch.dtype | None = torch.int64  # None: the shards' own dtype
     pin_memory: bool | None = None  # None: when CUDA is available
     documents: bool = False  # also each row's document boundaries (position_ids, cu_seqlens)
+
+
+def check(ok: bool, message: str) -> None:
+    if not ok:
+        raise UsageError(message)
 
 
 SECTIONS = {"sampling": Sampling, "source": Source, "caching": Caching, "threads": Threads, "batches": Batches}

@@ -76,3 +76,19 @@ def test_prepare_writes_the_data_card_from_the_run_result(toy_dataset, tmp_path,
     with pytest.raises(GristmillError):  # the page is of the version prepare published, nothing else
         write_data_card(RunResult("0" * 64, toy_dataset.url, m.version, {}, str(tmp_path)), quiet=True)
     assert len(calls) == 1
+
+
+def test_every_command_has_its_module_and_its_readme_row():
+    """gristmill/cli/<command>.py for each command (README's table and --help agree with the code)."""
+    import os
+    import re
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    registered = set(cli.build_parser()._subparsers._group_actions[0].choices)
+    modules = {m.__name__.rsplit(".", 1)[1] for m in cli.COMMANDS}
+    on_disk = {f[:-3] for f in os.listdir(os.path.join(root, "gristmill", "cli")) if f.endswith(".py")} - {"__init__", "__main__", "common"}
+    assert modules == on_disk
+    assert {m.replace("_", "-").replace("inspection", "inspect") for m in modules} == registered
+    with open(os.path.join(root, "README.md")) as f:
+        readme = set(re.findall(r"^\| `gristmill ([a-z-]+)", f.read(), flags=re.M))
+    assert readme == registered

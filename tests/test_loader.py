@@ -103,7 +103,7 @@ def test_mapped_pages_stay_under_the_limit(tmp_path, monkeypatch):
     import gristmill.loader.loader as ll
     from helpers import build_dataset
 
-    from gristmill.loader.cache import file_backed_resident
+    from gristmill.loader.residency import file_backed_resident
 
     assert file_backed_resident() is not None  # Linux: the limit works from /proc/self/statm
     monkeypatch.setattr(ll, "MAPPED_CHECK_STEPS", 1)
@@ -423,3 +423,14 @@ def test_flat_options_map_to_the_loaders_sections():
                    "threads": Threads(workers=0), "batches": Batches(documents=True)}
     with pytest.raises(TypeError, match="unknown Loader option 'dir'"):
         sections(dir="/c")  # a section's own field name is not a flat option
+
+
+def test_a_section_refuses_a_bad_value_where_it_is_written():
+    from gristmill.errors import UsageError
+
+    with pytest.raises(UsageError, match="global_batch 10 is not divisible by world_size 4"):
+        Sampling(global_batch=10, world_size=4)
+    with pytest.raises(UsageError, match="prefetch and fetch_workers must be >= 1"):
+        Threads(prefetch=0)
+    with pytest.raises(UsageError, match="mapped_limit_bytes must be None"):
+        Caching(mapped_limit_bytes=0)

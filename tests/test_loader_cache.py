@@ -133,7 +133,7 @@ def test_rows_outside_the_file_mapping_are_never_released():
     """A multi-chunk shard's rows are concatenated into ordinary memory, which MADV_DONTNEED would zero."""
     import numpy as np
 
-    from gristmill.loader.cache import _file_pages
+    from gristmill.loader.residency import file_pages as _file_pages
 
     class Copied:  # rows in ordinary memory, the mapping elsewhere
         rows = np.ones((4, 8), np.uint16)

@@ -15,12 +15,17 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Builds the tiny model with build_model and saves its full (gathered) weights from rank 0.
 WEIGHTS_PROBE = """
+import os
+before = dict(os.environ)
 import sys, torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from gristmill.trainer.model import model_args
 from gristmill.trainer.parallelize import build_mesh, build_model, init_distributed
 
 d = init_distributed()
+added = sorted(set(os.environ) - set(before))
+changed = sorted(k for k in before if os.environ.get(k) != before[k])
+print("START", d.rank, d.world_size, added, changed)
 for out, dp_shard, ac in zip(sys.argv[1::3], map(int, sys.argv[2::3]), sys.argv[3::3]):  # one build per triple
     args = model_args("tiny", vocab_size=101, max_seq_len=16, n_kv_heads=2)
     model = build_model(args, build_mesh(d.device, d.world_size, dp_shard), device=d.device, seed=7,
@@ -91,7 +96,7 @@ def finish(proc: subprocess.Popen) -> str:
 @pytest.fixture(scope="module")
 def probes(tmp_path_factory):
     """Two launches side by side (most of a launch is starting Python and importing torch): one
-    process builds the tiny model; torchrun's 2 ranks build it with FSDP (blocks wrapped for
+    process (no torchrun variables: a group of one, its environment checked) builds the tiny model; torchrun's 2 ranks build it with FSDP (blocks wrapped for
     activation checkpointing) and with HSDP (2 replicas of a 1-rank shard group), then run the
     8b probe. Returns the three weight sets and the 8b probe's per-rank records."""
     tmp = tmp_path_factory.mktemp("init")
@@ -100,13 +105,20 @@ def probes(tmp_path_factory):
     two_ranks.write_text(WEIGHTS_PROBE + SHARD_PROBE + LEAVE)
     one, two, hsdp = (str(tmp / f"{n}.pt") for n in ("one", "two", "hsdp"))
     procs = [start(one_rank, one, "-1", "none"), start(two_ranks, two, "-1", "selective", hsdp, "1", "none", nproc=2)]
-    out = [finish(p) for p in procs][1]
-    ranks = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-    return tuple(torch.load(p) for p in (one, two, hsdp)), ranks
+    alone, ranks = (finish(p) for p in procs)
+    return {"weights": tuple(torch.load(p) for p in (one, two, hsdp)),
+            "ranks": [json.loads(line) for line in ranks.splitlines() if line.startswith("{")],
+            "alone": [line for line in alone.splitlines() if line.startswith("START ")]}
+
+
+def test_a_single_process_start_leaves_the_environment_alone(probes):
+    """Without torchrun's variables the trainer is a group of one over an in-process store; it
+    must not write RANK, MASTER_PORT or anything else into its caller's environment."""
+    assert probes["alone"] == ["START 0 1 [] []"]
 
 
 def test_initial_weights_are_the_same_at_any_world_size(probes):
-    a, b, c = probes[0]
+    a, b, c = probes["weights"]
     assert list(a) == list(b) == list(c) and "tok_embeddings.weight" in a and "output.weight" in a
     for name in a:
         assert torch.equal(a[name], b[name]) and torch.equal(a[name], c[name]), name
@@ -121,7 +133,7 @@ def test_the_8b_preset_on_two_ranks_holds_only_its_shards(probes):
     """Before any step: each rank's parameters are half of the model's 32 GB of fp32, and its
     resident memory stays far below even that half (to_empty only reserves), where building the
     model whole, as the trainer used to, cost 32 GB per rank. Drawing block 0 adds about its shard."""
-    ranks = probes[1]
+    ranks = probes["ranks"]
     assert sorted(r["rank"] for r in ranks) == [0, 1]
     full = ranks[0]["full_bytes"]
     assert full > 30e9  # the 8b preset: 8.0e9 parameters in fp32

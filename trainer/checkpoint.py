@@ -497,13 +497,18 @@ class PendingSave:
 
 
 class Checkpointer:
-    """Saves, prunes and restores the checkpoints of one run. Collective: every rank calls it."""
+    """Saves, prunes and restores the checkpoints of one run, and says when a save is due. Collective:
+    every rank calls it."""
 
     def __init__(self, run_dir: str, *, keep: int, async_save: bool, rank: int, world_size: int,
-                 device: torch.device, before_commit: Callable[[int, str], None] | None = None):
+                 device: torch.device, before_commit: Callable[[int, str], None] | None = None,
+                 enabled: bool = True, every: int = 0):
         """``before_commit(step, tmp_dir)``, when given, runs on rank 0 after meta.json is written and
-        before the rename that commits the save (tests use it to crash at exactly that point)."""
+        before the rename that commits the save (tests use it to crash at exactly that point).
+        ``every``: steps between saves (0: only at the end); ``enabled`` False: never due."""
         self.run_dir, self.keep, self.async_save = run_dir, keep, async_save
+        self.enabled, self.every = enabled, every
+        self.last_step = 0  # the step of the newest save or loaded checkpoint (0: the initial weights)
         self.rank, self.world_size, self.device = rank, world_size, device
         self.before_commit = before_commit
         self.pending: PendingSave | None = None
@@ -522,6 +527,16 @@ class Checkpointer:
                     log.info("removing interrupted checkpoint %s", name)
                     shutil.rmtree(os.path.join(root, name), ignore_errors=True)
 
+    # -- cadence --------------------------------------------------------------------------------
+    def due(self, step: int) -> bool:
+        """A save after optimizer step ``step`` is due: every ``every`` steps."""
+        return self.enabled and self.every > 0 and step % self.every == 0
+
+    def due_at_end(self, step: int) -> bool:
+        """The end of the run (or of this slice of it) is always checkpointed, unless it already is
+        (or no step was trained past the newest checkpoint)."""
+        return self.enabled and step > self.last_step
+
     def save(self, step: int, states: dict[str, Stateful], meta: dict) -> float:
         """Write step ``step`` of ``states`` (trainer.state: model, optimizer, scheduler, loader,
         train state; DCP reshards them on load); synchronous saves are committed before this
@@ -529,6 +544,7 @@ class Checkpointer:
         copy when async)."""
         started = time.perf_counter()
         self.wait()  # one save in flight at a time
+        self.last_step = step
         tmp = os.path.join(checkpoints_dir(self.run_dir), f"{TMP_PREFIX}step-{step}")
         if self.rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -609,3 +625,4 @@ class Checkpointer:
         state = {**states, DCP_KEY: _position_buffer(path, md)}
         load_state(state, path)
         compare_data_position(meta, state[DCP_KEY].numpy().tobytes(), os.path.join(path, META_FILE))
+        self.last_step = meta["step"]

@@ -90,7 +90,8 @@ class Trainer:
 
         self.checkpointer = Checkpointer(self.run_dir, keep=cfg.checkpoint.keep, async_save=cfg.checkpoint.async_save,
                                          rank=d.rank, world_size=d.world_size, device=d.device,
-                                         before_commit=self.hooks.before_commit)
+                                         before_commit=self.hooks.before_commit, enabled=cfg.checkpoint.enabled,
+                                         every=cfg.checkpoint.every)
         self.manifest_changes: list[dict] = []
         self.resumed_from: str | None = None
         self.flops_per_token = flops_per_token(self.args, self.seq_len)
@@ -149,7 +150,7 @@ class Trainer:
         samples = SampleLog(self.run_dir, enabled=cfg.run.log_samples, writer=self.rank0, world_size=d.world_size,
                             resume_step=start_step)
         self.run_log.log_start(start_step, end_step)
-        losses, step_times, last_saved = [], [], start_step
+        losses, step_times = [], []
         it = iter(self.loader)
         self.model.train()
         with StopSignals() as stop:
@@ -184,16 +185,15 @@ class Trainer:
                     self.evaluate(step)
 
                 self.checkpointer.poll()
-                if cfg.checkpoint.enabled and cfg.checkpoint.every and step % cfg.checkpoint.every == 0:
+                if self.checkpointer.due(step):
                     self.save(step)
-                    last_saved = step
                 if signum := stop.agreed(d):
                     self.checkpointer.wait()  # a save in flight is finished and committed, never abandoned half-written
                     latest = committed(self.run_dir)
                     raise Interrupted(signum, step, latest[-1][1] if latest else None)
 
-        if cfg.checkpoint.enabled and last_saved != end_step and end_step > start_step:
-            self.save(end_step)  # the end of the run (or of this slice of it) is always checkpointed
+        if self.checkpointer.due_at_end(end_step):
+            self.save(end_step)
         self.checkpointer.wait()
         return {"start_step": start_step, "end_step": end_step, "losses": losses, "skipped_total": ts.skipped_total,
                 "resumed_from": self.resumed_from}
