@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .errors import FactMismatchError, HashMismatchError, ManifestError
-from .hashing import sha256_bytes
+from .hashing import sha256_bytes, stable_fraction
 from .manifest import Manifest
 from .parquet_part import ParquetPart
 
@@ -156,10 +156,12 @@ def check_doc_index(source, manifest: Manifest) -> None:
     if stated is not None and pf.metadata.num_rows != stated:
         raise FactMismatchError(what, "doc_index.rows", stated, pf.metadata.num_rows)
     shard_rows = np.array([s.rows for s in manifest.shards], dtype=np.int64)
+    rule = split_rule(manifest)
+    is_validation = np.array([s.split == "validation" for s in manifest.shards], dtype=bool)
     width, seen, previous = manifest.row_tokens, 0, None
     for g in range(pf.num_row_groups):
         try:
-            t = pf.read_row_group(g, columns=["shard", "row", "start", "length"])
+            t = pf.read_row_group(g, columns=["shard", "row", "start", "length"] + (["doc_id"] if rule else []))
         except (pa.ArrowException, OSError, ValueError) as e:
             raise ManifestError(f"{what}: row group {g} cannot be read: {e}") from e
         shard, row, start, length = (t.column(k).to_numpy().astype(np.int64) for k in ("shard", "row", "start", "length"))
@@ -179,7 +181,30 @@ def check_doc_index(source, manifest: Manifest) -> None:
             _refuse(what, ~ordered, seen + (previous is None), "order", "sorted by (shard, row, start)",
                     keys[1:].tolist() if not ordered.all() else None)
         previous = keys[-1:]
+        if rule:
+            fraction, salt = rule
+            chosen = np.fromiter((stable_fraction(d, salt) < fraction for d in t.column("doc_id").to_pylist()), bool,
+                                 count=t.num_rows)
+            bad = chosen != is_validation[shard]
+            if bad.any():
+                k = int(np.argmax(bad))
+                raise FactMismatchError(what, "split", f"config.split's rule (validation_fraction {fraction}, seed {salt})",
+                                        f"span {seen + k}: document {t.column('doc_id')[k].as_py()!r} is "
+                                        f"{'validation' if chosen[k] else 'train'} by the rule but in shards[{shard[k]}], "
+                                        f"a {manifest.shards[shard[k]].split} shard (a shard relabelled?)")
         seen += t.num_rows
+
+
+def split_rule(manifest: Manifest) -> tuple[float, int] | None:
+    """(validation_fraction, seed) of a manifest `prepare` wrote (its config's ``split`` section),
+    by which every document's split is :func:`stable_fraction` of its id; None for other writers."""
+    split = manifest.config.get("split")
+    if not isinstance(split, dict):
+        return None
+    fraction, seed = split.get("validation_fraction"), split.get("seed", 0)
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or isinstance(seed, bool) or not isinstance(seed, int):
+        return None
+    return float(fraction), seed
 
 
 def _refuse(what: str, bad: np.ndarray, offset: int, field: str, stated: str, values) -> None:
