@@ -54,8 +54,8 @@ from torch.distributed.checkpoint.stateful import Stateful
 import gristmill
 from gristmill.manifests import sha256_file
 
-from .meta import (DCP_KEY, META_FILE, STEP_DIR, CheckpointError, compare_data_position, encode_data_position, read_meta,
-                   write_meta)
+from .errors import CheckpointError
+from .meta import DCP_KEY, META_FILE, STEP_DIR, compare_data_position, encode_data_position, read_meta, write_meta
 
 log = logging.getLogger("gristmill.trainer")
 

@@ -21,9 +21,10 @@ import json
 import os
 import re
 
-from gristmill.errors import GristmillError
 from gristmill.manifests import canonical_json, sha256_json
 from gristmill.manifests.shards import atomic_write
+
+from .errors import CheckpointError  # noqa: F401  (raised here; trainer.errors is its home)
 
 FORMAT = "gristmill-checkpoint-v2"
 META_FILE = "meta.json"
@@ -37,10 +38,6 @@ REQUIRED = ("step", "world_size", "global_batch", "seq_len", "loader.next_index"
 DATA_KINDS = ("dataset", "mixture")  # what data.manifest_sha256 names; absent: dataset
 DATA_POSITION = ("step", "world_size", "global_batch", "loader", "data.manifest_sha256", "data.split",
                  "manifest_changes")
-
-
-class CheckpointError(GristmillError):
-    """A checkpoint cannot be used: names the directory or file and what is wrong with it."""
 
 
 def new_meta(*, step: int, world_size: int, global_batch: int, seq_len: int, loader: dict, manifest_sha256: str,

@@ -32,7 +32,8 @@ from . import config as config_mod
 from .cli import add_arguments, print_config
 from .checkpoint import Checkpointer, committed, compare_states, library_versions, set_rng_state
 from .config import JobConfig
-from .meta import CheckpointError, data_fields, new_meta
+from .errors import CheckpointError
+from .meta import data_fields, new_meta
 from .metrics import MetricsLog, device_name, format_step, mfu, peak_flops, young_daly_interval_s
 from .budget import expected_wall_s, format_bytes, format_seconds, memory_budget, planned_flops
 from .model import KERNEL_FIELDS, count_params, flops_per_token, flops_per_token_terms, model_args, position_ids
