@@ -157,3 +157,8 @@ def _check_tokenizer(published: Published) -> None:
     vocab = tok.get_vocab_size(with_added_tokens=True)
     if vocab != m.tokenizer.vocab_size:
         raise FactMismatchError(m.tokenizer.path, "tokenizer.vocab_size", m.tokenizer.vocab_size, vocab)
+    tok_config = m.config.get("tokenizer")
+    eos_token = tok_config.get("eos_token") if isinstance(tok_config, dict) else None
+    if isinstance(eos_token, str) and tok.token_to_id(eos_token) != m.tokenizer.eos_id:  # prepare's config names it
+        raise FactMismatchError(m.tokenizer.path, "tokenizer.eos_id", m.tokenizer.eos_id,
+                                f"{tok.token_to_id(eos_token)!r} for config.tokenizer.eos_token {eos_token!r}")

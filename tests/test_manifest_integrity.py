@@ -204,3 +204,17 @@ def test_the_recorded_hash_still_refuses_a_plain_edit(toy_dataset):
     _write_text(toy_dataset, text.replace('"seq_len": 16', '"seq_len": 15', 1))
     with pytest.raises(EditedManifestError):
         load_manifest(toy_dataset.url)
+
+
+def test_a_changed_eos_id_fails_verify_against_the_tokenizer_named_in_the_config(toy_dataset):
+    from gristmill.manifests.hashing import sha256_json as h
+
+    def name_the_eos(d):
+        d["config"]["tokenizer"] = {"eos_token": "<eos>"}  # as prepare's config does; <eos> is id 0
+        d["config_sha256"] = h(d["config"])
+
+    forge(toy_dataset, name_the_eos)
+    assert problems(toy_dataset) == {}
+    forge(toy_dataset, lambda d: d["tokenizer"].update(eos_id=3))
+    err = problems(toy_dataset)[toy_dataset.manifest.tokenizer.path]
+    assert "tokenizer.eos_id: manifest states 3, file holds 0 for config.tokenizer.eos_token '<eos>'" in str(err)
