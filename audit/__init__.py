@@ -3,7 +3,7 @@
 The loader's order is a pure function of (manifest, seed, order, global index) and the
 checkpoint records all of them, so the answer is exact: the same function the loader ran.
 """
-from gristmill.trainer.meta import CheckpointError
+from gristmill.trainer.errors import CheckpointError
 
 from .checkpoint import AuditError, Checkpoint, open_manifest, read_checkpoint
 from .consumed import Consumed, consumed, parse_steps

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from gristmill.errors import GristmillError
 from gristmill.manifests import ManifestNotFoundError, Published
 from gristmill.manifests.mixture import PublishedMixture, load_data
-from gristmill.trainer.meta import META_FILE, STEP_DIR, CheckpointError, read_meta
+from gristmill.trainer.errors import CheckpointError
+from gristmill.trainer.meta import META_FILE, STEP_DIR, read_meta
 
 
 class AuditError(GristmillError):

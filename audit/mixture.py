@@ -84,32 +84,37 @@ def consumed_table_mixture(mix: PublishedMixture, used: list[Consumed]) -> pa.Ta
 
 
 def audit_doc_mixture(mix: PublishedMixture, ckpt: Checkpoint, used: list[Consumed], doc_id: str) -> dict:
-    """The document in every component whose index holds it (a document may be in more than one)."""
+    """One document of one component: in a mixture a document is (component, id), as everywhere in
+    the audit (``<component>/<id>`` in `audit seen`'s and `audit leak`'s answers). ``doc_id`` is
+    ``<component>/<id>``, or a bare id that exactly one component's index holds; an id several
+    components hold is refused, naming the ``<component>/<id>`` of each (never added up: they are
+    different documents)."""
     from .doc import audit_doc
 
+    m = mix.manifest
+    names = [c.name for c in m.components]
+    head, sep, rest = doc_id.partition("/")
+    if sep and head in names:
+        candidates, wanted = [names.index(head)], rest
+    else:
+        candidates, wanted = list(range(len(names))), doc_id
     found = {}
-    for c, pub, u in zip(mix.manifest.components, mix.components, used):
+    for i in candidates:
         try:
-            found[c.name] = audit_doc(pub, ckpt, u, doc_id)
+            found[names[i]] = audit_doc(mix.components[i], ckpt, used[i], wanted)
         except AuditError:
-            continue
+            if len(candidates) == 1:
+                raise
     if not found:
-        raise AuditError(f"document {doc_id!r} is in the document index of no component of mixture "
-                         f"{mix.manifest.name!r} ({', '.join(c.name for c in mix.manifest.components)})")
-    answers = list(found.values())
-    occurrences = sorted(({**o, "component": name} for name, a in found.items() for o in a["occurrences"]),
-                         key=lambda o: o["index"])
-    return {
-        "doc_id": doc_id, "seen": any(a["seen"] for a in answers), "fully_seen": all(a["fully_seen"] for a in answers),
-        "tokens": sum(a["tokens"] for a in answers), "tokens_seen": sum(a["tokens_seen"] for a in answers),
-        "steps": sorted({o["step"] for o in occurrences}), "ranks": sorted({o["rank"] for o in occurrences}),
-        "occurrences": occurrences, "components": list(found),
-        "provenance": {**answers[0]["provenance"], "component": next(iter(found)),
-                       "mixture": mix.manifest.name, "mixture_sha256": mix.manifest.sha256},
-        "by_component": {name: {k: a[k] for k in ("seen", "fully_seen", "tokens", "tokens_seen", "steps")}
-                         for name, a in found.items()},
-        "checkpoint": answers[0]["checkpoint"],
-    }
+        raise AuditError(f"document {doc_id!r} is in the document index of no component of mixture {m.name!r} "
+                         f"({', '.join(names)}); name one as <component>/<doc_id>")
+    if len(found) > 1:
+        raise AuditError(f"document id {doc_id!r} is in {len(found)} components of mixture {m.name!r}, each its own "
+                         f"document: ask for one of {', '.join(f'{n}/{doc_id}' for n in found)}")
+    (name, answer), = found.items()
+    return {**answer, "component": name,
+            "occurrences": [{**o, "component": name} for o in answer["occurrences"]],
+            "provenance": {**answer["provenance"], "component": name, "mixture": m.name, "mixture_sha256": m.sha256}}
 
 
 def audit_leak_mixture(mix: PublishedMixture, used: list[Consumed], eval_file: str, **options):

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .errors import FactMismatchError, HashMismatchError, ManifestError
-from .hashing import sha256_bytes
+from .hashing import sha256_bytes, stable_fraction
 from .manifest import Manifest
 from .parquet_part import ParquetPart
 
@@ -106,10 +107,51 @@ def read_doc_index(source, columns: list[str] | None = None, filters=None) -> pa
     missing = set(want) - set(names) - set(absent)
     if missing:
         raise ManifestError(f"document index lacks column(s) {sorted(missing)}")
-    table = pq.read_table(source, columns=[c for c in want if c not in absent], filters=filters)
+    table = _read_filtered(source, [c for c in want if c not in absent], filters)
     for c in absent:
         table = table.append_column(c, pa.nulls(table.num_rows, DOC_INDEX_SCHEMA.field(c).type))
     return table.select(want)
+
+
+def _read_filtered(source, columns: list[str], filters) -> pa.Table:
+    """``columns`` of the rows matching every ``(column, op, value)`` of ``filters`` (op ``=``, ``==`` or
+    ``in``), read through ``ParquetFile`` a row group at a time, skipping row groups whose statistics
+    exclude the value. Not ``pq.read_table``: its dataset scanner leaves read-ahead tasks on Arrow's
+    thread pools after it returns, and a process that exits then aborts now and then
+    (``terminate called without an active exception``, apache/arrow#34314, #39862)."""
+    pf = pq.ParquetFile(source)
+    if not filters:
+        return pf.read(columns=columns, use_threads=False)
+    names = pf.schema_arrow.names
+    wanted = []
+    for col, op, value in filters:
+        if op not in ("=", "==", "in") or col not in names:
+            raise ManifestError(f"document index: unsupported filter {(col, op, value)!r}")
+        wanted.append((col, names.index(col), list(value) if op == "in" else [value]))
+    read_cols = list(dict.fromkeys(columns + [c for c, _, _ in wanted]))
+    parts = []
+    for g in range(pf.num_row_groups):
+        rg = pf.metadata.row_group(g)
+        if not all(_may_hold(rg.column(i).statistics, values) for _, i, values in wanted):
+            continue
+        t = pf.read_row_group(g, columns=read_cols, use_threads=False)
+        mask = None
+        for col, _, values in wanted:
+            m = pc.is_in(t.column(col), value_set=pa.array(values, t.schema.field(col).type))
+            mask = m if mask is None else pc.and_(mask, m)
+        parts.append(t.filter(mask).select(columns))
+    if not parts:
+        return pf.schema_arrow.empty_table().select(columns)
+    return pa.concat_tables(parts)
+
+
+def _may_hold(stats, values: list) -> bool:
+    if stats is None or not stats.has_min_max:
+        return True
+    try:
+        return any(stats.min <= v <= stats.max for v in values)
+    except TypeError:  # a value of another type than the column's: it matches nothing, but let the mask say so
+        return True
 
 
 def row_offsets(manifest: Manifest) -> np.ndarray:
@@ -156,10 +198,12 @@ def check_doc_index(source, manifest: Manifest) -> None:
     if stated is not None and pf.metadata.num_rows != stated:
         raise FactMismatchError(what, "doc_index.rows", stated, pf.metadata.num_rows)
     shard_rows = np.array([s.rows for s in manifest.shards], dtype=np.int64)
+    rule = split_rule(manifest)
+    is_validation = np.array([s.split == "validation" for s in manifest.shards], dtype=bool)
     width, seen, previous = manifest.row_tokens, 0, None
     for g in range(pf.num_row_groups):
         try:
-            t = pf.read_row_group(g, columns=["shard", "row", "start", "length"])
+            t = pf.read_row_group(g, columns=["shard", "row", "start", "length"] + (["doc_id"] if rule else []))
         except (pa.ArrowException, OSError, ValueError) as e:
             raise ManifestError(f"{what}: row group {g} cannot be read: {e}") from e
         shard, row, start, length = (t.column(k).to_numpy().astype(np.int64) for k in ("shard", "row", "start", "length"))
@@ -179,7 +223,30 @@ def check_doc_index(source, manifest: Manifest) -> None:
             _refuse(what, ~ordered, seen + (previous is None), "order", "sorted by (shard, row, start)",
                     keys[1:].tolist() if not ordered.all() else None)
         previous = keys[-1:]
+        if rule:
+            fraction, salt = rule
+            chosen = np.fromiter((stable_fraction(d, salt) < fraction for d in t.column("doc_id").to_pylist()), bool,
+                                 count=t.num_rows)
+            bad = chosen != is_validation[shard]
+            if bad.any():
+                k = int(np.argmax(bad))
+                raise FactMismatchError(what, "split", f"config.split's rule (validation_fraction {fraction}, seed {salt})",
+                                        f"span {seen + k}: document {t.column('doc_id')[k].as_py()!r} is "
+                                        f"{'validation' if chosen[k] else 'train'} by the rule but in shards[{shard[k]}], "
+                                        f"a {manifest.shards[shard[k]].split} shard (a shard relabelled?)")
         seen += t.num_rows
+
+
+def split_rule(manifest: Manifest) -> tuple[float, int] | None:
+    """(validation_fraction, seed) of a manifest `prepare` wrote (its config's ``split`` section),
+    by which every document's split is :func:`stable_fraction` of its id; None for other writers."""
+    split = manifest.config.get("split")
+    if not isinstance(split, dict):
+        return None
+    fraction, seed = split.get("validation_fraction"), split.get("seed", 0)
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or isinstance(seed, bool) or not isinstance(seed, int):
+        return None
+    return float(fraction), seed
 
 
 def _refuse(what: str, bad: np.ndarray, offset: int, field: str, stated: str, values) -> None:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import struct
 import uuid
 
@@ -92,6 +93,8 @@ def export_megatron(url: str, out_prefix: str, *, split: str = "train", expected
     bin_path, idx_path, record_path = out_prefix + ".bin", out_prefix + ".idx", out_prefix + RECORD_SUFFIX
     _refuse_existing([bin_path, idx_path, record_path], overwrite)
     spans, doc = document_spans(pub, split)
+    # Nothing is written under the output names until every shard verified: the .bin is written under a
+    # temporary name, and an old record (with --overwrite) goes before the new files replace its.
     if len(spans) == 0:
         raise ExportError(f"split {split!r} of {pub.url} has no document spans: nothing to export")
     lengths = np.bincount(doc, weights=spans.column("length").to_numpy()).astype(np.int64)
@@ -115,6 +118,8 @@ def export_megatron(url: str, out_prefix: str, *, split: str = "train", expected
         pointers = np.concatenate([[0], np.cumsum(lengths)[:-1]]) * np.dtype(dtype).itemsize
         header = MEGATRON_MAGIC + struct.pack("<Q", MEGATRON_VERSION) + struct.pack("<B", code)
         header += struct.pack("<Q", len(lengths)) + struct.pack("<Q", len(lengths) + 1)
+        if os.path.exists(record_path):
+            os.unlink(record_path)
         atomic_write(idx_path, header + lengths.astype(np.int32).tobytes() + pointers.astype(np.int64).tobytes()
                      + np.arange(len(lengths) + 1, dtype=np.int64).tobytes())
         os.replace(tmp, bin_path)
@@ -157,19 +162,48 @@ def export_view(url: str, out_dir: str, fmt: str = "parquet", *, splits: tuple[s
     chosen = [(i, s) for i, s in enumerate(m.shards) if s.split in splits]
     if not chosen:
         raise ExportError(f"{pub.url} has no shards in split(s) {', '.join(splits)}")
-    targets = [os.path.join(out_dir, os.path.splitext(s.path)[0] + VIEW_FORMATS[fmt]) for _, s in chosen]
-    record_path = os.path.join(out_dir, "gristmill.json")
-    _refuse_existing(targets + [record_path], overwrite)
+    rels = [os.path.splitext(s.path)[0] + VIEW_FORMATS[fmt] for _, s in chosen]
+    _refuse_existing([os.path.join(out_dir, r) for r in rels + [VIEW_RECORD]], overwrite)
+    out_dir = os.path.abspath(out_dir)
+    stage = os.path.join(os.path.dirname(out_dir), f".{os.path.basename(out_dir)}.tmp-{uuid.uuid4().hex[:12]}")
     files = {}
-    for (i, s), target in zip(chosen, targets):
-        rows = verified_rows(pub, s)
-        table = pa.table({"shard": pa.array(np.full(len(rows), i, np.int32)), "row": pa.array(np.arange(len(rows))),
-                          "tokens": pa.FixedSizeListArray.from_arrays(pa.array(rows.reshape(-1)), rows.shape[1])})
-        data = _view_bytes(table, fmt)
-        atomic_write(target, data)
-        files[os.path.relpath(target, out_dir)] = hashlib.sha256(data).hexdigest()
-    record = {"format": f"gristmill-{fmt}-view", "manifest_sha256": m.sha256, "manifest_url": pub.url,
-              "dataset": m.dataset, "version": m.version, "splits": list(splits), "seq_len": m.seq_len,
-              "files": files, "code_version": code_version()}
-    atomic_write(record_path, (json.dumps(record, indent=2, sort_keys=True) + "\n").encode())
+    try:
+        # Every file is staged beside out_dir and only moved in once all of them verified and were written:
+        # a shard that fails verification leaves nothing that looks like output.
+        for (i, s), rel in zip(chosen, rels):
+            rows = verified_rows(pub, s)
+            table = pa.table({"shard": pa.array(np.full(len(rows), i, np.int32)), "row": pa.array(np.arange(len(rows))),
+                              "tokens": pa.FixedSizeListArray.from_arrays(pa.array(rows.reshape(-1)), rows.shape[1])})
+            data = _view_bytes(table, fmt)
+            atomic_write(os.path.join(stage, rel), data)
+            files[rel] = hashlib.sha256(data).hexdigest()
+        record = {"format": f"gristmill-{fmt}-view", "manifest_sha256": m.sha256, "manifest_url": pub.url,
+                  "dataset": m.dataset, "version": m.version, "splits": list(splits), "seq_len": m.seq_len,
+                  "files": files, "code_version": code_version()}
+        atomic_write(os.path.join(stage, VIEW_RECORD), (json.dumps(record, indent=2, sort_keys=True) + "\n").encode())
+        _move_in(stage, out_dir, rels)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
     return record
+
+
+VIEW_RECORD = "gristmill.json"
+
+
+def _move_in(stage: str, out_dir: str, rels: list[str]) -> None:
+    """Publish a complete staged export: the whole directory in one rename when ``out_dir`` does not
+    exist; else (``--overwrite``, or an existing directory) the old record first, then each file, then
+    the record last, so a directory holding a ``gristmill.json`` always holds all of what it lists."""
+    if not os.path.exists(out_dir):
+        try:
+            os.rename(stage, out_dir)
+            return
+        except OSError:  # created meanwhile: move the files in one by one
+            pass
+    record = os.path.join(out_dir, VIEW_RECORD)
+    if os.path.exists(record):
+        os.unlink(record)
+    for rel in rels:
+        os.makedirs(os.path.dirname(os.path.join(out_dir, rel)), exist_ok=True)
+        os.replace(os.path.join(stage, rel), os.path.join(out_dir, rel))
+    os.replace(os.path.join(stage, VIEW_RECORD), record)

@@ -23,6 +23,14 @@ def sha256_json(obj: Any) -> str:
     return sha256_bytes(canonical_json(obj))
 
 
+def stable_fraction(key: str, salt: int) -> float:
+    """A uniform number in [0, 1) that depends only on ``key`` and ``salt``: the train/validation
+    split rule (a document is validation when this is below ``split.validation_fraction``), which
+    `prepare` applies and `manifest verify` checks."""
+    h = hashlib.blake2b(f"{salt}:{key}".encode(), digest_size=8).digest()
+    return int.from_bytes(h, "big") / 2**64
+
+
 def sha256_stream(f: BinaryIO) -> tuple[str, int]:
     h, n = hashlib.sha256(), 0
     while chunk := f.read(CHUNK):

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-import posixpath
+import math
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from .errors import (EditedManifestError, HashMismatchError, ManifestDecodeError, ManifestError, MissingFieldError, SchemaVersionError,
                      UnsafePathError)
-from .hashing import canonical_json, sha256_bytes
+from .hashing import canonical_json, sha256_bytes, sha256_json
 
 SCHEMA_VERSION = 1
 UNHASHED_FIELDS = ("version", "created_at", "sha256")
@@ -30,15 +30,24 @@ MAX_VOCAB = 1 << 32
 
 
 def safe_relpath(path: str, what: str) -> str:
-    """A path inside the dataset version directory; absolute or escaping paths are refused."""
+    """A path inside the dataset version directory, exactly as written: ``/``-separated segments, none
+    empty, ``.`` or ``..``, with no control character (NUL included) and no backslash; not absolute
+    and no URL or drive. Anything else is an UnsafePathError naming it (never normalised: the path
+    is hashed as written)."""
     if not isinstance(path, str) or not path:
         raise UnsafePathError(f"{what}: path must be a non-empty string, got {path!r}")
     if path.startswith(("/", "\\")) or "://" in path or (len(path) > 1 and path[1] == ":"):
         raise UnsafePathError(f"{what}: path {path!r} is absolute; manifest paths are relative to the dataset version directory")
-    norm = posixpath.normpath(path.replace("\\", "/"))
-    if norm == ".." or norm.startswith("../") or "/../" in f"/{norm}/":
+    bad = next((c for c in path if ord(c) < 0x20 or c in "\x7f\\"), None)
+    if bad is not None:
+        raise UnsafePathError(f"{what}: path {path!r} holds {bad!r}; a manifest path has no control characters or "
+                              f"backslashes (segments separated by '/')")
+    segments = path.split("/")
+    if ".." in segments:
         raise UnsafePathError(f"{what}: path {path!r} escapes the dataset version directory")
-    return norm
+    if any(seg in ("", ".") for seg in segments):
+        raise UnsafePathError(f"{what}: path {path!r} has an empty or '.' segment; write it as plain name/name segments")
+    return path
 
 
 def _require(d: dict, keys: tuple[str, ...], where: str) -> None:
@@ -190,12 +199,29 @@ class VersionedDocument:
         return replace(self, version=version, created_at=now)
 
 
-def checked_sha256(m: VersionedDocument, d: dict, expected_sha256: str | None, what: str) -> str:
-    """``m``'s hash, refused if it differs from the one ``d`` records (an edit) or the caller pins."""
+def checked_sha256(m: VersionedDocument, d: dict, expected_sha256: str | None, what: str,
+                   unhashed: tuple[str, ...] = UNHASHED_FIELDS) -> str:
+    """``m``'s hash, refused if it differs from the one ``d`` records (an edit) or the caller pins.
+
+    The documented identity is the hash of the file's own JSON object ``d`` (minus ``unhashed``); the
+    code hashes what it parsed, ``m.to_dict()``. They must be the same bytes: a field this gristmill
+    does not read (an unknown key), or a value it would read as another (``1.0`` for ``1``, a number
+    for a string, a default filled in), is refused here rather than left outside the hash."""
     try:
-        sha = m.sha256
+        ours = {k: v for k, v in m.to_dict().items() if k not in unhashed}
+        sha = sha256_bytes(canonical_json(ours))
+        theirs = {k: v for k, v in d.items() if k not in unhashed}
+        same = canonical_json(theirs) == canonical_json(ours)
     except UnicodeEncodeError as e:  # JSON can escape a lone surrogate (\udcff), which has no UTF-8
         raise ManifestDecodeError(f"{what}: a string is not valid Unicode ({e}); it cannot be hashed") from e
+    except (ValueError, TypeError) as e:  # NaN or Infinity (no JSON), or a value JSON cannot hold
+        raise ManifestDecodeError(f"{what}: holds a value that is not JSON ({e}); it cannot be hashed") from e
+    if not same:
+        differ = sorted(k for k in set(theirs) | set(ours)
+                        if k not in theirs or k not in ours or canonical_json(theirs[k]) != canonical_json(ours[k]))
+        raise ManifestError(f"{what}: field(s) {', '.join(differ)} hold(s) what this gristmill does not read as written "
+                            f"(an unknown field, a value of another type, or a missing default): every field but "
+                            f"{', '.join(unhashed)} is hashed exactly as written, so refusing")
     recorded = d.get("sha256")
     if recorded is not None and recorded != sha:
         raise EditedManifestError(f"{what}.json (its content was edited after publishing)", recorded, sha)
@@ -252,7 +278,7 @@ class Manifest(VersionedDocument):
             raise ManifestError("manifest: this is a mixture manifest (written by `gristmill mix`), not a dataset's; "
                                 "the loader, `gristmill train` and the audit accept it; dataset tools need one of its "
                                 "components")
-        if "schema_version" in d and d["schema_version"] != SCHEMA_VERSION:
+        if "schema_version" in d and (type(d["schema_version"]) is not int or d["schema_version"] != SCHEMA_VERSION):
             raise SchemaVersionError(
                 f"manifest: unknown schema_version {d['schema_version']!r}; this gristmill reads version {SCHEMA_VERSION}"
             )
@@ -284,6 +310,9 @@ class Manifest(VersionedDocument):
             raise ManifestError("manifest: two shards share a path")
         checked_sha256(m, d, expected_sha256, "manifest")
         # Consistency of the stated counts (after the hash checks: an edited manifest is named as such).
+        if sha256_json(m.config) != m.config_sha256:
+            raise ManifestError(f"manifest.config_sha256: {m.config_sha256} is not the sha256 of config "
+                                f"({sha256_json(m.config)}): config was edited after the run")
         for i, s in enumerate(m.shards):
             if s.tokens != s.rows * m.row_tokens:
                 raise ManifestError(f"shards[{i}].tokens: {s.tokens} is not rows * (seq_len + 1) = "
@@ -296,13 +325,40 @@ class Manifest(VersionedDocument):
     @classmethod
     def from_json(cls, text: str | bytes, *, expected_sha256: str | None = None,
                   source: str = "manifest") -> "Manifest":
-        try:
-            d = json.loads(text)
-        except UnicodeDecodeError as e:
-            raise ManifestDecodeError(f"{source}: not UTF-8 text ({e})") from e
-        except (json.JSONDecodeError, RecursionError) as e:
-            raise ManifestDecodeError(f"{source}: not valid JSON: {e}") from e
-        return cls.from_dict(d, expected_sha256=expected_sha256)
+        return cls.from_dict(parse_json(text, source), expected_sha256=expected_sha256)
+
+
+def _no_duplicates(pairs: list) -> dict:
+    keys = [k for k, _ in pairs]
+    if len(set(keys)) != len(keys):
+        dup = next(k for k in keys if keys.count(k) > 1)
+        raise ManifestDecodeError(f"key {dup!r} appears twice in one object: which one the hash covers would depend "
+                                  f"on the reader")
+    return dict(pairs)
+
+
+def _no_constant(name: str):
+    raise ManifestDecodeError(f"{name} is not a JSON number (a manifest holds only finite numbers)")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ManifestDecodeError(f"{text[:40]} is out of range for a JSON number (a manifest holds only finite numbers)")
+    return value
+
+
+def parse_json(text: str | bytes, source: str = "manifest") -> Any:
+    """A manifest file's JSON, strictly: UTF-8, no duplicate keys, no NaN or Infinity, no number out of
+    range (``1e999``, an integer of thousands of digits); anything else is a one-line ManifestDecodeError."""
+    try:
+        return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant, parse_float=_finite)
+    except ManifestDecodeError as e:
+        raise ManifestDecodeError(f"{source}: {e}") from None
+    except UnicodeDecodeError as e:
+        raise ManifestDecodeError(f"{source}: not UTF-8 text ({e})") from e
+    except (ValueError, RecursionError) as e:  # JSONDecodeError, and int()'s digit limit
+        raise ManifestDecodeError(f"{source}: not valid JSON: {e}") from e
 
 
 def content_sha256(d: dict) -> str:

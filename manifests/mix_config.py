@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Annotated, Iterable, Literal
 
-from pydantic import AfterValidator, Field, ValidationInfo, model_validator
+from pydantic import AfterValidator, BeforeValidator, Field, ValidationInfo, model_validator
 
 from gristmill import config
 from gristmill.config import Float, NonEmptyStr, PositiveInt, ResolvedPath, Section, Str, fail
@@ -38,11 +38,25 @@ def _dataset_ref(value: str, info: ValidationInfo) -> str:
 DatasetRef = Annotated[Str, Field(min_length=1), AfterValidator(_dataset_ref)]
 
 
+def _sha256(value):
+    """A pinned manifest hash: 64 lowercase hex digits, as a string. YAML reads an unquoted all-digit
+    one as a number (and a leading 0 as octal), so a number is refused with how to write it."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        fail("a sha256 as a quoted string (YAML read this unquoted all-digit hash as a number, which loses "
+             "its leading zeros: write sha256: \"<64 hex digits>\")", f"the number {value}")
+    if not (isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)):
+        fail("64 lowercase hex digits (a manifest's sha256, as `gristmill manifest show` prints it)", repr(value))
+    return value
+
+
+Sha256 = Annotated[str, BeforeValidator(_sha256)]
+
+
 class ComponentConfig(Section):
     dataset: DatasetRef  # a dataset name in `store`, or a dataset URL
     name: Str | None = None  # default: the dataset's name
     version: PositiveInt | None = None  # default: the latest
-    sha256: Str | None = None  # pin: refuse a component manifest with another hash
+    sha256: Sha256 | None = None  # pin: refuse a component manifest with another hash
     weight: PositiveFloat | None = None
     tokens: PositiveInt | None = None  # token budget (training tokens: seq_len per sample)
     exhausted: Literal["repeat", "stop"] = "repeat"
@@ -73,7 +87,7 @@ def load(path: str, overrides: Iterable[str] = ()) -> MixJob:
 
 def mix(job: MixJob, source: str = "mix job"):
     """Resolve every component (URL or store name -> the version's manifest, hash-checked), build and publish."""
-    from .errors import ManifestNotFoundError
+    from .errors import HashMismatchError, ManifestNotFoundError
     from .mixture import MixtureError, build_mixture, component_url, load_data
     from .store import ManifestStore, load_manifest
 
@@ -84,6 +98,10 @@ def mix(job: MixJob, source: str = "mix job"):
             pub = load_manifest(url, expected_sha256=c.sha256)
         except ManifestNotFoundError as e:
             raise MixtureError(f"{source}: components[{i}].dataset: unknown component {c.dataset!r}: {e}") from e
+        except HashMismatchError as e:
+            if c.sha256 is None or e.expected != c.sha256 or e.actual == c.sha256:  # not the pin: an edited manifest
+                raise
+            raise MixtureError(f"{source}: components[{i}].sha256: {e}") from None
         name = c.name or pub.manifest.dataset
         if name in names:
             raise MixtureError(f"{source}: components[{i}]: a second component named {name!r}; give it a name")

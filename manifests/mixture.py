@@ -15,16 +15,15 @@ docs/mixtures.md.
 """
 from __future__ import annotations
 
-import json
 import math
 import posixpath
 from dataclasses import asdict, dataclass, field, replace
 from fractions import Fraction
 from typing import Any
 
-from .errors import ManifestDecodeError, ManifestError, SchemaVersionError
+from .errors import ManifestError, SchemaVersionError
 from .hashing import canonical_json, sha256_bytes
-from .manifest import MAX_TOTAL_ROWS, Manifest, VersionedDocument, _int, _require, _sha, checked_sha256
+from .manifest import MAX_TOTAL_ROWS, Manifest, VersionedDocument, _int, _require, _sha, checked_sha256, parse_json
 from .store import DATASET_NAME, Published, _load_as, join
 
 KIND = "mixture"
@@ -141,7 +140,7 @@ class MixtureManifest(VersionedDocument):
         if d.get("kind") != KIND:
             raise MixtureError(f"manifest: kind is {d.get('kind')!r}, not {KIND!r}: this is not a mixture manifest "
                                f"(a dataset URL works wherever a mixture URL does)")
-        if d.get("schema_version") != MIXTURE_SCHEMA_VERSION:
+        if type(d.get("schema_version")) is not int or d.get("schema_version") != MIXTURE_SCHEMA_VERSION:
             raise SchemaVersionError(f"mixture manifest: unknown schema_version {d.get('schema_version')!r}; this "
                                      f"gristmill reads version {MIXTURE_SCHEMA_VERSION}")
         _require(d, REQUIRED, "mixture")
@@ -182,26 +181,17 @@ class MixtureManifest(VersionedDocument):
             loc = m.locations.get(c.name)
             if not isinstance(loc, dict) or not isinstance(loc.get("url"), str) or not loc["url"]:
                 raise MixtureError(f"mixture.locations: no url for component {c.name!r}")
-        checked_sha256(m, d, expected_sha256, "mixture manifest")
+        checked_sha256(m, d, expected_sha256, "mixture manifest", UNHASHED_FIELDS)
         return m
 
     @classmethod
     def from_json(cls, text: str | bytes, *, expected_sha256: str | None = None,
                   source: str = "manifest") -> "MixtureManifest":
-        return cls.from_dict(_parse(text, source), expected_sha256=expected_sha256)
+        return cls.from_dict(parse_json(text, source), expected_sha256=expected_sha256)
 
 
 def content_sha256(d: dict) -> str:
     return sha256_bytes(canonical_json({k: v for k, v in d.items() if k not in UNHASHED_FIELDS}))
-
-
-def _parse(text: str | bytes, source: str) -> Any:
-    try:
-        return json.loads(text)
-    except UnicodeDecodeError as e:
-        raise ManifestDecodeError(f"{source}: not UTF-8 text ({e})") from e
-    except (json.JSONDecodeError, RecursionError) as e:
-        raise ManifestDecodeError(f"{source}: not valid JSON: {e}") from e
 
 
 class _Either:
@@ -209,7 +199,7 @@ class _Either:
 
     @staticmethod
     def from_json(text, *, expected_sha256=None, source="manifest"):
-        d = _parse(text, source)
+        d = parse_json(text, source)
         if isinstance(d, dict) and d.get("kind") == KIND:
             return MixtureManifest.from_dict(d, expected_sha256=expected_sha256)
         return Manifest.from_dict(d, expected_sha256=expected_sha256)

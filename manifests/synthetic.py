@@ -107,6 +107,18 @@ def _packed_docs(rng: np.random.Generator, shard_ids: list[int], sizes: list[int
     return table, first_doc + len(lengths)
 
 
+def _eos_at_document_ends(rows: list[np.ndarray], ids: list[int], table: dict, eos_id: int = 0) -> None:
+    """EOS as each document's last token, as the pipeline packs (docs/format.md: documents are
+    concatenated with EOS after each); `manifest verify` checks the document index against it."""
+    doc = np.asarray(table["doc_id"].to_pylist(), dtype=object)
+    last = np.append(doc[1:] != doc[:-1], True)  # the last span of each document
+    shard = np.asarray(table["shard"])[last]
+    row, end = np.asarray(table["row"])[last], (np.asarray(table["start"]) + np.asarray(table["length"]))[last] - 1
+    for k, i in enumerate(ids):
+        here = shard == i
+        rows[k][row[here], end[here]] = eos_id
+
+
 def build_synthetic(root: str, *, dataset: str = "synthetic", seq_len: int = 16,
                     shard_rows: tuple[int, ...] = (40, 30, 50), val_rows: tuple[int, ...] = (8,),
                     vocab_size: int = 512, seed: int = 0, tokens: str = "marked",
@@ -129,17 +141,16 @@ def build_synthetic(root: str, *, dataset: str = "synthetic", seq_len: int = 16,
     b = DatasetBuilder(staging, dataset=dataset, seq_len=seq_len, tokenizer_json=tok, vocab_size=vocab_size, eos_id=0)
     parts, next_doc = [], 0
     for split, sizes in (("train", shard_rows), ("validation", val_rows)):
-        ids = []
-        for n in sizes:
-            ids.append(len(b.shards))
-            b.add_shard(split, _rows(rng, tokens, n, width, vocab_size, len(b.shards)))
-        if not sizes:
-            continue
-        if doc_tokens is None:
+        ids = list(range(len(b.shards), len(b.shards) + len(sizes)))
+        rows = [_rows(rng, tokens, n, width, vocab_size, i) for i, n in zip(ids, sizes)]
+        if sizes and doc_tokens is None:
             parts.append(_one_doc_per_row(ids, list(sizes), width, langs[0]))
-        else:
+        elif sizes:
             table, next_doc = _packed_docs(rng, ids, list(sizes), width, doc_tokens, next_doc, sources, langs)
+            _eos_at_document_ends(rows, ids, table)
             parts.append(table)
+        for r in rows:
+            b.add_shard(split, r)
     b.set_doc_index(pa.concat_tables([pa.table(p, schema=pa.schema([f for f in DOC_INDEX_SCHEMA if f.name in p]))
                                    for p in parts]))  # no url column: the writer adds it (null)
     n_sources = sources if doc_tokens is not None else len(b.shards)

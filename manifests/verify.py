@@ -15,7 +15,7 @@ import fsspec
 import numpy as np
 import pyarrow as pa
 
-from .doc_index import check_doc_index
+from .doc_index import check_doc_index, read_doc_index
 from .errors import FactMismatchError, HashMismatchError, ManifestError, PinnedFileError
 from .hashing import sha256_bytes, sha256_stream
 from .manifest import Shard
@@ -39,8 +39,15 @@ class Problem:
 def verify_published(published: Published, *, progress: Callable[[str], None] | None = None) -> list[Problem]:
     """Every pinned file (tokenizer, document index, shards) checked; one Problem per file that fails."""
     m = published.manifest
-    checks = [(m.tokenizer.path, lambda: _check_tokenizer(published)), (m.doc_index.path, lambda: _check_doc_index(published))]
-    checks += [(s.path, lambda s=s: _check_shard(published, s)) for s in m.shards]
+    index_ok: list[bool] = []  # the shards' document ends are checked against an index that verified
+
+    def doc_index():
+        _check_doc_index(published)
+        index_ok.append(True)
+
+    checks = [("manifest.json", lambda: check_shard_order(m)), (m.tokenizer.path, lambda: _check_tokenizer(published)),
+              (m.doc_index.path, doc_index)]
+    checks += [(s.path, lambda i=i, s=s: _check_shard(published, s, i, bool(index_ok))) for i, s in enumerate(m.shards)]
     problems = []
     for rel, check in checks:
         if progress:
@@ -83,13 +90,51 @@ def verified_rows(published: Published, s: Shard) -> np.ndarray:
     return rows
 
 
-def _check_shard(published: Published, s: Shard) -> None:
+def check_shard_order(m) -> None:
+    """docs/format.md's shard order: every train shard, then every validation shard."""
+    splits = [s.split for s in m.shards]
+    if "validation" in splits and "train" in splits[splits.index("validation"):]:
+        i = splits.index("validation") + splits[splits.index("validation"):].index("train")
+        raise FactMismatchError("manifest.json", f"shards[{i}].split", "every train shard before every validation shard",
+                                f"train after shards[{splits.index('validation')}] (validation)")
+
+
+def _check_shard(published: Published, s: Shard, i: int, index_ok: bool) -> None:
     rows = verified_rows(published, s)
+    if index_ok:
+        _check_document_ends(published, s, i, rows)
     raw = write_shard(None, rows, compressed=False)
     if raw.sha256 != s.raw_sha256:
         raise HashMismatchError(f"{s.path} (its uncompressed cache form)", s.raw_sha256, raw.sha256)
     if raw.bytes != s.raw_bytes:
         raise FactMismatchError(s.path, "raw_bytes", s.raw_bytes, raw.bytes)
+
+
+def _check_document_ends(published: Published, s: Shard, i: int, rows: np.ndarray) -> None:
+    """The document index's spans of shard ``i`` against the shard's tokens: documents are packed
+    with EOS after each, so a span that ends inside its row (a document's last span) ends with
+    ``eos_id``. A shard moved to another position in the manifest (two shards' order swapped) holds
+    other documents' layout and fails this. Spans outside the shard's rows are the index check's."""
+    m = published.manifest
+    spans = _open(published, m.doc_index.path, lambda f: _spans_of(f, i))
+    row, start, length = (spans.column(k).to_numpy().astype(np.int64) for k in ("row", "start", "length"))
+    end = start + length
+    ends_inside = (end < m.row_tokens) & (row >= 0) & (row < rows.shape[0]) & (start >= 0) & (length >= 1)
+    r, e = row[ends_inside], end[ends_inside] - 1
+    wrong = rows[r, e] != m.tokenizer.eos_id
+    if wrong.any():
+        k = int(np.argmax(wrong))
+        raise FactMismatchError(s.path, f"shards[{i}] documents", f"document index spans ending with eos_id "
+                                f"{m.tokenizer.eos_id}", f"row {int(r[k])} token {int(e[k])} is {int(rows[r[k], e[k]])} where a "
+                                f"span ends ({int(wrong.sum())} such spans): not the shard the index places at position {i} "
+                                f"(shards reordered?)")
+
+
+def _spans_of(f, i: int):
+    try:
+        return read_doc_index(f, columns=["row", "start", "length"], filters=[("shard", "==", i)])
+    except (pa.ArrowException, OSError, ValueError) as e:
+        raise ManifestError(f"document index cannot be read for shard {i}: {e}") from e
 
 
 def _check_doc_index(published: Published) -> None:
@@ -112,3 +157,8 @@ def _check_tokenizer(published: Published) -> None:
     vocab = tok.get_vocab_size(with_added_tokens=True)
     if vocab != m.tokenizer.vocab_size:
         raise FactMismatchError(m.tokenizer.path, "tokenizer.vocab_size", m.tokenizer.vocab_size, vocab)
+    tok_config = m.config.get("tokenizer")
+    eos_token = tok_config.get("eos_token") if isinstance(tok_config, dict) else None
+    if isinstance(eos_token, str) and tok.token_to_id(eos_token) != m.tokenizer.eos_id:  # prepare's config names it
+        raise FactMismatchError(m.tokenizer.path, "tokenizer.eos_id", m.tokenizer.eos_id,
+                                f"{tok.token_to_id(eos_token)!r} for config.tokenizer.eos_token {eos_token!r}")

@@ -13,6 +13,8 @@ import math
 
 import pyarrow as pa
 
+from gristmill.manifests.hashing import stable_fraction  # the split rule, shared with manifest verify
+
 from .text import normalize
 
 PART_SHIFT = 32
@@ -81,12 +83,6 @@ def make_id(rel_source: str, position: int) -> str:
 
 def norm_hash(text: str) -> str:
     return hashlib.blake2b(normalize(text).encode(), digest_size=16).hexdigest()
-
-
-def stable_fraction(key: str, salt: int) -> float:
-    """A uniform number in [0, 1) that depends only on ``key`` and ``salt`` (train/val split)."""
-    h = hashlib.blake2b(f"{salt}:{key}".encode(), digest_size=8).digest()
-    return int.from_bytes(h, "big") / 2**64
 
 
 def split_of(doc_id: str, split) -> str:

@@ -331,14 +331,17 @@ def test_audit_seen_and_doc_across_components(store, tmp_path, capsys):
     lines = [json.loads(x) for x in open(tmp_path / "s.jsonl")]
     assert [x["index"] for x in lines] == list(range(n))
     assert sum(x["component"] == "code" for x in lines) == 14
-    # a document id both components hold is reported in each
+    # a document is (component, id): an id both components hold names two documents, never one
     code_rows = [x for x in lines if x["component"] == "code"]
     doc = f"doc-0-{code_rows[0]['row']}"
-    assert main(["audit", "doc", ckpt, doc, "--json"]) == 0
+    assert main(["audit", "doc", ckpt, doc, "--json"]) == 2
+    assert f"ask for one of web/{doc}, code/{doc}" in capsys.readouterr().err
+    assert main(["audit", "doc", ckpt, f"code/{doc}", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
-    assert set(d["components"]) == {"web", "code"} and d["by_component"]["code"]["seen"]
-    assert {o["index"] for o in d["occurrences"] if o["component"] == "code"} == \
-        {x["index"] for x in code_rows if x["row"] == code_rows[0]["row"]}
+    assert d["component"] == "code" and d["provenance"]["component"] == "code" and d["seen"]
+    assert d["tokens"] == 17 and d["provenance"]["dataset"] == "code"  # one row's document, not two added up
+    assert {o["index"] for o in d["occurrences"]} == {x["index"] for x in code_rows if x["row"] == code_rows[0]["row"]}
+    assert all(o["component"] == "code" for o in d["occurrences"])
     assert main(["audit", "seen", ckpt]) == 0
     text = capsys.readouterr().out
     assert "mixture" in text and "code" in text and "25.00%" in text

@@ -237,3 +237,14 @@ def test_dcp_stream_transforms_are_refused(tmp_path, toy_dataset, capsys):
 def read_dcp_metadata_unchecked(path):
     with open(os.path.join(path, ".metadata"), "rb") as f:
         return pickle.load(f)  # a test's own file, written just above
+
+
+@pytest.mark.parametrize("literal", ["NaN", "Infinity", "1e999", "9" * 5000])
+def test_a_meta_json_with_nan_or_a_huge_number_is_a_one_line_error(ckpt, capsys, literal):
+    path = os.path.join(ckpt, "meta.json")
+    with open(path) as f:
+        text = f.read()
+    with open(path, "w") as f:
+        f.write(text.replace('"step": 5', f'"step": 5, "extra": {literal}', 1))
+    assert verify(ckpt)[0].startswith(f"{path}: ")
+    _one_line_refusal(ckpt, capsys, "meta.json")

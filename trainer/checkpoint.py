@@ -54,8 +54,8 @@ from torch.distributed.checkpoint.stateful import Stateful
 import gristmill
 from gristmill.manifests import sha256_file
 
-from .meta import (DCP_KEY, META_FILE, STEP_DIR, CheckpointError, compare_data_position, encode_data_position, read_meta,
-                   write_meta)
+from .errors import CheckpointError
+from .meta import DCP_KEY, META_FILE, STEP_DIR, compare_data_position, encode_data_position, read_meta, write_meta
 
 log = logging.getLogger("gristmill.trainer")
 
@@ -380,12 +380,17 @@ def read_cross_checked(path: str, md: dcp_md.Metadata | None = None) -> dict:
     md = read_dcp_metadata(path) if md is None else md
     state: dict = {DCP_KEY: _position_buffer(path, md), **{name: {} for name in CROSS_CHECKED}}
     for fqn, entry in md.state_dict_metadata.items():
-        name, _, key = fqn.partition(".")
+        name, *keys = fqn.split(".")
         if name in CROSS_CHECKED:
-            if not isinstance(entry, dcp_md.BytesStorageMetadata) or not key or "." in key:
+            if not isinstance(entry, dcp_md.BytesStorageMetadata) or not keys:
                 raise CheckpointError(f"{path}: DCP entry {fqn} is not a plain value of the {name} state "
                                       f"(not written by this trainer?)")
-            state[name][key] = None
+            d = state[name]
+            for k in keys[:-1]:  # DCP flattens nested dicts to dotted names
+                d = d.setdefault(k, {})
+                if not isinstance(d, dict):
+                    raise CheckpointError(f"{path}: DCP entry {fqn} clashes with another entry of the {name} state")
+            d[keys[-1]] = None
     load_state(state, path, no_dist=True)
     return {**state, DCP_KEY: state[DCP_KEY].numpy().tobytes()}
 

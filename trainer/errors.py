@@ -1,4 +1,6 @@
-"""The trainer's errors: ``TrainingError`` (the run cannot continue) and its family."""
+"""The trainer's errors, torch-free (``trainer.meta``, which the audit imports without torch, raises
+``CheckpointError`` as well as ``trainer.checkpoint``, which re-exports it): ``CheckpointError`` and
+``TrainingError`` (the run cannot continue) with its family."""
 from __future__ import annotations
 
 import signal
@@ -22,3 +24,7 @@ class Interrupted(TrainingError):
         where = f"the newest checkpoint is {latest}" if latest else "no checkpoint was written yet"
         super().__init__(f"{signal.Signals(signum).name} after step {step}: stopped; {where} "
                          f"(run the same command to resume)")
+
+
+class CheckpointError(GristmillError):
+    """A checkpoint cannot be used: names the directory or file and what is wrong with it."""

@@ -21,9 +21,12 @@ import json
 import os
 import re
 
-from gristmill.errors import GristmillError
 from gristmill.manifests import canonical_json, sha256_json
+from gristmill.manifests.errors import ManifestDecodeError
+from gristmill.manifests.manifest import parse_json
 from gristmill.manifests.shards import atomic_write
+
+from .errors import CheckpointError  # noqa: F401  (raised here; trainer.errors is its home)
 
 FORMAT = "gristmill-checkpoint-v2"
 META_FILE = "meta.json"
@@ -37,10 +40,6 @@ REQUIRED = ("step", "world_size", "global_batch", "seq_len", "loader.next_index"
 DATA_KINDS = ("dataset", "mixture")  # what data.manifest_sha256 names; absent: dataset
 DATA_POSITION = ("step", "world_size", "global_batch", "loader", "data.manifest_sha256", "data.split",
                  "manifest_changes")
-
-
-class CheckpointError(GristmillError):
-    """A checkpoint cannot be used: names the directory or file and what is wrong with it."""
 
 
 def new_meta(*, step: int, world_size: int, global_batch: int, seq_len: int, loader: dict, manifest_sha256: str,
@@ -86,11 +85,11 @@ def read_meta(directory: str) -> dict:
     path = os.path.join(directory, META_FILE)
     try:
         with open(path, "rb") as f:
-            meta = json.loads(f.read())
+            meta = parse_json(f.read(), path)  # strict: no duplicate keys, NaN, Infinity or out-of-range numbers
     except FileNotFoundError as e:
         raise CheckpointError(f"{directory}: no {META_FILE}") from e
-    except ValueError as e:
-        raise CheckpointError(f"{path}: not valid JSON: {e}") from e
+    except ManifestDecodeError as e:
+        raise CheckpointError(str(e)) from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         got = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
         raise CheckpointError(f"{path}: format is {got!r}, expected {FORMAT!r}")
