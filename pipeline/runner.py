@@ -110,8 +110,13 @@ def run_batch(fn: Callable[[dict], dict], items: list[dict], wd: WorkDir, step: 
     """Several items in one worker, each committed by its own marker; an item whose marker exists
     (this batch retried after its worker died) is not run again. The last marker is synced,
     which commits the batch's markers and outputs before the driver hears of them."""
+    return list(_run_items(fn, items, wd, step))
+
+
+def _run_items(fn: Callable[[dict], dict], items: list[dict], wd: WorkDir, step: str):
     record_attempt(wd, step, items[0]["name"])
-    return [wd.done(step, it["name"]) or run_one(fn, it, wd, step, sync=i == len(items) - 1) for i, it in enumerate(items)]
+    for i, it in enumerate(items):
+        yield wd.done(step, it["name"]) or run_one(fn, it, wd, step, sync=i == len(items) - 1)
 
 
 class Runner:
@@ -177,11 +182,10 @@ class Runner:
 
 
 class SerialRunner(Runner):
-    """Every task in this process, one after another (no Ray)."""
+    """Every task in this process, one after another, as one batch (no Ray)."""
 
     def _execute(self, step, todo, fn):
-        for it in todo:
-            yield it, run_batch(fn, [it], self.wd, step)[0]
+        yield from zip(todo, _run_items(fn, todo, self.wd, step))
 
 
 class RayRunner(Runner):
