@@ -300,6 +300,10 @@ class RayConfig(Section):
     # so a corpus of many small files does not pay a task's fixed cost per file; a larger file
     # is a partition of its own. The document sequence, hence the output, does not depend on it.
     partition_bytes: PositiveInt = 1 << 20
+    # A task whose worker or node dies (OOM killer, a preempted node) is run again up to this
+    # many times; an exception a task raises is not retried (a deterministic bug fails at once).
+    max_retries: NonNegativeInt = 3
+    object_store_mb: PositiveInt = 128  # embedded local Ray only: its object store (tasks pass a few KB)
 
 
 class PrepareConfig(Section):

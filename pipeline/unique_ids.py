@@ -14,7 +14,7 @@ published under it; both stay inspectable (``gristmill inspect removed``) and th
 balances. The result depends on the data only, never on the partitioning: the check is global.
 
 How it scales, like exact dedup: extract writes per partition every good record's id with a
-1-byte hash bucket of it, sorted by bucket (``ids/part-*.parquet``); a task takes a range of
+16-bit hash bucket of it, sorted by bucket (``ids/part-*.parquet``); a task takes a range of
 buckets and reads only those rows of every partition (row-group pruning), so it holds
 ``1/tasks`` of the ids. A repeated id lives in one bucket, so tasks are independent.
 """
@@ -32,14 +32,14 @@ from .workdir import ParquetPart, WorkDir
 
 STAGE = "unique_ids"
 REASON = "duplicate_id"
-BUCKETS = 256  # as exact dedup's
+BUCKETS = 1 << 16  # id buckets (a 16-bit hash of the id), as exact dedup's keys: tasks take ranges of them
 KEYS_PER_TASK = 2_000_000  # as exact dedup's: about 160 MB of ids per task at most
 ID_SCHEMA = pa.schema([("bucket", pa.int32()), ("id", pa.string()), ("order", pa.int64()), ("part", pa.int32()),
                        ("bytes", pa.int64()), ("kept", pa.bool_()), ("source", pa.string()), ("position", pa.int64())])
 
 
 def bucket_of(doc_id: str) -> int:
-    return hashlib.blake2b(doc_id.encode(), digest_size=2).digest()[0] % BUCKETS
+    return int.from_bytes(hashlib.blake2b(doc_id.encode(), digest_size=2).digest(), "big") % BUCKETS
 
 
 def ids_table(rows: dict) -> pa.Table:

@@ -45,7 +45,7 @@ def test_a_run_whose_accounting_fails_publishes_nothing(tmp_path, monkeypatch):
     os.makedirs(ex.wd.root, exist_ok=True)
     with pytest.raises(AccountingError, match=r"input 3 records != kept 1 \+ removed 1 \+ quarantined 0; nothing was "
                                                   r"published"):
-        ex._publish([], {"total": {}}, 0.0)
+        ex._publish([], {"total": {}}, 0.0, {})
     assert not (tmp_path / "store" / "d").exists()
     assert json.load(open(os.path.join(ex.wd.root, "accounting.json"))) == bad
 

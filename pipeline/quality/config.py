@@ -11,7 +11,7 @@ from typing import Annotated
 
 from pydantic import Field, field_validator
 
-from gristmill.config import Bool, existing_local_file, Float, NonEmptyStr, NonNegativeInt, PositiveInt, ResolvedPath, Section
+from gristmill.config import Bool, Float, NonEmptyStr, NonNegativeInt, PositiveInt, ResolvedPath, Section, existing_local_file
 
 Ratio = Annotated[Float, Field(ge=0)]
 
