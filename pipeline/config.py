@@ -19,7 +19,7 @@ from gristmill.config import _resolve
 from gristmill.config import load as _load
 from gristmill.manifests.store import DATASET_NAME
 from gristmill.pipeline import ngrams
-from gristmill.pipeline.lsh import LSHParams, make_params, optimal_params
+from gristmill.pipeline.lsh import MISS_RATE, LSHParams, make_params, optimal_params, recall_params
 from gristmill.pipeline.quality.config import QualityConfig, merge
 
 Format = Literal["jsonl", "parquet", "text", "warc"]
@@ -136,10 +136,12 @@ class FuzzyDedupConfig(Section):
     num_perm: PositiveInt = 128
     seed: Int = 1  # permutation seed, as datasketch.MinHash(seed=...)
     threshold: Annotated[Float, Field(gt=0, lt=1)] = 0.8  # Jaccard at or above which two documents are near-duplicates
-    bands: PositiveInt | None = None  # bands x rows; None: datasketch's optimal-parameter search
+    bands: PositiveInt | None = None  # bands x rows; None: chosen (lsh.recall_params, or the weights search unverified)
     rows: PositiveInt | None = None
-    false_positive_weight: Float = 0.1  # datasketch MinHashLSH `weights`: recall-leaning because
-    false_negative_weight: Float = 0.9  # candidates are verified by exact Jaccard
+    miss_rate: Annotated[Float, Field(gt=0, lt=1)] = MISS_RATE  # verify: true: the most often a pair at the threshold
+    # may share no band; the fewest false candidates within it (verification keeps precision)
+    false_positive_weight: Float = 0.1  # verify: false: datasketch MinHashLSH `weights` (every candidate is then a merge)
+    false_negative_weight: Float = 0.9
     verify: Bool = True  # exact Jaccard on shingles for every candidate pair
     batch_size: PositiveInt = 1024  # documents per signature batch
     sample_pairs: NonNegativeInt = 20  # removed pairs quoted in the report
@@ -156,6 +158,8 @@ class FuzzyDedupConfig(Section):
     def lsh(self) -> LSHParams:
         if self.bands is not None:
             return make_params(self.threshold, self.num_perm, self.bands, self.rows)
+        if self.verify:
+            return recall_params(self.threshold, self.num_perm, self.miss_rate)
         return optimal_params(self.threshold, self.num_perm, self.false_positive_weight, self.false_negative_weight)
 
 

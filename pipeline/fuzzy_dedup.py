@@ -6,9 +6,9 @@ read where it lies and never moves (see docs/fuzzy-dedup.md):
 1. ``bands`` (a task per partition): MinHash signatures of the partition's surviving documents;
    each document becomes ``bands`` rows ``(bucket, band, key, order)``, ``key`` the 64-bit hash
    of that band of its signature, ``bucket`` its top byte; written sorted by bucket;
-2. ``candidates`` (a task per bucket range): every (band, key) bucket links each member to its
-   earliest member (``order`` smallest), so a bucket of k documents gives k - 1 edges, not
-   k^2 / 2; it also lists each partition's documents that occur in some edge;
+2. ``candidates`` (a task per bucket range): every (band, key) bucket pairs each member with its
+   few earliest members and its predecessor (``lsh.bucket_pairs``), so a bucket of k documents
+   gives at most 5k pairs, not k^2 / 2; it also lists each partition's documents in some pair;
 3. ``members`` (a task per partition): the shingle sets (or signatures) of just those documents;
 4. ``verify`` (a task per partition of the edges' later end): exact Jaccard of each distinct
    candidate pair (``verify: true``, the default, dropping pairs below the threshold) or the
@@ -39,7 +39,7 @@ from gristmill.pipeline import components as cc
 from gristmill.pipeline.documents import REMOVED_SCHEMA, to_removed_rows
 # The stage's config is a section of the one prepare-job model; importable from here as before.
 from gristmill.pipeline.config import FuzzyDedupConfig
-from gristmill.pipeline.lsh import LSHParams, band_keys
+from gristmill.pipeline.lsh import LSHParams, band_keys, bucket_pairs
 from gristmill.pipeline.minhash import MinHasher, jaccard
 from gristmill.pipeline.survivors import surviving_docs
 from gristmill.pipeline.workdir import ParquetPart, part_name
@@ -101,22 +101,10 @@ def plan_bucket_ranges(band_rows: int) -> list[tuple[int, int]]:
     return [(edges[i], edges[i + 1]) for i in range(n)]
 
 
-def bucket_edges(band: np.ndarray, key: np.ndarray, order: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Link every member of a (band, key) bucket to its earliest member: distinct (hi, lo) pairs."""
-    idx = np.lexsort((order, key, band))
-    band, key, order = band[idx], key[idx], order[idx]
-    new = np.ones(len(order), dtype=bool)
-    new[1:] = (band[1:] != band[:-1]) | (key[1:] != key[:-1])
-    first = np.maximum.accumulate(np.where(new, np.arange(len(order)), 0))
-    hi, lo = order[~new], order[first][~new]
-    pairs = np.unique(np.stack([hi, lo], axis=1), axis=0) if len(hi) else np.zeros((0, 2), np.int64)
-    return pairs[:, 0].astype(np.int64), pairs[:, 1].astype(np.int64)
-
-
 def candidates_task(item: dict, root: str, band_files: list[str]) -> dict:
     flt = [("bucket", ">=", item["lo"]), ("bucket", "<", item["hi"])]
     t = pa.concat_tables([_read(f, ["band", "key", "order"], flt) for f in band_files])
-    hi, lo = bucket_edges(t.column("band").to_numpy(), t.column("key").to_numpy(), t.column("order").to_numpy())
+    hi, lo = bucket_pairs(t.column("band").to_numpy(), t.column("key").to_numpy(), t.column("order").to_numpy())
     idx = np.lexsort((lo, hi))
     hi, lo = hi[idx], lo[idx]
     out = ParquetPart(os.path.join(root, item["out"]), CANDIDATE_SCHEMA, row_group_size=_ROW_GROUP)
