@@ -317,7 +317,8 @@ def run_gristmill(clean: str, run_dir: str, tokenizer: str, num_cpus: int, seed:
         for line in f:
             r = json.loads(line)
             removed.setdefault(r["reason"], set()).add(r["id"])
-    return {**res, "stages": stages, "pipeline_s": report["total_seconds"], "lsh": st["fuzzy_dedup"]["detail"]["lsh"],
+    return {**res, "stages": stages, "pipeline_s": report["total_seconds"],
+            "lsh": report["stats"]["fuzzy_dedup"]["detail"]["lsh"],
             "kept": report["accounting"]["kept"], "tokens": st["tokenize"]["tokens_out"],
             "removed": {"language": removed.get("language", set()) | removed.get("language_score", set()),
                         "exact": removed.get("exact_duplicate", set()),

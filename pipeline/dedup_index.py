@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from gristmill.manifests import dedup_index as dx
 
@@ -30,12 +31,11 @@ def index_params(cfg: FuzzyDedupConfig) -> dict:
     return {"ngram": cfg.ngram, "num_perm": cfg.num_perm, "seed": cfg.seed, "bands": p.bands, "rows": p.rows}
 
 
-def check_comparable(cfg: FuzzyDedupConfig, params: dict, what: str) -> None:
-    """Refuse to compare this run's documents with an index of other MinHash parameters (their
-    sketches would not be comparable), naming the key that differs."""
+def check_comparable(mine: dict, params: dict, what: str) -> None:
+    """Refuse to compare this run's documents (MinHash parameters ``mine``, ``index_params``) with an
+    index of other parameters (their sketches would not be comparable), naming the key that differs."""
     from gristmill.errors import ConfigError
 
-    mine = index_params(cfg)
     for k in dx.PARAMS:
         if mine[k] != params[k]:
             raise ConfigError(f"fuzzy_dedup.{k}: {mine[k]} differs from the dedup index of {what} ({params[k]}); "
@@ -118,3 +118,98 @@ def match(params: dict, threshold: float, exact: list[bytes], sk: np.ndarray, ha
         d, o, e = cand[first, 0], cand[first, 1], est[first]
         row[d], kind[d], sim[d] = o, "near", e
     return {"row": row, "kind": kind, "similarity": sim}
+
+
+# -- tasks (the dedup_index and dedup_against stages, pipeline/stages/) -----------------------------
+INDEX_DIR = "dedup_index"  # inside the staging dir: published beside shards/ and doc_index.parquet
+AGAINST = "dedup_against"
+REASONS = {"exact": "earlier_exact_duplicate", "near": "earlier_near_duplicate"}
+
+
+def index_file(part: int) -> str:
+    """A partition's index file, relative to the version directory."""
+    return f"{INDEX_DIR}/part-{part:05d}.parquet"
+
+
+def index_task(item: dict, wd, survivors, params: dict, batch_size: int) -> dict:
+    """Partition ``item["part"]``'s index rows: every document still in the run at the end (the
+    version's documents), its exact key as exact dedup compared it and the sketch of its text as
+    fuzzy dedup compared it. Written to the staging dir; the stats pin the file for the manifest."""
+    import os
+
+    from gristmill.manifests.hashing import sha256_file
+
+    part, tables = item["part"], []
+    for t in survivors.docs(part, ["id", "text", "norm_hash"], batch_size):
+        tables.append(index_rows(params, t.column("id").to_pylist(), t.column("text").to_pylist(),
+                                 t.column("norm_hash").to_pylist()))
+    rel = index_file(part)
+    path = os.path.join(wd.staging, rel)
+    rows = dx.write(path, pa.concat_tables(tables) if tables else dx.schema(params).empty_table())
+    sha, size = sha256_file(path)
+    return {"path": rel, "sha256": sha, "bytes": size, "rows": rows}
+
+
+def load_task(item: dict, wd, storage_options: dict | None = None) -> dict:
+    """One index file of an earlier version, read from its store, hash-checked against the
+    manifest entry that pins it (``item["ref"]``), and kept in the work dir for the match tasks."""
+    import fsspec
+
+    from gristmill.manifests.manifest import FileRef
+    from gristmill.manifests.shards import atomic_write
+
+    ref = FileRef.from_dict(item["ref"], "dedup_index")
+    with fsspec.open(item["url"], "rb", **(storage_options or {})) as f:
+        data = f.read()
+    t, params = dx.read_checked(data, ref, item["url"])
+    check_comparable(item["params"], params, item["label"])
+    atomic_write(wd.scratch(AGAINST, "index", item["name"]), data)  # the verified bytes, as published
+    return {"rows": t.num_rows}
+
+
+def match_task(item: dict, wd, survivors, params: dict, threshold: float, sources: list[dict], batch_size: int) -> dict:
+    """Partition ``item["part"]``'s documents that exactly or nearly duplicate a document of an
+    earlier version: ``removed/dedup_against/part-N`` naming the earlier version and document.
+    ``sources``: the loaded index files in order, each ``{"name", "version", "url", "sha256"}``."""
+    from .documents import REMOVED_SCHEMA, to_removed_rows
+    from .workdir import ParquetPart
+
+    parts, labels = [], []
+    for k, s in enumerate(sources):
+        t = pq.read_table(wd.scratch(AGAINST, "index", s["name"])).replace_schema_metadata(None)
+        parts.append(t)
+        labels.append(np.full(t.num_rows, k, np.int32))
+    index = pa.concat_tables(parts) if parts else dx.schema(params).empty_table().replace_schema_metadata(None)
+    label = np.concatenate(labels) if labels else np.zeros(0, np.int32)
+    old_ids = index.column("doc_id").to_pylist()
+    docs_in = bytes_in = 0
+    rows = {k: [] for k in ("id", "order", "bytes", "reason", "duplicate_of", "earlier_version", "earlier_url",
+                            "earlier_sha256", "similarity")}
+    for t in survivors.docs(item["part"], ["id", "order", "text", "norm_hash", "bytes"], batch_size):
+        docs_in += t.num_rows
+        bytes_in += int(sum(t.column("bytes").to_pylist()))
+        sk, has = sketch_texts(t.column("text").to_pylist(), params)
+        m = match(params, threshold, dx.exact_keys(t.column("norm_hash").to_pylist()), sk, has, index)
+        hit = np.flatnonzero(m["row"] >= 0)
+        ids, orders, nbytes = (t.column(c).to_pylist() for c in ("id", "order", "bytes"))
+        for i in hit.tolist():
+            r = int(m["row"][i])
+            src = sources[int(label[r])]
+            rows["id"].append(ids[i])
+            rows["order"].append(orders[i])
+            rows["bytes"].append(nbytes[i])
+            rows["reason"].append(REASONS[m["kind"][i]])
+            rows["duplicate_of"].append(old_ids[r])
+            rows["earlier_version"].append(src["version"])
+            rows["earlier_url"].append(src["url"])
+            rows["earlier_sha256"].append(src["sha256"])
+            rows["similarity"].append(round(float(m["similarity"][i]), 6))
+    out = ParquetPart(wd.removed(AGAINST, item["part"]), REMOVED_SCHEMA)
+    removed = pa.table(rows) if rows["id"] else None
+    out.write(to_removed_rows(removed, AGAINST) if removed is not None else REMOVED_SCHEMA.empty_table())
+    out.commit()
+    by_reason: dict[str, int] = {}
+    for r in rows["reason"]:
+        by_reason[r] = by_reason.get(r, 0) + 1
+    return {"documents_in": docs_in, "bytes_in": bytes_in, "removed": by_reason,
+            "removed_bytes": int(sum(rows["bytes"])), "index_rows": index.num_rows}

@@ -75,8 +75,8 @@ def test_params_that_differ_are_refused_by_name():
     from gristmill.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"fuzzy_dedup.ngram: 3 differs from the dedup index of v1 \(5\)"):
-        di.check_comparable(FuzzyDedupConfig(ngram=3), PARAMS, "v1")
-    di.check_comparable(FuzzyDedupConfig(), PARAMS, "v1")
+        di.check_comparable(di.index_params(FuzzyDedupConfig(ngram=3)), PARAMS, "v1")
+    di.check_comparable(di.index_params(FuzzyDedupConfig()), PARAMS, "v1")
     with pytest.raises(ManifestError, match="bands x rows <= num_perm"):
         dx.schema({**PARAMS, "bands": 100})
 
