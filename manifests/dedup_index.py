@@ -6,16 +6,18 @@ One row per document the version kept, in Parquet (zstd), pinned by the manifest
 - ``doc_id``: the document's id, as in the document index;
 - ``exact``: the 16-byte blake2b of its normalised text (``pipeline.text.normalize``), the key
   exact dedup compares;
-- ``sketch``: one byte per MinHash value, the low 8 bits of the first ``bands x rows`` values of
-  its signature (b-bit minwise hashing, Li & Koenig 2010); null for a document without words.
+- ``sketch``: the low ``bits`` bits of each of the first ``bands x rows`` MinHash values of its
+  signature (b-bit minwise hashing, Li & Koenig 2010), packed big-end first (two 4-bit values a
+  byte); null for a document without words.
 
-The MinHash parameters (``ngram``, ``num_perm``, ``seed``, ``bands``, ``rows``) are the file's
+The parameters (``ngram``, ``num_perm``, ``seed``, ``bands``, ``rows``, ``bits``) are the file's
 Parquet key-value metadata (inside the hashed bytes), so a run can refuse an index it cannot
 compare with. From a sketch a reader gets both things fuzzy dedup needs without the earlier
-text: **band keys** (band ``b``'s ``rows`` bytes as one integer: a pair of Jaccard J shares a band
-with probability ``(J + (1 - J) / 256) ** rows``), and a **similarity estimate**, the fraction of
-equal bytes corrected for chance agreement (``estimate``), with a standard error of about 0.036
-at J = 0.8 over 126 values. 16 + ``bands x rows`` bytes a document plus its id: ~150 bytes.
+text: **band keys** (band ``b``'s ``rows`` values as one integer: a pair of Jaccard J shares a band
+with probability ``(J + (1 - J) / 2**bits) ** rows``), and a **similarity estimate**, the fraction
+of equal values corrected for chance agreement (``estimate``), with a standard error of about
+0.037 at J = 0.8 over 126 values at 4 bits (0.036 at 8: the low bits lose little where it
+matters). At the default 4 bits: 16 + 63 bytes a document plus its id, ~85 bytes.
 """
 from __future__ import annotations
 
@@ -31,10 +33,10 @@ from .parquet_part import ParquetPart
 
 FORMAT = 1
 META_KEY = b"gristmill.dedup_index"
-PARAMS = ("ngram", "num_perm", "seed", "bands", "rows")
+PARAMS = ("ngram", "num_perm", "seed", "bands", "rows", "bits")
+BITS = (4, 8)  # the sketch widths this format knows
 EXACT_BYTES = 16
 ROW_GROUP_ROWS = 1 << 16  # fixed: the bytes (hence the hash) do not depend on how rows were batched
-CHANCE = 1 / 256  # two unequal 32-bit MinHash values agree in their low 8 bits this often
 
 
 def schema(params: dict) -> pa.Schema:
@@ -42,7 +44,7 @@ def schema(params: dict) -> pa.Schema:
     p = check_params(params, "dedup index")
     return pa.schema([pa.field("doc_id", pa.string(), nullable=False),
                       pa.field("exact", pa.binary(EXACT_BYTES), nullable=False),
-                      pa.field("sketch", pa.binary(p["bands"] * p["rows"]))],
+                      pa.field("sketch", pa.binary(sketch_bytes(p)))],
                      metadata={META_KEY: json.dumps({"format": FORMAT, **p}, sort_keys=True).encode()})
 
 
@@ -51,38 +53,59 @@ def check_params(params: dict, what: str) -> dict:
         raise ManifestError(f"{what}: MinHash parameters must state {', '.join(PARAMS)}, got {params!r}")
     p = {k: params[k] for k in PARAMS}
     if any(isinstance(v, bool) or not isinstance(v, int) for v in p.values()) or \
-            min(p["ngram"], p["num_perm"], p["bands"], p["rows"]) < 1 or p["bands"] * p["rows"] > p["num_perm"]:
-        raise ManifestError(f"{what}: MinHash parameters must be positive integers with bands x rows <= num_perm, "
-                            f"got {p!r}")
+            min(p["ngram"], p["num_perm"], p["bands"], p["rows"]) < 1 or p["bands"] * p["rows"] > p["num_perm"] or \
+            p["bits"] not in BITS:
+        raise ManifestError(f"{what}: MinHash parameters must be positive integers with bands x rows <= num_perm "
+                            f"and bits one of {BITS}, got {p!r}")
     return p
 
 
+def sketch_bytes(p: dict) -> int:
+    return -(-p["bands"] * p["rows"] * p["bits"] // 8)
+
+
 # -- sketches -------------------------------------------------------------------------------------
-def sketches(signatures: np.ndarray, bands: int, rows: int) -> np.ndarray:
-    """``(docs, bands * rows)`` uint8: the low byte of each of the first bands x rows MinHash values."""
-    sig = np.asarray(signatures, dtype=np.uint32)[:, : bands * rows]
-    return (sig & np.uint32(0xFF)).astype(np.uint8)
+def sketches(signatures: np.ndarray, p: dict) -> np.ndarray:
+    """``(docs, sketch_bytes(p))`` uint8: the low ``bits`` bits of each of the first bands x rows
+    MinHash values, packed (4 bits: the even-numbered value in the high half of a byte)."""
+    n = p["bands"] * p["rows"]
+    v = (np.asarray(signatures, dtype=np.uint32)[:, :n] & np.uint32((1 << p["bits"]) - 1)).astype(np.uint8)
+    if p["bits"] == 8:
+        return v
+    if n % 2:
+        v = np.concatenate([v, np.zeros((len(v), 1), np.uint8)], axis=1)
+    return (v[:, 0::2] << np.uint8(4)) | v[:, 1::2]
 
 
-def sketch_band_keys(sk: np.ndarray, bands: int, rows: int) -> np.ndarray:
-    """``(docs, bands)`` uint64: band b's ``rows`` bytes as one big-endian integer (rows <= 8), or a
-    64-bit FNV-style fold of them (rows > 8). Equal bands give equal keys; keys of different bands
-    are told apart by their band number, kept beside them by the caller."""
-    sk = np.asarray(sk, dtype=np.uint8).reshape(len(sk), bands, rows).astype(np.uint64)
-    h = np.zeros(sk.shape[:2], dtype=np.uint64)
+def values(sk: np.ndarray, p: dict) -> np.ndarray:
+    """``(docs, bands * rows)`` uint8: the sketch values, unpacked."""
+    sk = np.atleast_2d(np.asarray(sk, dtype=np.uint8))
+    n = p["bands"] * p["rows"]
+    if p["bits"] == 8:
+        return sk[:, :n]
+    v = np.empty((len(sk), 2 * sk.shape[1]), np.uint8)
+    v[:, 0::2], v[:, 1::2] = sk >> np.uint8(4), sk & np.uint8(15)
+    return v[:, :n]
+
+
+def sketch_band_keys(sk: np.ndarray, p: dict) -> np.ndarray:
+    """``(docs, bands)`` uint64: band b's ``rows`` values as one integer (``rows * bits <= 64``), or
+    a 64-bit FNV-style fold of them. Equal bands give equal keys; keys of different bands are told
+    apart by their band number, kept beside them by the caller."""
+    bands, rows, bits = p["bands"], p["rows"], p["bits"]
+    v = values(sk, p).reshape(-1, bands, rows).astype(np.uint64)
+    h = np.zeros(v.shape[:2], dtype=np.uint64)
     for j in range(rows):
-        if rows <= 8:
-            h = (h << np.uint64(8)) | sk[:, :, j]
-        else:
-            h = (h ^ sk[:, :, j]) * np.uint64(0x100000001B3)
+        h = (h << np.uint64(bits)) | v[:, :, j] if rows * bits <= 64 else (h ^ v[:, :, j]) * np.uint64(0x100000001B3)
     return h
 
 
-def estimate(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Estimated Jaccard of sketch pairs (``a[i]`` with ``b[i]``): equal bytes corrected for chance."""
-    a, b = np.atleast_2d(np.asarray(a, np.uint8)), np.atleast_2d(np.asarray(b, np.uint8))
-    frac = (a == b).mean(axis=1)
-    return np.clip((frac - CHANCE) / (1 - CHANCE), 0.0, 1.0)
+def estimate(a: np.ndarray, b: np.ndarray, p: dict) -> np.ndarray:
+    """Estimated Jaccard of sketch pairs (``a[i]`` with ``b[i]``): the fraction of equal values,
+    corrected for two unequal MinHash values agreeing in their low bits (1 in 2**bits)."""
+    chance = 1.0 / (1 << p["bits"])
+    frac = (values(a, p) == values(b, p)).mean(axis=1)
+    return np.clip((frac - chance) / (1 - chance), 0.0, 1.0)
 
 
 def exact_keys(norm_hashes) -> list[bytes]:

@@ -8,7 +8,7 @@ earlier documents they duplicate:
 - **exact**: equal 16-byte key (blake2b of the normalised text: exact dedup's ``norm_hash``);
 - **near**: a shared band of the sketches (LSH over the sketch bytes, the job's bands x rows), then
   the sketch estimate of the Jaccard at or above the threshold. The earlier text is not read, so
-  this is the b-bit MinHash estimate (standard error ~0.036 at J = 0.8), not the exact Jaccard that
+  this is the b-bit MinHash estimate (standard error ~0.037 at J = 0.8), not the exact Jaccard that
   verifies pairs inside one run; the earlier document with the highest estimate is named (ties: the
   earlier row of the index).
 """
@@ -25,10 +25,14 @@ from .documents import norm_hash
 from .minhash import MinHasher
 
 
+SKETCH_BITS = 4  # ~85 B a document in all; 8 bits would be ~150 B (docs/benchmarks.md measures its share of a version)
+
+
 def index_params(cfg: FuzzyDedupConfig) -> dict:
     """The MinHash parameters an index written by a run with ``cfg`` records."""
     p = cfg.lsh()
-    return {"ngram": cfg.ngram, "num_perm": cfg.num_perm, "seed": cfg.seed, "bands": p.bands, "rows": p.rows}
+    return {"ngram": cfg.ngram, "num_perm": cfg.num_perm, "seed": cfg.seed, "bands": p.bands, "rows": p.rows,
+            "bits": SKETCH_BITS}
 
 
 def check_comparable(mine: dict, params: dict, what: str) -> None:
@@ -43,10 +47,10 @@ def check_comparable(mine: dict, params: dict, what: str) -> None:
 
 
 def sketch_texts(texts: list[str], params: dict) -> tuple[np.ndarray, np.ndarray]:
-    """Sketches of texts (``(n, bands * rows)`` uint8) and which of them have words."""
+    """Packed sketches of texts (``(n, dx.sketch_bytes(params))`` uint8) and which of them have words."""
     mh = MinHasher(num_perm=params["num_perm"], ngram=params["ngram"], seed=params["seed"])
     sh = mh.shingles(texts)
-    return dx.sketches(mh.signatures_of(sh), params["bands"], params["rows"]), sh.counts() > 0
+    return dx.sketches(mh.signatures_of(sh), params), sh.counts() > 0
 
 
 def index_rows(params: dict, ids: list[str], texts: list[str], norm_hashes: list[str] | None = None) -> pa.Table:
@@ -80,8 +84,7 @@ def match(params: dict, threshold: float, exact: list[bytes], sk: np.ndarray, ha
     sim = np.zeros(n, np.float64)
     if not n or not index.num_rows:
         return {"row": row, "kind": kind, "similarity": sim}
-    width = params["bands"] * params["rows"]
-    isk, ihas = dx.sketch_matrix(index.column("sketch"), width)
+    isk, ihas = dx.sketch_matrix(index.column("sketch"), dx.sketch_bytes(params))
     # exact: equal key (and, for a document with words, an equal sketch: the same text has one)
     key_dtype = f"S{dx.EXACT_BYTES}"
     new_k = np.array(exact, dtype=key_dtype)
@@ -100,15 +103,15 @@ def match(params: dict, threshold: float, exact: list[bytes], sk: np.ndarray, ha
         return {"row": row, "kind": kind, "similarity": sim}
     new_idx = np.flatnonzero(todo)
     old_idx = np.flatnonzero(ihas)
-    nk = dx.sketch_band_keys(sk[new_idx], params["bands"], params["rows"])
-    ok = dx.sketch_band_keys(isk[old_idx], params["bands"], params["rows"])
+    nk = dx.sketch_band_keys(sk[new_idx], params)
+    ok = dx.sketch_band_keys(isk[old_idx], params)
     pairs = []
     for b in range(params["bands"]):
         a_, b_ = _join(nk[:, b], ok[:, b])
         pairs.append(np.stack([new_idx[a_], old_idx[b_]], axis=1))
     cand = np.unique(np.concatenate(pairs), axis=0)
     if len(cand):
-        est = dx.estimate(sk[cand[:, 0]], isk[cand[:, 1]])
+        est = dx.estimate(sk[cand[:, 0]], isk[cand[:, 1]], params)
         keep = est >= threshold
         cand, est = cand[keep], est[keep]
         order = np.lexsort((cand[:, 1], -est, cand[:, 0]))  # per new doc: best estimate, then earliest row

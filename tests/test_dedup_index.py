@@ -41,17 +41,25 @@ def test_sketch_estimate_tracks_exact_jaccard():
     mh = MinHasher()
     pairs = [(t, _edit(t, k, vocab, rng)) for t, k in zip(texts, [1, 2, 3, 5, 8, 12, 20, 40] * 4)]
     sk, _ = di.sketch_texts([x for p in pairs for x in p], PARAMS)
-    est = dx.estimate(sk[0::2], sk[1::2])
+    est = dx.estimate(sk[0::2], sk[1::2], PARAMS)
     exact = np.array([jaccard(np.unique(mh.shingles([a]).hashes), np.unique(mh.shingles([b]).hashes)) for a, b in pairs])
     assert np.abs(est - exact).max() < 0.15 and np.abs(est - exact).mean() < 0.05
-    unrelated = dx.estimate(sk[0:20:2], sk[2:22:2])
-    assert unrelated.max() < 0.1
-    assert dx.estimate(sk[:1], sk[:1])[0] == 1.0
-    # band keys: a band's bytes as one integer, equal where the bytes are
-    keys = dx.sketch_band_keys(sk[:4], PARAMS["bands"], PARAMS["rows"])
+    unrelated = dx.estimate(sk[0:20:2], sk[2:22:2], PARAMS)
+    assert unrelated.max() < 0.15
+    assert dx.estimate(sk[:1], sk[:1], PARAMS)[0] == 1.0
+    # 4-bit values, two a byte: unpacked they are the signature's low bits
+    mh = MinHasher()
+    sig = mh.signatures_of(mh.shingles([pairs[0][0]]))
+    n = PARAMS["bands"] * PARAMS["rows"]
+    assert PARAMS["bits"] == 4 and sk.shape[1] == n // 2
+    assert dx.values(sk[:1], PARAMS)[0].tolist() == (sig[0, :n] & 15).tolist()
+    p8 = {**PARAMS, "bits": 8}
+    assert dx.values(dx.sketches(sig, p8), p8)[0].tolist() == (sig[0, :n] & 255).tolist()
+    # band keys: a band's values as one integer, equal where the values are
+    keys = dx.sketch_band_keys(sk[:4], PARAMS)
     assert keys.shape == (4, PARAMS["bands"])
-    b0 = sk[0, : PARAMS["rows"]]
-    assert int(keys[0, 0]) == int.from_bytes(bytes(b0.tolist()), "big")
+    v0 = (sig[0, : PARAMS["rows"]] & 15).tolist()
+    assert int(keys[0, 0]) == sum(v << (4 * (PARAMS["rows"] - 1 - j)) for j, v in enumerate(v0))
 
 
 def test_match_finds_exact_and_near_copies_and_nothing_else():
@@ -79,6 +87,8 @@ def test_params_that_differ_are_refused_by_name():
     di.check_comparable(di.index_params(FuzzyDedupConfig()), PARAMS, "v1")
     with pytest.raises(ManifestError, match="bands x rows <= num_perm"):
         dx.schema({**PARAMS, "bands": 100})
+    with pytest.raises(ManifestError, match=r"bits one of \(4, 8\)"):
+        dx.schema({**PARAMS, "bits": 5})
 
 
 def _publish(root, with_index=True, texts=None):
