@@ -283,8 +283,12 @@ def main() -> None:
             print(f"{tool:>10} {s['near_copies_left_standing']:>14} {s['cluster_members']:>10} {s['false_merges']:>12} "
                   f"{s['hard_negatives']:>11} {s['near_removed']:>12} {s['fuzzy_s']:>8.1f} {s['wall_s']:>8.1f}")
     print(f"fuzzy dedup datatrove / gristmill: {res['fuzzy_ratio']:.1f}x")
-    os.makedirs(a.out, exist_ok=True)
-    path = os.path.join(a.out, "results.json")
+    write_results(a.out, res)
+
+
+def write_results(out: str, res: dict) -> None:
+    os.makedirs(out, exist_ok=True)
+    path = os.path.join(out, "results.json")
     with open(path, "w") as f:
         json.dump(res, f, indent=1)
     print(f"results: {path}  ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} cores)")
