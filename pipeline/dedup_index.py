@@ -153,21 +153,26 @@ def index_task(item: dict, wd, survivors, params: dict, batch_size: int) -> dict
     return {"path": rel, "sha256": sha, "bytes": size, "rows": rows}
 
 
-def load_task(item: dict, wd, storage_options: dict | None = None) -> dict:
-    """One index file of an earlier version, read from its store, hash-checked against the
-    manifest entry that pins it (``item["ref"]``), and kept in the work dir for the match tasks."""
+def load_index_file(url: str, ref, params: dict, label: str, out: str, storage_options: dict | None = None) -> int:
+    """One index file of an earlier version, read from its store, hash-checked against the manifest
+    entry that pins it (``ref``, a ``manifests.FileRef``) and its MinHash parameters against this
+    run's, then kept at ``out`` in the work dir for the match tasks (a file already there with the
+    pinned hash is not read again). Returns its rows."""
+    import os
+
     import fsspec
 
-    from gristmill.manifests.manifest import FileRef
+    from gristmill.manifests.hashing import sha256_file
     from gristmill.manifests.shards import atomic_write
 
-    ref = FileRef.from_dict(item["ref"], "dedup_index")
-    with fsspec.open(item["url"], "rb", **(storage_options or {})) as f:
+    if os.path.exists(out) and sha256_file(out)[0] == ref.sha256:
+        return ref.rows if ref.rows is not None else pq.ParquetFile(out).metadata.num_rows
+    with fsspec.open(url, "rb", **(storage_options or {})) as f:
         data = f.read()
-    t, params = dx.read_checked(data, ref, item["url"])
-    check_comparable(item["params"], params, item["label"])
-    atomic_write(wd.scratch(AGAINST, "index", item["name"]), data)  # the verified bytes, as published
-    return {"rows": t.num_rows}
+    t, theirs = dx.read_checked(data, ref, url)
+    check_comparable(params, theirs, label)
+    atomic_write(out, data)  # the verified bytes, as published
+    return t.num_rows
 
 
 def match_task(item: dict, wd, survivors, params: dict, threshold: float, sources: list[dict], batch_size: int) -> dict:

@@ -4,11 +4,11 @@ and document; the earlier versions are only read (their manifests and dedup inde
 hash-checked), never written.
 
 Steps: the driver loads each earlier manifest (pinned by the job's ``sha256`` when it gives one;
-the hash it read goes into the new manifest's ``dedup_against``); ``dedup_against.load``, a task
-per index file, reads it and checks it against the manifest's entry (a corrupted or forged file
-is refused like a forged shard); ``dedup_against.match``, a task per partition, compares the
-partition's surviving documents with every loaded index file (``pipeline.dedup_index.match``)
-and writes ``removed/dedup_against/part-N``.
+the hash it read goes into the new manifest's ``dedup_against``) and each of its dedup index files,
+checked against the manifest's entry before anything uses it (a corrupted or forged file is
+refused like a forged shard) and kept in the work dir, one file at a time; then
+``dedup_against.match``, a task per partition, compares the partition's surviving documents with
+every loaded index file (``pipeline.dedup_index.match``) and writes ``removed/dedup_against/part-N``.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ class DedupAgainst(Stage):
     def run(self, ctx: Context) -> StageResult:
         cfg = ctx.job.fuzzy_dedup or FuzzyDedupConfig()
         params = di.index_params(cfg)
-        pins, loads, sources = [], [], []
+        pins, sources, index_rows = [], [], 0
         for k, spec in enumerate(ctx.job.dedup_against):
             pub = load_manifest(spec.url, expected_sha256=spec.sha256)
             m = pub.manifest
@@ -40,17 +40,15 @@ class DedupAgainst(Stage):
             pins.append(PinnedVersion(spec.url, m.dataset, m.version, m.sha256))
             for i, ref in enumerate(m.dedup_index):
                 name = f"against-{k:03d}-{i:05d}"
-                loads.append({"name": name, "url": join(pub.url, ref.path), "ref": ref.to_dict(), "params": params,
-                              "label": f"{label} ({spec.url})"})
+                index_rows += di.load_index_file(join(pub.url, ref.path), ref, params, f"{label} ({spec.url})",
+                                                 ctx.wd.scratch(self.name, "index", name))
                 sources.append({"name": name, "version": label, "url": pub.url, "sha256": m.sha256})
-        ctx.runner.run(f"{self.name}.load", loads, functools.partial(di.load_task, wd=ctx.wd))
         stats = ctx.runner.run(f"{self.name}.match", ctx.per_partition(), functools.partial(
             di.match_task, wd=ctx.wd, survivors=ctx.survivors, params=params, threshold=cfg.threshold, sources=sources,
             batch_size=cfg.batch_size))
         ctx.survivors = ctx.survivors.after(self.name, removed=True)
         flow = Counts.of_tasks(stats)
         detail = {"versions": [{"url": p.url, "dataset": p.dataset, "version": p.version, "sha256": p.sha256} for p in pins],
-                  "index_rows": sum(s["rows"] for s in (ctx.wd.done(f"{self.name}.load", it["name"]) or {"rows": 0}
-                                                        for it in loads)),
+                  "index_rows": index_rows,
                   "threshold": cfg.threshold, "documents_removed": sum(flow.removed.values())}
         return StageResult(self.name, flow=flow, detail=detail, removed_files=((self.name, ""),), dedup_against=tuple(pins))
