@@ -274,12 +274,13 @@ def train_tokenizer(clean: str, out_path: str) -> None:
 def gristmill_job(clean: str, run_dir: str, tokenizer: str, num_cpus: int, seed: int = 1,
                   bands_rows: tuple[int, int] | None = None) -> dict:
     """``bands_rows``: None is gristmill's own choice at the threshold (``lsh.recall_params`` with
-    verification: 21 x 6 at 0.8); ``(14, 9)`` is datatrove's banding."""
+    verification: 21 x 6 at 0.8); ``(14, 9)`` is datatrove's banding. Inputs: the clean corpus's
+    JSONL, Parquet and text files, those of the three kinds it has."""
     lsh = {"bands": bands_rows[0], "rows": bands_rows[1]} if bands_rows else {}
+    inputs = [os.path.join(clean, "*.jsonl*"), {"path": os.path.join(clean, "*.parquet"), "text_field": TEXT_FIELD_PARQUET},
+              os.path.join(clean, "*.txt")]
     return {
-        "inputs": [os.path.join(clean, "*.jsonl*"),
-                   {"path": os.path.join(clean, "*.parquet"), "text_field": TEXT_FIELD_PARQUET},
-                   os.path.join(clean, "*.txt")],
+        "inputs": [i for i in inputs if glob.glob(i["path"] if isinstance(i, dict) else i)],
         "output": {"store": os.path.join(run_dir, "store"), "dataset": "vs-datatrove"},
         "work_dir": os.path.join(run_dir, "work"),
         "extract": {"min_chars": 1, "max_chars": MAX_CHARS},
@@ -417,10 +418,11 @@ def datatrove_main(argv: list[str]) -> None:
     def excl(name: str) -> JsonlWriter:
         return JsonlWriter(d("excluded", name), compression=None)
 
+    readers = [(JsonlReader, "*.jsonl*", {}), (ParquetReader, "*.parquet", {"text_key": TEXT_FIELD_PARQUET}),
+               (TextFileReader, "*.txt", {})]
     run("read + language", "read_language", [
-        JsonlReader(a.clean, glob_pattern="*.jsonl*", adapter=gm_ids),
-        ParquetReader(a.clean, glob_pattern="*.parquet", text_key=TEXT_FIELD_PARQUET, adapter=gm_ids),
-        TextFileReader(a.clean, glob_pattern="*.txt", adapter=gm_ids),
+        *(cls(a.clean, glob_pattern=pat, adapter=gm_ids, **kw) for cls, pat, kw in readers
+          if glob.glob(os.path.join(a.clean, pat))),  # the kinds of file the corpus has
         LocalLanguageFilter(languages=[LANG], language_threshold=LANG_THRESHOLD, exclusion_writer=excl("language")),
         JsonlWriter(d("s1_language")),
     ])
