@@ -221,3 +221,35 @@ def match_task(item: dict, wd, survivors, params: dict, threshold: float, source
         by_reason[r] = by_reason.get(r, 0) + 1
     return {"documents_in": docs_in, "bytes_in": bytes_in, "removed": by_reason,
             "removed_bytes": int(sum(rows["bytes"])), "index_rows": index.num_rows}
+
+
+def earlier_document_text(url: str, sha256: str, doc_id: str) -> str | None:
+    """The text of document ``doc_id`` as version ``url`` (pinned by ``sha256``) published it: its
+    token spans (document index) read from the shards, each hash-checked, and decoded with the
+    version's own tokenizer. None when the version has no such document. What ``gristmill inspect
+    removed`` shows beside a document removed as a duplicate of an earlier version's."""
+    import fsspec
+    from tokenizers import Tokenizer
+
+    from gristmill.manifests import join, load_manifest
+    from gristmill.manifests.doc_index import read_published_doc_index
+    from gristmill.manifests.errors import HashMismatchError
+    from gristmill.manifests.hashing import sha256_bytes
+    from gristmill.manifests.verify import verified_rows
+
+    pub = load_manifest(url, expected_sha256=sha256)
+    m = pub.manifest
+    spans = read_published_doc_index(pub, columns=["shard", "row", "start", "length"], filters=[("doc_id", "=", doc_id)])
+    if not spans.num_rows:
+        return None
+    with fsspec.open(join(pub.url, m.tokenizer.path), "rb") as f:
+        data = f.read()
+    if sha256_bytes(data) != m.tokenizer.sha256:
+        raise HashMismatchError(join(pub.url, m.tokenizer.path), m.tokenizer.sha256, sha256_bytes(data))
+    tok = Tokenizer.from_str(data.decode())
+    ids, rows = [], {}
+    for s, r, start, n in zip(*(spans.column(c).to_pylist() for c in ("shard", "row", "start", "length"))):
+        if s not in rows:
+            rows[s] = verified_rows(pub, m.shards[s])
+        ids += rows[s][r, start:start + n].tolist()
+    return tok.decode([i for i in ids if i != m.tokenizer.eos_id])
