@@ -394,3 +394,18 @@ def test_a_200_copy_cluster_costs_linear_verifications_and_removes_every_copy(tm
     # document at 100, 200 and 400 copies (1,442, 3,626, 8,504 pairs), every pair a verified edge.
     assert stats["candidate_pairs"] <= 25 * len(rows), stats["candidate_pairs"]
     assert stats["pairs_linked"] == stats["candidate_pairs"]
+
+
+def test_pair_jaccard_matches_the_set_definition_with_and_without_numba():
+    from gristmill.pipeline.lsh import pair_jaccard
+
+    rng = np.random.default_rng(4)
+    sets = [np.unique(rng.integers(0, 60, size=rng.integers(0, 40)).astype(np.uint64)) for _ in range(30)]
+    offsets = np.concatenate([[0], np.cumsum([len(s) for s in sets])])
+    values = np.concatenate(sets)
+    a, b = rng.integers(0, 30, 200), rng.integers(0, 30, 200)
+    want = [len(set(sets[i]) & set(sets[j])) / len(set(sets[i]) | set(sets[j])) if len(sets[i]) + len(sets[j]) else 0.0
+            for i, j in zip(a, b)]
+    for numba in (True, False):
+        assert pair_jaccard(values, offsets, a, b, use_numba=numba).tolist() == pytest.approx(want)
+    assert jaccard(sets[0], sets[1]) == pytest.approx(pair_jaccard(values, offsets, [0], [1])[0])
