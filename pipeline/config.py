@@ -201,6 +201,18 @@ class EvalSetSpec(Section):
         return ngrams.read_eval_items(self.path, self.format, self.fields, self.id_field, self.split)
 
 
+class DedupAgainstSpec(Section):
+    """One earlier version of ``dedup_against``: its URL and, optionally, the manifest hash it must have."""
+
+    url: Annotated[ResolvedPath, Field(min_length=1)]  # <root>/<dataset>/v<N>, or <root>/<dataset> (its latest)
+    sha256: Annotated[Str, Field(pattern="^[0-9a-f]{64}$")] | None = None  # pinned: any other manifest is refused
+
+    @model_validator(mode="before")
+    @classmethod
+    def _url_alone(cls, d: Any) -> Any:
+        return {"url": d} if isinstance(d, str) else d
+
+
 class DecontamConfig(Section):
     """The ``decontaminate`` stage (pipeline/decontam.py, docs/decontamination.md)."""
 
@@ -313,6 +325,7 @@ class PrepareConfig(Section):
     exact_dedup: ExactDedupConfig = ExactDedupConfig()
     quality: QualityConfig | None = None  # absent (or null): the stage does not run
     fuzzy_dedup: FuzzyDedupConfig | None = None  # absent (or null): the stage does not run
+    dedup_against: tuple[DedupAgainstSpec, ...] = ()  # earlier versions whose documents this run's may not repeat
     decontaminate: DecontamConfig | None = None
     pii: PiiConfig = PiiConfig()
     split: SplitConfig = SplitConfig()

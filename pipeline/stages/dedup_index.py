@@ -21,6 +21,7 @@ class DedupIndex(Stage):
         out = ctx.runner.run(self.name, ctx.per_partition(), functools.partial(
             di.index_task, wd=ctx.wd, survivors=ctx.survivors, params=di.index_params(cfg), batch_size=cfg.batch_size))
         files = tuple(FileRef(o["path"], o["sha256"], o["bytes"], o["rows"]) for o in out if o["rows"])
-        return StageResult(self.name, rows={self.name: {"files": len(files), "documents": sum(f.rows for f in files),
-                                                        "bytes": sum(f.bytes for f in files)}},
+        n = sum(o["rows"] for o in out)  # it removes nothing: every document in is indexed
+        return StageResult(self.name, rows={self.name: {"documents_in": n, "documents_out": n, "files": len(files),
+                                                        "index_bytes": sum(f.bytes for f in files)}},
                            dedup_index=files)
