@@ -5,7 +5,8 @@ this module computes its rows from document text with fuzzy dedup's own MinHash
 (``pipeline.minhash``, the job's ``fuzzy_dedup`` parameters), and finds, for new documents, the
 earlier documents they duplicate:
 
-- **exact**: equal 16-byte key (blake2b of the normalised text: exact dedup's ``norm_hash``);
+- **exact**: equal 8-byte key (of exact dedup's ``norm_hash``, the blake2b of the normalised text)
+  and equal sketch;
 - **near**: a shared band of the sketches (LSH over the sketch bytes, the job's bands x rows), then
   the sketch estimate of the Jaccard at or above the threshold. The earlier text is not read, so
   this is the b-bit MinHash estimate (standard error ~0.037 at J = 0.8), not the exact Jaccard that
@@ -25,7 +26,7 @@ from .documents import norm_hash
 from .minhash import MinHasher
 
 
-SKETCH_BITS = 4  # ~85 B a document in all; 8 bits would be ~150 B (docs/benchmarks.md measures its share of a version)
+SKETCH_BITS = 4  # ~75 B a document in all; 8 bits would be ~140 B (docs/benchmarks.md measures its share of a version)
 
 
 def index_params(cfg: FuzzyDedupConfig) -> dict:
@@ -85,11 +86,14 @@ def match(params: dict, threshold: float, exact: list[bytes], sk: np.ndarray, ha
     if not n or not index.num_rows:
         return {"row": row, "kind": kind, "similarity": sim}
     isk, ihas = dx.sketch_matrix(index.column("sketch"), dx.sketch_bytes(params))
-    # exact: equal key (and, for a document with words, an equal sketch: the same text has one)
+    # exact: equal key and an equal sketch (the same text has one), or both without words
     key_dtype = f"S{dx.EXACT_BYTES}"
     new_k = np.array(exact, dtype=key_dtype)
     old_k = np.array(index.column("exact").to_pylist(), dtype=key_dtype)
     i, j = _join(new_k, old_k)
+    has_words = np.asarray(has_words, bool)
+    same = (has_words[i] == ihas[j]) & (~has_words[i] | np.all(sk[i] == isk[j], axis=1)) if len(i) else np.zeros(0, bool)
+    i, j = i[same], j[same]
     if len(i):
         order = np.lexsort((j, i))
         i, j = i[order], j[order]
