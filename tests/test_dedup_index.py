@@ -188,3 +188,15 @@ def test_loading_an_earlier_index_checks_it_before_keeping_it(tmp_path):
     with pytest.raises(HashMismatchError, match="part-00000.parquet"):
         di.load_index_file(url, ref, PARAMS, "idx v1", str(tmp_path / "fresh.parquet"))
     assert not os.path.exists(tmp_path / "fresh.parquet")
+
+
+def test_an_exact_key_alone_does_not_make_an_exact_copy():
+    from gristmill.pipeline.documents import norm_hash
+
+    texts, _, _ = _texts(3, n=3)
+    index = di.index_rows(PARAMS, ["old-0", "old-1"], texts[:2])
+    sk, has = di.sketch_texts([texts[2], texts[0]], PARAMS)
+    # the first new text claims old-0's key (a collision, or a forged key) but its sketch differs
+    m = di.match(PARAMS, 0.8, dx.exact_keys([norm_hash(texts[0])] * 2), sk, has, index)
+    assert m["row"].tolist() == [-1, 0] and m["kind"].tolist() == ["", "exact"]
+    assert len(dx.exact_keys([norm_hash("x")])[0]) == dx.EXACT_BYTES == 8
