@@ -133,26 +133,67 @@ AGAINST = "dedup_against"
 REASONS = {"exact": "earlier_exact_duplicate", "near": "earlier_near_duplicate"}
 
 
-def index_file(part: int) -> str:
-    """A partition's index file, relative to the version directory."""
-    return f"{INDEX_DIR}/part-{part:05d}.parquet"
+ROWS_PER_FILE = 4_000_000  # index rows per published file (~300 MB): the file count comes from the data
+
+
+def index_file(k: int) -> str:
+    """The k-th published index file, relative to the version directory."""
+    return f"{INDEX_DIR}/part-{k:05d}.parquet"
+
+
+def _id_hash(ids: list[str]) -> np.ndarray:
+    """A 63-bit hash of each document id (an int64 Parquet filters compare): which published file
+    a document's row goes to."""
+    import hashlib
+
+    return np.array([int.from_bytes(hashlib.blake2b(i.encode(), digest_size=8).digest(), "big") >> 1 for i in ids],
+                    np.int64)
 
 
 def index_task(item: dict, wd, survivors, params: dict, batch_size: int) -> dict:
     """Partition ``item["part"]``'s index rows: every document still in the run at the end (the
     version's documents), its exact key as exact dedup compared it and the sketch of its text as
-    fuzzy dedup compared it. Written to the staging dir; the stats pin the file for the manifest."""
+    fuzzy dedup compared it; tagged with the hash of its id and sorted by it (``merge_task`` reads
+    hash ranges), in the work dir."""
+    part, tables = item["part"], []
+    for t in survivors.docs(part, ["id", "text", "norm_hash"], batch_size):
+        ids = t.column("id").to_pylist()
+        rows = index_rows(params, ids, t.column("text").to_pylist(), t.column("norm_hash").to_pylist())
+        tables.append(rows.replace_schema_metadata(None).append_column("id_hash", pa.array(_id_hash(ids), pa.int64())))
+    t = pa.concat_tables(tables) if tables else \
+        dx.schema(params).empty_table().replace_schema_metadata(None).append_column("id_hash", pa.array([], pa.int64()))
+    from .workdir import ParquetPart
+
+    out = ParquetPart(wd.scratch(INDEX_DIR, "parts", item["name"]), t.schema, row_group_size=65_536)
+    out.write(t.sort_by("id_hash"))
+    out.commit()
+    return {"rows": t.num_rows}
+
+
+def plan_files(rows: int) -> list[dict]:
+    """The published files: enough that none holds more than ROWS_PER_FILE rows; file k takes the
+    documents whose id hash falls in the k-th of equal ranges of [0, 2**63). A function of the
+    row count alone, so the same documents give the same files whatever the partitioning."""
+    n = max(1, -(-rows // ROWS_PER_FILE))
+    edges = [(k << 63) // n for k in range(n + 1)]
+    return [{"name": f"file-{k:05d}", "k": k, "lo": edges[k], "hi": edges[k + 1]} for k in range(n)]
+
+
+def merge_task(item: dict, wd, parts: list[str], params: dict) -> dict:
+    """Published index file ``item["k"]``: its hash range's rows of every partition's file, sorted by
+    document id (unique), written in fixed row groups into the staging dir: equal documents, equal
+    bytes. The stats pin it for the manifest."""
     import os
 
     from gristmill.manifests.hashing import sha256_file
 
-    part, tables = item["part"], []
-    for t in survivors.docs(part, ["id", "text", "norm_hash"], batch_size):
-        tables.append(index_rows(params, t.column("id").to_pylist(), t.column("text").to_pylist(),
-                                 t.column("norm_hash").to_pylist()))
-    rel = index_file(part)
+    flt = [("id_hash", ">=", item["lo"])] + ([("id_hash", "<", item["hi"])] if item["hi"] < 1 << 63 else [])
+    tables = [pq.read_table(wd.scratch(INDEX_DIR, "parts", p), filters=flt) for p in parts]
+    s = dx.schema(params)
+    t = pa.concat_tables([x.drop_columns(["id_hash"]).cast(s) for x in tables]) if tables else s.empty_table()
+    rel = index_file(item["k"])
     path = os.path.join(wd.staging, rel)
-    rows = dx.write(path, pa.concat_tables(tables) if tables else dx.schema(params).empty_table())
+    rows = dx.write(path, t.sort_by("doc_id").replace_schema_metadata(s.metadata))
     sha, size = sha256_file(path)
     return {"path": rel, "sha256": sha, "bytes": size, "rows": rows}
 

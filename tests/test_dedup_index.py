@@ -200,3 +200,41 @@ def test_an_exact_key_alone_does_not_make_an_exact_copy():
     m = di.match(PARAMS, 0.8, dx.exact_keys([norm_hash(texts[0])] * 2), sk, has, index)
     assert m["row"].tolist() == [-1, 0] and m["kind"].tolist() == ["", "exact"]
     assert len(dx.exact_keys([norm_hash("x")])[0]) == dx.EXACT_BYTES == 8
+
+
+def _index_files(tmp, texts, parts, monkeypatch):
+    """The dedup_index stage's published files for ``texts`` split into ``parts`` partitions."""
+    from gristmill.pipeline.documents import norm_hash
+    from gristmill.pipeline.runner import SerialRunner
+    from gristmill.pipeline.stages.base import Context
+    from gristmill.pipeline.stages.dedup_index import DedupIndex
+    from gristmill.pipeline.survivors import Survivors
+    from gristmill.pipeline.workdir import WorkDir
+
+    monkeypatch.setattr(di, "ROWS_PER_FILE", 7)  # several published files
+    wd = WorkDir(str(tmp))
+    size = -(-len(texts) // parts)
+    for p in range(parts):
+        chunk = list(enumerate(texts))[p * size:(p + 1) * size]
+        os.makedirs(os.path.dirname(wd.docs(p)), exist_ok=True)
+        pq.write_table(pa.table({"id": [f"d{i:03d}" for i, _ in chunk], "order": pa.array([(p << 32) | k for k in range(len(chunk))], pa.int64()),
+                                 "text": [t for _, t in chunk], "norm_hash": [norm_hash(t) for _, t in chunk]}), wd.docs(p))
+
+    class Job:
+        fuzzy_dedup = FuzzyDedupConfig()
+
+    ctx = Context(job=Job(), wd=wd, runner=SerialRunner(wd), partitions=[{"part": p} for p in range(parts)],
+                  survivors=Survivors(wd))
+    res = DedupIndex().run(ctx)
+    return res.dedup_index, {f.path: pq.read_table(os.path.join(wd.staging, f.path)) for f in res.dedup_index}
+
+
+def test_the_published_index_is_the_same_whatever_the_partitioning(tmp_path, monkeypatch):
+    texts = _texts(5, n=30, words=60)[0]
+    one, t1 = _index_files(tmp_path / "one", texts, 1, monkeypatch)
+    four, t4 = _index_files(tmp_path / "four", texts, 4, monkeypatch)
+    assert len(one) == 5 and [f.rows for f in one] and sum(f.rows for f in one) == 30
+    assert one == four  # paths, sha256, bytes, rows
+    ids = [i for t in t1.values() for i in t.column("doc_id").to_pylist()]
+    assert sorted(ids) == [f"d{i:03d}" for i in range(30)] and len(set(ids)) == 30
+    assert all(t.column("doc_id").to_pylist() == sorted(t.column("doc_id").to_pylist()) for t in t1.values())
