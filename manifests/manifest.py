@@ -165,6 +165,22 @@ class Input:
 
 
 @dataclass(frozen=True)
+class PinnedVersion:
+    """An earlier version this one was deduplicated against (``dedup_against``): where it was read,
+    what it is, and the manifest hash that pinned it."""
+
+    url: str
+    dataset: str
+    version: int
+    sha256: str
+
+    @classmethod
+    def from_dict(cls, d: dict, where: str) -> "PinnedVersion":
+        _require(d, ("url", "dataset", "version", "sha256"), where)
+        return cls(str(d["url"]), str(d["dataset"]), _int(d, "version", where, lo=1), _sha(d["sha256"], where))
+
+
+@dataclass(frozen=True)
 class EvalSet:
     """An evaluation set the dataset was decontaminated against (name, file, content hash)."""
 
@@ -244,6 +260,11 @@ class Manifest(VersionedDocument):
     code_version: str
     stats: dict
     eval_sets: tuple[EvalSet, ...] = ()
+    # Both optional and left out of the JSON (so of the hash) when empty: manifests written before
+    # them keep their hash. dedup_index: the version's dedup index files (manifests.dedup_index);
+    # dedup_against: the earlier versions its documents were deduplicated against.
+    dedup_index: tuple[FileRef, ...] = ()
+    dedup_against: tuple[PinnedVersion, ...] = ()
     schema_version: int = SCHEMA_VERSION
     version: int | None = None
     created_at: str | None = None
@@ -255,6 +276,11 @@ class Manifest(VersionedDocument):
         d["inputs"] = [asdict(i) for i in self.inputs]
         d["eval_sets"] = [asdict(e) for e in self.eval_sets]
         d["doc_index"] = self.doc_index.to_dict()
+        for key in ("dedup_index", "dedup_against"):
+            if getattr(self, key):
+                d[key] = [f.to_dict() if isinstance(f, FileRef) else asdict(f) for f in getattr(self, key)]
+            else:
+                del d[key]
         return d
 
     @property
@@ -301,6 +327,10 @@ class Manifest(VersionedDocument):
             code_version=str(d["code_version"]),
             stats=d["stats"],
             eval_sets=tuple(EvalSet.from_dict(e, f"eval_sets[{i}]") for i, e in enumerate(_list(d, "eval_sets", "manifest"))),
+            dedup_index=tuple(FileRef.from_dict(f, f"dedup_index[{i}]")
+                              for i, f in enumerate(_list(d, "dedup_index", "manifest"))),
+            dedup_against=tuple(PinnedVersion.from_dict(p, f"dedup_against[{i}]")
+                                for i, p in enumerate(_list(d, "dedup_against", "manifest"))),
             schema_version=SCHEMA_VERSION,
             version=d.get("version"),
             created_at=d.get("created_at"),
@@ -308,6 +338,9 @@ class Manifest(VersionedDocument):
         paths = [s.path for s in m.shards]
         if len(set(paths)) != len(paths):
             raise ManifestError("manifest: two shards share a path")
+        index_paths = [f.path for f in m.dedup_index]
+        if len(set(index_paths)) != len(index_paths) or set(index_paths) & {*paths, m.doc_index.path, m.tokenizer.path}:
+            raise ManifestError("manifest: a dedup_index file shares its path with another pinned file")
         checked_sha256(m, d, expected_sha256, "manifest")
         # Consistency of the stated counts (after the hash checks: an edited manifest is named as such).
         if sha256_json(m.config) != m.config_sha256:

@@ -165,7 +165,7 @@ def _pinned_files(m) -> list[str]:
     """The files a version directory holds beside its manifest.json (a mixture's holds none: it pins manifests)."""
     if not isinstance(m, Manifest):
         return []
-    return [m.tokenizer.path, m.doc_index.path, *(s.path for s in m.shards)]
+    return [m.tokenizer.path, m.doc_index.path, *(s.path for s in m.shards), *(f.path for f in m.dedup_index)]
 
 
 def load_manifest(url: str, *, expected_sha256: str | None = None, **storage_options) -> Published:

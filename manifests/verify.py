@@ -4,7 +4,8 @@ Per file: it exists, its size and sha256. Then what the hash alone cannot vouch 
 manifest's facts can be wrong while its own hash is valid: a shard's schema, token dtype, row
 width (seq_len + 1) and row count, every token id below ``vocab_size`` (a full scan), and its
 uncompressed cache form's ``raw_sha256``/``raw_bytes``; the document index's schema, row count
-and spans (inside the shards' rows, sorted); the tokenizer's vocabulary size.
+and spans (inside the shards' rows, sorted); the tokenizer's vocabulary size; each dedup index
+file's schema, MinHash parameters and row count (manifests.dedup_index).
 """
 from __future__ import annotations
 
@@ -48,6 +49,7 @@ def verify_published(published: Published, *, progress: Callable[[str], None] | 
     checks = [("manifest.json", lambda: check_shard_order(m)), (m.tokenizer.path, lambda: _check_tokenizer(published)),
               (m.doc_index.path, doc_index)]
     checks += [(s.path, lambda i=i, s=s: _check_shard(published, s, i, bool(index_ok))) for i, s in enumerate(m.shards)]
+    checks += [(f.path, lambda f=f: _check_dedup_index(published, f)) for f in m.dedup_index]
     problems = []
     for rel, check in checks:
         if progress:
@@ -142,6 +144,12 @@ def _check_doc_index(published: Published) -> None:
     actual, n = _open(published, ref.path, sha256_stream)  # streamed twice (hash, then row groups): it can be large
     _check_pinned(ref.path, ref.sha256, actual, ref.bytes, n)
     _open(published, ref.path, lambda f: check_doc_index(f, published.manifest))
+
+
+def _check_dedup_index(published: Published, ref) -> None:
+    from .dedup_index import read_checked
+
+    read_checked(_open(published, ref.path, lambda f: f.read()), ref, ref.path)
 
 
 def _check_tokenizer(published: Published) -> None:

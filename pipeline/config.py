@@ -20,7 +20,7 @@ from gristmill.config import load as _load
 from gristmill.manifests.manifest import MAX_SEQ_LEN
 from gristmill.manifests.store import DATASET_NAME
 from . import ngrams
-from .lsh import LSHParams, make_params, optimal_params
+from .lsh import MISS_RATE, LSHParams, make_params, optimal_params, recall_params
 from .quality.config import QualityConfig, merge
 
 Format = Literal["jsonl", "parquet", "text", "warc"]
@@ -134,10 +134,12 @@ class FuzzyDedupConfig(Section):
     num_perm: PositiveInt = 128
     seed: Int = 1  # permutation seed, as datasketch.MinHash(seed=...)
     threshold: Annotated[Float, Field(gt=0, lt=1)] = 0.8  # Jaccard at or above which two documents are near-duplicates
-    bands: PositiveInt | None = None  # bands x rows; None: datasketch's optimal-parameter search
+    bands: PositiveInt | None = None  # bands x rows; None: chosen (lsh.recall_params, or the weights search unverified)
     rows: PositiveInt | None = None
-    false_positive_weight: Float = 0.1  # datasketch MinHashLSH `weights`: recall-leaning because
-    false_negative_weight: Float = 0.9  # candidates are verified by exact Jaccard
+    miss_rate: Annotated[Float, Field(gt=0, lt=1)] = MISS_RATE  # verify: true: the most often a pair at the threshold
+    # may share no band; the fewest false candidates within it (verification keeps precision)
+    false_positive_weight: Float = 0.1  # verify: false: datasketch MinHashLSH `weights` (every candidate is then a merge)
+    false_negative_weight: Float = 0.9
     verify: Bool = True  # exact Jaccard on shingles for every candidate pair
     batch_size: PositiveInt = 1024  # documents per signature batch
     sample_pairs: NonNegativeInt = 20  # removed pairs quoted in the report
@@ -154,6 +156,8 @@ class FuzzyDedupConfig(Section):
     def lsh(self) -> LSHParams:
         if self.bands is not None:
             return make_params(self.threshold, self.num_perm, self.bands, self.rows)
+        if self.verify:
+            return recall_params(self.threshold, self.num_perm, self.miss_rate)
         return optimal_params(self.threshold, self.num_perm, self.false_positive_weight, self.false_negative_weight)
 
 
@@ -193,6 +197,18 @@ class EvalSetSpec(Section):
 
     def read_items(self) -> list[tuple[str, str]]:
         return ngrams.read_eval_items(self.path, self.format, self.fields, self.id_field, self.split)
+
+
+class DedupAgainstSpec(Section):
+    """One earlier version of ``dedup_against``: its URL and, optionally, the manifest hash it must have."""
+
+    url: Annotated[ResolvedPath, Field(min_length=1)]  # <root>/<dataset>/v<N>, or <root>/<dataset> (its latest)
+    sha256: Annotated[Str, Field(pattern="^[0-9a-f]{64}$")] | None = None  # pinned: any other manifest is refused
+
+    @model_validator(mode="before")
+    @classmethod
+    def _url_alone(cls, d: Any) -> Any:
+        return {"url": d} if isinstance(d, str) else d
 
 
 class DecontamConfig(Section):
@@ -317,6 +333,7 @@ class PrepareConfig(Section):
     exact_dedup: ExactDedupConfig = ExactDedupConfig()
     quality: QualityConfig | None = None  # absent (or null): the stage does not run
     fuzzy_dedup: FuzzyDedupConfig | None = None  # absent (or null): the stage does not run
+    dedup_against: tuple[DedupAgainstSpec, ...] = ()  # earlier versions whose documents this run's may not repeat
     decontaminate: DecontamConfig | None = None
     pii: PiiConfig = PiiConfig()
     split: SplitConfig = SplitConfig()

@@ -37,8 +37,8 @@ DOC_SCHEMA = pa.schema([
 # filter, whose removals go under their own name): the one order of removed/<stage>, of
 # ``inspect removed`` and of the report's stages when report.json is not at hand.
 LANGUAGE = "language"  # extract's language filter: its removals are removed/language/part-N
-STAGE_ORDER = ("extract", "language", "exact_dedup", "quality", "fuzzy_dedup", "decontaminate", "pii",
-               "tokenizer", "tokenize", "pack")
+STAGE_ORDER = ("extract", "language", "exact_dedup", "quality", "fuzzy_dedup", "dedup_against", "decontaminate",
+               "dedup_index", "pii", "tokenizer", "tokenize", "pack")
 
 # A removed document: its row plus why. `detail` is JSON with the stage's detail columns.
 # `text`: the language filter's removals carry their text (docs/ holds only the documents it

@@ -7,9 +7,9 @@ read where it lies and never moves (see docs/fuzzy-dedup.md):
 1. ``bands`` (a task per partition): MinHash signatures of the partition's surviving documents;
    each document becomes ``bands`` rows ``(bucket, band, key, order)``, ``key`` the 64-bit hash
    of that band of its signature, ``bucket`` its top 16 bits; written sorted by bucket;
-2. ``candidates`` (a task per bucket range): every (band, key) bucket links each member to its
-   earliest member (``order`` smallest), so a bucket of k documents gives k - 1 edges, not
-   k^2 / 2; it also lists each partition's documents that occur in some edge;
+2. ``candidates`` (a task per bucket range): every (band, key) bucket pairs each member with its
+   few earliest members and its predecessor (``lsh.bucket_pairs``), so a bucket of k documents
+   gives at most 5k pairs, not k^2 / 2; it also lists each partition's documents in some pair;
 3. ``members`` (a task per partition): the shingle sets (or signatures) of just those documents;
 4. ``verify`` (a task per partition of the edges' later end): exact Jaccard of each distinct
    candidate pair (``verify: true``, the default, dropping pairs below the threshold) or the
@@ -39,8 +39,8 @@ from . import connected_components as cc
 from .documents import REMOVED_SCHEMA, to_removed_rows
 # The stage's config is a section of the one prepare-job model; importable from here as before.
 from .config import FuzzyDedupConfig
-from .lsh import LSHParams, band_keys
-from .minhash import MinHasher, jaccard
+from .lsh import LSHParams, band_keys, bucket_pairs, pair_jaccard
+from .minhash import MinHasher
 from .survivors import Survivors
 from .workdir import ParquetPart, WorkDir, part_name
 
@@ -99,23 +99,11 @@ def plan_bucket_ranges(band_rows: int) -> list[tuple[int, int]]:
     return [(edges[i], edges[i + 1]) for i in range(n)]
 
 
-def bucket_edges(band: np.ndarray, key: np.ndarray, order: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Link every member of a (band, key) bucket to its earliest member: distinct (hi, lo) pairs."""
-    idx = np.lexsort((order, key, band))
-    band, key, order = band[idx], key[idx], order[idx]
-    new = np.ones(len(order), dtype=bool)
-    new[1:] = (band[1:] != band[:-1]) | (key[1:] != key[:-1])
-    first = np.maximum.accumulate(np.where(new, np.arange(len(order)), 0))
-    hi, lo = order[~new], order[first][~new]
-    pairs = np.unique(np.stack([hi, lo], axis=1), axis=0) if len(hi) else np.zeros((0, 2), np.int64)
-    return pairs[:, 0].astype(np.int64), pairs[:, 1].astype(np.int64)
-
-
 def candidates_task(item: dict, wd: WorkDir, bands: list[str]) -> dict:
     """One bucket range over every partition's band file (``bands``: their task names)."""
     flt = [("bucket", ">=", item["lo"]), ("bucket", "<", item["hi"])]
     t = pa.concat_tables([_read(wd.scratch(STAGE, "bands", b), ["band", "key", "order"], flt) for b in bands])
-    hi, lo = bucket_edges(t.column("band").to_numpy(), t.column("key").to_numpy(), t.column("order").to_numpy())
+    hi, lo = bucket_pairs(t.column("band").to_numpy(), t.column("key").to_numpy(), t.column("order").to_numpy())
     idx = np.lexsort((lo, hi))
     hi, lo = hi[idx], lo[idx]
     out = ParquetPart(wd.scratch(STAGE, "candidates", item["name"]), CANDIDATE_SCHEMA, row_group_size=_ROW_GROUP)
@@ -171,6 +159,21 @@ def _members(wd: WorkDir, parts: set[int], orders: np.ndarray, columns: list[str
     return rows
 
 
+def _member_table(wd: WorkDir, parts: set[int], orders: np.ndarray, columns: list[str]) -> pa.Table:
+    """The member rows of the given orders (read from their partitions' member files only), by order."""
+    want = pa.array(orders, pa.int64())
+    tables = [_read(wd.scratch(STAGE, "members", part_name(p)), ["order", *columns]) for p in sorted(parts)]
+    tables = [t.filter(pc.is_in(t.column("order"), want)) for t in tables]
+    return pa.concat_tables(tables).sort_by("order") if tables else MEMBER_SCHEMA.empty_table().select(["order", *columns])
+
+
+def _csr(column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
+    """A list column as (values, offsets): row i is ``values[offsets[i]:offsets[i + 1]]``."""
+    col = column.combine_chunks()
+    lengths = pc.list_value_length(col).to_numpy(zero_copy_only=False)
+    return pc.list_flatten(col).to_numpy(), np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+
+
 # -- 4. verify -----------------------------------------------------------------------------------
 def verify_task(item: dict, cfg: FuzzyDedupConfig, wd: WorkDir, candidates: list[str]) -> dict:
     part = item["part"]
@@ -181,14 +184,16 @@ def verify_task(item: dict, cfg: FuzzyDedupConfig, wd: WorkDir, candidates: list
     hi, lo = pairs[:, 0].astype(np.int64), pairs[:, 1].astype(np.int64)
     col = "shingles" if cfg.verify else "signature"
     ends = np.unique(np.concatenate([hi, lo]))
-    m = _members(wd, {int(p) for p in (ends >> 32)}, ends, [col])
-    if cfg.verify:
-        sim = np.array([jaccard(np.asarray(m[a][col], np.uint64), np.asarray(m[b][col], np.uint64))
-                        for a, b in zip(hi.tolist(), lo.tolist())], dtype=np.float64)
+    m = _member_table(wd, {int(p) for p in (ends >> 32)}, ends, [col])
+    values, offsets = _csr(m.column(col))
+    orders = m.column("order").to_numpy()
+    a, b = np.searchsorted(orders, hi), np.searchsorted(orders, lo)  # every end is a member
+    if cfg.verify:  # exact Jaccard of the shingle sets (sorted, distinct), all pairs in one loop
+        sim = pair_jaccard(values, offsets, a, b)
         keep = sim >= cfg.threshold  # exact Jaccard below the threshold: an LSH false positive
-    else:
-        sim = np.array([np.mean(np.asarray(m[a][col]) == np.asarray(m[b][col])) for a, b in zip(hi.tolist(), lo.tolist())],
-                       dtype=np.float64)
+    else:  # the signature estimate: the fraction of equal MinHash values
+        sig = values.reshape(len(orders), cfg.num_perm) if len(orders) else np.zeros((0, cfg.num_perm), values.dtype)
+        sim = (sig[a] == sig[b]).mean(axis=1) if len(a) else np.zeros(0, np.float64)
         keep = np.ones(len(hi), dtype=bool)
     hi, lo, sim = hi[keep], lo[keep], sim[keep]
     cc.write_edges(wd.scratch(STAGE, "edges", item["name"]), np.concatenate([hi, lo]), np.concatenate([lo, hi]), item["buckets"])

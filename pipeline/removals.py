@@ -81,7 +81,7 @@ def removed_documents(path: str, reason: str | None = None, stage: str | None = 
         r["detail"] = json.loads(r["detail"] or "{}")
         if r.get("text") is None:
             wanted.setdefault(r["part"], set()).add(r["id"])
-        if (sid := r["detail"].get("duplicate_of")) is not None:
+        if (sid := r["detail"].get("duplicate_of")) is not None and "earlier_url" not in r["detail"]:
             order = r["detail"].get("duplicate_of_order")
             for p in ([part_of(order)] if order is not None else _all_parts(run)):  # runs before the order was kept
                 wanted.setdefault(p, set()).add(sid)
@@ -92,7 +92,14 @@ def removed_documents(path: str, reason: str | None = None, stage: str | None = 
         item = {"id": r["id"], "stage": r["stage"], "reason": r["reason"], "bytes": r["bytes"],
                 "source": doc.get("source"), "position": doc.get("position"), "url": doc.get("url"),
                 "text": r["text"] if r.get("text") is not None else doc.get("text"), "detail": r["detail"]}
-        if (sid := r["detail"].get("duplicate_of")) is not None:
+        if (sid := r["detail"].get("duplicate_of")) is not None and "earlier_url" in r["detail"]:
+            # dedup_against: the survivor is a document of an earlier version, read back from it
+            from .dedup_index import earlier_document_text
+
+            d = r["detail"]
+            item["survivor"] = {"id": f"{d['earlier_version']}: {sid}", "source": None, "position": None, "url": None,
+                                "text": earlier_document_text(d["earlier_url"], d["earlier_sha256"], sid)}
+        elif sid is not None:
             s = docs.get(sid, {})
             item["survivor"] = {"id": sid, "source": s.get("source"), "position": s.get("position"),
                                 "url": s.get("url"), "text": s.get("text")}

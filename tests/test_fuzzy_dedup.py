@@ -131,8 +131,10 @@ def test_report(corpus, one_worker):
     kept, removed, stats = one_worker
     assert stats["documents_in"] == len(rows)
     assert stats["documents_removed"] == len(removed)
-    assert (stats["lsh"]["bands"], stats["lsh"]["rows"], stats["lsh"]["num_perm"]) == (14, 9, 128)
-    assert 0 < stats["lsh"]["false_positive_area"] < 0.2 and 0 < stats["lsh"]["false_negative_area"] < 0.05
+    # verify: true chooses for recall (lsh.recall_params): 21 x 6 at 0.8, miss rate at the threshold 0.0017
+    assert (stats["lsh"]["bands"], stats["lsh"]["rows"], stats["lsh"]["num_perm"]) == (21, 6, 128)
+    assert stats["lsh"]["design"] == "recall" and 0 < stats["lsh"]["miss_rate_at_threshold"] <= 0.002
+    assert 0 < stats["lsh"]["false_positive_area"] < 0.3 and 0 < stats["lsh"]["false_negative_area"] < 1e-4
     sizes = {int(k): v for k, v in stats["cluster_sizes"].items()}
     assert sum((k - 1) * v for k, v in sizes.items()) == len(removed)
     assert sizes.get(3, 0) >= 1  # the planted three-document clusters
@@ -303,3 +305,93 @@ def test_texts_rewritten_by_an_earlier_stage_are_compared_as_rewritten(tmp_path)
     assert _run(rows, FuzzyDedupConfig(), tmp_path / "raw")[1] == []
     kept, removed, _ = _run(rows, FuzzyDedupConfig(), tmp_path / "ov", overrides={"d1": page})
     assert kept == ["d0"] and [r[:2] for r in removed] == [("d1", "d0")]
+
+
+# -- recall by design, bounded verification (issue 25) --------------------------------------------
+def test_recall_params_meet_the_miss_rate_with_the_fewest_false_candidates():
+    from gristmill.pipeline.lsh import false_positive_area, recall_params
+
+    for t, n, miss in [(0.8, 128, 0.002), (0.7, 128, 0.01), (0.9, 64, 0.002)]:
+        p = recall_params(t, n, miss)
+        assert p.bands * p.rows <= n and p.miss_rate <= miss and p.design == "recall"
+        assert abs(p.miss_rate - (1 - t ** p.rows) ** p.bands) < 1e-12
+        # brute force: no (b, r) within the miss rate has a smaller false-positive area
+        fits = [(false_positive_area(t, b, r), b, r) for r in range(1, n + 1) for b in range(1, n // r + 1)
+                if (1 - t ** r) ** b <= miss]
+        assert p.false_positive == pytest.approx(min(fits)[0])
+    p = recall_params(0.8, 128)
+    assert (p.bands, p.rows) == (21, 6) and p.collision_probability(0.85) > 0.9999
+    assert p.to_dict()["miss_rate_at_threshold"] == p.miss_rate
+    # unreachable: 2 permutations cannot miss a pair at 0.8 less than 0.04 of the time; the best is taken
+    assert recall_params(0.8, 2, 0.001).miss_rate == pytest.approx(0.2 ** 2)
+    with pytest.raises(ValueError, match="miss_rate"):
+        recall_params(0.8, 128, 0.0)
+
+
+def test_config_chooses_for_recall_only_when_verified():
+    assert FuzzyDedupConfig().lsh().design == "recall"
+    p = FuzzyDedupConfig(verify=False).lsh()
+    assert (p.bands, p.rows, p.design) == (14, 9, "weights")  # every candidate is a merge: datasketch's search
+    assert FuzzyDedupConfig(miss_rate=0.01).lsh().miss_rate <= 0.01
+    assert (FuzzyDedupConfig(bands=14, rows=9).lsh().design) == "given"
+    with pytest.raises(ValueError, match="fuzzy_dedup.miss_rate: expected"):
+        FuzzyDedupConfig.from_dict({"miss_rate": 1.5})
+
+
+def test_bucket_pairs_are_linear_in_the_bucket_and_reach_past_hard_negatives():
+    from gristmill.pipeline.lsh import REPRESENTATIVES, bucket_pairs
+
+    k = 200
+    order = np.arange(k, dtype=np.int64)[::-1].copy()
+    hi, lo = bucket_pairs(np.zeros(k, np.int32), np.full(k, 7, np.uint64), order)
+    assert len(hi) <= (REPRESENTATIVES + 1) * k and (hi > lo).all()
+    assert len(set(zip(hi.tolist(), lo.tolist()))) == len(hi)  # distinct
+    assert {h for h in hi.tolist()} == set(range(1, k))  # every member but the earliest is paired
+    # The first 5 members are hard negatives (dissimilar to everything); members 5.. are copies of
+    # one text. Verified edges (copy-copy only) still join every copy: through the predecessor.
+    sim = lambda a, b: a >= 5 and b >= 5  # noqa: E731
+    hi, lo = bucket_pairs(np.zeros(20, np.int32), np.ones(20, np.uint64), np.arange(20, dtype=np.int64))
+    edges = [(h, l_) for h, l_ in zip(hi.tolist(), lo.tolist()) if sim(h, l_)]
+    assert _union_find(edges) == {c: 5 for c in range(6, 20)}
+    # two bands, two buckets: pairs from both, one copy of a pair shared by both
+    hi, lo = bucket_pairs(np.array([0, 0, 1, 1], np.int32), np.array([3, 3, 9, 9], np.uint64), np.array([0, 1, 0, 1]))
+    assert list(zip(hi.tolist(), lo.tolist())) == [(1, 0)]
+
+
+def _copies_corpus(n_copies, seed=3, words=200):
+    """One text and ``n_copies`` near copies of it (2 words changed each: Jaccard ~0.9-0.95 with the
+    original), plus a hard negative of it first in input order (a fifth of its words changed)."""
+    rng = random.Random(seed)
+    vocab = _vocab(rng)
+    base = [rng.choice(vocab) for _ in range(words)]
+    texts = [" ".join(_mutate(rng, base, vocab, words // 5)), " ".join(base)]
+    texts += [" ".join(_mutate(rng, base, vocab, 2)) for _ in range(n_copies - 1)]
+    return [{"id": f"d{i:03d}", "order": i, "text": t} for i, t in enumerate(texts)]
+
+
+def test_a_200_copy_cluster_costs_linear_verifications_and_removes_every_copy(tmp_path):
+    rows = _copies_corpus(200)
+    kept, removed, stats = _run(rows, FuzzyDedupConfig(), tmp_path, parts=3)
+    assert kept == ["d000", "d001"]  # the hard negative stands; the original survives its 199 copies
+    assert len(removed) == 199 and {r[1] for r in removed} == {"d001"} and all(r[4] >= 0.8 for r in removed)
+    assert stats["cluster_sizes"] == {"200": 1}
+    # All pairs would be 201 * 200 / 2 = 20,100 verifications. Each member is paired with at most
+    # REPRESENTATIVES + 1 members per band (a bound of 105 a document at 21 bands); measured: 18 a
+    # document at 100, 200 and 400 copies (1,442, 3,626, 8,504 pairs), every pair a verified edge.
+    assert stats["candidate_pairs"] <= 25 * len(rows), stats["candidate_pairs"]
+    assert stats["pairs_linked"] == stats["candidate_pairs"]
+
+
+def test_pair_jaccard_matches_the_set_definition_with_and_without_numba():
+    from gristmill.pipeline.lsh import pair_jaccard
+
+    rng = np.random.default_rng(4)
+    sets = [np.unique(rng.integers(0, 60, size=rng.integers(0, 40)).astype(np.uint64)) for _ in range(30)]
+    offsets = np.concatenate([[0], np.cumsum([len(s) for s in sets])])
+    values = np.concatenate(sets)
+    a, b = rng.integers(0, 30, 200), rng.integers(0, 30, 200)
+    want = [len(set(sets[i]) & set(sets[j])) / len(set(sets[i]) | set(sets[j])) if len(sets[i]) + len(sets[j]) else 0.0
+            for i, j in zip(a, b)]
+    for numba in (True, False):
+        assert pair_jaccard(values, offsets, a, b, use_numba=numba).tolist() == pytest.approx(want)
+    assert jaccard(sets[0], sets[1]) == pytest.approx(pair_jaccard(values, offsets, [0], [1])[0])

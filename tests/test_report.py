@@ -170,7 +170,7 @@ def test_the_fallback_stage_order_is_the_one_the_pipeline_runs(tmp_path):
 
     job = PrepareConfig.from_dict({"inputs": ["unused.jsonl"], "output": {"store": str(tmp_path / "s"), "dataset": "d"},
                                "work_dir": str(tmp_path / "w"), "quality": {}, "fuzzy_dedup": {}, "decontaminate": {},
-                               "pii": {}})
+                               "pii": {}, "dedup_against": [str(tmp_path / "s" / "old" / "v1")]})
     assert [s.name for s in stages.build(job)] == [n for n in STAGE_ORDER if n != "language"]  # language: extract's filter
     counted = {n: {"documents_in": 1} for n in ("tokenize", "pii", "a_new_stage", "quality", "extract")}
     assert stage_order(counted, None) == ["extract", "quality", "pii", "a_new_stage", "tokenize"]

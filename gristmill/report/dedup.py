@@ -61,7 +61,8 @@ def fuzzy_section(page: Page, stage: dict | None, work) -> None:
                        Table(["bands", "rows", "num_perm", "threshold", "P(candidate) at threshold",
                               "false-positive area", "false-negative area"],
                              [[b, r, lsh.get("num_perm"), t, round(p, 4), round(fp, 5), round(fn, 5)]]),
-                       caption=f"a pair at Jaccard {t:g} becomes a candidate with probability {p:.3f}; "
+                       caption=f"a pair at Jaccard {t:g} becomes a candidate with probability {p:.4f} "
+                               f"(expected miss rate at the threshold {1 - p:.2%}); "
                                f"{'every candidate is verified by exact Jaccard' if d.get('config', {}).get('verify', True) else 'candidates are not verified'}"))
     pairs = d.get("sample_pairs", [])[:PAIRS_SHOWN]
     if not pairs:

@@ -4,7 +4,11 @@ Each stage is a module here that owns its orchestration and its bookkeeping; the
 algorithms are the part's libraries (``pipeline.extract``, ``pipeline.fuzzy_dedup``, ...).
 ``build(job)`` is the order, each stage present when the job enables it:
 
-    extract (+ language) -> unique_ids (jobs with an id_field) -> exact_dedup -> quality -> fuzzy_dedup -> decontaminate -> pii -> tokenizer -> tokenize -> pack
+    extract (+ language) -> unique_ids (jobs with an id_field) -> exact_dedup -> quality -> fuzzy_dedup -> dedup_against -> decontaminate -> dedup_index
+    -> pii -> tokenizer -> tokenize -> pack
+
+(``dedup_index`` writes the version's dedup index from the documents left after every removal, with
+their texts as fuzzy dedup compares them, before PII redaction rewrites them.)
 
 A new stage: a module here with a ``Stage`` subclass, and its place in ``build``.
 """
@@ -13,6 +17,8 @@ from __future__ import annotations
 from ..config import PrepareConfig
 from .base import Context, Packed, Stage, StageResult
 from .decontaminate import Decontaminate
+from .dedup_against import DedupAgainst
+from .dedup_index import DedupIndex
 from .exact_dedup import ExactDedup
 from .extract import Extract
 from .fuzzy_dedup import FuzzyDedup
@@ -35,8 +41,16 @@ def build(job: PrepareConfig) -> list[Stage]:
         stages.append(ExactDedup())
     if job.quality is not None and job.quality.enabled:
         stages.append(Quality(job))
-    for cls in (FuzzyDedup, Decontaminate, Pii):  # optional typed sections: absent or enabled: false skips
-        section = getattr(job, cls.section)
-        if section is not None and section.enabled:
-            stages.append(cls(section))
+    def on(section) -> bool:  # optional typed sections: absent or enabled: false skips
+        return section is not None and section.enabled
+
+    if on(job.fuzzy_dedup):
+        stages.append(FuzzyDedup(job.fuzzy_dedup))
+    if job.dedup_against:
+        stages.append(DedupAgainst())
+    if on(job.decontaminate):
+        stages.append(Decontaminate(job.decontaminate))
+    stages.append(DedupIndex())  # every version publishes its dedup index
+    if on(job.pii):
+        stages.append(Pii(job.pii))
     return stages + [Tokenizer(), Tokenize(), Pack()]

@@ -58,6 +58,8 @@ class StageResult:
     core_seconds: dict[str, float] = field(default_factory=dict)  # report.json: summed task seconds by row
     peak_rss_mb: dict[str, float] = field(default_factory=dict)  # report.json: a worker's peak by row
     data: Any = None  # what later stages read (``ctx.results[name].data``)
+    dedup_index: tuple = ()  # manifests.FileRef of the version's dedup index files it wrote into ``staging``
+    dedup_against: tuple = ()  # manifests.PinnedVersion of the earlier versions it deduplicated against
 
 
 @dataclass
