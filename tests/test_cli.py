@@ -92,3 +92,41 @@ def test_every_command_has_its_module_and_its_readme_row():
     with open(os.path.join(root, "README.md")) as f:
         readme = set(re.findall(r"^\| `gristmill ([a-z-]+)", f.read(), flags=re.M))
     assert readme == registered
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_prepare_is_one_line_exit_130_and_the_same_command_resumes(tmp_path):
+    """SIGINT in the middle of a prepare: Ray is shut down, stderr says how to resume (no
+    traceback), exit 130; the same command then finishes, skipping the tasks committed before."""
+    import glob
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import yaml
+    from helpers import demo_job_dict
+
+    from gristmill.pipeline.demo_corpus import write_demo_corpus
+
+    write_demo_corpus(str(tmp_path / "demo"))
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(demo_job_dict(tmp_path / "demo", tmp_path)))
+    cmd = [sys.executable, "-m", "gristmill", "prepare", str(job)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 180  # a hang guard, not a timing assertion
+    while not glob.glob(str(tmp_path / "work" / "*" / "_done" / "extract" / "*.json")):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=180)
+    assert proc.returncode == 130, err[-3000:]
+    assert "the same command resumes" in err and "Traceback" not in err, err[-3000:]
+    assert not (tmp_path / "store" / "demo").exists()  # nothing published
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (report,) = glob.glob(str(tmp_path / "work" / "*" / "report.json"))
+    (extract,) = [s for s in json.load(open(report))["stages"] if s["stage"] == "extract"]
+    assert extract["resumed_parts"] >= 1

@@ -20,10 +20,14 @@ def _prepare(args) -> int:
     job = load_job(args, load)
     if job is None:
         return 0
-    from gristmill.pipeline.executor import prepare
+    from gristmill.pipeline.executor import PrepareInterrupted, prepare
     from gristmill.pipeline.stats import format_table
 
-    result = prepare(job, address=args.address, quiet=args.quiet)
+    try:
+        result = prepare(job, address=args.address, quiet=args.quiet)
+    except PrepareInterrupted as e:  # Ctrl-C: Ray is down, finished tasks are kept; one line, not a traceback
+        print(f"gristmill: {e}", file=sys.stderr, flush=True)
+        return 130
     if job.output.report_html:
         write_data_card(result, quiet=args.quiet)
     print(format_table(result.report))
