@@ -17,12 +17,20 @@ stale work. Layout (``part-00007`` is partition 7, ``part_name``)::
 A task is finished iff its marker exists. A crash (even ``kill -9``) leaves at most temp files
 and outputs without a marker; a rerun rewrites those, and the output is the same bytes because
 every task is deterministic.
+
+The root may be any fsspec URL (``s3://bucket/work/<key>``): nothing here renames. Every file is
+written whole or not at all (``manifests.storage``: a local temp file and ``os.replace``, or one
+upload on an object store) and the marker, written last, is the commit.
 """
 from __future__ import annotations
 
 import json
 import os
+import posixpath
 
+from fsspec.core import url_to_fs
+
+from gristmill.manifests import storage
 from gristmill.manifests.hashing import canonical_json
 from gristmill.manifests.parquet_part import ParquetPart  # noqa: F401  (the stages' output writer)
 from gristmill.manifests.shards import atomic_write
@@ -36,14 +44,40 @@ class WorkDir:
     """One run's directory. Small and picklable: tasks receive it and build their paths with it."""
 
     def __init__(self, root: str):
-        self.root = root
-        os.makedirs(root, exist_ok=True)
+        self.root = root.rstrip("/") if "://" in root else root
+        self.local = "://" not in root
+        if self.local:
+            os.makedirs(root, exist_ok=True)
 
     def __repr__(self) -> str:
         return f"WorkDir({self.root!r})"
 
+    def __getstate__(self) -> dict:
+        return {"root": self.root, "local": self.local}  # a task gets the URL, and opens its own filesystem
+
+    @property
+    def fs(self):
+        """``(fsspec filesystem, root path)``; made once per process."""
+        if "_fs" not in self.__dict__:
+            self.__dict__["_fs"] = url_to_fs(self.root)
+        return self.__dict__["_fs"]
+
     def _path(self, *parts: str) -> str:
-        return os.path.join(self.root, *parts)
+        return os.path.join(self.root, *parts) if self.local else posixpath.join(self.root, *parts)
+
+    def exists(self, path: str) -> bool:
+        """Whether a file of this run dir (a path built here) is there."""
+        if self.local:
+            return os.path.exists(path)
+        fs, _ = self.fs
+        return fs.exists(path)
+
+    def read_bytes(self, path: str) -> bytes:
+        """A whole committed file of this run dir (FileNotFoundError if absent)."""
+        if self.local:
+            with open(path, "rb") as f:
+                return f.read()
+        return storage.get(self.fs[0], path)
 
     # -- per-partition files ------------------------------------------------------------------
     def docs(self, part: int) -> str:
@@ -99,8 +133,7 @@ class WorkDir:
     def done(self, step: str, name: str) -> dict | None:
         """The stats of a finished task, or None if it has to be (re)done."""
         try:
-            with open(self.marker(step, name)) as f:
-                return json.load(f)
+            return json.loads(self.read_bytes(self.marker(step, name)))
         except FileNotFoundError:
             return None
 
