@@ -133,7 +133,7 @@ class ManifestStore:
             with ThreadPoolExecutor(max_workers=min(16, len(files))) as pool:
                 list(pool.map(copy, files))
         published = manifest.published(version)
-        if not storage.put_new(self.fs, posixpath.join(vdir, MANIFEST_FILE), published.to_json().encode()):
+        if not _put_new_or_own(self.fs, posixpath.join(vdir, MANIFEST_FILE), published.to_json().encode()):
             raise VersionExistsError(f"{join(self.version_url(manifest.dataset, version), MANIFEST_FILE)} appeared while "
                                      f"this writer held the claim on v{version}: another writer ignores {CLAIM_FILE}")
         self._point_latest(manifest.dataset)
@@ -148,7 +148,7 @@ class ManifestStore:
                             "claimed_at": time.time()}).encode()
         while True:
             n = version if version is not None else max(self._taken(base), default=0) + 1
-            if storage.put_new(self.fs, posixpath.join(base, f"v{n}", CLAIM_FILE), claim):
+            if _put_new_or_own(self.fs, posixpath.join(base, f"v{n}", CLAIM_FILE), claim):
                 return n
             if version is not None:
                 raise VersionExistsError(f"{dataset} v{version} is already claimed by another publish (its "
@@ -171,6 +171,18 @@ class ManifestStore:
             storage.put(self.fs, pointer, f"{newest}\n".encode())
             if self.versions(dataset)[-1] == newest and storage.get(self.fs, pointer) == f"{newest}\n".encode():
                 return
+
+
+def _put_new_or_own(fs, path: str, data: bytes) -> bool:
+    """``storage.put_new``, also True when the object there is this very write (a client that
+    retried a PUT whose answer was lost is told the name exists; the bytes, unique to this
+    writer, say whether it was its own)."""
+    if storage.put_new(fs, path, data):
+        return True
+    try:
+        return storage.get(fs, path) == data
+    except FileNotFoundError:
+        return False
 
 
 def read_latest(fs, path: str, url: str) -> int:

@@ -65,13 +65,6 @@ class WorkDir:
     def _path(self, *parts: str) -> str:
         return os.path.join(self.root, *parts) if self.local else posixpath.join(self.root, *parts)
 
-    def exists(self, path: str) -> bool:
-        """Whether a file of this run dir (a path built here) is there."""
-        if self.local:
-            return os.path.exists(path)
-        fs, _ = self.fs
-        return fs.exists(path)
-
     def read_bytes(self, path: str) -> bytes:
         """A whole committed file of this run dir (FileNotFoundError if absent)."""
         if self.local:
