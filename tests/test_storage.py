@@ -92,3 +92,18 @@ def test_parquet_part_and_atomic_write(where):
     assert sorted(posixpath.basename(p) for p in fs.find(root)) == ["part-00001.parquet"]
     atomic_write(f"{where}/_done/stage/part-00001.json", b'{"rows": 5000}')
     assert storage.get(fs, posixpath.join(root, "_done", "stage", "part-00001.json")) == b'{"rows": 5000}'
+
+
+def test_workdir_markers_on_any_url(where):
+    """The run dir's commit (a task's marker) on a local disk and on S3; a task receives the
+    WorkDir pickled (its URL only) and reads the same markers."""
+    import pickle
+
+    from gristmill.pipeline.workdir import WorkDir
+
+    wd = WorkDir(f"{where}/work/key")
+    assert wd.done("extract", "part-00000") is None
+    wd.mark_done("extract", "part-00000", {"documents": 3})
+    again = pickle.loads(pickle.dumps(wd))
+    assert "_fs" not in again.__dict__ and again.done("extract", "part-00000") == {"documents": 3}
+    assert wd.docs(7).endswith("/work/key/docs/part-00007.parquet") and wd.docs(7).startswith(where)
