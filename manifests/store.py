@@ -94,7 +94,7 @@ class ManifestStore:
         Idempotent on content: if the latest version already has this manifest hash, it is
         returned unchanged. An explicit ``version`` that already exists is refused.
 
-        Safe under concurrency, on a local disk and on an object store (docs/format.md, "Publishing"):
+        Safe under concurrency, on a local disk and on an object store (docs/format.md, "Store"):
         the version number is claimed first by a create-if-absent of ``v<N>/.claim`` (exactly one
         writer wins each number; the others try N+1), only the claimer writes into ``v<N>/``, and its
         ``manifest.json``, written last and create-if-absent too, is the commit.
