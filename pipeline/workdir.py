@@ -13,6 +13,7 @@ stale work. Layout (``part-00007`` is partition 7, ``part_name``)::
     tokens/part-00007.parquet        the partition's token ids
     tokenizer.json, staging/, pack_index/, report.json, quarantine.jsonl, removed.jsonl
     _done/<step>/<task>.json         a task's completion marker: written last, holds its stats
+    logs/<step>/<task>.log           a task's warnings and errors; <task>.attempt-N: its batch's attempts
 
 A task is finished iff its marker exists. A crash (even ``kill -9``) leaves at most temp files
 and outputs without a marker; a rerun rewrites those, and the output is the same bytes because
@@ -27,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import posixpath
+import uuid
 
 from fsspec.core import url_to_fs
 
@@ -49,6 +51,11 @@ class WorkDir:
         if self.local:
             os.makedirs(root, exist_ok=True)
 
+    @classmethod
+    def of_run(cls, work_dir: str, run_key: str) -> "WorkDir":
+        """The run dir of the job whose key is ``run_key`` under the job's ``work_dir``."""
+        return cls(os.path.join(work_dir, run_key))
+
     def __repr__(self) -> str:
         return f"WorkDir({self.root!r})"
 
@@ -64,6 +71,28 @@ class WorkDir:
 
     def _path(self, *parts: str) -> str:
         return os.path.join(self.root, *parts) if self.local else posixpath.join(self.root, *parts)
+
+    def create_new(self, path: str) -> bool:
+        """Create an empty file if nothing has the name: True if this call made it (create-if-absent)."""
+        if self.local:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            try:
+                os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+                return True
+            except FileExistsError:
+                return False
+        return storage.put_new(self.fs[0], url_to_fs(path)[1], b"")
+
+    def listdir(self, path: str) -> list[str]:
+        """The names in a folder of this run dir (FileNotFoundError if there is none)."""
+        if self.local:
+            return os.listdir(path)
+        fs, fs_path = self.fs[0], url_to_fs(path)[1]
+        storage.refresh(fs, fs_path)
+        return [posixpath.basename(p.rstrip("/")) for p in fs.ls(fs_path, detail=False)]
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(path) if self.local else self.fs[0].exists(url_to_fs(path)[1])
 
     def read_bytes(self, path: str) -> bytes:
         """A whole committed file of this run dir (FileNotFoundError if absent)."""
@@ -104,6 +133,10 @@ class WorkDir:
     def staging(self) -> str:
         return self._path("staging")
 
+    def staged(self, rel: str) -> str:
+        """A file of the dataset being built, by its path in the version (``shards/...``, ``doc_index.parquet``)."""
+        return os.path.join(self.staging, rel)
+
     def pack_index(self, name: str) -> str:
         return self._path("pack_index", f"{name}.parquet")
 
@@ -119,6 +152,18 @@ class WorkDir:
     def removed_jsonl(self) -> str:
         return self._path("removed.jsonl")
 
+    # -- task logs ----------------------------------------------------------------------------
+    def logs(self, step: str) -> str:
+        return self._path("logs", step)
+
+    def log(self, step: str, name: str) -> str:
+        """A task's warnings and errors (created on the first one)."""
+        return self._path("logs", step, f"{name}.log")
+
+    def attempt(self, step: str, name: str, n: int) -> str:
+        """An empty file per attempt of a batch of tasks that starts with task ``name``."""
+        return self._path("logs", step, f"{name}.attempt-{n}")
+
     # -- task markers -------------------------------------------------------------------------
     def marker(self, step: str, name: str) -> str:
         return self._path("_done", step, f"{name}.json")
@@ -130,5 +175,16 @@ class WorkDir:
         except FileNotFoundError:
             return None
 
-    def mark_done(self, step: str, name: str, stats: dict) -> None:
-        atomic_write(self.marker(step, name), canonical_json(stats))
+    def mark_done(self, step: str, name: str, stats: dict, *, sync: bool = True) -> None:
+        """Commit a task: its marker, written under a unique name and renamed. ``sync`` fsyncs it,
+        which also commits the task's outputs with the filesystem's journal (ext4's ordered mode);
+        a batch of tasks syncs its last marker only (pipeline.runner.run_batch)."""
+        if sync or not self.local:  # an object store: one upload, whole or nothing, nothing to sync
+            atomic_write(self.marker(step, name), canonical_json(stats))
+            return
+        path = self.marker(step, name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.tmp-{uuid.uuid4().hex[:12]}"
+        with open(tmp, "wb") as f:
+            f.write(canonical_json(stats))
+        os.replace(tmp, path)

@@ -107,3 +107,20 @@ def test_workdir_markers_on_any_url(where):
     again = pickle.loads(pickle.dumps(wd))
     assert "_fs" not in again.__dict__ and again.done("extract", "part-00000") == {"documents": 3}
     assert wd.docs(7).endswith("/work/key/docs/part-00007.parquet") and wd.docs(7).startswith(where)
+
+
+def test_workdir_attempts_and_logs_on_any_url(where):
+    """A batch's attempt files (create-if-absent: one number per attempt) and a task's log, on a
+    local disk and on S3."""
+    import logging
+
+    from gristmill.pipeline.runner import record_attempt, task_log
+    from gristmill.pipeline.workdir import WorkDir
+
+    wd = WorkDir(f"{where}/work/key")
+    assert [record_attempt(wd, "extract", "part-00000") for _ in range(3)] == [1, 2, 3]
+    assert sorted(wd.listdir(wd.logs("extract"))) == [f"part-00000.attempt-{n}" for n in (1, 2, 3)]
+    log = wd.log("extract", "part-00001")
+    with task_log(log):
+        logging.getLogger("gristmill.task").warning("slow partition")
+    assert wd.exists(log) and b"WARNING gristmill.task: slow partition" in wd.read_bytes(log)
