@@ -9,6 +9,7 @@ import contextlib
 import os
 import shutil
 
+import fsspec
 import numpy as np
 import pyarrow as pa
 
@@ -17,7 +18,7 @@ from .doc_index import DocIndexWriter
 from .hashing import sha256_file, sha256_json
 from .manifest import (SCHEMA_VERSION, EvalSet, FileRef, Input, Manifest, PinnedVersion, Shard, Tokenizer,
                        token_dtype_for)
-from .shards import write_shard
+from .shards import atomic_write, write_shard
 
 DOC_INDEX_FILE = "doc_index.parquet"
 TOKENIZER_FILE = "tokenizer.json"
@@ -34,11 +35,16 @@ def write_pinned_shard(root: str, rel: str, split: str, rows: np.ndarray) -> Sha
 class DatasetBuilder:
     def __init__(self, staging_dir: str, *, dataset: str, seq_len: int, tokenizer_json: str, vocab_size: int, eos_id: int):
         self.dir = staging_dir
-        os.makedirs(os.path.join(staging_dir, "shards"), exist_ok=True)
         self.dataset, self.seq_len = dataset, seq_len
         self.dtype = token_dtype_for(vocab_size)
-        shutil.copyfile(tokenizer_json, os.path.join(staging_dir, TOKENIZER_FILE))
-        sha, _ = sha256_file(os.path.join(staging_dir, TOKENIZER_FILE))
+        target = os.path.join(staging_dir, TOKENIZER_FILE)
+        if "://" in staging_dir or "://" in tokenizer_json:  # a staging dir or tokenizer on an object store
+            with fsspec.open(tokenizer_json, "rb") as f:
+                atomic_write(target, f.read())
+        else:
+            os.makedirs(os.path.join(staging_dir, "shards"), exist_ok=True)
+            shutil.copyfile(tokenizer_json, target)
+        sha, _ = sha256_file(target)
         self.tokenizer = Tokenizer(TOKENIZER_FILE, sha, vocab_size, eos_id)
         self.shards: list[Shard] = []
         self.doc_index: FileRef | None = None

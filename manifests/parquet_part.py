@@ -1,4 +1,9 @@
-"""A Parquet file written as a stream and committed by rename: nothing valid-looking before commit."""
+"""A Parquet file written as a stream and committed whole: nothing valid-looking before commit.
+
+On a local disk it is written under a temp name and renamed into place; on an object store
+(any fsspec URL, manifests/storage.py) it streams into an upload that becomes the object only
+on commit, and an abort leaves no object at all.
+"""
 from __future__ import annotations
 
 import os
@@ -6,20 +11,31 @@ import uuid
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from fsspec.core import url_to_fs
+
+from . import storage
 
 
 class ParquetPart:
-    """Stream record batches into ``path`` under a temp name; ``commit()`` renames it into place.
+    """Stream record batches into ``path`` (a local path or fsspec URL); ``commit()`` puts it in place.
 
     Always produces a file (an empty one with the schema when no rows came), so readers of a
     finished stage never have to guess whether a partition is missing or merely empty.
     """
 
     def __init__(self, path: str, schema: pa.Schema, row_group_size: int | None = None, compression: str = "zstd"):
-        os.makedirs(os.path.dirname(path), exist_ok=True)
         self.path, self.schema, self.row_group_size = path, schema, row_group_size
-        self.tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-        self.writer = pq.ParquetWriter(self.tmp, schema, compression=compression)
+        fs, fs_path = url_to_fs(path)
+        if storage.is_local(fs):
+            os.makedirs(os.path.dirname(fs_path), exist_ok=True)
+            self._local, self._pending_object = fs_path, None
+            self.tmp = f"{fs_path}.tmp-{uuid.uuid4().hex[:8]}"
+            sink = self.tmp  # pyarrow's own file: faster than through a Python file object
+        else:
+            self._local, self.tmp = None, None
+            self._pending_object = storage.PendingObject(fs, fs_path)
+            sink = self._pending_object.file  # pyarrow never closes a file it was handed
+        self.writer = pq.ParquetWriter(sink, schema, compression=compression)
         self.rows = 0
         self._pending: dict[str, list] = {k: [] for k in schema.names}
 
@@ -45,10 +61,14 @@ class ParquetPart:
     def commit(self) -> None:
         self._flush()
         self.writer.close()
-        os.replace(self.tmp, self.path)
+        if self._pending_object is not None:
+            self._pending_object.commit()
+        else:
+            os.replace(self.tmp, self._local)
 
     def abort(self) -> None:
         self.writer.close()
-        if os.path.exists(self.tmp):
+        if self._pending_object is not None:
+            self._pending_object.abort()
+        elif os.path.exists(self.tmp):
             os.unlink(self.tmp)
-

@@ -8,14 +8,14 @@ sha256) on every run. Anyone can open a shard with pyarrow, DuckDB or polars.
 from __future__ import annotations
 
 import hashlib
-import os
-import uuid
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
+from fsspec.core import url_to_fs
 
+from . import storage
 from .errors import FactMismatchError, HashMismatchError, ManifestError, TokenOutOfVocabError
 from .manifest import Manifest, Shard
 
@@ -45,7 +45,7 @@ class ShardStats:
 
 
 def write_shard(path: str | None, rows: np.ndarray, *, compressed: bool = True) -> ShardStats:
-    """Write ``rows`` (shape ``(n, seq_len + 1)``, uint16/uint32) atomically to a local path.
+    """Write ``rows`` (shape ``(n, seq_len + 1)``, uint16/uint32) atomically to a local path or fsspec URL.
 
     The file appears under its final name only once complete: a crash mid-write leaves at
     most a ``.tmp`` file that no reader trusts. With ``path=None`` only the stats are computed
@@ -70,19 +70,11 @@ def write_shard(path: str | None, rows: np.ndarray, *, compressed: bool = True) 
 
 
 def atomic_write(path: str, data) -> None:
-    """Write under a temporary name, fsync, rename: a crash leaves nothing that looks valid."""
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    tmp = f"{path}.tmp-{uuid.uuid4().hex[:12]}"  # unique per writer, threads and processes alike
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    """Write ``data`` at a local path or fsspec URL, whole or not at all (manifests/storage.py):
+    locally a temp name, fsync and rename; on an object store one upload. A crash leaves nothing
+    that looks valid."""
+    fs, fs_path = url_to_fs(path)
+    storage.put(fs, fs_path, data)
 
 
 def read_table(source) -> pa.Table:

@@ -1,21 +1,25 @@
 """A manifest store under any fsspec root: ``<root>/<dataset>/v<N>/manifest.json`` + ``latest``.
 
-Publishing copies the version's files into ``v<N>/`` and writes ``manifest.json`` last, under a
-temporary name first; the manifest is the commit. A ``v<N>/`` without a manifest is an aborted
-publish and is never read. A published version is never overwritten.
+Publishing claims ``v<N>/`` (a create-if-absent of ``v<N>/.claim``), copies the version's files
+into it and writes ``manifest.json`` last; the manifest is the commit. A ``v<N>/`` without a
+manifest is an aborted (or running) publish and is never read. A published version is never
+overwritten, and concurrent publishers never share a number (manifests/storage.py).
 """
 from __future__ import annotations
 
+import json
 import os
 import posixpath
-from concurrent.futures import ThreadPoolExecutor
 import re
+import socket
+import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from fsspec.core import url_to_fs
-from fsspec.implementations.local import LocalFileSystem
 
+from . import storage
 from .errors import LatestPointerError, ManifestError, ManifestNotFoundError, VersionExistsError
 from .manifest import Manifest
 
@@ -24,6 +28,7 @@ _VERSION_DIR = re.compile(r"^v(\d+)$")
 DATASET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 MANIFEST_FILE = "manifest.json"
 LATEST_FILE = "latest"
+CLAIM_FILE = ".claim"  # v<N>/.claim: the create-if-absent that gives one publish the number N
 
 
 def join(base: str, *parts: str) -> str:
@@ -53,6 +58,7 @@ class ManifestStore:
 
     def versions(self, dataset: str) -> list[int]:
         base = posixpath.join(self._root_path, dataset)
+        storage.refresh(self.fs, base)  # other writers may have published since this instance listed
         if not self.fs.isdir(base):
             return []
         out = []
@@ -64,6 +70,7 @@ class ManifestStore:
 
     def latest(self, dataset: str) -> int:
         pointer = posixpath.join(self._root_path, dataset, LATEST_FILE)
+        storage.refresh(self.fs, posixpath.dirname(pointer))
         if self.fs.exists(pointer):
             return read_latest(self.fs, pointer, join(self.root, dataset, LATEST_FILE))
         versions = self.versions(dataset)
@@ -86,6 +93,11 @@ class ManifestStore:
 
         Idempotent on content: if the latest version already has this manifest hash, it is
         returned unchanged. An explicit ``version`` that already exists is refused.
+
+        Safe under concurrency, on a local disk and on an object store (docs/format.md, "Store"):
+        the version number is claimed first by a create-if-absent of ``v<N>/.claim`` (exactly one
+        writer wins each number; the others try N+1), only the claimer writes into ``v<N>/``, and its
+        ``manifest.json``, written last and create-if-absent too, is the commit.
         """
         if not DATASET_NAME.fullmatch(manifest.dataset):
             raise ManifestError(f"dataset name {manifest.dataset!r} must match {DATASET_NAME.pattern}")
@@ -95,26 +107,24 @@ class ManifestStore:
             latest = _load_as(type(manifest), self.version_url(manifest.dataset, existing[-1]), None, self.storage_options)
             if latest.manifest.sha256 == manifest.sha256:
                 return latest
-        base = posixpath.join(self._root_path, manifest.dataset)
-        if version is None:
-            # A directory without manifest.json may be another writer's publish in progress (or an
-            # interrupted one, trusted by nobody): never reuse its number.
-            taken = [int(m.group(1)) for p in (self.fs.ls(base, detail=False) if self.fs.isdir(base) else [])
-                     if (m := _VERSION_DIR.match(posixpath.basename(p.rstrip("/"))))]
-            version = max(taken, default=0) + 1
         elif version in existing:
             raise VersionExistsError(f"{manifest.dataset} v{version} is already published; published versions are never overwritten")
-        vdir = posixpath.join(base, f"v{version}")
         files = _pinned_files(manifest)
         src_fs, src_root = url_to_fs(files_dir) if files else (None, None)
         for rel in files:
             if not src_fs.exists(posixpath.join(src_root, rel)):
                 raise ManifestError(f"cannot publish: pinned file {rel!r} is missing from {files_dir}")
-        for d in sorted({posixpath.dirname(posixpath.join(vdir, rel)) for rel in files}):
-            self.fs.makedirs(d, exist_ok=True)
+        version = self._claim(manifest.dataset, version)
+        base = posixpath.join(self._root_path, manifest.dataset)
+        vdir = posixpath.join(base, f"v{version}")
+        same_store = src_fs is self.fs and not storage.is_local(self.fs)
 
         def copy(rel: str) -> None:
-            with src_fs.open(posixpath.join(src_root, rel), "rb") as fi, self.fs.open(posixpath.join(vdir, rel), "wb") as fo:
+            src, dst = posixpath.join(src_root, rel), posixpath.join(vdir, rel)
+            if same_store:  # object store to itself: a server-side copy, visible only when complete
+                self.fs.copy(src, dst)
+                return
+            with src_fs.open(src, "rb") as fi, storage.open_put(self.fs, dst) as fo:
                 while chunk := fi.read(8 << 20):
                     fo.write(chunk)
 
@@ -122,31 +132,57 @@ class ManifestStore:
         if files:
             with ThreadPoolExecutor(max_workers=min(16, len(files))) as pool:
                 list(pool.map(copy, files))
-        else:
-            self.fs.makedirs(vdir, exist_ok=True)
         published = manifest.published(version)
-        self._commit(posixpath.join(vdir, MANIFEST_FILE), published.to_json().encode(), overwrite=False)
-        self._commit(posixpath.join(base, LATEST_FILE), f"{version}\n".encode(), overwrite=True)
+        if not _put_new_or_own(self.fs, posixpath.join(vdir, MANIFEST_FILE), published.to_json().encode()):
+            raise VersionExistsError(f"{join(self.version_url(manifest.dataset, version), MANIFEST_FILE)} appeared while "
+                                     f"this writer held the claim on v{version}: another writer ignores {CLAIM_FILE}")
+        self._point_latest(manifest.dataset)
         return Published(published, self.version_url(manifest.dataset, version))
 
-    def _commit(self, path: str, data: bytes, *, overwrite: bool) -> None:
-        tmp = f"{path}.tmp-{uuid.uuid4().hex}"
-        self.fs.pipe_file(tmp, data)
-        if isinstance(self.fs, LocalFileSystem):
-            if overwrite:
-                os.replace(tmp, path)
-            else:
-                try:
-                    os.link(tmp, path)  # fails if `path` exists: no overwrite, even under a race
-                except FileExistsError as e:
-                    raise VersionExistsError(f"{path} already exists; published versions are never overwritten") from e
-                finally:
-                    os.unlink(tmp)
-            return
-        if not overwrite and self.fs.exists(path):
-            self.fs.rm(tmp)
-            raise VersionExistsError(f"{path} already exists; published versions are never overwritten")
-        self.fs.mv(tmp, path)
+    def _claim(self, dataset: str, version: int | None) -> int:
+        """Take a version number for one publish: ``version``, or the first after every number in
+        use (published, being published or abandoned: a directory without manifest.json is never
+        reused). Exactly one of any number of concurrent writers gets each number."""
+        base = posixpath.join(self._root_path, dataset)
+        claim = json.dumps({"writer": uuid.uuid4().hex, "host": socket.gethostname(), "pid": os.getpid(),
+                            "claimed_at": time.time()}).encode()
+        while True:
+            n = version if version is not None else max(self._taken(base), default=0) + 1
+            if _put_new_or_own(self.fs, posixpath.join(base, f"v{n}", CLAIM_FILE), claim):
+                return n
+            if version is not None:
+                raise VersionExistsError(f"{dataset} v{version} is already claimed by another publish (its "
+                                         f"{CLAIM_FILE} exists); published versions are never overwritten")
+
+    def _taken(self, base: str) -> list[int]:
+        storage.refresh(self.fs, base)
+        if not self.fs.isdir(base):
+            return []
+        return [int(m.group(1)) for p in self.fs.ls(base, detail=False)
+                if (m := _VERSION_DIR.match(posixpath.basename(p.rstrip("/"))))]
+
+    def _point_latest(self, dataset: str) -> None:
+        """Set ``latest`` to the newest published version. Concurrent publishers may commit in any
+        order; each writes the newest it sees and looks again after writing, so the last write of
+        all names the newest version (a writer whose view was stale sees the newer one and rewrites)."""
+        pointer = posixpath.join(self._root_path, dataset, LATEST_FILE)
+        while True:
+            newest = self.versions(dataset)[-1]
+            storage.put(self.fs, pointer, f"{newest}\n".encode())
+            if self.versions(dataset)[-1] == newest and storage.get(self.fs, pointer) == f"{newest}\n".encode():
+                return
+
+
+def _put_new_or_own(fs, path: str, data: bytes) -> bool:
+    """``storage.put_new``, also True when the object there is this very write (a client that
+    retried a PUT whose answer was lost is told the name exists; the bytes, unique to this
+    writer, say whether it was its own)."""
+    if storage.put_new(fs, path, data):
+        return True
+    try:
+        return storage.get(fs, path) == data
+    except FileNotFoundError:
+        return False
 
 
 def read_latest(fs, path: str, url: str) -> int:

@@ -327,7 +327,7 @@ class PrepareConfig(Section):
 
     inputs: Annotated[tuple[InputSpec, ...], Field(min_length=1)]  # each a path/glob or a mapping with path:
     output: OutputConfig
-    work_dir: Annotated[ResolvedPath, Field(min_length=1)]  # a local directory for resumable stage outputs
+    work_dir: Annotated[ResolvedPath, Field(min_length=1)]  # resumable stage outputs: a directory or fsspec URL (s3://)
     extract: ExtractConfig = ExtractConfig()
     language: LanguageConfig = LanguageConfig()
     exact_dedup: ExactDedupConfig = ExactDedupConfig()

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+from fsspec.core import url_to_fs
 
 from gristmill.manifests import canonical_json, sha256_file, sha256_json
 
@@ -83,12 +84,11 @@ def eval_index_path(cfg: DecontamConfig, loaded: list[tuple[dict, list]], work_d
 def build_eval_index(cfg: DecontamConfig, loaded: list[tuple[dict, list]], work_dir: str | WorkDir | None) -> ngrams.NgramIndex:
     """The index of the job's eval files, reloaded from ``work_dir`` when the same one was built before."""
     path = eval_index_path(cfg, loaded, work_dir) if work_dir else None
-    if path and os.path.exists(path):
+    if path and (os.path.exists(path) if "://" not in path else url_to_fs(path)[0].exists(url_to_fs(path)[1])):
         return ngrams.NgramIndex.load(path)
     index = ngrams.build_index([(r["name"], items) for r, items in loaded], cfg.n, cfg.min_item_words)
     if path:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        index.save(path)
+        index.save(path)  # atomic_write: any fsspec URL, directories made where there are any
     return index
 
 

@@ -212,7 +212,11 @@ class NgramIndex:
 
     @classmethod
     def load(cls, path: str) -> "NgramIndex":
-        with np.load(path) as z:
+        if "://" in path:  # a work dir on an object store: one read of the whole file
+            import fsspec
+
+            fs, fs_path = fsspec.core.url_to_fs(path)
+        with np.load(io.BytesIO(fs.cat_file(fs_path)) if "://" in path else path) as z:
             meta = json.loads(z["meta"].tobytes())
             if meta.get("hash_version") != HASH_VERSION:
                 raise EvalFileError(f"{path}: n-gram index built with hash {meta.get('hash_version')!r}, "

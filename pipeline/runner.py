@@ -16,6 +16,7 @@ and small tools: the same markers and the same outputs.
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import os
 import time
@@ -24,6 +25,7 @@ import warnings
 from typing import Callable
 
 from gristmill.errors import GristmillError
+from gristmill.manifests.shards import atomic_write
 
 from .progress import Progress
 from .workdir import WorkDir
@@ -63,7 +65,14 @@ class _TaskLog(logging.FileHandler):
 @contextlib.contextmanager
 def task_log(path: str):
     """Python logging (WARNING and up) and warnings of the code inside go to ``path``."""
-    handler, root = _TaskLog(path), logging.getLogger()
+    if "://" in path:  # an object store: the log is kept in memory and uploaded whole at the end
+        buf = io.StringIO()
+        handler = logging.StreamHandler(buf)
+        handler.setLevel(logging.WARNING)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    else:
+        buf, handler = None, _TaskLog(path)
+    root = logging.getLogger()
     root.addHandler(handler)
     logging.captureWarnings(True)
     try:
@@ -74,20 +83,17 @@ def task_log(path: str):
         logging.captureWarnings(False)
         root.removeHandler(handler)
         handler.close()
+        if buf is not None and buf.getvalue():
+            atomic_write(path, buf.getvalue().encode())
 
 
 def record_attempt(wd: WorkDir, step: str, name: str) -> int:
     """Claim the next attempt number of a batch (``logs/<step>/<name>.attempt-N``, created
     exclusively): a retried batch, by Ray or by a rerun, leaves N > 1 and the driver counts it."""
     n = 1
-    while True:
-        path = wd.attempt(step, name, n)
-        try:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
-            return n
-        except FileExistsError:
-            n += 1
+    while not wd.create_new(wd.attempt(step, name, n)):
+        n += 1
+    return n
 
 
 def run_one(fn: Callable[[dict], dict], item: dict, wd: WorkDir, step: str, sync: bool = True) -> dict:
@@ -167,12 +173,12 @@ class Runner:
             files = self.inputs.get(item["part"], [])
             shown = ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
             where = f" (partition {item['part']}{': ' + shown if shown else ''})"
-        log_part = f"; its log: {log}" if log and os.path.exists(log) else ""
+        log_part = f"; its log: {log}" if log and self.wd.exists(log) else ""
         return TaskError(f"{step}: task {item['name']}{where} failed: {cause}{log_part}")
 
     def _count_retries(self, step: str) -> int:
         try:
-            names = os.listdir(self.wd.logs(step))
+            names = self.wd.listdir(self.wd.logs(step))
         except FileNotFoundError:
             return 0
         return sum(1 for n in names if ".attempt-" in n and not n.endswith(".attempt-1"))

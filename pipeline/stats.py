@@ -14,6 +14,9 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 import pyarrow.parquet as pq
+from fsspec.core import url_to_fs
+
+from gristmill.manifests import storage
 
 from gristmill.errors import GristmillError
 
@@ -177,16 +180,14 @@ def export_jsonl(parquet_files: list[str], out_path: str, drop: tuple[str, ...] 
     """Concatenate bookkeeping parquet files (quarantine, removed) into one JSONL, in order,
     less the ``drop`` columns."""
     n = 0
-    tmp = out_path + ".tmp"
-    with open(tmp, "w") as f:
+    fs, out = url_to_fs(out_path)
+    with storage.open_put(fs, out) as f:  # any fsspec URL: whole or not at all
         for p in parquet_files:
-            if not os.path.exists(p):
+            if not fs.exists(url_to_fs(p)[1]):
                 continue
             pf = pq.ParquetFile(p)
             columns = [c for c in pf.schema_arrow.names if c not in drop]
             for batch in pf.iter_batches(batch_size=4096, columns=columns):
-                for row in batch.to_pylist():
-                    f.write(json.dumps(row, ensure_ascii=False) + "\n")
-                    n += 1
-    os.replace(tmp, out_path)
+                f.write("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in batch.to_pylist()).encode())
+                n += batch.num_rows
     return n

@@ -54,7 +54,13 @@ def load_tokenizer(path: str, eos_token: str):
     from tokenizers import Tokenizer
 
     try:
-        tok = Tokenizer.from_file(path)
+        if "://" in path:  # a work dir or tokenizer on an object store
+            import fsspec
+
+            with fsspec.open(path, "rb") as f:
+                tok = Tokenizer.from_str(f.read().decode("utf-8"))
+        else:
+            tok = Tokenizer.from_file(path)
     except Exception as e:
         raise TokenizerError(f"tokenizer.path: {path} is not a tokenizers tokenizer.json: {e}") from e
     eos_id = tok.token_to_id(eos_token)

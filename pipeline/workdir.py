@@ -19,13 +19,21 @@ stale work. Layout (``part-00007`` is partition 7, ``part_name``)::
 A task is finished iff its marker exists. A crash (even ``kill -9``) leaves at most temp files
 and outputs without a marker; a rerun rewrites those, and the output is the same bytes because
 every task is deterministic.
+
+The root may be any fsspec URL (``s3://bucket/work/<key>``): nothing here renames. Every file is
+written whole or not at all (``manifests.storage``: a local temp file and ``os.replace``, or one
+upload on an object store) and the marker, written last, is the commit.
 """
 from __future__ import annotations
 
 import json
 import os
+import posixpath
 import uuid
 
+from fsspec.core import url_to_fs
+
+from gristmill.manifests import storage
 from gristmill.manifests.hashing import canonical_json
 from gristmill.manifests.parquet_part import ParquetPart  # noqa: F401  (the stages' output writer)
 from gristmill.manifests.shards import atomic_write
@@ -39,8 +47,10 @@ class WorkDir:
     """One run's directory. Small and picklable: tasks receive it and build their paths with it."""
 
     def __init__(self, root: str):
-        self.root = root
-        os.makedirs(root, exist_ok=True)
+        self.root = root.rstrip("/") if "://" in root else root
+        self.local = "://" not in root
+        if self.local:
+            os.makedirs(root, exist_ok=True)
 
     @classmethod
     def of_run(cls, work_dir: str, run_key: str) -> "WorkDir":
@@ -50,8 +60,47 @@ class WorkDir:
     def __repr__(self) -> str:
         return f"WorkDir({self.root!r})"
 
+    def __getstate__(self) -> dict:
+        return {"root": self.root, "local": self.local}  # a task gets the URL, and opens its own filesystem
+
+    @property
+    def fs(self):
+        """``(fsspec filesystem, root path)``; made once per process."""
+        if "_fs" not in self.__dict__:
+            self.__dict__["_fs"] = url_to_fs(self.root)
+        return self.__dict__["_fs"]
+
     def _path(self, *parts: str) -> str:
-        return os.path.join(self.root, *parts)
+        return os.path.join(self.root, *parts) if self.local else posixpath.join(self.root, *parts)
+
+    def create_new(self, path: str) -> bool:
+        """Create an empty file if nothing has the name: True if this call made it (create-if-absent)."""
+        if self.local:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            try:
+                os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+                return True
+            except FileExistsError:
+                return False
+        return storage.put_new(self.fs[0], url_to_fs(path)[1], b"")
+
+    def listdir(self, path: str) -> list[str]:
+        """The names in a folder of this run dir (FileNotFoundError if there is none)."""
+        if self.local:
+            return os.listdir(path)
+        fs, fs_path = self.fs[0], url_to_fs(path)[1]
+        storage.refresh(fs, fs_path)
+        return [posixpath.basename(p.rstrip("/")) for p in fs.ls(fs_path, detail=False)]
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(path) if self.local else self.fs[0].exists(url_to_fs(path)[1])
+
+    def read_bytes(self, path: str) -> bytes:
+        """A whole committed file of this run dir (FileNotFoundError if absent)."""
+        if self.local:
+            with open(path, "rb") as f:
+                return f.read()
+        return storage.get(self.fs[0], path)
 
     # -- per-partition files ------------------------------------------------------------------
     def docs(self, part: int) -> str:
@@ -131,8 +180,7 @@ class WorkDir:
     def done(self, step: str, name: str) -> dict | None:
         """The stats of a finished task, or None if it has to be (re)done."""
         try:
-            with open(self.marker(step, name)) as f:
-                return json.load(f)
+            return json.loads(self.read_bytes(self.marker(step, name)))
         except FileNotFoundError:
             return None
 
@@ -140,7 +188,7 @@ class WorkDir:
         """Commit a task: its marker, written under a unique name and renamed. ``sync`` fsyncs it,
         which also commits the task's outputs with the filesystem's journal (ext4's ordered mode);
         a batch of tasks syncs its last marker only (pipeline.runner.run_batch)."""
-        if sync:
+        if sync or not self.local:  # an object store: one upload, whole or nothing, nothing to sync
             atomic_write(self.marker(step, name), canonical_json(stats))
             return
         path = self.marker(step, name)

@@ -23,3 +23,26 @@ def toy_dataset(tmp_path):
     from helpers import build_dataset
 
     return build_dataset(str(tmp_path))
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """A local S3 server (moto, tests/s3server.py) on 127.0.0.1, stopped at the end of the session."""
+    from s3server import S3Server
+
+    server = S3Server(str(tmp_path_factory.mktemp("s3") / "moto.log")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3(s3_server, monkeypatch):
+    """A fresh bucket's ``s3://`` URL, with the endpoint and fake credentials in the environment
+    for this test only (s3fs, and processes the test starts, reach the local server and nothing else)."""
+    import s3fs
+
+    for k, v in s3_server.env.items():
+        monkeypatch.setenv(k, v)
+    s3fs.S3FileSystem.clear_instance_cache()  # no instance made under other settings is reused
+    yield s3_server.new_bucket()
+    s3fs.S3FileSystem.clear_instance_cache()

@@ -22,7 +22,8 @@ class Pack(Stage):
         job, wd = ctx.job, ctx.wd
         tok_path = ctx.results["tokenizer"].data["path"]
         _, vocab, eos_id = load_tokenizer(tok_path, job.tokenizer.eos_token)
-        os.makedirs(wd.staged("shards"), exist_ok=True)
+        if wd.local:  # an object store has no directories to make
+            os.makedirs(wd.staged("shards"), exist_ok=True)
         items = pack.plan_ranges(ctx.results["tokenize"].data["tokens"], job.pack.range_tokens)  # train, then validation
         out = ctx.runner.run(self.name, items, functools.partial(
             pack.pack_range_task, wd=wd, seq_len=job.pack.seq_len, shard_bytes=job.pack.shard_bytes, vocab_size=vocab))

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import functools
 import os
-import uuid
+import tempfile
+
+from gristmill.manifests.shards import atomic_write
 
 from ..survivors import Survivors
 from ..tokenize import load_tokenizer, train_bpe
@@ -24,9 +26,10 @@ def sample_texts(survivors: Survivors, parts: list[int], budget: int):
 
 def train_task(item: dict, cfg, survivors: Survivors, parts: list[int]) -> dict:
     sample = list(sample_texts(survivors, parts, cfg.sample_bytes))
-    tmp = f"{item['out']}.tmp-{uuid.uuid4().hex[:12]}.json"  # unique: an attempt never writes over another's
-    train_bpe(sample, cfg, tmp)
-    os.replace(tmp, item["out"])
+    with tempfile.TemporaryDirectory() as d:  # tokenizers saves to a local file; the work dir may be a URL
+        train_bpe(sample, cfg, os.path.join(d, "tokenizer.json"))
+        with open(os.path.join(d, "tokenizer.json"), "rb") as f:
+            atomic_write(item["out"], f.read())
     return {"documents": len(sample)}
 
 
