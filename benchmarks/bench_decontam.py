@@ -133,7 +133,6 @@ def stage_throughput(texts, evals, n, docs_per_part: int = 500):
     the table API ``decontaminate(table, cfg, work_dir)`` in this process, and the executor's
     map: a Ray task per partition file (``partition_task``) on 2 CPUs."""
     import functools
-    import glob
     import json
     import os
     import tempfile
@@ -145,7 +144,8 @@ def stage_throughput(texts, evals, n, docs_per_part: int = 500):
     from gristmill.pipeline.decontam import (DecontamConfig, build_eval_index, decontaminate, eval_index_path,
                                              load_eval_sets, partition_task)
     from gristmill.pipeline.documents import make_order
-    from gristmill.pipeline.tasks import run_tasks
+    from gristmill.pipeline.runner import RayRunner
+    from gristmill.pipeline.survivors import Survivors
     from gristmill.pipeline.workdir import ParquetPart, WorkDir, part_name
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -177,18 +177,20 @@ def stage_throughput(texts, evals, n, docs_per_part: int = 500):
             files.append(out.path)
         loaded = load_eval_sets(cfg)
         build_eval_index(cfg, loaded, tmp)
-        fn = functools.partial(partition_task, cfg=cfg, index_path=eval_index_path(cfg, loaded, tmp), root=tmp,
-                               removed_files=[], override_files=[])
+        index_path = eval_index_path(cfg, loaded, tmp)
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
         try:
             for attempt in ("warm-up", "timed"):  # a fresh work dir each: markers would skip finished tasks
                 wd = WorkDir(os.path.join(tmp, attempt))
-                items = [{"name": part_name(p), "part": p, "docs": f, "removed": f"removed/{part_name(p)}.parquet",
-                          "overrides": f"overrides/{part_name(p)}.parquet"} for p, f in enumerate(files)]
+                for f in files:
+                    os.makedirs(os.path.dirname(wd.docs(0)), exist_ok=True)
+                    os.symlink(f, os.path.join(os.path.dirname(wd.docs(0)), os.path.basename(f)))
+                items = [{"name": part_name(p), "part": p} for p in range(len(files))]
+                fn = functools.partial(partition_task, cfg=cfg, index_path=index_path, survivors=Survivors(wd))
                 t = time.perf_counter()
-                run_tasks(ray, wd, "decontaminate", items, functools.partial(fn, root=wd.root))
+                RayRunner(ray, wd).run("decontaminate", items, fn)
                 dt = time.perf_counter() - t
-            removed = sum(pq.read_metadata(f).num_rows for f in glob.glob(wd.path("removed", "*.parquet")))
+            removed = sum(pq.read_metadata(wd.removed("decontaminate", p)).num_rows for p in range(len(files)))
         finally:
             ray.shutdown()
     print(f"executor's map, a Ray task per partition ({len(files)} of {docs_per_part} docs), 2 CPUs: "

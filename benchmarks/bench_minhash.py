@@ -161,13 +161,13 @@ def write_partitions(root: str, texts: list[str], docs_per_part: int) -> list[st
     import pyarrow as pa
 
     from gristmill.pipeline.documents import make_order
-    from gristmill.pipeline.workdir import ParquetPart, WorkDir, part_name
+    from gristmill.pipeline.workdir import ParquetPart, WorkDir
 
     wd, files = WorkDir(root), []
     schema = pa.schema([("id", pa.string()), ("order", pa.int64()), ("text", pa.string()), ("bytes", pa.int64())])
     for p, start in enumerate(range(0, len(texts), docs_per_part)):
         chunk = texts[start:start + docs_per_part]
-        path = wd.path("docs", f"{part_name(p)}.parquet")
+        path = wd.docs(p)
         out = ParquetPart(path, schema)
         out.write(pa.table({"id": [f"d{start + i}" for i in range(len(chunk))],
                             "order": [make_order(p, i) for i in range(len(chunk))], "text": chunk,
@@ -178,7 +178,6 @@ def write_partitions(root: str, texts: list[str], docs_per_part: int) -> list[st
 
 
 def bench_stage(n_docs: int, scales: list[int], workers: list[int], docs_per_part: int) -> None:
-    import functools
     import glob
     import shutil
     import tempfile
@@ -186,8 +185,10 @@ def bench_stage(n_docs: int, scales: list[int], workers: list[int], docs_per_par
     import pyarrow.parquet as pq
     import ray
 
-    from gristmill.pipeline.fuzzy_dedup import FuzzyDedupConfig, find_near_duplicates
-    from gristmill.pipeline.tasks import run_tasks
+    from gristmill.pipeline.fuzzy_dedup import FuzzyDedupConfig
+    from gristmill.pipeline.runner import RayRunner
+    from gristmill.pipeline.stages.fuzzy_dedup import find_near_duplicates
+    from gristmill.pipeline.survivors import Survivors
     from gristmill.pipeline.workdir import WorkDir
 
     ray.init(num_cpus=max(workers), include_dashboard=False, log_to_driver=False, configure_logging=False)
@@ -201,10 +202,10 @@ def bench_stage(n_docs: int, scales: list[int], workers: list[int], docs_per_par
                 files = write_partitions(root, texts, docs_per_part)
                 wd = WorkDir(root)
                 # at most w tasks at once: w busy workers whatever the cluster's size
-                runner = functools.partial(run_tasks, ray, wd, max_in_flight=w)
+                runner = RayRunner(ray, wd, max_in_flight=w)
                 with PeakWorkerRSS() as mem:
                     t = time.perf_counter()
-                    find_near_duplicates(runner, root, files, [], FuzzyDedupConfig())
+                    find_near_duplicates(runner, Survivors(wd), list(range(len(files))), FuzzyDedupConfig())
                     dt = time.perf_counter() - t
                 n_removed = sum(pq.read_metadata(f).num_rows
                                 for f in glob.glob(os.path.join(root, "removed", "fuzzy_dedup", "*.parquet")))

@@ -75,7 +75,7 @@ def run_scale(scale: int, root: str, shard_mb: int, num_cpus: int = 2, job_file:
     import ray
 
     from bench_minhash import PeakWorkerRSS
-    from gristmill.pipeline.config import JobConfig
+    from gristmill.pipeline.config import PrepareConfig
     from gristmill.pipeline.demo_corpus import write_demo_corpus
     from gristmill.pipeline.executor import prepare
 
@@ -89,7 +89,7 @@ def run_scale(scale: int, root: str, shard_mb: int, num_cpus: int = 2, job_file:
     try:
         with PeakWorkerRSS() as mem:
             t0 = time.perf_counter()
-            result = prepare(JobConfig.from_dict(job, base_dir=os.path.dirname(os.path.abspath(job_file or "."))),
+            result = prepare(PrepareConfig.from_dict(job, base_dir=os.path.dirname(os.path.abspath(job_file or "."))),
                              quiet=True)
             wall = time.perf_counter() - t0
     finally:
@@ -141,7 +141,9 @@ def warm_up_workers(ray, num_cpus: int) -> None:
 def tokenize_vs_raw(run_dir: str, root: str) -> dict:
     """The tokenize stage vs raw encode_batch on the same documents, batch size and threads."""
     from gristmill.pipeline.config import SplitConfig, TokenizerConfig
+    from gristmill.pipeline.survivors import Survivors
     from gristmill.pipeline.tokenize import load_tokenizer, tokenize_partition
+    from gristmill.pipeline.workdir import WorkDir
 
     cfg = TokenizerConfig(batch_size=512)
     tok_path = os.path.join(run_dir, "tokenizer.json")
@@ -167,7 +169,7 @@ def tokenize_vs_raw(run_dir: str, root: str) -> dict:
         t0 = time.perf_counter()
         for f in docs:
             part = int(os.path.basename(f).split("-")[1].split(".")[0])
-            tokenize_partition(part, tok_path, cfg, SplitConfig(), work, [], [])
+            tokenize_partition(part, tok_path, cfg, SplitConfig(), Survivors(WorkDir(work)))
         stage = time.perf_counter() - t0
         for k, v in (("raw_encode_batch_s", raw), ("raw_encode_batch_fast_s", raw_fast), ("stage_s", stage)):
             results[k] = min(results.get(k, v), v)

@@ -1,5 +1,5 @@
 """The stage statistics a manifest records (``stats.stages``, ``stats.accounting``, written by
-``pipeline.report.manifest_stats``) as a table for people: ``gristmill manifest show``."""
+``pipeline.stats.manifest_stats``) as a table for people: ``gristmill manifest show``."""
 from __future__ import annotations
 
 import json

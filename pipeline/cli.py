@@ -5,7 +5,7 @@ from gristmill import config
 
 
 def register(sub) -> None:
-    p = sub.add_parser("prepare", help="raw corpora -> a published, content-hashed token dataset (Ray Data)")
+    p = sub.add_parser("prepare", help="raw corpora -> a published, content-hashed token dataset (Ray tasks)")
     p.add_argument("job", help="job YAML file (see docs/pipeline.md)")
     p.add_argument("--address", help="Ray cluster address (default: embedded local Ray, or RAY_ADDRESS under `ray job submit`)")
     p.add_argument("--quiet", action="store_true", help="no per-stage progress lines")
@@ -25,7 +25,7 @@ def _prepare(args) -> int:
         print(config.dump_yaml(job), end="")
         return 0
     from .executor import prepare
-    from .report import format_table
+    from .stats import format_table
 
     result = prepare(job, address=args.address, quiet=args.quiet)
     print(format_table(result.report))

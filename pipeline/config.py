@@ -54,7 +54,7 @@ class InputSpec(Section):
     @field_validator("quality")
     @classmethod
     def _classifier_path(cls, v: dict | None, info: ValidationInfo) -> dict | None:
-        # validated only once merged (JobConfig.quality_for), so the one path in it resolves here
+        # validated only once merged (PrepareConfig.quality_for), so the one path in it resolves here
         c = (v or {}).get("classifier")
         if isinstance(c, dict) and isinstance(c.get("path"), str):
             v = merge(v, {"classifier": {"path": _resolve(c["path"], info)}})
@@ -298,7 +298,7 @@ class RayConfig(Section):
     partition_bytes: PositiveInt = 1 << 20
 
 
-class JobConfig(Section):
+class PrepareConfig(Section):
     """The whole job, sections in stage order."""
 
     inputs: Annotated[tuple[InputSpec, ...], Field(min_length=1)]  # each a path/glob or a mapping with path:
@@ -322,7 +322,7 @@ class JobConfig(Section):
         return [v] if isinstance(v, (str, dict)) else v
 
     @model_validator(mode="after")
-    def _per_source_quality(self) -> "JobConfig":
+    def _per_source_quality(self) -> "PrepareConfig":
         for i in range(len(self.inputs)):
             self.quality_for(i)
         return self
@@ -351,6 +351,6 @@ class JobConfig(Section):
         return d
 
 
-def load_job(path: str, overrides: Iterable[str] = ()) -> JobConfig:
+def load_job(path: str, overrides: Iterable[str] = ()) -> PrepareConfig:
     """Parse a job YAML file with ``--set`` overrides. Relative paths in it are relative to the file's directory."""
-    return _load(JobConfig, path, overrides)
+    return _load(PrepareConfig, path, overrides)

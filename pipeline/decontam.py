@@ -20,15 +20,21 @@ import functools
 import hashlib
 import json
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 
 from gristmill.manifests import canonical_json, sha256_file, sha256_json
-from gristmill.pipeline import ngrams
-from gristmill.pipeline.stage import StageResult
+
+from . import ngrams
 # The stage's config is a section of the one prepare-job model; importable from here as before.
-from gristmill.pipeline.config import DecontamConfig, EvalSetSpec  # noqa: F401  (re-exported)
+from .config import DecontamConfig, EvalSetSpec  # noqa: F401  (re-exported)
+from .documents import OVERRIDE_SCHEMA, REMOVED_SCHEMA, split_of, to_removed_rows
+from .survivors import Survivors
+from .workdir import ParquetPart, WorkDir
+
+SCRATCH = "decontam"  # the work dir's folder of this stage's indexes and validation files
 
 STAGE = "decontaminate"
 REASON = "contaminated"
@@ -56,14 +62,25 @@ def load_eval_sets(cfg: DecontamConfig) -> list[tuple[dict, list[tuple[str, str]
     return out
 
 
-def eval_index_path(cfg: DecontamConfig, loaded: list[tuple[dict, list]], work_dir: str) -> str:
+@dataclass
+class ScanResult:
+    """What the table functions hand back: the documents kept (cut texts applied), the removed
+    ones (every column plus ``reason`` and the matched item), and the report's counts."""
+
+    kept: Any  # pa.Table
+    removed: Any  # pa.Table
+    stats: dict
+
+
+def eval_index_path(cfg: DecontamConfig, loaded: list[tuple[dict, list]], work_dir: str | WorkDir) -> str:
     """Where the index of these eval files is cached: named by everything it depends on."""
     key = sha256_json({"hash": ngrams.HASH_VERSION, "n": cfg.n, "min_item_words": cfg.min_item_words,
                        "sets": [{**s.to_dict(), "sha256": r["sha256"]} for s, (r, _) in zip(cfg.eval_sets, loaded)]})
-    return os.path.join(work_dir, "decontam", f"index-{key[:16]}.npz")
+    wd = work_dir if isinstance(work_dir, WorkDir) else WorkDir(work_dir)
+    return wd.scratch(SCRATCH, "", f"index-{key[:16]}", "npz")
 
 
-def build_eval_index(cfg: DecontamConfig, loaded: list[tuple[dict, list]], work_dir: str | None) -> ngrams.NgramIndex:
+def build_eval_index(cfg: DecontamConfig, loaded: list[tuple[dict, list]], work_dir: str | WorkDir | None) -> ngrams.NgramIndex:
     """The index of the job's eval files, reloaded from ``work_dir`` when the same one was built before."""
     path = eval_index_path(cfg, loaded, work_dir) if work_dir else None
     if path and os.path.exists(path):
@@ -79,7 +96,7 @@ def build_eval_index(cfg: DecontamConfig, loaded: list[tuple[dict, list]], work_
 # The stage
 
 
-def decontaminate(docs: pa.Table, cfg: DecontamConfig, work_dir: str | None) -> StageResult:
+def decontaminate(docs: pa.Table, cfg: DecontamConfig, work_dir: str | None) -> ScanResult:
     """Check a table of documents against the job's eval files; see the module docstring."""
     loaded = load_eval_sets(cfg)
     index = build_eval_index(cfg, loaded, work_dir)
@@ -102,7 +119,7 @@ def reference_index(items: list[tuple[str, str]], cfg: DecontamConfig, name: str
 
 
 def decontaminate_against_docs(train_docs: pa.Table, reference_docs: pa.Table, cfg: DecontamConfig,
-                               name: str = "validation") -> StageResult:
+                               name: str = "validation") -> ScanResult:
     """Check ``train_docs`` against the texts of ``reference_docs`` (the validation split):
     removals are ``validation_overlap``, with ``validation_min_matches``. (The stage also drops
     the corpus' boilerplate grams first, ``validation_max_doc_freq``; this table function sees
@@ -114,11 +131,11 @@ def decontaminate_against_docs(train_docs: pa.Table, reference_docs: pa.Table, c
 
 
 def scan(docs: pa.Table, index: ngrams.NgramIndex, cfg: DecontamConfig, records: list[dict], reason: str = REASON,
-         min_matches: int | None = None) -> StageResult:
+         min_matches: int | None = None) -> ScanResult:
     """``docs`` split into kept (cut texts applied) and removed, and the report's counts."""
     found = find(docs, index, cfg, min_matches)
     kept, removed = apply_verdicts(docs, found, reason)
-    return StageResult(kept=kept, removed=removed, stats=report(index, cfg, records, found, min_matches))
+    return ScanResult(kept=kept, removed=removed, stats=report(index, cfg, records, found, min_matches))
 
 
 def find(docs: pa.Table, index: ngrams.NgramIndex, cfg: DecontamConfig, min_matches: int | None = None) -> list[dict]:
@@ -176,23 +193,20 @@ def _load_index(path: str) -> ngrams.NgramIndex:
     return ngrams.NgramIndex.load(path)
 
 
-def partition_task(item: dict, cfg: DecontamConfig, index_path: str, root: str, removed_files: list[str],
-                   override_files: list[str], split: Any = None) -> dict:
+def partition_task(item: dict, cfg: DecontamConfig, index_path: str, survivors: Survivors, split: Any = None,
+                   prefix: str = "") -> dict:
     """One partition's surviving documents against the index at ``index_path``: writes its removed
     rows and its cut texts; returns the verdicts (few) for the report. With ``split``, only the
     partition's train documents are checked (the pass against the validation split: its own
-    reason, ``validation_overlap``, and its own ``validation_min_matches``)."""
-    from gristmill.pipeline.documents import OVERRIDE_SCHEMA, REMOVED_SCHEMA, to_removed_rows
-    from gristmill.pipeline.survivors import surviving_docs
-    from gristmill.pipeline.tokenize import split_of
-    from gristmill.pipeline.workdir import ParquetPart
-
+    reason, ``validation_overlap``, and its own ``validation_min_matches``); its files are
+    named with ``prefix`` (``val-part-N``)."""
     index = _load_index(index_path)
     cols = ["id", "order", "part", "bytes", "source", "position", "text"]
-    removed_out = ParquetPart(os.path.join(root, item["removed"]), REMOVED_SCHEMA)
-    override_out = ParquetPart(os.path.join(root, item["overrides"]), OVERRIDE_SCHEMA)
+    part, wd = item["part"], survivors.wd
+    removed_out = ParquetPart(wd.removed(STAGE, part, prefix), REMOVED_SCHEMA)
+    override_out = ParquetPart(wd.overrides(STAGE, part, prefix), OVERRIDE_SCHEMA)
     found_all, n_docs, n_bytes, removed_bytes, n_removed = [], 0, 0, 0, 0
-    for t in surviving_docs(item["docs"], item["part"], removed_files, override_files, cols, 4096):
+    for t in survivors.docs(part, cols, 4096):
         if split is not None:
             t = t.filter(pa.array([split_of(i, split) == "train" for i in t.column("id").to_pylist()], pa.bool_()))
         n_docs += t.num_rows
@@ -218,16 +232,12 @@ def partition_task(item: dict, cfg: DecontamConfig, index_path: str, root: str, 
 VALIDATION_SCHEMA = pa.schema([("id", pa.string()), ("text", pa.string())])
 
 
-def validation_docs_task(item: dict, root: str, removed_files: list[str], override_files: list[str], split: Any) -> dict:
+def validation_docs_task(item: dict, survivors: Survivors, split: Any) -> dict:
     """One partition's validation documents as they stand after the eval pass (id, text): the
     index task then reads only these, not the corpus."""
-    from gristmill.pipeline.survivors import surviving_docs
-    from gristmill.pipeline.tokenize import split_of
-    from gristmill.pipeline.workdir import ParquetPart
-
-    out = ParquetPart(os.path.join(root, item["out"]), VALIDATION_SCHEMA)
+    out = ParquetPart(survivors.wd.scratch(SCRATCH, "validation", item["name"]), VALIDATION_SCHEMA)
     n = 0
-    for t in surviving_docs(item["docs"], item["part"], removed_files, override_files, ["id", "text"], 4096):
+    for t in survivors.docs(item["part"], ["id", "text"], 4096):
         t = t.filter(pa.array([split_of(i, split) == "validation" for i in t.column("id").to_pylist()], pa.bool_()))
         out.write(t)
         n += t.num_rows
@@ -235,43 +245,40 @@ def validation_docs_task(item: dict, root: str, removed_files: list[str], overri
     return {"documents": n}
 
 
-def validation_index_task(item: dict, cfg: DecontamConfig, root: str, files: list[str]) -> dict:
-    """The index of the validation split's texts (the files validation_docs_task wrote), saved to the work dir."""
+def validation_index_task(item: dict, cfg: DecontamConfig, wd: WorkDir, names: list[str]) -> dict:
+    """The index of the validation split's texts (the files validation_docs_task wrote, ``names``
+    its tasks), saved to the work dir as ``item["out"]``."""
     import pyarrow.parquet as pq
 
     items = []
-    for f in files:
-        t = pq.read_table(f)
+    for name in names:
+        t = pq.read_table(wd.scratch(SCRATCH, "validation", name))
         items += list(zip(t.column("id").to_pylist(), t.column("text").to_pylist()))
     index, record = reference_index(items, cfg)
-    index.save(os.path.join(root, item["out"]))
+    index.save(item["out"])
     return {"record": record}
 
 
 DF_SCHEMA = pa.schema([("gram", pa.int64()), ("documents", pa.int64())])
 
 
-def document_frequency_task(item: dict, root: str, index_path: str, removed_files: list[str],
-                            override_files: list[str]) -> dict:
+def document_frequency_task(item: dict, index_path: str, survivors: Survivors) -> dict:
     """How many of one partition's documents (both splits, as they stand after the eval pass)
     contain each gram of the validation index: (gram position, documents), for the grams seen."""
-    from gristmill.pipeline.survivors import surviving_docs
-    from gristmill.pipeline.workdir import ParquetPart
-
     index = _load_index(index_path)
     total: dict[int, int] = {}
-    for t in surviving_docs(item["docs"], item["part"], removed_files, override_files, ["id", "text"], 4096):
+    for t in survivors.docs(item["part"], ["id", "text"], 4096):
         grams, counts = index.document_frequency([x or "" for x in t.column("text").to_pylist()])
         for g, c in zip(grams.tolist(), counts.tolist()):
             total[g] = total.get(g, 0) + c
-    out = ParquetPart(os.path.join(root, item["out"]), DF_SCHEMA)
+    out = ParquetPart(survivors.wd.scratch(SCRATCH, "validation_df", item["name"]), DF_SCHEMA)
     keys = sorted(total)
     out.write(pa.table({"gram": keys, "documents": [total[k] for k in keys]}, schema=DF_SCHEMA))
     out.commit()
     return {"grams": len(keys)}
 
 
-def prune_index_task(item: dict, root: str, index_path: str, files: list[str], max_doc_freq: int) -> dict:
+def prune_index_task(item: dict, wd: WorkDir, index_path: str, names: list[str], max_doc_freq: int) -> dict:
     """The validation index without its boilerplate: grams in more than ``max_doc_freq``
     documents of the corpus (summed over the partitions' counts) are dropped, so they never
     count as overlap. Holds one count per validation gram, like the index itself."""
@@ -280,11 +287,11 @@ def prune_index_task(item: dict, root: str, index_path: str, files: list[str], m
 
     index = _load_index(index_path)
     df = np.zeros(index.ngrams, np.int64)
-    for f in files:
-        t = pq.read_table(f)
+    for name in names:
+        t = pq.read_table(wd.scratch(SCRATCH, "validation_df", name))
         np.add.at(df, t.column("gram").to_numpy(), t.column("documents").to_numpy())
     drop = df > max_doc_freq
-    index.without(drop).save(os.path.join(root, item["out"]))
+    index.without(drop).save(item["out"])
     return {"boilerplate_ngrams": int(drop.sum()), "max_doc_freq": max_doc_freq}
 
 

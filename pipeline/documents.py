@@ -33,6 +33,7 @@ DOC_SCHEMA = pa.schema([
 # Every stage's name in the order ``pipeline.stages.build`` runs them (``language`` is extract's
 # filter, whose removals go under their own name): the one order of removed/<stage>, of
 # ``inspect removed`` and of the report's stages when report.json is not at hand.
+LANGUAGE = "language"  # extract's language filter: its removals are removed/language/part-N
 STAGE_ORDER = ("extract", "language", "exact_dedup", "quality", "fuzzy_dedup", "decontaminate", "pii",
                "tokenizer", "tokenize", "pack")
 
@@ -85,6 +86,11 @@ def stable_fraction(key: str, salt: int) -> float:
     """A uniform number in [0, 1) that depends only on ``key`` and ``salt`` (train/val split)."""
     h = hashlib.blake2b(f"{salt}:{key}".encode(), digest_size=8).digest()
     return int.from_bytes(h, "big") / 2**64
+
+
+def split_of(doc_id: str, split) -> str:
+    """The split of a document (``split``: the job's SplitConfig): a function of its id alone."""
+    return "validation" if stable_fraction(doc_id, split.seed) < split.validation_fraction else "train"
 
 
 _CORE = ("id", "order", "part", "bytes", "reason")

@@ -27,6 +27,7 @@ STAGE = "exact_dedup"
 REASON = "exact_duplicate"
 BUCKETS = 256
 KEYS_PER_TASK = 2_000_000  # about 160 MB of keys per task at most
+_ROW_GROUP = 16_384  # duplicates rows: a partition's rows are a few row groups
 KEY_SCHEMA = pa.schema([("bucket", pa.int32()), ("norm_hash", pa.string()), ("order", pa.int64()), ("id", pa.string()),
                         ("part", pa.int32()), ("bytes", pa.int64())])
 REMOVED = pa.schema([("id", pa.string()), ("order", pa.int64()), ("part", pa.int32()), ("bytes", pa.int64()),
@@ -68,18 +69,28 @@ def plan_tasks(total_docs: int) -> list[dict]:
     """Contiguous bucket ranges, enough of them that no task holds more than KEYS_PER_TASK keys."""
     n = max(1, min(BUCKETS, math.ceil(total_docs / KEYS_PER_TASK)))
     edges = [round(i * BUCKETS / n) for i in range(n + 1)]
-    return [{"task": i, "lo": edges[i], "hi": edges[i + 1]} for i in range(n)]
+    return [{"name": f"task-{i:03d}", "task": i, "lo": edges[i], "hi": edges[i + 1]} for i in range(n)]
 
 
-def dedup_task(task: dict, key_files: list[str], work_root: str) -> dict:
-    wd, name = WorkDir(work_root), f"task-{task['task']:03d}"
+def dedup_task(task: dict, wd: WorkDir, parts: list[int]) -> dict:
+    """One bucket range over every partition's keys: its duplicates, sorted by order (so by
+    partition: each partition's ``removed_task`` reads only its own row groups)."""
     flt = [("bucket", ">=", task["lo"]), ("bucket", "<", task["hi"])]
-    keys = pa.concat_tables([pq.read_table(f, filters=flt, schema=KEY_SCHEMA) for f in key_files]) if key_files \
+    keys = pa.concat_tables([pq.read_table(wd.keys(p), filters=flt, schema=KEY_SCHEMA) for p in parts]) if parts \
         else KEY_SCHEMA.empty_table()
     removed = find_exact_duplicates(keys)
-    out = ParquetPart(wd.path("removed", STAGE, f"{name}.parquet"), REMOVED_SCHEMA)
-    out.write(to_removed_rows(removed, STAGE))
+    out = ParquetPart(wd.scratch(STAGE, "duplicates", task["name"]), REMOVED, row_group_size=_ROW_GROUP)
+    out.write(removed)
     out.commit()
-    stats = {"keys": keys.num_rows, "removed": {REASON: removed.num_rows} if removed.num_rows else {},
-             "removed_bytes": int(sum(removed.column("bytes").to_pylist()))}
-    return stats
+    return {"keys": keys.num_rows, "duplicates": removed.num_rows}
+
+
+def removed_task(item: dict, wd: WorkDir, tasks: list[str]) -> dict:
+    """Partition ``part``'s duplicates from every bucket range's file: ``removed/exact_dedup/part-N``."""
+    part = item["part"]
+    t = pa.concat_tables([pq.read_table(wd.scratch(STAGE, "duplicates", name), filters=[("part", "=", part)], schema=REMOVED)
+                          for name in tasks]).sort_by("order") if tasks else REMOVED.empty_table()
+    out = ParquetPart(wd.removed(STAGE, part), REMOVED_SCHEMA)
+    out.write(to_removed_rows(t, STAGE))
+    out.commit()
+    return {"removed": {REASON: t.num_rows} if t.num_rows else {}, "removed_bytes": int(sum(t.column("bytes").to_pylist()))}

@@ -1,12 +1,14 @@
-"""``gristmill prepare``: run the job's stages in order as Ray tasks over work-dir files, resumably, and publish.
+"""``prepare(job)``: run the job's stages in order as tasks over work-dir files, resumably, and publish.
 
 The executor knows one interface (``pipeline.stages.Stage``): it builds the list of stages the
-job enables (``stages.build``) and runs each one; it never branches on a stage's name. Every
-stage is Ray tasks over files (``pipeline.tasks.run_tasks``): a task per partition, per hash
-range or per range of partitions, each committed with a marker, so a rerun after ``kill -9``
-skips every finished task of every stage. The driver holds O(partitions): removed rows,
-overrides and statistics stay in files and task markers. Publishing copies the packed
-shards into a new version directory and commits ``manifest.json`` last.
+job enables (``stages.build``), runs each one and publishes from what they return as data
+(``StageResult``: stage-table rows, accounting, inputs, eval sets, the packed dataset); it
+never names a stage. Every stage is tasks over files run by a ``pipeline.runner.Runner`` (Ray
+tasks here): a task per partition, per hash range or per range of partitions, each committed
+with a marker, so a rerun after ``kill -9`` skips every finished task of every stage. The
+driver holds O(partitions): removed rows, overrides and statistics stay in files and task
+markers. Publishing copies the packed shards into a new version directory and commits
+``manifest.json`` last. The data card (report.html) is the prepare command's to write.
 """
 from __future__ import annotations
 
@@ -23,14 +25,15 @@ from dataclasses import dataclass
 from fsspec.core import url_to_fs
 
 from gristmill.errors import ConfigError, GristmillError
-from gristmill.manifests import EvalSet, Input, ManifestStore, code_version, sha256_json
+from gristmill.manifests import DatasetBuilder, EvalSet, Input, ManifestStore, code_version, sha256_json
 from gristmill.manifests.shards import atomic_write
 
-from . import report as rep
 from . import stages as st
-from .config import JobConfig
+from .config import PrepareConfig
 from .progress import Progress
-from .workdir import WorkDir, part_name
+from .runner import RayRunner
+from .stats import build_report, export_jsonl, manifest_stats
+from .workdir import WorkDir
 
 
 @dataclass
@@ -43,7 +46,7 @@ class RunResult:
 
 
 # -- planning --------------------------------------------------------------------------------
-def plan_inputs(job: JobConfig) -> list[dict]:
+def plan_inputs(job: PrepareConfig) -> list[dict]:
     """Expand every input path/glob into files in sorted URI order and group them into partitions.
 
     A partition (one task, one set of stage outputs) is a run of consecutive files: small files
@@ -114,7 +117,7 @@ def group_files(files: list[dict], limit: int) -> list[list[dict]]:
     return groups
 
 
-def run_key(job: JobConfig, tasks: list[dict]) -> str:
+def run_key(job: PrepareConfig, tasks: list[dict]) -> str:
     """Names the run dir: the job's content, each input's identity (uri, size, mtime) and the
     partitioning (finished partitions are only reused under the same grouping)."""
     ids = [[[f["uri"], f["bytes"], f["mtime"]] for f in t["files"]] for t in tasks]
@@ -123,7 +126,7 @@ def run_key(job: JobConfig, tasks: list[dict]) -> str:
 
 # -- Ray ---------------------------------------------------------------------------------------
 @contextlib.contextmanager
-def ray_runtime(job: JobConfig, address: str | None):
+def ray_runtime(job: PrepareConfig, address: str | None):
     """Embedded local Ray by default; ``address`` (or RAY_ADDRESS, set by `ray job submit`) joins a cluster."""
     import ray
 
@@ -164,7 +167,7 @@ def _ray_start_advice(e: Exception, join: str | None, num_cpus: int | None) -> s
 
 # -- the run -----------------------------------------------------------------------------------
 class Executor:
-    def __init__(self, job: JobConfig, *, address: str | None = None, quiet: bool = False):
+    def __init__(self, job: PrepareConfig, *, address: str | None = None, quiet: bool = False):
         self.job, self.address, self.quiet = job, address, quiet
         self.tasks = plan_inputs(job)
         self.wd = WorkDir(os.path.join(job.work_dir, run_key(job, self.tasks)))
@@ -178,59 +181,52 @@ class Executor:
         t_all = time.perf_counter()
         self.log(f"[prepare] {sum(len(t['files']) for t in self.tasks)} input files in {len(self.tasks)} partitions; "
                  f"work dir {self.wd.root}")
+        timings: dict[str, dict] = {}
         with ray_runtime(self.job, self.address) as ray:
-            ctx = st.Context(self.job, self.wd, ray, self.tasks, Progress(quiet=self.quiet), self.log)
+            runner = RayRunner(ray, self.wd, Progress(quiet=self.quiet), max_in_flight=self.job.ray.concurrency)
+            ctx = st.Context(self.job, self.wd, runner, self.tasks, self.log)
             for stage in self.stages:
-                t0, c0, r0 = time.perf_counter(), ctx.cpu_seconds(), ctx.resumed_tasks
+                t0, c0, r0 = time.perf_counter(), ctx.cpu_seconds(), runner.resumed_tasks
                 ctx.results[stage.name] = stage.run(ctx)
-                ctx.timings[stage.name] = {"seconds": time.perf_counter() - t0, "cpu_seconds": ctx.cpu_seconds() - c0,
-                                           "resumed_parts": ctx.resumed_tasks - r0}
-        ctx.timings["total"] = {"seconds": time.perf_counter() - t_all}
-        return self._publish(ctx, t_all)
+                timings[stage.name] = {"seconds": time.perf_counter() - t0, "cpu_seconds": ctx.cpu_seconds() - c0,
+                                       "resumed_parts": runner.resumed_tasks - r0}
+        timings["total"] = {"seconds": time.perf_counter() - t_all}
+        return self._publish([ctx.results[s.name] for s in self.stages], timings, t_all)
 
-    def _publish(self, ctx: "st.Context", t_all: float) -> RunResult:
+    def _publish(self, results: list[st.StageResult], timings: dict, t_all: float) -> RunResult:
+        """The manifest from the stages' results (data only: no stage is named here), published;
+        then report.json and the JSONL exports."""
         t0 = time.perf_counter()
-        r = ctx.results
-        global_names = [s.name for s in self.stages if s.removes]
-        stats = rep.manifest_stats(r["extract"], {n: r[n] for n in global_names}, r["tokenize"], r["pack"]["stats"],
-                                   global_names)
-        inputs = [Input(f["uri"], f["bytes"], f["sha256"]) for s in r["extract"] for f in s["inputs"]]
-        eval_sets = [e for n in global_names for e in r[n].get("detail", {}).get("eval_sets", [])]
-        builder = r["pack"]["builder"]
-        manifest = builder.manifest(inputs=inputs, config=self.job.content_dict(), code_version=code_version(), stats=stats,
-                                    eval_sets=[EvalSet(**e) for e in eval_sets])
+        stats = manifest_stats(results)
+        (packed,) = [r.dataset for r in results if r.dataset is not None]
+        builder = DatasetBuilder(packed.staging, dataset=packed.dataset, seq_len=packed.seq_len,
+                                 tokenizer_json=packed.tokenizer_json, vocab_size=packed.vocab_size, eos_id=packed.eos_id)
+        builder.shards, builder.doc_index = list(packed.shards), packed.doc_index
+        manifest = builder.manifest(inputs=[Input(f["uri"], f["bytes"], f["sha256"]) for r in results for f in r.inputs],
+                                    config=self.job.content_dict(), code_version=code_version(), stats=stats,
+                                    eval_sets=[EvalSet(**e) for r in results for e in r.eval_sets])
         published = ManifestStore(self.job.output.store).publish(manifest, builder.dir)
-        ctx.timings["publish"] = {"seconds": time.perf_counter() - t0}
-        ctx.timings["total"]["seconds"] = time.perf_counter() - t_all
-        report = rep.build_report(stats, r["extract"], r["tokenize"], ctx.timings, published, self.wd.root)
-        self._write_outputs(report, global_names)
-        if self.job.output.report_html:
-            self._write_page(published)
+        timings["publish"] = {"seconds": time.perf_counter() - t0}
+        timings["total"]["seconds"] = time.perf_counter() - t_all
+        core = {k: v for r in results for k, v in r.core_seconds.items()}
+        peak = {k: v for r in results for k, v in r.peak_rss_mb.items()}
+        report = build_report(stats, core, peak, timings, published, self.wd)
+        self._write_outputs(report, [f for r in results for f in r.removed_files])
         return RunResult(published.manifest.sha256, published.url, published.manifest.version, report, self.wd.root)
 
-    def _write_outputs(self, report: dict, global_names: list[str]) -> None:
-        """report.json, plus the quarantine and removed records as JSONL for people to read."""
-        atomic_write(self.wd.path("report.json"), (json.dumps(report, indent=1, sort_keys=True) + "\n").encode())
-        rep.export_jsonl([self.wd.path("quarantine", f"{part_name(t['part'])}.parquet") for t in self.tasks],
-                         self.wd.path("quarantine.jsonl"))
-        removed = [self.wd.path("removed", "language", f"{part_name(t['part'])}.parquet") for t in self.tasks]
-        for stage in global_names:
-            removed += sorted(_glob.glob(self.wd.path("removed", stage, "*.parquet")))
+    def _write_outputs(self, report: dict, removed_files: list[tuple[str, str]]) -> None:
+        """report.json, plus the quarantine and removed records as JSONL for people to read (each
+        partition's file once: O(partitions) opens per stage)."""
+        atomic_write(self.wd.report_json, (json.dumps(report, indent=1, sort_keys=True) + "\n").encode())
+        parts = [t["part"] for t in self.tasks]
+        export_jsonl([self.wd.quarantine(p) for p in parts], self.wd.quarantine_jsonl)
+        removed = [self.wd.removed(stage, p, prefix) for stage, prefix in removed_files for p in parts]
         # no text: the language filter removes most of a crawl, and its texts would copy most of the
         # input uncompressed; they stay in removed/language/*.parquet (what inspect removed reads)
-        rep.export_jsonl(removed, self.wd.path("removed.jsonl"), drop=("text",))
-
-    def _write_page(self, published) -> None:
-        """report.html beside report.json (gristmill.report, imported here only: it reads the
-        pipeline's files). Drawing a page never fails a run whose data is published."""
-        try:
-            from gristmill.report import write_dataset_report
-        except Exception as e:  # noqa: BLE001 - a broken report install must not fail prepare
-            self.log(f"[report] report.html not written: {type(e).__name__}: {e}")
-            return
-        if path := write_dataset_report(published, self.wd.root):
-            self.log(f"[report] {path}")
+        export_jsonl(removed, self.wd.removed_jsonl, drop=("text",))
 
 
-def prepare(job: JobConfig, *, address: str | None = None, quiet: bool = False) -> RunResult:
+def prepare(job: PrepareConfig, *, address: str | None = None, quiet: bool = False) -> RunResult:
+    """Run the job's stages and publish its dataset; the data card is the command's to write
+    (``RunResult.url``, ``RunResult.run_dir``)."""
     return Executor(job, address=address, quiet=quiet).run()

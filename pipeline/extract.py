@@ -17,19 +17,19 @@ from .documents import DOC_SCHEMA, QUARANTINE_SCHEMA, REMOVED_SCHEMA, make_id, m
 from .exact_dedup import KEY_SCHEMA, keys_table
 from .langid import identify
 from .readers import read_records
-from .workdir import ParquetPart, WorkDir, part_name
+from .workdir import ParquetPart, WorkDir
 
 STAGE = "extract"
 
 
-def extract_partition(task: dict, extract: ExtractConfig, language: LanguageConfig, work_root: str,
+def extract_partition(task: dict, extract: ExtractConfig, language: LanguageConfig, wd: WorkDir,
                       batch_rows: int = 1024) -> dict:
-    """Process one partition's files in order; returns its stats (``pipeline.tasks`` commits
+    """Process one partition's files in order; returns its stats (``pipeline.runner`` commits
     them as the task's marker once the outputs are in place)."""
-    wd, part, name = WorkDir(work_root), task["part"], part_name(task["part"])
-    docs = ParquetPart(wd.path("docs", f"{name}.parquet"), DOC_SCHEMA)
-    removed = ParquetPart(wd.path("removed", "language", f"{name}.parquet"), REMOVED_SCHEMA)
-    quarantine = ParquetPart(wd.path("quarantine", f"{name}.parquet"), QUARANTINE_SCHEMA)
+    part = task["part"]
+    docs = ParquetPart(wd.docs(part), DOC_SCHEMA)
+    removed = ParquetPart(wd.removed("language", part), REMOVED_SCHEMA)
+    quarantine = ParquetPart(wd.quarantine(part), QUARANTINE_SCHEMA)
     ex = {"records": 0, "documents": 0, "bytes_out": 0, "quarantined": {}, "seconds": 0.0}
     lg = {"documents_in": 0, "bytes_in": 0, "documents_out": 0, "bytes_out": 0, "removed": {}, "languages": {}, "seconds": 0.0}
     keys = {k: [] for k in KEY_SCHEMA.names[1:]}  # one partition's dedup keys (~80 B a document)
@@ -69,7 +69,7 @@ def extract_partition(task: dict, extract: ExtractConfig, language: LanguageConf
                 batch, t0 = [], time.perf_counter()
         ex["seconds"] += time.perf_counter() - t0
         _finish_batch(batch, file, part, language, docs, removed, keys, ex, lg)
-    key_file = ParquetPart(wd.path("keys", f"{name}.parquet"), KEY_SCHEMA, row_group_size=4096)
+    key_file = ParquetPart(wd.keys(part), KEY_SCHEMA, row_group_size=4096)
     key_file.write(keys_table(keys))
     for p in (docs, removed, quarantine, key_file):
         p.commit()

@@ -1,6 +1,7 @@
-"""The fuzzy-dedup stage: near-duplicate documents (MinHash + LSH), clustered, all but one removed.
+"""Fuzzy dedup's tasks: near-duplicate documents (MinHash + LSH), clustered, all but one removed.
 
-Every step is Ray tasks over files in the work dir (``pipeline.tasks``); the document text is
+Every step is tasks over files in the work dir (run in order by ``pipeline.stages.fuzzy_dedup``,
+through ``pipeline.runner``); the document text is
 read where it lies and never moves (see docs/fuzzy-dedup.md):
 
 1. ``bands`` (a task per partition): MinHash signatures of the partition's surviving documents;
@@ -13,7 +14,7 @@ read where it lies and never moves (see docs/fuzzy-dedup.md):
 4. ``verify`` (a task per partition of the edges' later end): exact Jaccard of each distinct
    candidate pair (``verify: true``, the default, dropping pairs below the threshold) or the
    signature estimate;
-5. ``components``: connected components over the verified edges (``pipeline.components``);
+5. ``components``: connected components over the verified edges (``pipeline.connected_components``);
 6. ``assign`` (a task per components bucket): each non-root node of the bucket with its root
    (the earliest document of its cluster) and its best link, sorted by the node's partition;
    the sizes of the clusters rooted there;
@@ -28,21 +29,20 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from gristmill.pipeline import components as cc
-from gristmill.pipeline.documents import REMOVED_SCHEMA, to_removed_rows
+from . import connected_components as cc
+from .documents import REMOVED_SCHEMA, to_removed_rows
 # The stage's config is a section of the one prepare-job model; importable from here as before.
-from gristmill.pipeline.config import FuzzyDedupConfig
-from gristmill.pipeline.lsh import LSHParams, band_keys
-from gristmill.pipeline.minhash import MinHasher, jaccard
-from gristmill.pipeline.survivors import surviving_docs
-from gristmill.pipeline.workdir import ParquetPart, part_name
+from .config import FuzzyDedupConfig
+from .lsh import LSHParams, band_keys
+from .minhash import MinHasher, jaccard
+from .survivors import Survivors
+from .workdir import ParquetPart, WorkDir, part_name
 
 STAGE = "fuzzy_dedup"
 REASON = "near_duplicate"
@@ -71,13 +71,11 @@ def _read(path: str, columns: list[str], filters=None) -> pa.Table:
 
 
 # -- 1. bands ------------------------------------------------------------------------------------
-def bands_task(item: dict, cfg: FuzzyDedupConfig, params: LSHParams, root: str, removed_files: list[str],
-               override_files: list[str]) -> dict:
+def bands_task(item: dict, cfg: FuzzyDedupConfig, params: LSHParams, survivors: Survivors) -> dict:
     mh = _hasher(cfg.num_perm, cfg.ngram, cfg.seed)
-    out = ParquetPart(os.path.join(root, item["out"]), BAND_SCHEMA, row_group_size=_ROW_GROUP)
+    out = ParquetPart(survivors.wd.scratch(STAGE, "bands", item["name"]), BAND_SCHEMA, row_group_size=_ROW_GROUP)
     tables, docs, nbytes = [], 0, 0
-    for t in surviving_docs(item["docs"], item["part"], removed_files, override_files, ["id", "order", "text", "bytes"],
-                            cfg.batch_size):
+    for t in survivors.docs(item["part"], ["id", "order", "text", "bytes"], cfg.batch_size):
         docs += t.num_rows
         nbytes += int(pc.sum(t.column("bytes")).as_py() or 0)
         sh = mh.shingles(t.column("text").to_pylist())
@@ -113,34 +111,36 @@ def bucket_edges(band: np.ndarray, key: np.ndarray, order: np.ndarray) -> tuple[
     return pairs[:, 0].astype(np.int64), pairs[:, 1].astype(np.int64)
 
 
-def candidates_task(item: dict, root: str, band_files: list[str]) -> dict:
+def candidates_task(item: dict, wd: WorkDir, bands: list[str]) -> dict:
+    """One bucket range over every partition's band file (``bands``: their task names)."""
     flt = [("bucket", ">=", item["lo"]), ("bucket", "<", item["hi"])]
-    t = pa.concat_tables([_read(f, ["band", "key", "order"], flt) for f in band_files])
+    t = pa.concat_tables([_read(wd.scratch(STAGE, "bands", b), ["band", "key", "order"], flt) for b in bands])
     hi, lo = bucket_edges(t.column("band").to_numpy(), t.column("key").to_numpy(), t.column("order").to_numpy())
     idx = np.lexsort((lo, hi))
     hi, lo = hi[idx], lo[idx]
-    out = ParquetPart(os.path.join(root, item["out"]), CANDIDATE_SCHEMA, row_group_size=_ROW_GROUP)
+    out = ParquetPart(wd.scratch(STAGE, "candidates", item["name"]), CANDIDATE_SCHEMA, row_group_size=_ROW_GROUP)
     out.write(pa.table({"hi_part": (hi >> 32).astype(np.int32), "hi": hi, "lo": lo}, schema=CANDIDATE_SCHEMA))
     out.commit()
     ends = np.unique(np.concatenate([hi, lo]))
-    ep = ParquetPart(os.path.join(root, item["endpoints"]), ENDPOINT_SCHEMA, row_group_size=_ROW_GROUP)
+    ep = ParquetPart(wd.scratch(STAGE, "endpoints", item["name"]), ENDPOINT_SCHEMA, row_group_size=_ROW_GROUP)
     ep.write(pa.table({"part": (ends >> 32).astype(np.int32), "order": ends}, schema=ENDPOINT_SCHEMA))
     ep.commit()
     return {"band_rows": t.num_rows, "pairs": len(hi)}
 
 
 # -- 3. members ----------------------------------------------------------------------------------
-def members_task(item: dict, cfg: FuzzyDedupConfig, root: str, endpoint_files: list[str], removed_files: list[str],
-                 override_files: list[str]) -> dict:
-    part = item["part"]
-    wanted = np.unique(np.concatenate([_read(f, ["order"], [("part", "=", part)]).column("order").to_numpy()
-                                       for f in endpoint_files])) if endpoint_files else np.zeros(0, np.int64)
+def members_task(item: dict, cfg: FuzzyDedupConfig, survivors: Survivors, candidates: list[str]) -> dict:
+    """The partition's documents that are in some candidate pair (``candidates``: the candidates
+    tasks' names, whose endpoint files list them)."""
+    part, wd = item["part"], survivors.wd
+    wanted = np.unique(np.concatenate([_read(wd.scratch(STAGE, "endpoints", c), ["order"], [("part", "=", part)])
+                                       .column("order").to_numpy() for c in candidates])) if candidates \
+        else np.zeros(0, np.int64)
     mh = _hasher(cfg.num_perm, cfg.ngram, cfg.seed)
-    out = ParquetPart(os.path.join(root, item["out"]), MEMBER_SCHEMA)
+    out = ParquetPart(wd.scratch(STAGE, "members", item["name"]), MEMBER_SCHEMA)
     n = 0
     if len(wanted):
-        for t in surviving_docs(item["docs"], part, removed_files, override_files, ["id", "order", "text", "bytes"],
-                                cfg.batch_size):
+        for t in survivors.docs(part, ["id", "order", "text", "bytes"], cfg.batch_size):
             t = t.filter(pc.is_in(t.column("order"), pa.array(wanted)))
             if not t.num_rows:
                 continue
@@ -159,12 +159,12 @@ def members_task(item: dict, cfg: FuzzyDedupConfig, root: str, endpoint_files: l
     return {"members": n}
 
 
-def _members(root: str, parts: set[int], orders: np.ndarray, columns: list[str]) -> dict[int, dict]:
+def _members(wd: WorkDir, parts: set[int], orders: np.ndarray, columns: list[str]) -> dict[int, dict]:
     """order -> member row, for the given orders, read from their partitions' member files only."""
     rows: dict[int, dict] = {}
     want = pa.array(orders, pa.int64())
     for p in sorted(parts):
-        t = _read(os.path.join(root, STAGE, "members", f"{part_name(p)}.parquet"), ["order", *columns])
+        t = _read(wd.scratch(STAGE, "members", part_name(p)), ["order", *columns])
         t = t.filter(pc.is_in(t.column("order"), want))
         for r in t.to_pylist():
             rows[r["order"]] = r
@@ -172,15 +172,16 @@ def _members(root: str, parts: set[int], orders: np.ndarray, columns: list[str])
 
 
 # -- 4. verify -----------------------------------------------------------------------------------
-def verify_task(item: dict, cfg: FuzzyDedupConfig, root: str, candidate_files: list[str]) -> dict:
+def verify_task(item: dict, cfg: FuzzyDedupConfig, wd: WorkDir, candidates: list[str]) -> dict:
     part = item["part"]
-    t = pa.concat_tables([_read(f, ["hi", "lo"], [("hi_part", "=", part)]) for f in candidate_files])
+    t = pa.concat_tables([_read(wd.scratch(STAGE, "candidates", c), ["hi", "lo"], [("hi_part", "=", part)])
+                          for c in candidates])
     pairs = np.unique(np.stack([t.column("hi").to_numpy(), t.column("lo").to_numpy()], axis=1), axis=0) \
         if t.num_rows else np.zeros((0, 2), np.int64)  # a pair sharing several bands is one candidate
     hi, lo = pairs[:, 0].astype(np.int64), pairs[:, 1].astype(np.int64)
     col = "shingles" if cfg.verify else "signature"
     ends = np.unique(np.concatenate([hi, lo]))
-    m = _members(root, {int(p) for p in (ends >> 32)}, ends, [col])
+    m = _members(wd, {int(p) for p in (ends >> 32)}, ends, [col])
     if cfg.verify:
         sim = np.array([jaccard(np.asarray(m[a][col], np.uint64), np.asarray(m[b][col], np.uint64))
                         for a, b in zip(hi.tolist(), lo.tolist())], dtype=np.float64)
@@ -190,11 +191,11 @@ def verify_task(item: dict, cfg: FuzzyDedupConfig, root: str, candidate_files: l
                        dtype=np.float64)
         keep = np.ones(len(hi), dtype=bool)
     hi, lo, sim = hi[keep], lo[keep], sim[keep]
-    cc.write_edges(os.path.join(root, item["edges"]), np.concatenate([hi, lo]), np.concatenate([lo, hi]), item["buckets"])
+    cc.write_edges(wd.scratch(STAGE, "edges", item["name"]), np.concatenate([hi, lo]), np.concatenate([lo, hi]), item["buckets"])
     node, other, s2 = np.concatenate([hi, lo]), np.concatenate([lo, hi]), np.concatenate([sim, sim])
     bucket = cc.bucket_of(node, item["buckets"])  # the node's components bucket: its assign task reads it
     idx = np.lexsort((other, node, bucket))
-    links = ParquetPart(os.path.join(root, item["links"]), LINK_SCHEMA, row_group_size=_ROW_GROUP)
+    links = ParquetPart(wd.scratch(STAGE, "links", item["name"]), LINK_SCHEMA, row_group_size=_ROW_GROUP)
     links.write(pa.table({"bucket": bucket[idx], "node": node[idx], "other": other[idx], "similarity": s2[idx]},
                          schema=LINK_SCHEMA))
     links.commit()
@@ -202,7 +203,7 @@ def verify_task(item: dict, cfg: FuzzyDedupConfig, root: str, candidate_files: l
 
 
 # -- 6. assign -----------------------------------------------------------------------------------
-def assign_task(item: dict, star_files: list[str], link_files: list[str], root: str) -> dict:
+def assign_task(item: dict, wd: WorkDir, star_files: list[str], links: list[str]) -> dict:
     """One components bucket: each of its non-root nodes with its root and its best link (its
     most similar verified edge, ties to the earliest other document), written sorted by the
     node's partition; and the sizes of the clusters whose root is in the bucket."""
@@ -212,14 +213,15 @@ def assign_task(item: dict, star_files: list[str], link_files: list[str], root: 
     u, v = pairs[:, 0].astype(np.int64), pairs[:, 1].astype(np.int64)
     leaf = v < u  # at the fixed point a leaf's one row points at its root; a root's rows list its members
     node, rootv = u[leaf], v[leaf]
-    lk = pa.concat_tables([_read(f, ["node", "other", "similarity"], [("bucket", "=", b)]) for f in link_files])
+    lk = pa.concat_tables([_read(wd.scratch(STAGE, "links", n), ["node", "other", "similarity"], [("bucket", "=", b)])
+                           for n in links])
     best: dict[int, tuple[float, int]] = {}
     for n_, o_, s_ in zip(*(lk.column(c).to_pylist() for c in ("node", "other", "similarity"))):
         if n_ not in best or (s_, -o_) > (best[n_][0], -best[n_][1]):
             best[n_] = (s_, o_)
     idx = np.lexsort((node, node >> 32))
     node, rootv = node[idx], rootv[idx]
-    out = ParquetPart(os.path.join(root, item["out"]), ASSIGN_SCHEMA, row_group_size=_ROW_GROUP)
+    out = ParquetPart(wd.scratch(STAGE, "assign", item["name"]), ASSIGN_SCHEMA, row_group_size=_ROW_GROUP)
     out.write(pa.table({"part": (node >> 32).astype(np.int32), "node": node, "root": rootv,
                         "linked": [best[n][1] for n in node.tolist()], "similarity": [best[n][0] for n in node.tolist()]},
                        schema=ASSIGN_SCHEMA))
@@ -230,20 +232,20 @@ def assign_task(item: dict, star_files: list[str], link_files: list[str], root: 
 
 
 # -- 7. removed ----------------------------------------------------------------------------------
-def removed_task(item: dict, cfg: FuzzyDedupConfig, root: str, assign_files: list[str]) -> dict:
-    """This partition's removed documents, from its rows of every assign file."""
+def removed_task(item: dict, cfg: FuzzyDedupConfig, wd: WorkDir, assigned: list[str]) -> dict:
+    """This partition's removed documents, from its rows of every assign file (``assigned``: the assign tasks' names)."""
     part = item["part"]
-    t = pa.concat_tables([_read(f, ["node", "root", "linked", "similarity"], [("part", "=", part)]) for f in assign_files]) \
-        if assign_files else ASSIGN_SCHEMA.empty_table()
+    t = pa.concat_tables([_read(wd.scratch(STAGE, "assign", n), ["node", "root", "linked", "similarity"],
+                                [("part", "=", part)]) for n in assigned]) if assigned else ASSIGN_SCHEMA.empty_table()
     t = t.sort_by("node")
     node, rootv = t.column("node").to_numpy(), t.column("root").to_numpy()
-    mine = _members(root, {part}, node, ["id", "bytes"]) if len(node) else {}
-    survivors = _members(root, {int(p) for p in (rootv >> 32)}, np.unique(rootv), ["id"]) if len(rootv) else {}
+    mine = _members(wd, {part}, node, ["id", "bytes"]) if len(node) else {}
+    survivors = _members(wd, {int(p) for p in (rootv >> 32)}, np.unique(rootv), ["id"]) if len(rootv) else {}
     sid = [survivors[r]["id"] for r in rootv.tolist()]
     rows = pa.table({"id": [mine[n]["id"] for n in node.tolist()], "order": node, "part": pa.array([part] * len(node), pa.int32()),
                      "bytes": [mine[n]["bytes"] for n in node.tolist()], "reason": [REASON] * len(node),
                      "duplicate_of": sid, "duplicate_of_order": rootv, "cluster": sid, "similarity": t.column("similarity")})
-    out = ParquetPart(os.path.join(root, item["out"]), REMOVED_SCHEMA)
+    out = ParquetPart(wd.removed(STAGE, part), REMOVED_SCHEMA)
     out.write(to_removed_rows(rows, STAGE) if rows.num_rows else REMOVED_SCHEMA.empty_table())
     out.commit()
     k = cfg.sample_pairs
@@ -253,69 +255,3 @@ def removed_task(item: dict, cfg: FuzzyDedupConfig, root: str, assign_files: lis
     return {"removed": {REASON: rows.num_rows} if rows.num_rows else {},
             "removed_bytes": int(sum(b or 0 for b in rows.column("bytes").to_pylist())) if rows.num_rows else 0,
             "sample": sample}
-
-
-# -- the stage -----------------------------------------------------------------------------------
-def find_near_duplicates(run_tasks, root: str, docs_files: list[str], removed_files: list[str],
-                         cfg: FuzzyDedupConfig, override_files: list[str] = ()) -> dict:
-    """Run every step over the partitions' document files (``docs_files[p]`` is partition p's);
-    documents listed in ``removed_files`` (earlier stages) are left out, and a text rewritten by
-    an earlier stage (``override_files``: C4's dropped lines) is compared as rewritten. Writes this stage's
-    removed rows to ``<root>/removed/fuzzy_dedup/part-*.parquet`` and returns its stats.
-    ``run_tasks(step, items, fn)`` runs ``fn(item) -> stats`` once per item (pipeline.tasks).
-    """
-    params = cfg.lsh()
-    parts = list(range(len(docs_files)))
-    d = STAGE
-    bands = run_tasks(f"{d}.bands", [{"name": part_name(p), "part": p, "docs": docs_files[p],
-                                      "out": f"{d}/bands/{part_name(p)}.parquet"} for p in parts],
-                      functools.partial(bands_task, cfg=cfg, params=params, root=root, removed_files=removed_files,
-                                        override_files=list(override_files)))
-    band_files = [os.path.join(root, d, "bands", f"{part_name(p)}.parquet") for p in parts]
-    ranges = plan_bucket_ranges(sum(s["band_rows"] for s in bands))
-    cand_items = [{"name": f"task-{i:03d}", "lo": lo, "hi": hi, "out": f"{d}/candidates/task-{i:03d}.parquet",
-                   "endpoints": f"{d}/endpoints/task-{i:03d}.parquet"} for i, (lo, hi) in enumerate(ranges)]
-    cand = run_tasks(f"{d}.candidates", cand_items, functools.partial(candidates_task, root=root, band_files=band_files))
-    endpoint_files = [os.path.join(root, it["endpoints"]) for it in cand_items]
-    candidate_files = [os.path.join(root, it["out"]) for it in cand_items]
-    run_tasks(f"{d}.members", [{"name": part_name(p), "part": p, "docs": docs_files[p],
-                                "out": f"{d}/members/{part_name(p)}.parquet"} for p in parts],
-              functools.partial(members_task, cfg=cfg, root=root, endpoint_files=endpoint_files, removed_files=removed_files,
-                                override_files=list(override_files)))
-    buckets = cc.bucket_count(2 * sum(s["pairs"] for s in cand))
-    ver_items = [{"name": part_name(p), "part": p, "buckets": buckets, "edges": f"{d}/edges/{part_name(p)}.parquet",
-                  "links": f"{d}/links/{part_name(p)}.parquet"} for p in parts]
-    ver = run_tasks(f"{d}.verify", ver_items, functools.partial(verify_task, cfg=cfg, root=root, candidate_files=candidate_files))
-    n_linked = sum(s["pairs_linked"] for s in ver)
-    star_files = cc.connected_components(run_tasks, root, f"{d}.components", f"{d}/components",
-                                         [os.path.join(root, it["edges"]) for it in ver_items], buckets) if n_linked else []
-    link_files = [os.path.join(root, it["links"]) for it in ver_items]
-    assign_items = [{"name": f"bucket-{b:05d}", "bucket": b, "out": f"{d}/assign/bucket-{b:05d}.parquet"}
-                    for b in range(buckets)] if n_linked else []
-    assigned = run_tasks(f"{d}.assign", assign_items, functools.partial(
-        assign_task, star_files=star_files, link_files=link_files, root=root))
-    rem = run_tasks(f"{d}.removed", [{"name": part_name(p), "part": p, "out": f"removed/{STAGE}/{part_name(p)}.parquet"}
-                                     for p in parts],
-                    functools.partial(removed_task, cfg=cfg, root=root,
-                                      assign_files=[os.path.join(root, it["out"]) for it in assign_items]))
-    removed: dict[str, int] = {}
-    for s in rem:
-        for k, v in s["removed"].items():
-            removed[k] = removed.get(k, 0) + v
-    hist: dict[int, int] = {}
-    for s in assigned:
-        for size, n in s["cluster_sizes"].items():
-            hist[int(size)] = hist.get(int(size), 0) + n
-    sample = [p for s in rem for p in s["sample"]][: cfg.sample_pairs]
-    detail = {
-        "documents_in": sum(s["documents_in"] for s in bands),
-        "documents_removed": sum(removed.values()),
-        "lsh": params.to_dict(),
-        "config": cfg.to_dict(),
-        "candidate_pairs": sum(s["candidate_pairs"] for s in ver),
-        "pairs_linked": n_linked,
-        "clusters": sum(hist.values()),
-        "cluster_sizes": {str(size): hist[size] for size in sorted(hist)},
-        "sample_pairs": sample,  # by input order: the removed document, its survivor, the one that linked it
-    }
-    return {"removed": removed, "removed_bytes": sum(s["removed_bytes"] for s in rem), "detail": detail}

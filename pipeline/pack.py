@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import bisect
 import math
-import os
 from dataclasses import asdict
 
 import numpy as np
@@ -32,6 +31,8 @@ from gristmill.manifests import DatasetBuilder, Shard, sha256_file
 from gristmill.manifests.doc_index import DOC_INDEX_SCHEMA, DocIndexWriter
 from gristmill.manifests.manifest import token_dtype_for
 from gristmill.manifests.builder import write_pinned_shard
+
+from .workdir import WorkDir
 
 SPLITS = ("train", "validation")
 
@@ -168,15 +169,14 @@ def range_docs(token_file: str, split: str, offset: int, lo: int, hi: int, batch
             return
 
 
-def pack_range_task(item: dict, token_files: list[str], staging: str, index_dir: str, seq_len: int, shard_bytes: int,
-                    vocab_size: int) -> dict:
-    """Pack one range of one split: its shards and its document-index slice."""
-    sink = RangeShards(staging, item["range"], vocab_size)
-    path = os.path.join(index_dir, f"{item['name']}.parquet")
+def pack_range_task(item: dict, wd: WorkDir, seq_len: int, shard_bytes: int, vocab_size: int) -> dict:
+    """Pack one range of one split: its shards (in ``wd.staging``) and its document-index slice."""
+    sink = RangeShards(wd.staging, item["range"], vocab_size)
+    path = wd.pack_index(item["name"])
     with DocIndexWriter(path) as index:
         packer = SplitPacker(sink, item["split"], seq_len, shard_bytes, index)
         for p, off in zip(item["parts"], item["offsets"]):
-            for t in range_docs(token_files[p], item["split"], off, item["lo"], item["hi"]):
+            for t in range_docs(wd.tokens(p), item["split"], off, item["lo"], item["hi"]):
                 packer.add(t)
         packer.finish()
     return {"split": item["split"], "stats": packer.stats, "shards": [asdict(s) for s in sink.shards], "index": path}

@@ -15,12 +15,14 @@ of the text and the settings (datatrove cycles through several replacements inst
 from __future__ import annotations
 
 import ipaddress
-import os
 import re
 
 import pyarrow as pa
 
 from .config import PiiConfig
+from .documents import OVERRIDE_SCHEMA
+from .survivors import Survivors
+from .workdir import ParquetPart
 
 STAGE = "pii"
 KINDS = ("email", "ip", "phone")
@@ -86,18 +88,14 @@ class Redactor:
         return text, counts
 
 
-def pii_task(item: dict, cfg: PiiConfig, root: str, removed_files: list[str], override_files: list[str]) -> dict:
+def pii_task(item: dict, cfg: PiiConfig, survivors: Survivors) -> dict:
     """One partition's surviving documents (earlier cuts applied): writes the redacted texts of
     the documents that changed, returns the replacement counts."""
-    from .documents import OVERRIDE_SCHEMA
-    from .survivors import surviving_docs
-    from .workdir import ParquetPart
-
     redactor = Redactor(cfg)
-    out = ParquetPart(os.path.join(root, item["out"]), OVERRIDE_SCHEMA)
+    out = ParquetPart(survivors.wd.overrides(STAGE, item["part"]), OVERRIDE_SCHEMA)
     counts = {k: 0 for k in KINDS}
     docs = changed = 0
-    for t in surviving_docs(item["docs"], item["part"], removed_files, override_files, list(OVERRIDE_SCHEMA.names), 4096):
+    for t in survivors.docs(item["part"], list(OVERRIDE_SCHEMA.names), 4096):
         rows = {k: [] for k in OVERRIDE_SCHEMA.names}
         for i, o, p, text in zip(*(t.column(k).to_pylist() for k in OVERRIDE_SCHEMA.names)):
             docs += 1

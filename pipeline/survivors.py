@@ -1,45 +1,68 @@
-"""The documents still in the run: a partition's document file less what global stages removed,
-with the texts they shortened. Global stages write their removals (REMOVED_SCHEMA) and text
-overrides (OVERRIDE_SCHEMA) as files sorted by ``order``, so a partition's reader prunes to its
-own rows: memory is one partition's removals, never the corpus'.
+"""The documents still in the run: a partition's document file less what earlier stages removed,
+with the texts they shortened or redacted.
+
+Every stage delivers its verdicts by partition: ``removed/<stage>/part-N.parquet`` (REMOVED_SCHEMA)
+and ``overrides/<stage>/part-N.parquet`` (OVERRIDE_SCHEMA) hold partition N's rows only (map
+stages write their own partition's file; global steps route their verdicts to partitions first).
+So a task reads one file per earlier stage, never one per partition: the work of a step grows
+with the data, not with the square of the partition count.
+
+``Survivors`` is a small value in the stage context: the work dir and which stages' files to
+apply, in order (later overrides win). ``after(...)`` gives the value for the next stage.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass, replace
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-
-def removed_ids(files: list[str], part: int) -> set[str]:
-    """Ids a global stage removed from this partition (the files are sorted by order, so the
-    part filter skips most row groups: memory is one partition's removals, not the corpus')."""
-    ids: set[str] = set()
-    for f in files:
-        t = pq.read_table(f, columns=["id"], filters=[("part", "=", part)])
-        ids.update(t.column("id").to_pylist())
-    return ids
+from .workdir import WorkDir
 
 
-def overridden_texts(files: list[str], part: int) -> dict[str, str]:
-    """id -> text for the documents of this partition that a stage shortened (decontam `cut`)."""
-    out: dict[str, str] = {}
-    for f in files:
-        t = pq.read_table(f, columns=["id", "text"], filters=[("part", "=", part)])
-        out.update(zip(t.column("id").to_pylist(), t.column("text").to_pylist()))
-    return out
+@dataclass(frozen=True)
+class Survivors:
+    wd: WorkDir
+    removed: tuple[tuple[str, str], ...] = ()  # (stage, file prefix) whose removals apply
+    overrides: tuple[tuple[str, str], ...] = ()  # (stage, file prefix) whose texts apply, later ones win
 
+    def after(self, stage: str, *, removed: bool = False, overrides: bool = False, prefix: str = "") -> "Survivors":
+        """These survivors less what ``stage`` removed (``removed``), with the texts it rewrote (``overrides``)."""
+        return replace(self, removed=self.removed + (((stage, prefix),) if removed else ()),
+                       overrides=self.overrides + (((stage, prefix),) if overrides else ()))
 
-def surviving_docs(docs_file: str, part: int, removed_files: list[str], override_files: list[str], columns: list[str],
-                   batch_size: int):
-    """Batches (pa.Table) of partition ``part``'s documents that no stage removed, in order, with
-    overridden texts applied (when ``text`` is among ``columns``)."""
-    drop = removed_ids(removed_files, part)
-    new_text = overridden_texts(override_files, part) if "text" in columns else {}
-    for batch in pq.ParquetFile(docs_file).iter_batches(columns=columns, batch_size=batch_size):
-        t = pa.Table.from_batches([batch])
-        if drop:
-            t = t.filter(pa.array([i not in drop for i in t.column("id").to_pylist()], pa.bool_()))
-        if new_text and t.num_rows:
-            texts = [new_text.get(i, x) for i, x in zip(t.column("id").to_pylist(), t.column("text").to_pylist())]
-            t = t.set_column(t.schema.get_field_index("text"), "text", pa.array(texts, pa.string()))
-        if t.num_rows:
-            yield t
+    def removed_files(self, part: int) -> list[str]:
+        return [self.wd.removed(s, part, prefix) for s, prefix in self.removed]
+
+    def override_files(self, part: int) -> list[str]:
+        return [self.wd.overrides(s, part, prefix) for s, prefix in self.overrides]
+
+    def removed_ids(self, part: int) -> set[str]:
+        """Ids the stages removed from partition ``part`` (one file a stage)."""
+        ids: set[str] = set()
+        for f in self.removed_files(part):
+            ids.update(pq.read_table(f, columns=["id"]).column("id").to_pylist())
+        return ids
+
+    def overridden_texts(self, part: int) -> dict[str, str]:
+        """id -> text for the documents of partition ``part`` that a stage rewrote."""
+        out: dict[str, str] = {}
+        for f in self.override_files(part):
+            t = pq.read_table(f, columns=["id", "text"])
+            out.update(zip(t.column("id").to_pylist(), t.column("text").to_pylist()))
+        return out
+
+    def docs(self, part: int, columns: list[str], batch_size: int):
+        """Batches (pa.Table) of partition ``part``'s documents that no stage removed, in order,
+        with rewritten texts applied (when ``text`` is among ``columns``)."""
+        drop = self.removed_ids(part)
+        new_text = self.overridden_texts(part) if "text" in columns else {}
+        for batch in pq.ParquetFile(self.wd.docs(part)).iter_batches(columns=columns, batch_size=batch_size):
+            t = pa.Table.from_batches([batch])
+            if drop:
+                t = t.filter(pa.array([i not in drop for i in t.column("id").to_pylist()], pa.bool_()))
+            if new_text and t.num_rows:
+                texts = [new_text.get(i, x) for i, x in zip(t.column("id").to_pylist(), t.column("text").to_pylist())]
+                t = t.set_column(t.schema.get_field_index("text"), "text", pa.array(texts, pa.string()))
+            if t.num_rows:
+                yield t

@@ -17,9 +17,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .config import SplitConfig, TokenizerConfig
-from .documents import stable_fraction
-from .survivors import overridden_texts, removed_ids
-from .workdir import ParquetPart, WorkDir, part_name
+from .documents import split_of
+from .survivors import Survivors
+from .workdir import ParquetPart
 from gristmill.errors import GristmillError
 
 STAGE = "tokenize"
@@ -63,23 +63,21 @@ def load_tokenizer(path: str, eos_token: str):
     return tok, tok.get_vocab_size(with_added_tokens=True), eos_id
 
 
-def split_of(doc_id: str, split: SplitConfig) -> str:
-    return "validation" if stable_fraction(doc_id, split.seed) < split.validation_fraction else "train"
-
-
-def tokenize_partition(part: int, tokenizer_path: str, cfg: TokenizerConfig, split: SplitConfig, work_root: str,
-                       removed_files: list[str], override_files: list[str] = ()) -> dict:
-    wd, name = WorkDir(work_root), part_name(part)
+def tokenize_partition(part: int, tokenizer_path: str, cfg: TokenizerConfig, split: SplitConfig,
+                       survivors: Survivors) -> dict:
+    """Partition ``part``'s surviving documents (rewritten texts applied) as token ids with EOS:
+    ``tokens/part-N.parquet``; returns its counts by split."""
+    wd = survivors.wd
     cpu0 = time.process_time()
     tok, _, eos_id = load_tokenizer(tokenizer_path, cfg.eos_token)
-    drop = removed_ids(removed_files, part)
-    new_text = overridden_texts(override_files, part)
+    drop = survivors.removed_ids(part)
+    new_text = survivors.overridden_texts(part)
     # lz4: token ids barely compress, and zstd here cost ~5% of the stage
-    out = ParquetPart(wd.path("tokens", f"{name}.parquet"), TOKENS_SCHEMA, compression="lz4")
+    out = ParquetPart(wd.tokens(part), TOKENS_SCHEMA, compression="lz4")
     st = {"documents_in": 0, "bytes_in": 0, "documents_out": 0, "tokens_out": 0, "seconds": 0.0,
           "splits": {s: {"documents": 0, "tokens": 0} for s in ("train", "validation")}}
     cols = ["id", "order", "source", "position", "lang", "bytes", "text", "url"]
-    for batch in pq.ParquetFile(wd.path("docs", f"{name}.parquet")).iter_batches(batch_size=cfg.batch_size, columns=cols):
+    for batch in pq.ParquetFile(wd.docs(part)).iter_batches(batch_size=cfg.batch_size, columns=cols):
         table = pa.Table.from_batches([batch])
         if drop:
             ids = table.column("id").to_pylist()

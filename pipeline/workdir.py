@@ -1,14 +1,22 @@
-"""The work dir: resumable stage outputs, committed atomically per partition.
+"""The run dir: every path under ``<work_dir>/<run key>/`` is built here, nowhere else.
 
-Layout under ``<work_dir>/<run key>/`` (the key hashes the job's content and its input files,
-so a changed job or input never reuses stale work)::
+The key hashes the job's content and its input files, so a changed job or input never reuses
+stale work. Layout (``part-00007`` is partition 7, ``part_name``)::
 
-    <stage>/part-00007.parquet   the partition's output (written to a temp name, then renamed)
-    _done/<stage>/part-00007.json  the completion marker: written last, holds the stats
+    docs/part-00007.parquet          the partition's documents (extract; later stages never rewrite it)
+    keys/part-00007.parquet          its exact-dedup keys
+    quarantine/part-00007.parquet    its unreadable records
+    removed/<stage>/<name>.parquet   what a stage removed (REMOVED_SCHEMA); <name> is the partition's
+                                     (``val-part-00007`` for decontamination's validation pass)
+    overrides/<stage>/<name>.parquet texts a stage shortened or redacted (OVERRIDE_SCHEMA)
+    <stage>/<kind>/<name>.<ext>      a stage's own bookkeeping (``scratch``: fuzzy dedup's bands, ...)
+    tokens/part-00007.parquet        the partition's token ids
+    tokenizer.json, staging/, pack_index/, report.json, quarantine.jsonl, removed.jsonl
+    _done/<step>/<task>.json         a task's completion marker: written last, holds its stats
 
-A partition is finished iff its marker exists. A crash (even ``kill -9``) leaves at most temp
-files and outputs without a marker; a rerun rewrites those, and the output is the same bytes
-because every stage is deterministic.
+A task is finished iff its marker exists. A crash (even ``kill -9``) leaves at most temp files
+and outputs without a marker; a rerun rewrites those, and the output is the same bytes because
+every task is deterministic.
 """
 from __future__ import annotations
 
@@ -25,23 +33,76 @@ def part_name(part: int) -> str:
 
 
 class WorkDir:
+    """One run's directory. Small and picklable: tasks receive it and build their paths with it."""
+
     def __init__(self, root: str):
         self.root = root
         os.makedirs(root, exist_ok=True)
 
-    def path(self, *parts: str) -> str:
+    def __repr__(self) -> str:
+        return f"WorkDir({self.root!r})"
+
+    def _path(self, *parts: str) -> str:
         return os.path.join(self.root, *parts)
 
-    def marker(self, stage: str, name: str) -> str:
-        return self.path("_done", stage, f"{name}.json")
+    # -- per-partition files ------------------------------------------------------------------
+    def docs(self, part: int) -> str:
+        return self._path("docs", f"{part_name(part)}.parquet")
 
-    def done(self, stage: str, name: str) -> dict | None:
-        """The stats of a finished unit of work, or None if it has to be (re)done."""
+    def keys(self, part: int) -> str:
+        return self._path("keys", f"{part_name(part)}.parquet")
+
+    def quarantine(self, part: int) -> str:
+        return self._path("quarantine", f"{part_name(part)}.parquet")
+
+    def tokens(self, part: int) -> str:
+        return self._path("tokens", f"{part_name(part)}.parquet")
+
+    def removed(self, stage: str, part: int, prefix: str = "") -> str:
+        return self._path("removed", stage, f"{prefix}{part_name(part)}.parquet")
+
+    def overrides(self, stage: str, part: int, prefix: str = "") -> str:
+        return self._path("overrides", stage, f"{prefix}{part_name(part)}.parquet")
+
+    def scratch(self, stage: str, kind: str, name: str, ext: str = "parquet") -> str:
+        """A stage's own bookkeeping file: ``<stage>/<kind>/<name>.<ext>`` (``kind`` "" for none)."""
+        return self._path(stage, *([kind] if kind else []), f"{name}.{ext}")
+
+    # -- the run's single files ---------------------------------------------------------------
+    @property
+    def tokenizer_json(self) -> str:
+        return self._path("tokenizer.json")
+
+    @property
+    def staging(self) -> str:
+        return self._path("staging")
+
+    def pack_index(self, name: str) -> str:
+        return self._path("pack_index", f"{name}.parquet")
+
+    @property
+    def report_json(self) -> str:
+        return self._path("report.json")
+
+    @property
+    def quarantine_jsonl(self) -> str:
+        return self._path("quarantine.jsonl")
+
+    @property
+    def removed_jsonl(self) -> str:
+        return self._path("removed.jsonl")
+
+    # -- task markers -------------------------------------------------------------------------
+    def marker(self, step: str, name: str) -> str:
+        return self._path("_done", step, f"{name}.json")
+
+    def done(self, step: str, name: str) -> dict | None:
+        """The stats of a finished task, or None if it has to be (re)done."""
         try:
-            with open(self.marker(stage, name)) as f:
+            with open(self.marker(step, name)) as f:
                 return json.load(f)
         except FileNotFoundError:
             return None
 
-    def mark_done(self, stage: str, name: str, stats: dict) -> None:
-        atomic_write(self.marker(stage, name), canonical_json(stats))
+    def mark_done(self, step: str, name: str, stats: dict) -> None:
+        atomic_write(self.marker(step, name), canonical_json(stats))

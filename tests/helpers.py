@@ -101,14 +101,14 @@ def extract_files(work_root: str, files: list[tuple[str, str]], *, text_field: s
 
     from gristmill.pipeline.config import ExtractConfig, LanguageConfig
     from gristmill.pipeline.extract import extract_partition
-    from gristmill.pipeline.workdir import WorkDir, part_name
+    from gristmill.pipeline.workdir import WorkDir
 
     task = {"part": 0, "files": [{"uri": p, "format": fmt, "text_field": text_field, "id_field": id_field,
                                   "rel": os.path.basename(p), **file_options} for p, fmt in files]}
-    stats = extract_partition(task, ExtractConfig(), LanguageConfig(enabled=language), work_root, batch_rows)
     wd = WorkDir(work_root)
-    docs = pq.read_table(wd.path("docs", f"{part_name(0)}.parquet")).to_pylist()
-    quarantine = pq.read_table(wd.path("quarantine", f"{part_name(0)}.parquet")).to_pylist()
+    stats = extract_partition(task, ExtractConfig(), LanguageConfig(enabled=language), wd, batch_rows)
+    docs = pq.read_table(wd.docs(0)).to_pylist()
+    quarantine = pq.read_table(wd.quarantine(0)).to_pylist()
     return stats, docs, quarantine
 
 

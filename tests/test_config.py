@@ -9,7 +9,7 @@ import yaml
 
 from gristmill.cli import main
 from gristmill.errors import ConfigError
-from gristmill.pipeline.config import JobConfig as PrepareJob
+from gristmill.pipeline.config import PrepareConfig as PrepareJob
 from gristmill.pipeline.config import load_job
 from gristmill.trainer.config import JobConfig as TrainJob
 from gristmill.trainer.config import load as load_train

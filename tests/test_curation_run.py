@@ -12,7 +12,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory, ray_session):
-    from gristmill.pipeline.config import JobConfig
+    from gristmill.pipeline.config import PrepareConfig
     from gristmill.pipeline.demo_corpus import FOREIGN, near_duplicate, stdlib_paragraphs
     from gristmill.pipeline.executor import prepare
 
@@ -27,7 +27,7 @@ def run(tmp_path_factory, ray_session):
     os.makedirs(tmp / "in")
     with open(tmp / "in" / "a.jsonl", "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in records)
-    job = JobConfig.from_dict({
+    job = PrepareConfig.from_dict({
         "inputs": [str(tmp / "in" / "a.jsonl")], "output": {"store": str(tmp / "store"), "dataset": "d"},
         "work_dir": str(tmp / "work"), "split": {"validation_fraction": 0.0}, "fuzzy_dedup": {"threshold": 0.7},
         "tokenizer": {"vocab_size": 300, "sample_bytes": 100_000}, "pack": {"seq_len": 64, "shard_bytes": 1 << 16},

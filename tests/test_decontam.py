@@ -360,26 +360,24 @@ def test_demo_corpus_planted_items_are_all_found_and_nothing_else(tmp_path):
     assert record["sha256"] == hashlib.sha256(data).hexdigest() and record["items"] == len(data.splitlines())
 
 
-def _validation_stage_run(ray, tmp_path, docs_files, eval_path, work="work", stats=None, **section):
+def _validation_stage_run(tmp_path, docs_files, eval_path, work="work", stats=None, **section):
     """The executor's decontaminate stage (both passes) over ``docs_files``, as a fresh run of
     `prepare` in the same work dir would run it; the ids still in the run afterwards."""
     from gristmill.pipeline import stages
-    from gristmill.pipeline.config import JobConfig
-    from gristmill.pipeline.progress import Progress
-    from gristmill.pipeline.survivors import surviving_docs
+    from gristmill.pipeline.config import PrepareConfig
+    from gristmill.pipeline.runner import SerialRunner
     from gristmill.pipeline.workdir import WorkDir
 
-    job = JobConfig.from_dict({"inputs": ["unused.jsonl"], "output": {"store": str(tmp_path / "store"), "dataset": "d"},
+    job = PrepareConfig.from_dict({"inputs": ["unused.jsonl"], "output": {"store": str(tmp_path / "store"), "dataset": "d"},
                                "work_dir": str(tmp_path / work), "split": {"validation_fraction": 0.5},
                                "decontaminate": {"eval_sets": [{"name": "e", "path": eval_path}], **section}})
     (stage,) = [s for s in stages.build(job) if s.name == "decontaminate"]
-    ctx = stages.Context(job, WorkDir(str(tmp_path / work)), ray, [{"part": p} for p in range(len(docs_files))],
-                         Progress(quiet=True), lambda msg: None)
+    wd = WorkDir(str(tmp_path / work))
+    ctx = stages.Context(job, wd, SerialRunner(wd), [{"part": p} for p in range(len(docs_files))])
     out = stage.run(ctx)
     if stats is not None:
-        stats.update(out)
-    return sorted(i for p, f in enumerate(docs_files)
-                  for t in surviving_docs(f, p, ctx.removed_files, ctx.override_files, ["id"], 100)
+        stats.update({"removed": out.flow.removed, "removed_bytes": out.flow.removed_bytes, "detail": out.detail})
+    return sorted(i for p in range(len(docs_files)) for t in ctx.survivors.docs(p, ["id"], 100)
                   for i in t.column("id").to_pylist())
 
 
@@ -401,12 +399,12 @@ def _write_docs(work, texts: dict, parts: list[list[str]]) -> list[str]:
     return files
 
 
-def test_validation_pass_redone_after_a_kill_between_its_outputs_and_its_marker(ray_session, tmp_path):
+def test_validation_pass_redone_after_a_kill_between_its_outputs_and_its_marker(tmp_path):
     """A validation-pass task killed after committing its removed file but before its marker is
     redone on the rerun; the rerun must not read that file as an earlier stage's removals (it
     would skip the documents the file removed and rewrite it without them)."""
     from gristmill.pipeline.config import SplitConfig
-    from gristmill.pipeline.tokenize import split_of
+    from gristmill.pipeline.documents import split_of
 
     rng = np.random.default_rng(3)
     split = SplitConfig(validation_fraction=0.5)
@@ -418,19 +416,19 @@ def test_validation_pass_redone_after_a_kill_between_its_outputs_and_its_marker(
     docs_files = _write_docs(tmp_path / "work", texts, [val_ids[:1] + train_ids[:3], val_ids[1:] + train_ids[3:]])
     eval_path = write_jsonl(tmp_path / "e.jsonl", [{"text": phrase(rng, 20)}])  # matches nothing
 
-    first = _validation_stage_run(ray_session, tmp_path, docs_files, eval_path)
+    first = _validation_stage_run(tmp_path, docs_files, eval_path)
     assert train_ids[4] not in first and len(first) == len(val_ids + train_ids) - 1
     # kill -9 after the task's outputs were renamed into place, before its marker was written
     os.remove(tmp_path / "work" / "_done" / "decontaminate.validation" / "part-00001.json")
-    assert _validation_stage_run(ray_session, tmp_path, docs_files, eval_path) == first
+    assert _validation_stage_run(tmp_path, docs_files, eval_path) == first
 
 
-def test_validation_overlap_has_its_own_reason_and_boilerplate_is_not_overlap(ray_session, tmp_path):
+def test_validation_overlap_has_its_own_reason_and_boilerplate_is_not_overlap(tmp_path):
     """A footer in many documents of both splits is boilerplate: with validation_max_doc_freq
     (default 10) it is not overlap; a passage of one validation document leaked into one train
     document is, under the reason validation_overlap."""
     from gristmill.pipeline.config import SplitConfig
-    from gristmill.pipeline.tokenize import split_of
+    from gristmill.pipeline.documents import split_of
 
     rng = np.random.default_rng(5)
     split = SplitConfig(validation_fraction=0.5)
@@ -445,13 +443,13 @@ def test_validation_overlap_has_its_own_reason_and_boilerplate_is_not_overlap(ra
     eval_path = write_jsonl(tmp_path / "e.jsonl", [{"text": phrase(rng, 20)}])  # matches nothing
 
     stats = {}
-    kept = _validation_stage_run(ray_session, tmp_path, docs_files, eval_path, "w1", stats)
+    kept = _validation_stage_run(tmp_path, docs_files, eval_path, "w1", stats)
     assert sorted(set(val_ids + train_ids) - set(kept)) == [train_ids[2]]
     assert stats["removed"] == {"validation_overlap": 1}
     v = stats["detail"]["against_validation"]
     assert v["max_doc_freq"] == 10 and v["boilerplate_ngrams"] == 25 - 13 + 1  # the footer's 13-grams
     everything = {}
-    kept = _validation_stage_run(ray_session, tmp_path, docs_files, eval_path, "w2", everything, validation_max_doc_freq=None)
+    kept = _validation_stage_run(tmp_path, docs_files, eval_path, "w2", everything, validation_max_doc_freq=None)
     assert set(train_ids) - set(kept) == set(train_ids)  # every train document shares the footer with validation
     assert everything["removed"] == {"validation_overlap": len(train_ids)}
     assert everything["detail"]["against_validation"]["boilerplate_ngrams"] is None

@@ -193,12 +193,12 @@ def test_files_named_in_deploy_exist():
 
 
 def test_kuberay_job_file_is_a_valid_prepare_job():
-    from gristmill.pipeline.config import JobConfig
+    from gristmill.pipeline.config import PrepareConfig
 
     docs = yaml_docs(os.path.join(DEPLOY, "kuberay", "rayjob-prepare.yaml"))
     config_map = next(d for d in docs if d["kind"] == "ConfigMap")
     rayjob = next(d for d in docs if d["kind"] == "RayJob")
-    job = JobConfig.from_dict(yaml.safe_load(config_map["data"]["prepare.yaml"]), where="ConfigMap prepare.yaml")
+    job = PrepareConfig.from_dict(yaml.safe_load(config_map["data"]["prepare.yaml"]), where="ConfigMap prepare.yaml")
     assert job.work_dir.startswith("/shared/"), "work_dir must be on the volume every worker mounts"
     mounted = {m["mountPath"] for c in rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"]
                for m in c.get("volumeMounts", [])}

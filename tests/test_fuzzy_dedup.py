@@ -10,8 +10,9 @@ import pytest
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from gristmill.pipeline.components import large_star, small_star
-from gristmill.pipeline.fuzzy_dedup import FuzzyDedupConfig, find_near_duplicates
+from gristmill.pipeline.connected_components import large_star, small_star
+from gristmill.pipeline.fuzzy_dedup import FuzzyDedupConfig
+from gristmill.pipeline.stages.fuzzy_dedup import find_near_duplicates
 from gristmill.pipeline.minhash import MinHasher, jaccard
 
 
@@ -53,53 +54,44 @@ def planted_corpus(seed=0, n_base=40, words=150):
     return rows, sims
 
 
-def _run(ray, rows, cfg, work_dir, cpus, parts=1, overrides=None):
-    """The stage over ``rows`` split into ``parts`` partition files, at most ``cpus`` tasks at once;
-    ``overrides`` (id -> text) are an earlier stage's rewritten texts."""
+def _run(rows, cfg, work_dir, parts=1, overrides=None):
+    """The stage over ``rows`` split into ``parts`` partition files, its tasks run in this
+    process; ``overrides`` (id -> text) are an earlier stage's rewritten texts."""
     import json
-    import functools
 
     import pyarrow as pa
 
     from gristmill.pipeline.documents import OVERRIDE_SCHEMA, make_order
-    from gristmill.pipeline.tasks import run_tasks
+    from gristmill.pipeline.runner import SerialRunner
+    from gristmill.pipeline.survivors import Survivors
     from gristmill.pipeline.workdir import ParquetPart, WorkDir
 
     wd = WorkDir(str(work_dir))
     rows = sorted(rows, key=lambda r: r["order"])
     size = -(-len(rows) // parts)
-    files, override_files = [], []
     for p in range(parts):
         chunk = rows[p * size:(p + 1) * size]
-        path = wd.path("docs", f"part-{p:05d}.parquet")
+        path = wd.docs(p)
         out = ParquetPart(path, pa.schema([("id", pa.string()), ("order", pa.int64()), ("text", pa.string()),
                                            ("bytes", pa.int64()), ("part", pa.int32())]))
         out.write(pa.table({"id": [r["id"] for r in chunk], "order": [make_order(p, i) for i in range(len(chunk))],
                             "text": [r["text"] for r in chunk], "bytes": [len(r["text"].encode()) for r in chunk],
                             "part": [p] * len(chunk)}))
         out.commit()
-        files.append(path)
         mine = [(r["id"], make_order(p, i)) for i, r in enumerate(chunk) if r["id"] in (overrides or {})]
-        if mine:
-            override_files.append(wd.path("overrides", "quality", f"part-{p:05d}.parquet"))
-            ov = ParquetPart(override_files[-1], OVERRIDE_SCHEMA)
+        if overrides is not None:
+            ov = ParquetPart(wd.overrides("quality", p), OVERRIDE_SCHEMA)
             ov.write(pa.table({"id": [i for i, _ in mine], "order": [o for _, o in mine], "part": [p] * len(mine),
                                "text": [overrides[i] for i, _ in mine]}, schema=OVERRIDE_SCHEMA))
             ov.commit()
-    runner = functools.partial(_tasks, ray, wd, cpus)
-    stats = find_near_duplicates(runner, wd.root, files, [], cfg, override_files=override_files)
-    removed_t = pa.concat_tables([pq.read_table(f) for f in sorted(glob.glob(wd.path("removed", "fuzzy_dedup", "*.parquet")))])
+    survivors = Survivors(wd).after("quality", overrides=overrides is not None)
+    _, detail = find_near_duplicates(SerialRunner(wd), survivors, list(range(parts)), cfg)
+    removed_t = pa.concat_tables([pq.read_table(wd.removed("fuzzy_dedup", p)) for p in range(parts)])
     removed = sorted((r["id"], (d := json.loads(r["detail"]))["duplicate_of"], d["cluster"], r["reason"], round(d["similarity"], 9))
                      for r in removed_t.to_pylist())
     gone = {r[0] for r in removed}
     kept = sorted(r["id"] for r in rows if r["id"] not in gone)
-    return kept, removed, stats["detail"]
-
-
-def _tasks(ray, wd, cpus, step, items, fn):
-    from gristmill.pipeline.tasks import run_tasks
-
-    return run_tasks(ray, wd, step, items, fn, max_in_flight=cpus)
+    return kept, removed, detail
 
 
 @pytest.fixture(scope="module")
@@ -108,9 +100,9 @@ def corpus():
 
 
 @pytest.fixture(scope="module")
-def one_worker(ray_session, corpus, tmp_path_factory):
+def one_worker(corpus, tmp_path_factory):
     cfg = FuzzyDedupConfig(batch_size=1000)
-    return _run(ray_session, corpus[0], cfg, tmp_path_factory.mktemp("fd1"), cpus=1)
+    return _run(corpus[0], cfg, tmp_path_factory.mktemp("fd1"))
 
 
 @pytest.mark.slow
@@ -151,30 +143,30 @@ def test_report(corpus, one_worker):
 
 
 @pytest.mark.slow
-def test_same_result_with_one_and_two_workers_and_any_partitioning(ray_session, corpus, one_worker, tmp_path):
+def test_same_result_with_any_partitioning_and_batch_size(corpus, one_worker, tmp_path):
     cfg = FuzzyDedupConfig(batch_size=7)
-    two = _run(ray_session, corpus[0], cfg, tmp_path, cpus=2, parts=5)
+    two = _run(corpus[0], cfg, tmp_path, parts=5)
     assert two[0] == one_worker[0] and two[1] == one_worker[1]
     assert two[2]["cluster_sizes"] == one_worker[2]["cluster_sizes"]
 
 
 @pytest.mark.slow
-def test_same_result_with_many_components_buckets(ray_session, corpus, one_worker, tmp_path, monkeypatch):
+def test_same_result_with_many_components_buckets(corpus, one_worker, tmp_path, monkeypatch):
     """Edges spread over many components/assign buckets (tasks) give the same removals and clusters."""
-    from gristmill.pipeline import components as cc
+    from gristmill.pipeline import connected_components as cc
 
     monkeypatch.setattr(cc, "EDGES_PER_TASK", 8)  # ~100 directed edges -> a dozen buckets
-    many = _run(ray_session, corpus[0], FuzzyDedupConfig(batch_size=64), tmp_path, cpus=2, parts=3)
+    many = _run(corpus[0], FuzzyDedupConfig(batch_size=64), tmp_path, parts=3)
     assert many[0] == one_worker[0] and many[1] == one_worker[1]
     assert many[2]["cluster_sizes"] == one_worker[2]["cluster_sizes"]
     assert len(glob.glob(str(tmp_path / "fuzzy_dedup" / "assign" / "*.parquet"))) > 5
 
 
 @pytest.mark.slow
-def test_estimated_similarity_without_verification(ray_session, corpus, tmp_path):
+def test_estimated_similarity_without_verification(corpus, tmp_path):
     rows, sims = corpus
     cfg = FuzzyDedupConfig(verify=False, bands=9, rows=13)
-    kept, removed, stats = _run(ray_session, rows, cfg, tmp_path, cpus=2)
+    kept, removed, stats = _run(rows, cfg, tmp_path)
     assert (stats["lsh"]["bands"], stats["lsh"]["rows"]) == (9, 13)
     dup_of = {r[0]: r[1] for r in removed}
     very_high = [p for p, s in sims.items() if s >= 0.93]
@@ -219,11 +211,10 @@ def test_star_steps_find_components_of_a_long_chain_and_random_graph():
 
 
 @pytest.mark.slow
-def test_connected_components_on_ray_matches_union_find(ray_session, tmp_path):
+def test_connected_components_over_files_matches_union_find(tmp_path):
     """Edge files in several buckets (tasks), a long chain included: the same components as union-find."""
-    import functools
-
-    from gristmill.pipeline import components as cc
+    from gristmill.pipeline import connected_components as cc
+    from gristmill.pipeline.runner import SerialRunner
     from gristmill.pipeline.workdir import WorkDir
 
     rng = np.random.default_rng(1)
@@ -234,11 +225,11 @@ def test_connected_components_on_ray_matches_union_find(ray_session, tmp_path):
     lo = np.array([min(e) for e in edges], np.int64)
     files = []
     for k in range(2):  # two input files, as two verify tasks would write
-        f = wd.path("edges", f"{k}.parquet")
+        f = wd.scratch("cc", "edges", str(k))
         sl = slice(k * len(hi) // 2, (k + 1) * len(hi) // 2)
         cc.write_edges(f, np.concatenate([hi[sl], lo[sl]]), np.concatenate([lo[sl], hi[sl]]), 3)
         files.append(f)
-    star = cc.connected_components(functools.partial(_tasks, ray_session, wd, 2), wd.root, "cc", "cc", files, 3)
+    star = cc.connected_components(SerialRunner(wd), wd, "cc", "cc", files, 3)
     t = pa.concat_tables([pq.read_table(f) for f in star])
     got = {u: v for u, v in zip(t.column("u").to_pylist(), t.column("v").to_pylist()) if v < u}
     assert got == _union_find(edges)
@@ -262,7 +253,7 @@ def test_config_errors_name_the_key():
 
 
 @pytest.mark.slow
-def test_demo_corpus_planted_pairs(ray_session, tmp_path):
+def test_demo_corpus_planted_pairs(tmp_path):
     """The demo corpus's planted near-duplicates (truth/near_duplicates.jsonl) in 00-books."""
     import io
     import json
@@ -282,7 +273,7 @@ def test_demo_corpus_planted_pairs(ray_session, tmp_path):
     for t in truth:  # the corpus's Jaccard is ours: same words, same 5-word shingles
         exact = jaccard(mh.shingles([text[t["a"]]]).hashes, mh.shingles([text[t["b"]]]).hashes)
         assert abs(exact - t["jaccard"]) < 1e-5, t
-    kept, removed, stats = _run(ray_session, rows, FuzzyDedupConfig(), tmp_path / "wd", cpus=2)
+    kept, removed, stats = _run(rows, FuzzyDedupConfig(), tmp_path / "wd")
     dup_of = {r[0]: r[1] for r in removed}
     high = [t for t in truth if t["jaccard"] >= 0.85]
     low = [t for t in truth if t["jaccard"] < 0.6]
@@ -293,22 +284,22 @@ def test_demo_corpus_planted_pairs(ray_session, tmp_path):
 
 
 @pytest.mark.slow
-def test_no_near_duplicates_keeps_everything(ray_session, tmp_path):
+def test_no_near_duplicates_keeps_everything(tmp_path):
     rng = random.Random(5)
     vocab = _vocab(rng)
     rows = [{"id": f"d{i}", "order": i, "text": " ".join(rng.choice(vocab) for _ in range(60))} for i in range(12)]
-    kept, removed, stats = _run(ray_session, rows, FuzzyDedupConfig(), tmp_path, cpus=2)
+    kept, removed, stats = _run(rows, FuzzyDedupConfig(), tmp_path)
     assert kept == sorted(r["id"] for r in rows) and removed == []
     assert stats["documents_removed"] == 0 and stats["cluster_sizes"] == {} and stats["sample_pairs"] == []
 
 
 @pytest.mark.slow
-def test_texts_rewritten_by_an_earlier_stage_are_compared_as_rewritten(ray_session, tmp_path):
+def test_texts_rewritten_by_an_earlier_stage_are_compared_as_rewritten(tmp_path):
     rng = random.Random(6)
     vocab = _vocab(rng)
     page = " ".join(rng.choice(vocab) for _ in range(80))
     boiler = " ".join(rng.choice(vocab) for _ in range(80))  # lines C4's drop_lines took out of d1
     rows = [{"id": "d0", "order": 0, "text": page}, {"id": "d1", "order": 1, "text": page + "\n" + boiler}]
-    assert _run(ray_session, rows, FuzzyDedupConfig(), tmp_path / "raw", cpus=1)[1] == []
-    kept, removed, _ = _run(ray_session, rows, FuzzyDedupConfig(), tmp_path / "ov", cpus=1, overrides={"d1": page})
+    assert _run(rows, FuzzyDedupConfig(), tmp_path / "raw")[1] == []
+    kept, removed, _ = _run(rows, FuzzyDedupConfig(), tmp_path / "ov", overrides={"d1": page})
     assert kept == ["d0"] and [r[:2] for r in removed] == [("d1", "d0")]

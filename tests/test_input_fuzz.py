@@ -327,7 +327,7 @@ def _damaged_corpus(root):
 
 
 def _prepare(corpus, out, **over):
-    from gristmill.pipeline.config import JobConfig
+    from gristmill.pipeline.config import PrepareConfig
     from gristmill.pipeline.executor import prepare
 
     d = {"inputs": [str(corpus / "*.jsonl*"), {"path": str(corpus / "*.parquet"), "text_field": "content"},
@@ -335,7 +335,7 @@ def _prepare(corpus, out, **over):
          "output": {"store": str(out / "store"), "dataset": "fuzz"}, "work_dir": str(out / "work"),
          "language": {"enabled": False}, "split": {"validation_fraction": 0.0},
          "tokenizer": {"vocab_size": 300, "sample_bytes": 100_000}, "pack": {"seq_len": 32, "shard_bytes": 40_000}, **over}
-    return prepare(JobConfig.from_dict(d), quiet=True)
+    return prepare(PrepareConfig.from_dict(d), quiet=True)
 
 
 def test_prepare_finishes_on_a_corpus_of_damaged_files_keeps_the_good_records_and_balances(tmp_path, ray_session):

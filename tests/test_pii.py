@@ -74,12 +74,11 @@ def test_defaults_phones_opt_in_and_disabled_kinds():
     assert Redactor(PiiConfig(phones=True)).redact(private) == ("server 192.168.100.100 is up, call <PHONE>", {"phone": 1})
 
 
-def test_stage_writes_overrides_counts_and_resumes(ray_session, tmp_path):
+def test_stage_writes_overrides_counts_and_resumes(tmp_path):
     from gristmill.pipeline import stages
-    from gristmill.pipeline.config import JobConfig
+    from gristmill.pipeline.config import PrepareConfig
     from gristmill.pipeline.documents import make_order
-    from gristmill.pipeline.progress import Progress
-    from gristmill.pipeline.survivors import surviving_docs
+    from gristmill.pipeline.runner import SerialRunner
     from gristmill.pipeline.workdir import ParquetPart, WorkDir
 
     texts = [["write to a@b.com", "nothing here", "host 1.1.1.1 and 10.0.0.1"], ["c@d.org and e@f.net", "plain"]]
@@ -91,23 +90,24 @@ def test_stage_writes_overrides_counts_and_resumes(ray_session, tmp_path):
                             "part": [p] * len(chunk), "text": chunk}, schema=schema))
         out.commit()
         docs.append(out.path)
-    job = JobConfig.from_dict({"inputs": ["unused.jsonl"], "output": {"store": str(tmp_path / "s"), "dataset": "d"},
+    job = PrepareConfig.from_dict({"inputs": ["unused.jsonl"], "output": {"store": str(tmp_path / "s"), "dataset": "d"},
                                "work_dir": str(tmp_path / "work")})
 
     def run():
         (stage,) = [s for s in stages.build(job) if s.name == "pii"]
-        ctx = stages.Context(job, WorkDir(str(tmp_path / "work")), ray_session, [{"part": p} for p in range(2)],
-                             Progress(quiet=True), lambda m: None)
+        wd = WorkDir(str(tmp_path / "work"))
+        ctx = stages.Context(job, wd, SerialRunner(wd), [{"part": p} for p in range(2)])
         res = stage.run(ctx)
-        got = [x for p, f in enumerate(docs) for t in surviving_docs(f, p, ctx.removed_files, ctx.override_files, ["id", "text"], 10)
+        got = [x for p in range(len(docs)) for t in ctx.survivors.docs(p, ["id", "text"], 10)
                for x in t.column("text").to_pylist()]
         return res, got, ctx
 
     res, got, ctx = run()
     assert got == ["write to <EMAIL>", "nothing here", "host <IP> and 10.0.0.1", "<EMAIL> and <EMAIL>", "plain"]
-    assert res["detail"] == {"replacements": {"email": 3, "ip": 1}, "documents_changed": 3} and res["removed"] == {}
+    assert res.detail == {"replacements": {"email": 3, "ip": 1}, "documents_changed": 3} and res.flow.removed == {}
+    assert not stages.Pii.removes  # it rewrites texts, it removes no document
     assert pq.read_table(docs[0]).column("text").to_pylist() == texts[0]  # docs/ keeps the original
-    first = [open(f, "rb").read() for f in ctx.override_files]
+    first = [open(f, "rb").read() for p in range(2) for f in ctx.survivors.override_files(p)]
     (tmp_path / "work" / "_done" / "pii" / "part-00001.json").unlink()  # killed before its marker: redone alone
     res2, got2, ctx2 = run()
-    assert (res2, got2) == (res, got) and [open(f, "rb").read() for f in ctx2.override_files] == first
+    assert (res2, got2) == (res, got) and [open(f, "rb").read() for p in range(2) for f in ctx2.survivors.override_files(p)] == first

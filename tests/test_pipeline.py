@@ -32,10 +32,10 @@ _job_dict = demo_job_dict
 
 
 def _prepare(corpus, out, **over):
-    from gristmill.pipeline.config import JobConfig
+    from gristmill.pipeline.config import PrepareConfig
     from gristmill.pipeline.executor import prepare
 
-    return prepare(JobConfig.from_dict(_job_dict(corpus, out, **over)), quiet=True)
+    return prepare(PrepareConfig.from_dict(_job_dict(corpus, out, **over)), quiet=True)
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import pytest
 import zstandard
 
 from gristmill.errors import ConfigError
-from gristmill.pipeline.config import JobConfig, load_job
+from gristmill.pipeline.config import PrepareConfig, load_job
 from gristmill.pipeline.demo_corpus import _gz, _html, _warc_record
 from gristmill.pipeline.readers import PIECE, read_records
 from helpers import extract_files
@@ -111,7 +111,7 @@ def _job(tmp_path, **extra):
 ])
 def test_bad_options_are_named(tmp_path, extra, message):
     with pytest.raises(ConfigError) as e:
-        JobConfig.from_dict(_job(tmp_path, **extra))
+        PrepareConfig.from_dict(_job(tmp_path, **extra))
     assert message in str(e.value)
 
 
@@ -135,9 +135,9 @@ def test_missing_input_and_bad_stage_section_fail_before_any_work(tmp_path):
     d = _job(tmp_path)
     d["inputs"] = [str(tmp_path / "missing-*.jsonl")]
     with pytest.raises(ConfigError, match=r"inputs\[0\].path: no input file matches"):
-        Executor(JobConfig.from_dict(d))
+        Executor(PrepareConfig.from_dict(d))
     with pytest.raises(ConfigError, match="fuzzy_dedup.threshold"):
-        Executor(JobConfig.from_dict(_job(tmp_path, fuzzy_dedup={"threshold": 2.0})))
+        Executor(PrepareConfig.from_dict(_job(tmp_path, fuzzy_dedup={"threshold": 2.0})))
     assert not os.path.exists(tmp_path / "w" / "_done")
 
 
@@ -336,7 +336,7 @@ def test_embedded_ray_failing_to_start_is_one_actionable_error(tmp_path, monkeyp
     monkeypatch.setattr(ray, "init", fail)
     monkeypatch.setattr(ray, "shutdown", lambda: shutdowns.append(1))  # never the session's Ray
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    job = JobConfig.from_dict(_job(tmp_path))
+    job = PrepareConfig.from_dict(_job(tmp_path))
     with pytest.raises(GristmillError) as e:
         with ray_runtime(job, None):
             pass

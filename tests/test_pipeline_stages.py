@@ -1,13 +1,16 @@
 """The per-document logic of the stages, without Ray: dedup, split, tokenizer, packing."""
+import os
+
 import numpy as np
+import pytest
 
 from gristmill.manifests import DatasetBuilder, read_doc_index, read_rows
 from gristmill.pipeline.config import SplitConfig, TokenizerConfig
-from gristmill.pipeline.documents import make_order, norm_hash, part_of
+from gristmill.pipeline.documents import make_order, norm_hash, part_of, split_of
 from gristmill.pipeline.exact_dedup import find_exact_duplicates, keys_table, plan_tasks
 from gristmill.pipeline.executor import group_files
 from gristmill.pipeline.pack import pack_split
-from gristmill.pipeline.tokenize import TOKENS_SCHEMA, split_of, train_bpe
+from gristmill.pipeline.tokenize import TOKENS_SCHEMA, train_bpe
 from gristmill.pipeline.workdir import ParquetPart
 
 
@@ -119,13 +122,15 @@ def _pack_in_ranges(tmp_path, name, docs, cuts, range_tokens):
 
     from gristmill.manifests import Shard
     from gristmill.pipeline import pack
+    from gristmill.pipeline.workdir import WorkDir
 
     bounds = [0, *cuts, len(docs)]
-    files = [_token_file(tmp_path / f"{name}-{i}.parquet", docs[a:b], a) for i, (a, b) in enumerate(zip(bounds, bounds[1:]))]
+    wd = WorkDir(str(tmp_path / name))
+    for i, (a, b) in enumerate(zip(bounds, bounds[1:])):
+        _token_file(wd.tokens(i), docs[a:b], a)
     tokens = {s: [sum(len(d[2]) for d in docs[a:b] if d[1] == s) for a, b in zip(bounds, bounds[1:])] for s in pack.SPLITS}
-    staging = str(tmp_path / name)
-    task = functools.partial(pack.pack_range_task, token_files=files, staging=staging, index_dir=staging + "-idx",
-                             seq_len=8, shard_bytes=9 * 2 * 5, vocab_size=512)
+    staging = wd.staging
+    task = functools.partial(pack.pack_range_task, wd=wd, seq_len=8, shard_bytes=9 * 2 * 5, vocab_size=512)
     out = [task(item) for item in pack.plan_ranges(tokens, range_tokens)]
     shards, slices = [], []
     for o in out:
@@ -158,3 +163,72 @@ def test_pack_ranges_do_not_depend_on_the_partitioning(tmp_path):
         if doc_id in got:
             assert got[doc_id] == [int(t) for t in tokens][: len(got[doc_id])]
     assert len(got) >= 110
+
+
+def test_serial_runner_commits_markers_and_a_rerun_skips_finished_tasks(tmp_path):
+    from gristmill.pipeline.runner import SerialRunner
+    from gristmill.pipeline.workdir import WorkDir
+
+    wd, calls = WorkDir(str(tmp_path)), []
+
+    def fn(item):
+        calls.append(item["name"])
+        return {"documents_in": item["n"]}
+
+    items = [{"name": f"t{i}", "n": i} for i in range(3)]
+    first = SerialRunner(wd).run("step", items, fn)
+    assert [s["documents_in"] for s in first] == [0, 1, 2] and calls == ["t0", "t1", "t2"]
+    os.remove(wd.marker("step", "t1"))  # killed before its marker: redone alone
+    again = SerialRunner(wd)
+    assert [s["documents_in"] for s in again.run("step", items, fn)] == [0, 1, 2]
+    assert calls == ["t0", "t1", "t2", "t1"] and again.resumed_tasks == 2
+    with pytest.raises(RuntimeError, match="task names are not unique"):
+        again.run("step", items + items[:1], fn)
+
+
+def test_manifest_stats_chain_the_flow_rows_and_balance_the_accounting():
+    from gristmill.pipeline.stages import StageResult
+    from gristmill.pipeline.stats import Accounting, Counts, manifest_stats, summed
+
+    assert summed([{"a": 1, "r": {"x": 1}}, {"a": 2, "r": {"y": 3, "x": 1}}]) == {"a": 3, "r": {"x": 2, "y": 3}}
+    results = [
+        StageResult("extract", rows={"extract": {"documents_in": 12}}, flow_start=(10, 1000),
+                    accounting=Accounting(input=12, removed={"language": 1}, quarantined={"empty": 1})),
+        StageResult("dedup", flow=Counts.of_tasks([{"removed": {"dup": 2}, "removed_bytes": 150},
+                                                   {"removed": {"dup": 1}, "removed_bytes": 50}])),
+        StageResult("pii", flow=Counts(), detail={"replacements": {}}),
+        StageResult("tokenize", rows={"tokenize": {"documents_out": 7}}, accounting=Accounting(kept=7)),
+    ]
+    stats = manifest_stats(results)
+    assert stats["stages"]["dedup"] == {"documents_in": 10, "bytes_in": 1000, "documents_out": 7, "bytes_out": 800,
+                                        "removed": {"dup": 3}}
+    assert stats["stages"]["pii"]["documents_in"] == 7 and stats["stages"]["pii"]["detail"] == {"replacements": {}}
+    assert list(stats["stages"]) == ["extract", "dedup", "pii", "tokenize"]
+    assert stats["accounting"] == {"input": 12, "kept": 7, "removed": {"dup": 3, "language": 1},
+                                   "quarantined": {"empty": 1}, "balanced": True}
+
+
+def test_survivors_apply_each_stage_file_of_the_partition(tmp_path):
+    import pyarrow as pa
+
+    from gristmill.pipeline.documents import OVERRIDE_SCHEMA, REMOVED_SCHEMA
+    from gristmill.pipeline.survivors import Survivors
+    from gristmill.pipeline.workdir import WorkDir
+
+    wd = WorkDir(str(tmp_path))
+    for path, schema, rows in ((wd.docs(3), pa.schema([("id", pa.string()), ("text", pa.string())]),
+                                {"id": ["a", "b", "c"], "text": ["A", "B", "C"]}),
+                               (wd.removed("s1", 3), REMOVED_SCHEMA, {"id": ["b"], "order": [1], "part": [3], "bytes": [1],
+                                                                       "stage": ["s1"], "reason": ["r"], "detail": [None],
+                                                                       "text": [None]}),
+                               (wd.overrides("s1", 3), OVERRIDE_SCHEMA, {"id": ["c"], "order": [2], "part": [3], "text": ["c1"]}),
+                               (wd.overrides("s2", 3), OVERRIDE_SCHEMA, {"id": ["c"], "order": [2], "part": [3], "text": ["c2"]})):
+        out = ParquetPart(path, schema)
+        out.write(rows)
+        out.commit()
+    s = Survivors(wd).after("s1", removed=True, overrides=True)
+    assert s.removed_files(3) == [wd.removed("s1", 3)]
+    got = [r for t in s.docs(3, ["id", "text"], 2) for r in t.to_pylist()]
+    assert got == [{"id": "a", "text": "A"}, {"id": "c", "text": "c1"}]
+    later = s.after("s2", overrides=True)  # a later stage's text wins
+    assert [r["text"] for t in later.docs(3, ["id", "text"], 10) for r in t.to_pylist()] == ["A", "c2"]

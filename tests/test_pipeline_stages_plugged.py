@@ -26,11 +26,11 @@ def _corpus(tmp_path):
 @pytest.mark.parametrize("policy", ["drop", "cut"])
 def test_decontamination_plugged_in(tmp_path, ray_session, policy):
     from gristmill.manifests import load_manifest
-    from gristmill.pipeline.config import JobConfig
+    from gristmill.pipeline.config import PrepareConfig
     from gristmill.pipeline.executor import prepare
 
     _corpus(tmp_path)
-    job = JobConfig.from_dict({
+    job = PrepareConfig.from_dict({
         "inputs": [str(tmp_path / "in" / "*.jsonl")], "output": {"store": str(tmp_path / "store"), "dataset": "d"},
         "work_dir": str(tmp_path / "work"), "language": {"enabled": False}, "split": {"validation_fraction": 0.0},
         "decontaminate": {"eval_sets": [{"name": "qa", "path": str(tmp_path / "eval.jsonl"), "id_field": "id"}],

@@ -7,7 +7,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from gristmill.errors import ConfigError
-from gristmill.pipeline.config import JobConfig
+from gristmill.pipeline.config import PrepareConfig
 from gristmill.pipeline.demo_corpus import _gz, _html, _warc_record
 from gristmill.pipeline.html import html_to_text
 from helpers import extract_files
@@ -44,14 +44,14 @@ def test_warc_target_uri_is_the_document_url(tmp_path):
 
 def test_input_options_are_parsed_and_checked(tmp_path):
     base = {"output": {"store": str(tmp_path / "s"), "dataset": "d"}, "work_dir": str(tmp_path / "w")}
-    job = JobConfig.from_dict({**base, "inputs": [{"path": "a.jsonl", "text_format": "html", "url_field": "link"}]})
+    job = PrepareConfig.from_dict({**base, "inputs": [{"path": "a.jsonl", "text_format": "html", "url_field": "link"}]})
     assert (job.inputs[0].text_format, job.inputs[0].url_field) == ("html", "link")
-    assert JobConfig.from_dict({**base, "inputs": ["a.jsonl"]}).inputs[0].url_field == "url"
+    assert PrepareConfig.from_dict({**base, "inputs": ["a.jsonl"]}).inputs[0].url_field == "url"
     with pytest.raises(ConfigError, match="text_format"):
-        JobConfig.from_dict({**base, "inputs": [{"path": "a.jsonl", "text_format": "markdown"}]})
+        PrepareConfig.from_dict({**base, "inputs": [{"path": "a.jsonl", "text_format": "markdown"}]})
     for path, fmt in (("a.warc.gz", "warc"), ("a.txt", "text")):  # html would be ignored there: refused
         with pytest.raises(ConfigError, match=rf"inputs\[0\]\.text_format: expected .*got 'html' on a {fmt} input"):
-            JobConfig.from_dict({**base, "inputs": [{"path": path, "text_format": "html"}]})
+            PrepareConfig.from_dict({**base, "inputs": [{"path": path, "text_format": "html"}]})
 
 
 def test_a_url_field_that_is_also_the_id_or_text_field_is_read(tmp_path):

@@ -148,9 +148,9 @@ def test_fastText_classifier_scores_and_filters(tmp_path):
 
 
 def _job(**over):
-    from gristmill.pipeline.config import JobConfig
+    from gristmill.pipeline.config import PrepareConfig
 
-    return JobConfig.from_dict({"inputs": [{"path": "a.jsonl", **over}], "output": {"store": "s", "dataset": "d"},
+    return PrepareConfig.from_dict({"inputs": [{"path": "a.jsonl", **over}], "output": {"store": "s", "dataset": "d"},
                                 "work_dir": "w", "quality": {"c4": {"drop_lines": False}}})
 
 
@@ -166,10 +166,10 @@ def test_per_source_quality_settings_merge_onto_the_job_section(tmp_path):
         _job(quality={"gopher_quality": {"min_doc_wrds": 3}})
     with pytest.raises(ConfigError, match=r"inputs\[0\]\.language_threshold: "):
         _job(language_threshold=1.5)
-    from gristmill.pipeline.config import JobConfig
+    from gristmill.pipeline.config import PrepareConfig
 
     (tmp_path / "m.bin").write_bytes(b"")
-    job = JobConfig.from_dict({"inputs": [{"path": "a.jsonl", "quality": {"classifier": {"path": "m.bin", "label": "hq"}}}],
+    job = PrepareConfig.from_dict({"inputs": [{"path": "a.jsonl", "quality": {"classifier": {"path": "m.bin", "label": "hq"}}}],
                                "output": {"store": "s", "dataset": "d"}, "work_dir": "w", "quality": {}},
                               base_dir=str(tmp_path))
     assert job.quality_for(0).classifier.path == str(tmp_path / "m.bin")  # relative to the job file, as everywhere

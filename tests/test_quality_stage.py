@@ -42,7 +42,7 @@ def corpus(tmp_path_factory):
 
 
 def _job(corpus, out, **over):
-    from gristmill.pipeline.config import JobConfig
+    from gristmill.pipeline.config import PrepareConfig
 
     short = {"gopher_repetition": {"enabled": False}, "c4": {"enabled": False}, "fineweb": {"enabled": False},
              "gopher_quality": {"min_doc_words": 3, "min_stop_words": 0}}
@@ -51,7 +51,7 @@ def _job(corpus, out, **over):
          "output": {"store": str(out / "store"), "dataset": "q"}, "work_dir": str(out / "work"),
          "quality": {}, "split": {"validation_fraction": 0.0},
          "tokenizer": {"vocab_size": 300, "sample_bytes": 100_000}, "pack": {"seq_len": 32, "shard_bytes": 20_000}, **over}
-    return JobConfig.from_dict(d)
+    return PrepareConfig.from_dict(d)
 
 
 @pytest.fixture(scope="module")

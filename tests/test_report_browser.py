@@ -33,7 +33,7 @@ PAIRS = """return {pairs: document.querySelectorAll('[data-pair]').length,
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory, ray_session):
-    from gristmill.pipeline.config import JobConfig
+    from gristmill.pipeline.config import PrepareConfig
     from gristmill.pipeline.demo_corpus import write_demo_corpus
     from gristmill.pipeline.executor import prepare
 
@@ -43,7 +43,7 @@ def run(tmp_path_factory, ray_session):
                         language={"allowed": ["en"], "threshold": 0.65}, fuzzy_dedup={"threshold": 0.8},
                         decontaminate={"eval_sets": [{"name": "demo_qa", "path": str(out / "evals" / "demo_qa.jsonl"),
                                                       "id_field": "id"}]})
-    result = prepare(JobConfig.from_dict(job), quiet=True)
+    result = prepare(PrepareConfig.from_dict(job), quiet=True)
     train_dir = str(out / "train")
     subprocess.run([sys.executable, "-m", "gristmill.trainer", os.path.join(ROOT, "configs", "train-tiny.yaml"),
                     "--set", f"data.manifest={result.url}", "--set", f"run.dir={train_dir}",

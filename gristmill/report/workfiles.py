@@ -11,13 +11,14 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from gristmill.pipeline.documents import PART_SHIFT
-from gristmill.pipeline.survivors import surviving_docs
 from gristmill.pipeline.workdir import part_name
 
 from .hist import LOG_EDGES, UNIT_EDGES, Histogram
@@ -66,13 +67,15 @@ class WorkFiles:
         before, after = Histogram(LOG_EDGES), Histogram(LOG_EDGES)
         for f in self.removed_files("language"):  # the language stage's removals are not in docs/
             before.add(pq.read_table(f, columns=["bytes"]).column("bytes").to_numpy())
-        removed = self.removed_files()
+        removed: dict[str, list[str]] = {}  # every stage's removals delivered to a partition: its part-N file
+        for f in self.removed_files():
+            removed.setdefault(re.search(r"part-\d+\.parquet$", f).group(0), []).append(f)
         for f in docs:
-            for batch in pq.ParquetFile(f).iter_batches(columns=["bytes"], batch_size=BATCH):
-                before.add(batch.column(0).to_numpy())
-            part = int(os.path.basename(f)[len("part-"):-len(".parquet")])
-            for t in surviving_docs(f, part, removed, [], ["id", "bytes"], BATCH):
-                after.add(t.column("bytes").to_numpy())
+            drop = pa.array(sorted({i for r in removed.get(os.path.basename(f), [])
+                                    for i in pq.read_table(r, columns=["id"]).column("id").to_pylist()}), pa.string())
+            for batch in pq.ParquetFile(f).iter_batches(columns=["id", "bytes"], batch_size=BATCH):
+                before.add(batch.column(1).to_numpy())
+                after.add(batch.column(1).filter(pc.invert(pc.is_in(batch.column(0), drop))).to_numpy())
         return before, after
 
     def language_scores(self) -> tuple[Histogram, Histogram] | None:

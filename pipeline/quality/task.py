@@ -15,12 +15,15 @@ is the same whatever the number of workers.
 """
 from __future__ import annotations
 
-import os
-
 import pyarrow as pa
 
+from ..documents import OVERRIDE_SCHEMA, REMOVED_SCHEMA, to_removed_rows
+from ..survivors import Survivors
+from ..workdir import ParquetPart
 from . import evaluate, rule_sets
 from .config import QualityConfig
+
+STAGE = "quality"
 
 COLUMNS = ["id", "order", "part", "bytes", "source", "text"]
 
@@ -30,21 +33,17 @@ def metrics_schema(names: list[str]) -> pa.Schema:
                       *((n, pa.float64()) for n in names)])
 
 
-def partition_task(item: dict, configs: list[dict], names: list[str], root: str, removed_files: list[str],
-                   override_files: list[str]) -> dict:
-    """``item``: name, part, docs (the partition's document file), sources (uri -> input index)."""
-    from gristmill.pipeline.documents import OVERRIDE_SCHEMA, REMOVED_SCHEMA, to_removed_rows
-    from gristmill.pipeline.survivors import surviving_docs
-    from gristmill.pipeline.workdir import ParquetPart
-
+def partition_task(item: dict, configs: list[dict], names: list[str], survivors: Survivors) -> dict:
+    """``item``: name, part, sources (uri -> input index)."""
     cfgs = [QualityConfig.model_validate(c) for c in configs]
     sets = [rule_sets(c) for c in cfgs]  # once per task, not per document
     schema = metrics_schema(names)
-    metrics_out = ParquetPart(os.path.join(root, "quality", f"{item['name']}.parquet"), schema)
-    removed_out = ParquetPart(os.path.join(root, "removed", "quality", f"{item['name']}.parquet"), REMOVED_SCHEMA)
-    override_out = ParquetPart(os.path.join(root, "overrides", "quality", f"{item['name']}.parquet"), OVERRIDE_SCHEMA)
+    wd, part = survivors.wd, item["part"]
+    metrics_out = ParquetPart(wd.scratch(STAGE, "", item["name"]), schema)
+    removed_out = ParquetPart(wd.removed(STAGE, part), REMOVED_SCHEMA)
+    override_out = ParquetPart(wd.overrides(STAGE, part), OVERRIDE_SCHEMA)
     stats = {"documents_in": 0, "bytes_in": 0, "removed": {}, "removed_bytes": 0, "texts_shortened": 0}
-    for t in surviving_docs(item["docs"], item["part"], removed_files, override_files, COLUMNS, 1024):
+    for t in survivors.docs(part, COLUMNS, 1024):
         rows = t.to_pydict()
         cols = {k: [] for k in schema.names}
         removed = {k: [] for k in ("id", "order", "part", "bytes", "reason", "value", "threshold")}
@@ -70,7 +69,7 @@ def partition_task(item: dict, configs: list[dict], names: list[str], root: str,
                     over[k].append(x)
         metrics_out.write(cols)
         if removed["id"]:
-            removed_out.write(to_removed_rows(pa.table(removed), "quality"))  # value, threshold -> detail
+            removed_out.write(to_removed_rows(pa.table(removed), STAGE))  # value, threshold -> detail
         override_out.write(over)
     for p in (metrics_out, removed_out, override_out):
         p.commit()

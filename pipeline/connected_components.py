@@ -17,9 +17,7 @@ order" and the result is the same whatever the partitioning.
 """
 from __future__ import annotations
 
-import functools
 import math
-import os
 
 import numpy as np
 import pyarrow as pa
@@ -123,43 +121,43 @@ def fingerprint(hi: np.ndarray, lo: np.ndarray) -> tuple[int, int]:
     return int(c["n"][0]), int(c["h"][0])
 
 
-def _large_star_task(item: dict, root: str) -> dict:
+def _large_star_task(item: dict) -> dict:
     e = read_bucket(item["inputs"], item["bucket"])
     out = large_star(e)
-    write_edges(os.path.join(root, item["out"]), out["hi"], out["lo"], item["buckets"])  # keyed by the larger end
+    write_edges(item["out"], out["hi"], out["lo"], item["buckets"])  # keyed by the larger end
     return {"edges": len(out["hi"])}
 
 
-def _small_star_task(item: dict, root: str) -> dict:
+def _small_star_task(item: dict) -> dict:
     e = read_bucket(item["inputs"], item["bucket"])
     out = small_star(e)
     hi, lo = out["hi"], out["lo"]
     # both directions, for the next round's large-star (keyed by each end)
-    write_edges(os.path.join(root, item["out"]), np.concatenate([hi, lo]), np.concatenate([lo, hi]), item["buckets"])
+    write_edges(item["out"], np.concatenate([hi, lo]), np.concatenate([lo, hi]), item["buckets"])
     n, h = fingerprint(hi, lo)
     return {"edges": n, "hash": str(h)}
 
 
-def connected_components(run_tasks, root: str, step: str, out_dir: str, edge_files: list[str], buckets: int) -> list[str]:
+def connected_components(runner, wd, stage: str, step: str, edge_files: list[str], buckets: int) -> list[str]:
     """Components of the undirected graph in ``edge_files`` (EDGE_SCHEMA, both directions, bucketed
     by ``u`` into ``buckets``). Returns files of directed edges in the same form whose rows with
     ``v < u`` map every non-root node ``u`` to its root ``v`` (the component's smallest node) and
     whose rows with ``v > u`` list each root's members. Every round's tasks commit markers, so a
-    rerun resumes mid-round. ``run_tasks(step, items, fn)`` runs ``fn(item)`` for each item; the
-    rounds' files go under ``<root>/<out_dir>``.
+    rerun resumes mid-round. ``runner.run(step, items, fn)`` runs ``fn(item)`` for each item
+    (``pipeline.runner``); the rounds' files are ``stage``'s scratch files in the work dir ``wd``.
     """
     current, seen = list(edge_files), None
     for r in range(_MAX_ROUNDS):
         def items(kind):
             return [{"name": f"round-{r:03d}-{kind}-{b:05d}", "bucket": b, "buckets": buckets,
-                     "out": f"{out_dir}/round-{r:03d}/{kind}-{b:05d}.parquet"} for b in range(buckets)]
+                     "out": wd.scratch(stage, f"components/round-{r:03d}", f"{kind}-{b:05d}")} for b in range(buckets)]
 
         ls = items("ls")
-        run_tasks(step, [{**it, "inputs": current} for it in ls], functools.partial(_large_star_task, root=root))
+        runner.run(step, [{**it, "inputs": current} for it in ls], _large_star_task)
         ss = items("ss")
-        ls_files = [os.path.join(root, it["out"]) for it in ls]
-        stats = run_tasks(step, [{**it, "inputs": ls_files} for it in ss], functools.partial(_small_star_task, root=root))
-        current = [os.path.join(root, it["out"]) for it in ss]
+        ls_files = [it["out"] for it in ls]
+        stats = runner.run(step, [{**it, "inputs": ls_files} for it in ss], _small_star_task)
+        current = [it["out"] for it in ss]
         # small-star's output multiset depends only on the graph (each node's edges meet in one
         # task), so an equal fingerprint means a fixed point: one star per component.
         now = (sum(s["edges"] for s in stats), sum(int(s["hash"]) for s in stats) % (1 << 64))

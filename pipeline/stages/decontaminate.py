@@ -1,0 +1,72 @@
+"""Decontamination's orchestration (``pipeline.decontam``): a per-partition map against the eval
+n-gram index (built once on the driver from the small eval files, cached in the work dir); then,
+with ``against_validation``, the six steps of the pass against the dataset's own validation
+split: its documents, its index, the corpus' document frequencies and the pruned index (the
+boilerplate left out), the pass itself, and its report."""
+from __future__ import annotations
+
+import functools
+
+from .. import decontam
+from ..config import DecontamConfig
+from ..stats import Counts
+from .base import Context, Stage, StageResult
+
+VALIDATION_PREFIX = "val-"  # removed/decontaminate/val-part-N: the validation pass's own files
+
+
+class Decontaminate(Stage):
+    name, section, kind, removes = "decontaminate", "decontaminate", "map", True
+
+    def __init__(self, cfg: DecontamConfig):
+        self.cfg = cfg
+
+    def run(self, ctx: Context) -> StageResult:
+        cfg, split = self.cfg, ctx.job.split
+        loaded = decontam.load_eval_sets(cfg)
+        index = decontam.build_eval_index(cfg, loaded, ctx.wd)
+        first = self._pass(ctx, self.name, decontam.eval_index_path(cfg, loaded, ctx.wd), "", None)
+        detail = decontam.report(index, cfg, [r for r, _ in loaded], [f for s in first for f in s["found"]])
+        # The validation pass sees the eval pass's cuts and removals, and only those: on a rerun a
+        # validation task killed after committing its files must not read them as removals.
+        ctx.survivors = ctx.survivors.after(self.name, removed=True, overrides=True)
+        stats, files = list(first), [(self.name, "")]
+        if cfg.against_validation and split.validation_fraction > 0:
+            second, val_detail = self._against_validation(ctx)
+            detail = {**detail, "against_validation": val_detail,
+                      "eval_sets": list(detail.get("eval_sets", [])) + list(val_detail.get("eval_sets", []))}
+            stats += second
+            ctx.survivors = ctx.survivors.after(self.name, removed=True, overrides=True, prefix=VALIDATION_PREFIX)
+            files.append((self.name, VALIDATION_PREFIX))
+        return StageResult(self.name, flow=Counts.of_tasks(stats), detail=detail,
+                           eval_sets=list(detail.get("eval_sets", [])), removed_files=tuple(files))
+
+    def _against_validation(self, ctx: Context) -> tuple[list[dict], dict]:
+        cfg, split, wd, run = self.cfg, ctx.job.split, ctx.wd, ctx.runner.run
+        step, scratch = f"{self.name}.validation", decontam.SCRATCH
+        names = [it["name"] for it in ctx.per_partition()]
+        run(f"{step}_docs", ctx.per_partition(),
+            functools.partial(decontam.validation_docs_task, survivors=ctx.survivors, split=split))
+        val_path = wd.scratch(scratch, "", "validation", "npz")
+        (built,) = run(f"{step}_index", [{"name": "index", "out": val_path}],
+                       functools.partial(decontam.validation_index_task, cfg=cfg, wd=wd, names=names))
+        pruned = None
+        if cfg.validation_max_doc_freq is not None:  # boilerplate is not overlap: count, in tasks, then prune
+            run(f"{step}_df", ctx.per_partition(), functools.partial(
+                decontam.document_frequency_task, index_path=val_path, survivors=ctx.survivors))
+            pruned_path = wd.scratch(scratch, "", "validation-pruned", "npz")
+            (pruned,) = run(f"{step}_prune", [{"name": "prune", "out": pruned_path}], functools.partial(
+                decontam.prune_index_task, wd=wd, index_path=val_path, names=names,
+                max_doc_freq=cfg.validation_max_doc_freq))
+            val_path = pruned_path
+        second = self._pass(ctx, step, val_path, VALIDATION_PREFIX, split)
+        (val,) = run(f"{step}_report", [{"name": "report"}], functools.partial(
+            decontam.report_task, cfg=cfg, index_path=val_path, records=[built["record"]],
+            found=[f for s in second for f in s["found"]]))
+        return second, {**val["report"], "boilerplate_ngrams": pruned["boilerplate_ngrams"] if pruned else None,
+                        "max_doc_freq": cfg.validation_max_doc_freq}
+
+    def _pass(self, ctx: Context, step: str, index_path: str, prefix: str, split) -> list[dict]:
+        return ctx.runner.run(step, ctx.per_partition(), functools.partial(
+            decontam.partition_task, cfg=self.cfg, index_path=index_path, survivors=ctx.survivors, split=split,
+            prefix=prefix))

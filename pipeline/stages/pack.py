@@ -1,0 +1,41 @@
+"""Pack: fixed ranges of each split's token stream packed in parallel (``pipeline.pack``), then
+one task merges the document index. Hands back the packed dataset as data (``Packed``); the
+executor writes the manifest."""
+from __future__ import annotations
+
+import functools
+import os
+
+from gristmill.manifests import FileRef, Shard
+from gristmill.manifests.builder import DOC_INDEX_FILE
+
+from .. import pack
+from ..stats import summed
+from ..tokenize import load_tokenizer
+from .base import Context, Packed, Stage, StageResult
+
+
+class Pack(Stage):
+    name, section, kind = "pack", "pack", "global"
+
+    def run(self, ctx: Context) -> StageResult:
+        job, wd = ctx.job, ctx.wd
+        tok_path = ctx.results["tokenizer"].data["path"]
+        _, vocab, eos_id = load_tokenizer(tok_path, job.tokenizer.eos_token)
+        os.makedirs(os.path.join(wd.staging, "shards"), exist_ok=True)
+        items = pack.plan_ranges(ctx.results["tokenize"].data["tokens"], job.pack.range_tokens)  # train, then validation
+        out = ctx.runner.run(self.name, items, functools.partial(
+            pack.pack_range_task, wd=wd, seq_len=job.pack.seq_len, shard_bytes=job.pack.shard_bytes, vocab_size=vocab))
+        shards, slices = [], []
+        for o in out:  # manifest order: the items' order
+            slices.append((o["index"], len(shards)))
+            shards += [Shard(**s) for s in o["shards"]]
+        zero = {"documents": 0, "tokens_in": 0, "rows": 0, "shards": 0, "tokens_dropped_tail": 0}
+        row = {split: summed([zero] + [o["stats"] for o in out if o["split"] == split]) for split in pack.SPLITS}
+        row["tokens_in"] = sum(v["tokens_in"] for v in list(row.values()))
+        row["tokens_out"] = row["tokens_in"] - sum(row[s]["tokens_dropped_tail"] for s in pack.SPLITS)
+        (merged,) = ctx.runner.run(f"{self.name}.doc_index", [{"name": "merge"}], functools.partial(
+            pack.merge_doc_index, slices=slices, out_path=os.path.join(wd.staging, DOC_INDEX_FILE)))
+        packed = Packed(wd.staging, job.output.dataset, job.pack.seq_len, tok_path, vocab, eos_id, tuple(shards),
+                        FileRef(DOC_INDEX_FILE, merged["sha256"], merged["bytes"], merged["rows"]))
+        return StageResult(self.name, rows={self.name: row}, dataset=packed)

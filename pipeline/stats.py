@@ -1,0 +1,171 @@
+"""Per-stage statistics: the deterministic part goes into the manifest, timings into report.json.
+
+The accounting identity every run checks (and the report prints)::
+
+    input records = kept + sum(removed by reason) + sum(quarantined by reason)
+
+``kept`` is the number of documents that reached the tokenizer (train + validation).
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Iterable
+
+import pyarrow.parquet as pq
+
+
+@dataclass
+class Counts:
+    """One task's or one stage's flow counts: documents and bytes in, removed by reason. Tasks of
+    a document-flow stage return these fields in their stats; ``Counts.of_tasks`` merges them."""
+
+    documents_in: int = 0
+    bytes_in: int = 0
+    removed: dict[str, int] = field(default_factory=dict)
+    removed_bytes: int = 0
+
+    @classmethod
+    def of_task(cls, stats: dict) -> "Counts":
+        return cls(int(stats.get("documents_in", 0)), int(stats.get("bytes_in", 0)), dict(stats.get("removed", {})),
+                   int(stats.get("removed_bytes", 0)))
+
+    @classmethod
+    def of_tasks(cls, stats: Iterable[dict]) -> "Counts":
+        total = cls()
+        for s in stats:
+            total = total + cls.of_task(s)
+        return total
+
+    def __add__(self, other: "Counts") -> "Counts":
+        return Counts(self.documents_in + other.documents_in, self.bytes_in + other.bytes_in,
+                      summed([self.removed, other.removed]), self.removed_bytes + other.removed_bytes)
+
+
+@dataclass
+class Accounting:
+    """A stage's part of ``input = kept + removed + quarantined``; the executor adds them up."""
+
+    input: int = 0
+    kept: int = 0
+    removed: dict[str, int] = field(default_factory=dict)
+    quarantined: dict[str, int] = field(default_factory=dict)
+
+    def __add__(self, other: "Accounting") -> "Accounting":
+        return Accounting(self.input + other.input, self.kept + other.kept, summed([self.removed, other.removed]),
+                          summed([self.quarantined, other.quarantined]))
+
+    def to_dict(self) -> dict:
+        return {"input": self.input, "kept": self.kept, "removed": self.removed, "quarantined": self.quarantined,
+                "balanced": self.input == self.kept + sum(self.removed.values()) + sum(self.quarantined.values())}
+
+
+def summed(records: Iterable[dict], keys: Iterable[str] | None = None) -> dict:
+    """Field-wise sum of JSON-able stats records (numbers add, nested dicts merge and add, keys
+    sorted); only ``keys`` when given. The one way stats are summed."""
+    out: dict = {}
+    for r in records:
+        for k in (r if keys is None else keys):
+            v = r[k]
+            if isinstance(v, dict):
+                out[k] = summed([out.get(k, {}), v])
+            else:
+                out[k] = out.get(k, 0) + v
+    return dict(sorted(out.items()))
+
+
+def manifest_stats(results: list) -> dict:
+    """The manifest's statistics from the stages' results, in stage order. Counts only (no times,
+    no paths): equal inputs and job give equal stats, hence equal hashes. A stage's own rows
+    (``StageResult.rows``) go in as they are; a stage in the document flow (``StageResult.flow``)
+    gets a row whose documents in are the previous flow row's out."""
+    stages: dict[str, dict] = {}
+    accounting = Accounting()
+    docs = nbytes = 0
+    for r in results:
+        for name, row in r.rows.items():
+            stages[name] = row
+        if r.flow_start is not None:
+            docs, nbytes = r.flow_start
+        if r.flow is not None:
+            g, removed = r.flow, sum(r.flow.removed.values())
+            stages[r.name] = {"documents_in": docs, "bytes_in": nbytes, "documents_out": docs - removed,
+                              "bytes_out": nbytes - g.removed_bytes, "removed": dict(sorted(g.removed.items())),
+                              **({"detail": r.detail} if r.detail else {})}
+            docs, nbytes = docs - removed, nbytes - g.removed_bytes
+            accounting = accounting + Accounting(removed=g.removed)
+        accounting = accounting + r.accounting
+    return {"stages": stages, "accounting": accounting.to_dict()}
+
+
+def build_report(stats: dict, core_seconds: dict, peak_rss_mb: dict, timings: dict, published, wd) -> dict:
+    """report.json: the manifest stats plus time, throughput and peak memory per stage.
+
+    ``core_seconds``: a row's summed task seconds where its stage measured them (per-partition
+    stages); other rows take their tasks' CPU time (core-seconds) from ``timings``."""
+    rows = []
+    for name, st in stats["stages"].items():
+        wall = timings.get(name, {}).get("seconds")
+        if "documents_in" not in st:  # a row per split (packing): documents and tokens only
+            rows.append({"stage": name, "documents_in": sum(v["documents"] for v in st.values() if isinstance(v, dict)),
+                         "tokens_out": st["tokens_out"], "core_seconds": round(wall or 0.0, 3),
+                         "wall_seconds": round(wall or 0.0, 3)})
+            continue
+        cpu = core_seconds.get(name, timings.get(name, {}).get("cpu_seconds", wall))
+        mb = st.get("bytes_in", 0) / 1e6
+        rows.append({"stage": name, "documents_in": st.get("documents_in"), "documents_out": st.get("documents_out"),
+                     "bytes_in": st.get("bytes_in"), "tokens_out": st.get("tokens_out"),
+                     "removed": sum(st.get("removed", {}).values()), "quarantined": sum(st.get("quarantined", {}).values()),
+                     "core_seconds": round(cpu or 0.0, 3), "mb_per_core_s": round(mb / cpu, 3) if cpu else None,
+                     "wall_seconds": round(wall, 3) if wall is not None else None,
+                     "resumed_parts": timings.get(name, {}).get("resumed_parts", 0)})
+    rows.append({"stage": "publish", "core_seconds": round(timings.get("publish", {}).get("seconds", 0.0), 3),
+                 "wall_seconds": round(timings.get("publish", {}).get("seconds", 0.0), 3),
+                 "shards": len(published.manifest.shards)})
+    return {
+        "dataset": published.manifest.dataset, "total_seconds": round(timings.get("total", {}).get("seconds", 0.0), 3),
+        "version": published.manifest.version, "url": published.url,
+        "manifest_sha256": published.manifest.sha256, "run_dir": wd.root,
+        "accounting": stats["accounting"], "stages": rows, "peak_rss_mb_per_worker": peak_rss_mb,
+        "quarantine": wd.quarantine_jsonl, "removed": wd.removed_jsonl,
+        "stats": stats["stages"],
+    }
+
+
+def format_table(report: dict) -> str:
+    head = f"{'stage':<14}{'docs in':>10}{'docs out':>10}{'removed':>9}{'quarant.':>9}{'MB in':>9}{'tokens':>12}{'core s':>8}{'MB/s/core':>10}{'wall s':>8}"
+    lines = [head, "-" * len(head)]
+    for r in report["stages"]:
+        def f(k, fmt="{:,}"):
+            v = r.get(k)
+            return "" if v is None else fmt.format(v)
+        mb = "" if r.get("bytes_in") is None else f"{r['bytes_in'] / 1e6:,.2f}"
+        lines.append(f"{r['stage']:<14}{f('documents_in'):>10}{f('documents_out'):>10}{f('removed'):>9}{f('quarantined'):>9}"
+                     f"{mb:>9}{f('tokens_out'):>12}{f('core_seconds', '{:.2f}'):>8}{f('mb_per_core_s', '{:.2f}'):>10}"
+                     f"{f('wall_seconds', '{:.1f}'):>8}")
+    a = report["accounting"]
+    lines.append(f"input {a['input']:,} = kept {a['kept']:,} + removed {sum(a['removed'].values()):,} {a['removed']} "
+                 f"+ quarantined {sum(a['quarantined'].values()):,} {a['quarantined']}  [{'OK' if a['balanced'] else 'MISMATCH'}]")
+    lines.append(f"published {report['dataset']} v{report['version']}  sha256 {report['manifest_sha256']}")
+    lines.append(f"           {report['url']}")
+    return "\n".join(lines)
+
+
+def export_jsonl(parquet_files: list[str], out_path: str, drop: tuple[str, ...] = ()) -> int:
+    """Concatenate bookkeeping parquet files (quarantine, removed) into one JSONL, in order,
+    less the ``drop`` columns."""
+    n = 0
+    tmp = out_path + ".tmp"
+    with open(tmp, "w") as f:
+        for p in parquet_files:
+            if not os.path.exists(p):
+                continue
+            pf = pq.ParquetFile(p)
+            columns = [c for c in pf.schema_arrow.names if c not in drop]
+            for batch in pf.iter_batches(batch_size=4096, columns=columns):
+                for row in batch.to_pylist():
+                    f.write(json.dumps(row, ensure_ascii=False) + "\n")
+                    n += 1
+    os.replace(tmp, out_path)
+    return n
