@@ -61,8 +61,8 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))  # corpus_split, ray_cluster: sh
 
 from bench_vs_datatrove import TreeRSS, heavy_lock  # noqa: E402  (summed RSS of a process tree; the shared lock)
 from corpus_split import write_split_corpus  # noqa: E402
+from ray_cluster import GRISTMILL  # noqa: E402  (this interpreter: the venv's scripts may run another python)
 
-BIN = os.path.dirname(sys.executable)
 # "[step] [####....] 12/250 tasks  3.4s ..." (pipeline.progress.Progress.line)
 STEP_LINE = re.compile(r"^\[([\w.]+)\] \[[#.]+\] (\d+)/(\d+) tasks\s+([\d,.]+)s")
 
@@ -157,7 +157,7 @@ def run_one(info: dict, out: str, partitions: int, num_cpus: int, budget_s: floa
     err_path = os.path.join(run_root, "stderr.log")
     with heavy_lock(), open(err_path, "w") as err:
         t0 = time.perf_counter()
-        proc = subprocess.Popen([f"{BIN}/gristmill", "prepare", job], stdout=subprocess.PIPE, stderr=err, text=True,
+        proc = subprocess.Popen([*GRISTMILL, "prepare", job], stdout=subprocess.PIPE, stderr=err, text=True,
                                 start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         with TreeRSS(proc.pid, every=0.5) as tree, DriverPeak(proc.pid, every=0.5) as driver:
             try:
@@ -256,7 +256,7 @@ def kill_trials(info: dict, out: str, trials: int, what: str) -> list[dict]:
     shutil.rmtree(ref_root, ignore_errors=True)
     ref_job = write_job(os.path.join(ref_root, "job.yaml"), job_dict(info, ref_root, 8, 2))
     with heavy_lock():
-        done = subprocess.run([f"{BIN}/gristmill", "prepare", ref_job], capture_output=True, text=True)
+        done = subprocess.run([*GRISTMILL, "prepare", ref_job], capture_output=True, text=True)
     if done.returncode:
         raise SystemExit(f"the reference run failed:\n{done.stderr[-3000:]}")
     (report,) = glob.glob(os.path.join(ref_root, "work", "*", "report.json"))
@@ -294,7 +294,7 @@ def extract_rate(out: str, scale: int) -> dict:
 
     demo = os.path.join(out, f"demo-{scale}")
     if not os.path.isdir(os.path.join(demo, "corpus")):
-        subprocess.run([f"{BIN}/gristmill", "demo-corpus", demo, "--scale", str(scale)], check=True,
+        subprocess.run([*GRISTMILL, "demo-corpus", demo, "--scale", str(scale)], check=True,
                        stdout=subprocess.DEVNULL)
     (warc,) = glob.glob(os.path.join(demo, "corpus", "*.warc.gz"))
     with gzip.open(warc) as f:

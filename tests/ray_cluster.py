@@ -22,13 +22,17 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-BIN = os.path.dirname(sys.executable)  # the venv's bin: `ray` and `gristmill` live next to python
+BIN = os.path.dirname(sys.executable)  # the venv's bin
+# This interpreter, not the bin/ scripts: a script's shebang may name another venv's python (a
+# copied venv), and Ray starts a node's workers with the python that ran `ray start`.
+GRISTMILL = (sys.executable, "-m", "gristmill")
+RAY = (sys.executable, "-m", "ray.scripts.scripts")
 START_TIMEOUT_S = 120  # a busy 2-core machine starts a head in 5-60 s
 JOB_TIMEOUT_S = 240
-# The process title of a Ray worker while it runs one of the pipeline's tasks ("ray::" + the task
-# function's name: pipeline/tasks.py's _run_one, the runner's run_one); an idle worker reads
-# "ray::IDLE", the Jobs API's driver host "ray::JobSupervisor".
-TASK_TITLES = ("ray::_run_one", "ray::run_one")
+# The process title of a Ray worker while it runs the pipeline's tasks ("ray::" + the remote
+# function's name: pipeline.runner.run_batch, a batch of items; run_one / _run_one before it); an
+# idle worker reads "ray::IDLE", the Jobs API's driver host "ray::JobSupervisor".
+TASK_TITLES = ("ray::run_batch", "ray::run_one", "ray::_run_one")
 
 
 @dataclass
@@ -128,9 +132,9 @@ def ray_cluster(workdir: str, *, nodes: int = 2):
     temp_dir = tempfile.mkdtemp(prefix="gm-ray-", dir="/tmp")
     gcs, dash, client = free_ports(3)
     common = ["--block", "--num-cpus=1", "--node-ip-address=127.0.0.1", f"--temp-dir={temp_dir}", "--disable-usage-stats"]
-    head = [f"{BIN}/ray", "start", "--head", f"--port={gcs}", "--include-dashboard=true", "--dashboard-host=127.0.0.1",
+    head = [*RAY, "start", "--head", f"--port={gcs}", "--include-dashboard=true", "--dashboard-host=127.0.0.1",
             f"--dashboard-port={dash}", f"--ray-client-server-port={client}", *common, *node_ports_args()]
-    worker = [f"{BIN}/ray", "start", f"--address=127.0.0.1:{gcs}", *common]
+    worker = [*RAY, "start", f"--address=127.0.0.1:{gcs}", *common]
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env["PATH"] = f"{BIN}:{env.get('PATH', '')}"
     # A private cluster on 127.0.0.1: no token auth. Ray 2.60 turns it on for a head once
@@ -169,7 +173,7 @@ def submit_prepare(cluster: Cluster, job_path: str):
     from ray.job_submission import JobSubmissionClient
 
     client = JobSubmissionClient(cluster.dashboard)
-    job_id = client.submit_job(entrypoint=shlex.join([f"{BIN}/gristmill", "prepare", job_path]),
+    job_id = client.submit_job(entrypoint=shlex.join([*GRISTMILL, "prepare", job_path]),
                                runtime_env={"env_vars": {"PATH": f"{BIN}:{os.environ.get('PATH', '')}"}})
     return client, job_id
 
@@ -206,7 +210,7 @@ def kill_mid_stage(cluster: Cluster, what: str, *, after: str | None = None, tim
             if busy:
                 i, pid = busy[0]
                 victim = pid if what == "worker" else raylet(cluster.procs[i])
-                title = _cmdline(victim)[:60]
+                title = _cmdline(victim)[:200]
                 os.kill(victim, signal.SIGKILL)
                 return {"what": what, "pid": victim, "node": i, "victim": title, "task_pid": pid}
         time.sleep(0.005)

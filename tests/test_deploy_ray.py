@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from corpus_split import write_split_corpus
-from ray_cluster import BIN, TASK_TITLES, kill_mid_stage_and_wait, ray_cluster, submit_prepare, wait_for_job
+from ray_cluster import GRISTMILL, TASK_TITLES, kill_mid_stage_and_wait, ray_cluster, submit_prepare, wait_for_job
 
 WORDS = ("the river runs past the old mill where farmers bring their grain every autumn and the miller "
          "weighs each sack before the stones turn it into flour for the bakers of the town").split()
@@ -144,7 +144,7 @@ def fault_reference(tmp_path_factory):
     corpus = str(root / "corpus")
     write_split_corpus(corpus, **FAULT_CORPUS)
     out = str(root / "reference")
-    done = subprocess.run([f"{BIN}/gristmill", "prepare", fault_job(corpus, out)], capture_output=True, text=True,
+    done = subprocess.run([*GRISTMILL, "prepare", fault_job(corpus, out)], capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     report = run_report(out)
