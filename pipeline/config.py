@@ -18,21 +18,14 @@ from gristmill.config import (Bool, Float, Int, NonEmptyStr, NonNegativeInt, Pos
 from gristmill.config import _resolve
 from gristmill.config import load as _load
 from gristmill.manifests.store import DATASET_NAME
-from gristmill.pipeline import ngrams
-from gristmill.pipeline.lsh import LSHParams, make_params, optimal_params
-from gristmill.pipeline.quality.config import QualityConfig, merge
+from . import ngrams
+from .lsh import LSHParams, make_params, optimal_params
+from .quality.config import QualityConfig, exists_local, merge
 
 Format = Literal["jsonl", "parquet", "text", "warc"]
 FORMATS = Format.__args__
 Policy = Literal["drop", "cut"]
 POLICIES = Policy.__args__
-
-
-def _exists_local(path: str | None, what: str) -> str | None:
-    """A local file must exist now (a URL is checked by whoever opens it)."""
-    if path is not None and "://" not in path and not os.path.exists(path):
-        fail(f"an existing {what} file", f"{path!r}, which does not exist")
-    return path
 
 
 def _no_format(path: str) -> str:
@@ -120,7 +113,7 @@ class LanguageConfig(Section):
     @field_validator("model")
     @classmethod
     def _model_exists(cls, v: str | None) -> str | None:
-        return _exists_local(v, "language-ID model")
+        return exists_local(v, "language-ID model")
 
 
 class ExactDedupConfig(Section):
@@ -262,7 +255,7 @@ class TokenizerConfig(Section):
     @field_validator("path")
     @classmethod
     def _path_exists(cls, v: str | None) -> str | None:
-        return _exists_local(v, "tokenizer")
+        return exists_local(v, "tokenizer")
 
 
 class PackConfig(Section):
@@ -296,6 +289,10 @@ class RayConfig(Section):
     # so a corpus of many small files does not pay a task's fixed cost per file; a larger file
     # is a partition of its own. The document sequence, hence the output, does not depend on it.
     partition_bytes: PositiveInt = 1 << 20
+    # A task whose worker or node dies (OOM killer, a preempted node) is run again up to this
+    # many times; an exception a task raises is not retried (a deterministic bug fails at once).
+    max_retries: NonNegativeInt = 3
+    object_store_mb: PositiveInt = 128  # embedded local Ray only: its object store (tasks pass a few KB)
 
 
 class PrepareConfig(Section):

@@ -138,7 +138,7 @@ def ray_runtime(job: PrepareConfig, address: str | None):
         if join:
             ray.init(address=address, log_to_driver=False, configure_logging=False)
         else:
-            ray.init(num_cpus=job.ray.num_cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
+            ray.init(**embedded_ray_options(job))
     except Exception as e:  # Ray raises plain Exception/TimeoutError/ConnectionError: the environment, not the job
         with contextlib.suppress(Exception):
             ray.shutdown()  # stop whatever half-started processes it left
@@ -147,6 +147,20 @@ def ray_runtime(job: PrepareConfig, address: str | None):
         yield ray
     finally:
         ray.shutdown()
+
+
+def embedded_ray_options(job: PrepareConfig) -> dict:
+    """A local Ray with only the processes a prepare needs: no dashboard (nor its agent's HTTP
+    server), a small object store (tasks pass items and stats of a few KB, never data), task
+    events off, and no worker started before the first task asks for one."""
+    return {"num_cpus": job.ray.num_cpus, "include_dashboard": False, "log_to_driver": False, "configure_logging": False,
+            "object_store_memory": job.ray.object_store_mb << 20,
+            "_system_config": {"task_events_report_interval_ms": 0, "enable_worker_prestart": False,
+                               "prestart_worker_first_driver": False, "enable_metrics_collection": False}}
+
+
+class PrepareInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a prepare, after Ray was shut down; its message says how to resume."""
 
 
 class RayStartError(GristmillError):
@@ -170,7 +184,7 @@ class Executor:
     def __init__(self, job: PrepareConfig, *, address: str | None = None, quiet: bool = False):
         self.job, self.address, self.quiet = job, address, quiet
         self.tasks = plan_inputs(job)
-        self.wd = WorkDir(os.path.join(job.work_dir, run_key(job, self.tasks)))
+        self.wd = WorkDir.of_run(job.work_dir, run_key(job, self.tasks))
         self.stages = st.build(job)  # fails on a bad stage section before any work starts
 
     def log(self, msg: str) -> None:
@@ -182,18 +196,24 @@ class Executor:
         self.log(f"[prepare] {sum(len(t['files']) for t in self.tasks)} input files in {len(self.tasks)} partitions; "
                  f"work dir {self.wd.root}")
         timings: dict[str, dict] = {}
-        with ray_runtime(self.job, self.address) as ray:
-            runner = RayRunner(ray, self.wd, Progress(quiet=self.quiet), max_in_flight=self.job.ray.concurrency)
-            ctx = st.Context(self.job, self.wd, runner, self.tasks, self.log)
-            for stage in self.stages:
-                t0, c0, r0 = time.perf_counter(), ctx.cpu_seconds(), runner.resumed_tasks
-                ctx.results[stage.name] = stage.run(ctx)
-                timings[stage.name] = {"seconds": time.perf_counter() - t0, "cpu_seconds": ctx.cpu_seconds() - c0,
-                                       "resumed_parts": runner.resumed_tasks - r0}
+        inputs = {t["part"]: [f["uri"] for f in t["files"]] for t in self.tasks}
+        try:
+            with ray_runtime(self.job, self.address) as ray:
+                runner = RayRunner(ray, self.wd, Progress(quiet=self.quiet), max_in_flight=self.job.ray.concurrency,
+                                   max_retries=self.job.ray.max_retries, inputs=inputs)
+                ctx = st.Context(self.job, self.wd, runner, self.tasks, self.log)
+                for stage in self.stages:
+                    t0, c0, r0 = time.perf_counter(), ctx.cpu_seconds(), runner.resumed_tasks
+                    ctx.results[stage.name] = stage.run(ctx)
+                    timings[stage.name] = {"seconds": time.perf_counter() - t0, "cpu_seconds": ctx.cpu_seconds() - c0,
+                                           "resumed_parts": runner.resumed_tasks - r0}
+        except KeyboardInterrupt:  # Ray is shut down by now (ray_runtime's finally)
+            raise PrepareInterrupted(f"interrupted; every finished task is kept in {self.wd.root}: "
+                                     "the same command resumes from there") from None
         timings["total"] = {"seconds": time.perf_counter() - t_all}
-        return self._publish([ctx.results[s.name] for s in self.stages], timings, t_all)
+        return self._publish([ctx.results[s.name] for s in self.stages], timings, t_all, runner.retries)
 
-    def _publish(self, results: list[st.StageResult], timings: dict, t_all: float) -> RunResult:
+    def _publish(self, results: list[st.StageResult], timings: dict, t_all: float, retries: dict) -> RunResult:
         """The manifest from the stages' results (data only: no stage is named here), published;
         then report.json and the JSONL exports."""
         t0 = time.perf_counter()
@@ -210,7 +230,8 @@ class Executor:
         timings["total"]["seconds"] = time.perf_counter() - t_all
         core = {k: v for r in results for k, v in r.core_seconds.items()}
         peak = {k: v for r in results for k, v in r.peak_rss_mb.items()}
-        report = build_report(stats, core, peak, timings, published, self.wd)
+        report = {**build_report(stats, core, peak, timings, published, self.wd),
+                  "retries": {"total": sum(retries.values()), "by_step": dict(sorted(retries.items()))}}
         self._write_outputs(report, [f for r in results for f in r.removed_files])
         return RunResult(published.manifest.sha256, published.url, published.manifest.version, report, self.wd.root)
 

@@ -6,7 +6,7 @@ read where it lies and never moves (see docs/fuzzy-dedup.md):
 
 1. ``bands`` (a task per partition): MinHash signatures of the partition's surviving documents;
    each document becomes ``bands`` rows ``(bucket, band, key, order)``, ``key`` the 64-bit hash
-   of that band of its signature, ``bucket`` its top byte; written sorted by bucket;
+   of that band of its signature, ``bucket`` its top 16 bits; written sorted by bucket;
 2. ``candidates`` (a task per bucket range): every (band, key) bucket links each member to its
    earliest member (``order`` smallest), so a bucket of k documents gives k - 1 edges, not
    k^2 / 2; it also lists each partition's documents that occur in some edge;
@@ -46,7 +46,7 @@ from .workdir import ParquetPart, WorkDir, part_name
 
 STAGE = "fuzzy_dedup"
 REASON = "near_duplicate"
-BUCKETS = 256  # band-key buckets (the key's top byte); tasks take contiguous ranges of them
+BUCKETS = 1 << 16  # band-key buckets (the key's top 16 bits); tasks take contiguous ranges of them, as many as the data needs
 BAND_ROWS_PER_TASK = 8_000_000  # ~200 MB of band rows per candidates task at most
 _ROW_GROUP = 65_536
 
@@ -83,7 +83,7 @@ def bands_task(item: dict, cfg: FuzzyDedupConfig, params: LSHParams, survivors: 
         keys = band_keys(mh.signatures_of(sh)[has], params.bands, params.rows).reshape(-1)
         order = t.column("order").to_numpy()[has]
         tables.append(pa.table({
-            "bucket": (keys >> np.uint64(56)).astype(np.int32),
+            "bucket": (keys >> np.uint64(48)).astype(np.int32),
             "band": np.tile(np.arange(params.bands, dtype=np.int32), len(order)),
             "key": keys, "order": np.repeat(order, params.bands)}, schema=BAND_SCHEMA))
     t = pa.concat_tables(tables) if tables else BAND_SCHEMA.empty_table()
@@ -248,10 +248,13 @@ def removed_task(item: dict, cfg: FuzzyDedupConfig, wd: WorkDir, assigned: list[
     out = ParquetPart(wd.removed(STAGE, part), REMOVED_SCHEMA)
     out.write(to_removed_rows(rows, STAGE) if rows.num_rows else REMOVED_SCHEMA.empty_table())
     out.commit()
-    k = cfg.sample_pairs
-    sample = [{"removed_order": int(o), "survivor": d, "linked_order": int(lo_), "similarity": round(float(s), 4)}
-              for o, d, lo_, s in list(zip(node.tolist(), sid, t.column("linked").to_pylist(),
-                                           t.column("similarity").to_pylist()))[:k]]
+    # the report's sample: documents by id (an ``order`` depends on the partitioning; the
+    # published statistics must not)
+    k = min(cfg.sample_pairs, len(node))
+    linked = t.column("linked").to_numpy()[:k]
+    linked_ids = _members(wd, {int(p) for p in (linked >> 32)}, np.unique(linked), ["id"]) if k else {}
+    sample = [{"removed": mine[o]["id"], "survivor": d, "linked": linked_ids[lo_]["id"], "similarity": round(float(s), 4)}
+              for o, d, lo_, s in zip(node[:k].tolist(), sid[:k], linked.tolist(), t.column("similarity").to_pylist()[:k])]
     return {"removed": {REASON: rows.num_rows} if rows.num_rows else {},
             "removed_bytes": int(sum(b or 0 for b in rows.column("bytes").to_pylist())) if rows.num_rows else 0,
             "sample": sample}

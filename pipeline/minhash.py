@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gristmill.jit import cached_njit
-from gristmill.pipeline.wordhash import ASCII_LOWER, P, code_points, mix64, mix64_jit, word_hashes, word_table_for
+from .wordhash import ASCII_LOWER, P, code_points, mix64, mix64_jit, word_hashes, word_table_for
 
 try:  # numba fuses the loops (an order of magnitude faster than numpy); results are identical without it
     import numba

@@ -141,10 +141,14 @@ def plan_ranges(tokens_per_part: dict[str, list[int]], range_tokens: int) -> lis
     for split in SPLITS:
         counts = tokens_per_part[split]
         starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64) if counts else np.zeros(0, np.int64)
+        ends = (starts + np.asarray(counts, np.int64)).tolist() if counts else []
+        starts_l = starts.tolist()
         total = int(sum(counts))
         for k in range(math.ceil(total / range_tokens)):
             lo, hi = k * range_tokens, (k + 1) * range_tokens
-            parts = [p for p, (s0, c) in enumerate(zip(starts.tolist(), counts)) if c and s0 < hi and s0 + c > lo]
+            # the partitions overlapping [lo, hi) are a contiguous run: found by bisection, not a scan of all
+            first, last = bisect.bisect_right(ends, lo), bisect.bisect_left(starts_l, hi)
+            parts = [p for p in range(first, last) if counts[p]]
             items.append({"name": f"{split}-{k:05d}", "split": split, "range": k, "lo": lo, "hi": hi, "parts": parts,
                           "offsets": [int(starts[p]) for p in parts]})
     return items

@@ -15,31 +15,114 @@ and small tools: the same markers and the same outputs.
 """
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
 import time
+import traceback
+import warnings
 from typing import Callable
+
+from gristmill.errors import GristmillError
 
 from .progress import Progress
 from .workdir import WorkDir
 
 Measure = Callable[[dict], tuple[int, int]]
+MAX_BATCH = 64  # items per Ray task at most: a step of thousands of tiny tasks pays Ray's cost per batch
 
 
-def run_one(fn: Callable[[dict], dict], item: dict, wd: WorkDir, step: str) -> dict:
-    """One task: ``fn(item)``, then its marker (after its outputs are committed: the marker is the commit)."""
+class TaskError(GristmillError):
+    """A task failed for good: its step, its item, the partition's input files and its log."""
+
+
+class TaskFailed(Exception):
+    """Raised in a worker when an item's function raised (its traceback is in the item's log)."""
+
+    def __init__(self, name: str, cause: str, log: str):
+        super().__init__(name, cause, log)
+        self.name, self.cause, self.log = name, cause, log
+
+    def __str__(self) -> str:
+        return self.cause
+
+
+class _TaskLog(logging.FileHandler):
+    """The task's log file, created on the first warning or error only (most tasks write none)."""
+
+    def __init__(self, path: str):
+        super().__init__(path, delay=True, encoding="utf-8")
+        self.setLevel(logging.WARNING)
+        self.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+
+    def _open(self):
+        os.makedirs(os.path.dirname(self.baseFilename), exist_ok=True)
+        return super()._open()
+
+
+@contextlib.contextmanager
+def task_log(path: str):
+    """Python logging (WARNING and up) and warnings of the code inside go to ``path``."""
+    handler, root = _TaskLog(path), logging.getLogger()
+    root.addHandler(handler)
+    logging.captureWarnings(True)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("default")
+            yield handler
+    finally:
+        logging.captureWarnings(False)
+        root.removeHandler(handler)
+        handler.close()
+
+
+def record_attempt(wd: WorkDir, step: str, name: str) -> int:
+    """Claim the next attempt number of a batch (``logs/<step>/<name>.attempt-N``, created
+    exclusively): a retried batch, by Ray or by a rerun, leaves N > 1 and the driver counts it."""
+    n = 1
+    while True:
+        path = wd.attempt(step, name, n)
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+            return n
+        except FileExistsError:
+            n += 1
+
+
+def run_one(fn: Callable[[dict], dict], item: dict, wd: WorkDir, step: str, sync: bool = True) -> dict:
+    """One task: ``fn(item)``, then its marker (after its outputs are committed: the marker is the
+    commit). Its warnings and errors go to its log; an exception becomes ``TaskFailed``."""
     t0, c0 = time.perf_counter(), time.process_time()
-    stats = fn(item)
+    log = wd.log(step, item["name"])
+    with task_log(log):
+        try:
+            stats = fn(item)
+        except Exception as e:
+            logging.getLogger("gristmill.task").error("%s %s failed:\n%s", step, item["name"], traceback.format_exc())
+            raise TaskFailed(item["name"], f"{type(e).__name__}: {e}", log) from None
     stats = {**stats, "_seconds": time.perf_counter() - t0, "_cpu_seconds": time.process_time() - c0}
-    wd.mark_done(step, item["name"], stats)
+    wd.mark_done(step, item["name"], stats, sync=sync)
     return stats
 
 
-class Runner:
-    """Runs a step's unfinished tasks; counts what ran (CPU seconds) and what was resumed."""
+def run_batch(fn: Callable[[dict], dict], items: list[dict], wd: WorkDir, step: str) -> list[dict]:
+    """Several items in one worker, each committed by its own marker; an item whose marker exists
+    (this batch retried after its worker died) is not run again. The last marker is synced,
+    which commits the batch's markers and outputs before the driver hears of them."""
+    record_attempt(wd, step, items[0]["name"])
+    return [wd.done(step, it["name"]) or run_one(fn, it, wd, step, sync=i == len(items) - 1) for i, it in enumerate(items)]
 
-    def __init__(self, wd: WorkDir, progress: Progress | None = None):
+
+class Runner:
+    """Runs a step's unfinished tasks; counts what ran (CPU seconds), what was resumed and retried."""
+
+    def __init__(self, wd: WorkDir, progress: Progress | None = None, inputs: dict[int, list[str]] | None = None):
         self.wd, self.progress = wd, progress
+        self.inputs = inputs or {}  # partition -> its input files, for error messages
         self.task_cpu_seconds = 0.0  # of every task this runner returned, resumed ones as recorded
         self.resumed_tasks = 0  # tasks found finished (marker present) when their step started
+        self.retries: dict[str, int] = {}  # step -> attempts past each batch's first
 
     def run(self, step: str, items: list[dict], fn: Callable[[dict], dict], measure: Measure | None = None) -> list[dict]:
         """``fn(item)`` for every item whose marker is missing; all items' stats, in item order."""
@@ -57,15 +140,37 @@ class Runner:
         if self.progress is not None:
             self.progress.start(step, len(items), resumed=len(items) - len(todo), measure=measure)
         if todo:
-            for it, stats in self._execute(step, todo, fn):
-                results[it["name"]] = stats
-                if self.progress is not None:
-                    self.progress.advance(step, stats)
+            try:
+                for it, stats in self._execute(step, todo, fn):
+                    results[it["name"]] = stats
+                    if self.progress is not None:
+                        self.progress.advance(step, stats)
+            except TaskFailed as e:
+                raise self.error(step, next(it for it in todo if it["name"] == e.name), e.cause, e.log) from None
+            finally:
+                if retried := self._count_retries(step):
+                    self.retries[step] = retried
         if self.progress is not None:
             self.progress.finish(step)
         out = [results[n] for n in names]
         self.task_cpu_seconds += sum(s.get("_cpu_seconds", 0.0) for s in out)
         return out
+
+    def error(self, step: str, item: dict, cause: str, log: str | None) -> TaskError:
+        where = ""
+        if "part" in item:
+            files = self.inputs.get(item["part"], [])
+            shown = ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
+            where = f" (partition {item['part']}{': ' + shown if shown else ''})"
+        log_part = f"; its log: {log}" if log and os.path.exists(log) else ""
+        return TaskError(f"{step}: task {item['name']}{where} failed: {cause}{log_part}")
+
+    def _count_retries(self, step: str) -> int:
+        try:
+            names = os.listdir(self.wd.logs(step))
+        except FileNotFoundError:
+            return 0
+        return sum(1 for n in names if ".attempt-" in n and not n.endswith(".attempt-1"))
 
     def _execute(self, step: str, todo: list[dict], fn):  # yields (item, stats) as tasks finish
         raise NotImplementedError
@@ -76,33 +181,56 @@ class SerialRunner(Runner):
 
     def _execute(self, step, todo, fn):
         for it in todo:
-            yield it, run_one(fn, it, self.wd, step)
+            yield it, run_batch(fn, [it], self.wd, step)[0]
 
 
 class RayRunner(Runner):
-    """Ray tasks, at most ``max_in_flight`` submitted at once (default twice the cluster's CPUs)."""
+    """Ray tasks over batches of items (at most MAX_BATCH, several batches per CPU so the load
+    spreads), at most ``max_in_flight`` batches at once (default twice the cluster's CPUs). A
+    batch whose worker or node dies is retried by Ray up to ``max_retries`` times; an exception
+    an item raises is not retried."""
 
-    def __init__(self, ray, wd: WorkDir, progress: Progress | None = None, *, max_in_flight: int | None = None):
-        super().__init__(wd, progress)
-        self.ray, self.max_in_flight = ray, max_in_flight
+    def __init__(self, ray, wd: WorkDir, progress: Progress | None = None, *, max_in_flight: int | None = None,
+                 max_retries: int = 3, inputs: dict[int, list[str]] | None = None):
+        super().__init__(wd, progress, inputs)
+        self.ray, self.max_in_flight, self.max_retries = ray, max_in_flight, max_retries
 
     def _execute(self, step, todo, fn):
         ray = self.ray
+        cpus = max(1, int(ray.available_resources().get("CPU", 1)))
+        limit = self.max_in_flight or cpus * 2
+        size = max(1, min(MAX_BATCH, len(todo) // (4 * limit)))
+        batches = [todo[i:i + size] for i in range(0, len(todo), size)]
         # SPREAD: tasks go to every node of a cluster, not first to fill the driver's node (Ray's
         # default), so a cluster's CPUs and local disks all work; on one machine it changes nothing.
-        remote = ray.remote(num_cpus=1, max_retries=0, scheduling_strategy="SPREAD")(run_one)
-        limit = self.max_in_flight or max(1, int(ray.available_resources().get("CPU", 1)) * 2)
+        remote = ray.remote(num_cpus=1, max_retries=self.max_retries, retry_exceptions=False,
+                            scheduling_strategy="SPREAD")(run_batch)
         fn_ref = ray.put(fn)
         pending: dict = {}
-        queue = iter(todo)
+        queue = iter(batches)
         while True:
-            while len(pending) < limit and (it := next(queue, None)) is not None:
-                pending[remote.remote(fn_ref, it, self.wd, step)] = it
+            while len(pending) < limit and (b := next(queue, None)) is not None:
+                pending[remote.remote(fn_ref, b, self.wd, step)] = b
             if not pending:
                 return
             ready, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
             for ref in ready:
-                it = pending.pop(ref)
-                yield it, ray.get(ref)
+                batch = pending.pop(ref)
+                try:
+                    out = ray.get(ref)
+                except ray.exceptions.RayTaskError as e:
+                    cause = getattr(e, "cause", None)
+                    if isinstance(cause, TaskFailed):
+                        raise cause from None
+                    raise self.error(step, batch[0], f"{type(cause or e).__name__}: {cause or e}", None) from None
+                except ray.exceptions.RayError as e:  # a worker or node lost more than max_retries times
+                    first = next((it for it in batch if self.wd.done(step, it["name"]) is None), batch[0])
+                    why = str(e).strip().splitlines()[0] if str(e).strip() else ""
+                    n = self.max_retries + 1
+                    raise self.error(step, first, f"its worker died in each of its {n} attempt{'s' * (n > 1)} "
+                                                  f"(ray.max_retries: {self.max_retries}; "
+                                                  f"{type(e).__name__}{': ' + why if why else ''})",
+                                     self.wd.log(step, first["name"])) from None
+                yield from zip(batch, out)
             if not ready and self.progress is not None:
                 self.progress.tick(step)

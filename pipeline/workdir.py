@@ -13,6 +13,7 @@ stale work. Layout (``part-00007`` is partition 7, ``part_name``)::
     tokens/part-00007.parquet        the partition's token ids
     tokenizer.json, staging/, pack_index/, report.json, quarantine.jsonl, removed.jsonl
     _done/<step>/<task>.json         a task's completion marker: written last, holds its stats
+    logs/<step>/<task>.log           a task's warnings and errors; <task>.attempt-N: its batch's attempts
 
 A task is finished iff its marker exists. A crash (even ``kill -9``) leaves at most temp files
 and outputs without a marker; a rerun rewrites those, and the output is the same bytes because
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import uuid
 
 from gristmill.manifests.hashing import canonical_json
 from gristmill.manifests.parquet_part import ParquetPart  # noqa: F401  (the stages' output writer)
@@ -38,6 +40,11 @@ class WorkDir:
     def __init__(self, root: str):
         self.root = root
         os.makedirs(root, exist_ok=True)
+
+    @classmethod
+    def of_run(cls, work_dir: str, run_key: str) -> "WorkDir":
+        """The run dir of the job whose key is ``run_key`` under the job's ``work_dir``."""
+        return cls(os.path.join(work_dir, run_key))
 
     def __repr__(self) -> str:
         return f"WorkDir({self.root!r})"
@@ -77,6 +84,10 @@ class WorkDir:
     def staging(self) -> str:
         return self._path("staging")
 
+    def staged(self, rel: str) -> str:
+        """A file of the dataset being built, by its path in the version (``shards/...``, ``doc_index.parquet``)."""
+        return os.path.join(self.staging, rel)
+
     def pack_index(self, name: str) -> str:
         return self._path("pack_index", f"{name}.parquet")
 
@@ -92,6 +103,18 @@ class WorkDir:
     def removed_jsonl(self) -> str:
         return self._path("removed.jsonl")
 
+    # -- task logs ----------------------------------------------------------------------------
+    def logs(self, step: str) -> str:
+        return self._path("logs", step)
+
+    def log(self, step: str, name: str) -> str:
+        """A task's warnings and errors (created on the first one)."""
+        return self._path("logs", step, f"{name}.log")
+
+    def attempt(self, step: str, name: str, n: int) -> str:
+        """An empty file per attempt of a batch of tasks that starts with task ``name``."""
+        return self._path("logs", step, f"{name}.attempt-{n}")
+
     # -- task markers -------------------------------------------------------------------------
     def marker(self, step: str, name: str) -> str:
         return self._path("_done", step, f"{name}.json")
@@ -104,5 +127,16 @@ class WorkDir:
         except FileNotFoundError:
             return None
 
-    def mark_done(self, step: str, name: str, stats: dict) -> None:
-        atomic_write(self.marker(step, name), canonical_json(stats))
+    def mark_done(self, step: str, name: str, stats: dict, *, sync: bool = True) -> None:
+        """Commit a task: its marker, written under a unique name and renamed. ``sync`` fsyncs it,
+        which also commits the task's outputs with the filesystem's journal (ext4's ordered mode);
+        a batch of tasks syncs its last marker only (pipeline.runner.run_batch)."""
+        if sync:
+            atomic_write(self.marker(step, name), canonical_json(stats))
+            return
+        path = self.marker(step, name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.tmp-{uuid.uuid4().hex[:12]}"
+        with open(tmp, "wb") as f:
+            f.write(canonical_json(stats))
+        os.replace(tmp, path)

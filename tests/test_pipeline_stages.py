@@ -34,11 +34,14 @@ def test_exact_dedup_keeps_the_earliest_copy_whatever_the_input_order():
     assert shuffled.equals(out)
 
 
-def test_dedup_task_plan_covers_every_bucket_once():
+def test_dedup_task_plan_covers_every_bucket_once_with_tasks_sized_to_the_data():
+    from gristmill.pipeline.exact_dedup import BUCKETS, KEYS_PER_TASK
+
     for n in (0, 10, 5_000_000, 10**10):
         tasks = plan_tasks(n)
         covered = [b for t in tasks for b in range(t["lo"], t["hi"])]
-        assert covered == list(range(256))
+        assert covered == list(range(BUCKETS))
+        assert len(tasks) == max(1, -(-n // KEYS_PER_TASK))  # no fixed cap: 10^10 keys make 5,000 tasks
 
 
 def test_small_files_share_a_partition_large_ones_stand_alone():

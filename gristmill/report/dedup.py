@@ -69,17 +69,17 @@ def fuzzy_section(page: Page, stage: dict | None, work) -> None:
     if work is None:
         sec.add(Note("Quoting removed documents beside their survivors needs the run's work dir.", missing=True))
         return
-    texts = work.texts(orders=[p["removed_order"] for p in pairs], ids=[p["survivor"] for p in pairs])
+    texts = work.texts(ids=[i for p in pairs for i in (p["removed"], p["survivor"])])
     blocks, plain = [], []
     for p in pairs:
-        gone, kept = texts.get(p["removed_order"]), texts.get(p["survivor"])
+        gone, kept = texts.get(p["removed"]), texts.get(p["survivor"])
         if gone is None or kept is None:
             continue
         left, right = side_by_side(gone, kept)
-        blocks.append(f'<div class="pair" data-pair="{p["removed_order"]}"><div><h4>removed (order {p["removed_order"]}), '
+        blocks.append(f'<div class="pair" data-pair="{html.escape(p["removed"])}"><div><h4>removed {html.escape(p["removed"])}, '
                       f'Jaccard {p["similarity"]}</h4>{left}</div><div><h4>survivor {html.escape(p["survivor"])}</h4>'
                       f'{right}</div></div>')
-        plain.append(f"removed order {p['removed_order']} ~ survivor {p['survivor']} (Jaccard {p['similarity']})")
+        plain.append(f"removed {p['removed']} ~ survivor {p['survivor']} (Jaccard {p['similarity']})")
     if blocks:
         sec.add(Note("Removed documents (left) beside the document that survived (right): words only in one of them "
                      "are struck or highlighted."), Html("".join(blocks), "\n".join(plain)))

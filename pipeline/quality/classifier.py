@@ -13,7 +13,7 @@ RULES = [Rule(f"{SET}:score", low=lambda c: c.threshold)]
 
 
 def score(text: str, cfg) -> float:
-    from gristmill.pipeline.langid import fasttext_model
+    from ..langid import fasttext_model
 
     model = fasttext_model(cfg.path)
     if cfg.max_chars is not None:
@@ -29,7 +29,7 @@ def score(text: str, cfg) -> float:
 def check_label(cfg) -> None:
     """A label the model does not have would score 0 everywhere: refuse it before any work."""
     from gristmill.errors import ConfigError
-    from gristmill.pipeline.langid import fasttext_model
+    from ..langid import fasttext_model
 
     try:
         labels = [x.removeprefix("__label__") for x in fasttext_model(cfg.path).labels]

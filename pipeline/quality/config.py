@@ -7,14 +7,22 @@ any of these keys for its own files (``inputs[i].quality``, merged onto this sec
 """
 from __future__ import annotations
 
+import os
 from typing import Annotated
 
 from pydantic import Field, field_validator
 
-from gristmill.config import Bool, Float, NonEmptyStr, NonNegativeInt, PositiveInt, ResolvedPath, Section
+from gristmill.config import Bool, Float, NonEmptyStr, NonNegativeInt, PositiveInt, ResolvedPath, Section, fail
 
 Ratio = Annotated[Float, Field(ge=0)]
 
+
+
+def exists_local(path: str | None, what: str) -> str | None:
+    """A local file must exist now (a URL is checked by whoever opens it)."""
+    if path is not None and "://" not in path and not os.path.exists(path):
+        fail(f"an existing {what} file", f"{path!r}, which does not exist")
+    return path
 
 class GopherQualityConfig(Section):
     """Gopher's quality heuristics (Rae et al. 2021, appendix A.1.1)."""
@@ -92,9 +100,7 @@ class ClassifierConfig(Section):
     @field_validator("path")
     @classmethod
     def _exists(cls, v: str) -> str:
-        from gristmill.pipeline.config import _exists_local
-
-        return _exists_local(v, "fastText classifier")
+        return exists_local(v, "fastText classifier")
 
 
 class QualityConfig(Section):

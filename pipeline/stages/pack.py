@@ -22,7 +22,7 @@ class Pack(Stage):
         job, wd = ctx.job, ctx.wd
         tok_path = ctx.results["tokenizer"].data["path"]
         _, vocab, eos_id = load_tokenizer(tok_path, job.tokenizer.eos_token)
-        os.makedirs(os.path.join(wd.staging, "shards"), exist_ok=True)
+        os.makedirs(wd.staged("shards"), exist_ok=True)
         items = pack.plan_ranges(ctx.results["tokenize"].data["tokens"], job.pack.range_tokens)  # train, then validation
         out = ctx.runner.run(self.name, items, functools.partial(
             pack.pack_range_task, wd=wd, seq_len=job.pack.seq_len, shard_bytes=job.pack.shard_bytes, vocab_size=vocab))
@@ -35,7 +35,7 @@ class Pack(Stage):
         row["tokens_in"] = sum(v["tokens_in"] for v in list(row.values()))
         row["tokens_out"] = row["tokens_in"] - sum(row[s]["tokens_dropped_tail"] for s in pack.SPLITS)
         (merged,) = ctx.runner.run(f"{self.name}.doc_index", [{"name": "merge"}], functools.partial(
-            pack.merge_doc_index, slices=slices, out_path=os.path.join(wd.staging, DOC_INDEX_FILE)))
+            pack.merge_doc_index, slices=slices, out_path=wd.staged(DOC_INDEX_FILE)))
         packed = Packed(wd.staging, job.output.dataset, job.pack.seq_len, tok_path, vocab, eos_id, tuple(shards),
                         FileRef(DOC_INDEX_FILE, merged["sha256"], merged["bytes"], merged["rows"]))
         return StageResult(self.name, rows={self.name: row}, dataset=packed)

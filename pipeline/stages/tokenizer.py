@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import uuid
 
 from ..survivors import Survivors
 from ..tokenize import load_tokenizer, train_bpe
@@ -23,7 +24,7 @@ def sample_texts(survivors: Survivors, parts: list[int], budget: int):
 
 def train_task(item: dict, cfg, survivors: Survivors, parts: list[int]) -> dict:
     sample = list(sample_texts(survivors, parts, cfg.sample_bytes))
-    tmp = item["out"] + ".tmp.json"
+    tmp = f"{item['out']}.tmp-{uuid.uuid4().hex[:12]}.json"  # unique: an attempt never writes over another's
     train_bpe(sample, cfg, tmp)
     os.replace(tmp, item["out"])
     return {"documents": len(sample)}
