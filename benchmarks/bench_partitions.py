@@ -23,8 +23,9 @@ extra tasks cost), and (wall x CPUs - the tasks' own CPU seconds) / tasks.
 was in from that step's rate so far (tasks done per second, from its progress lines): used for the
 baseline where P=1000/4000 would take hours. A projected number is marked ``~`` and says so.
 
-``--extract-rate SCALE`` only measures extract + language ID of the demo corpus's WARC file (HTML
-through resiliparse) in this process: the per-byte rate docs/scaling.md plans a crawl with.
+``--extract-rate SCALE`` only measures, in this process, extract + language ID of the demo corpus's
+WARC file and HTML main-content extraction (resiliparse) of full-size pages (pydoc's HTML of 17
+standard-library modules, ~100 KB each): the per-byte rates docs/scaling.md plans a crawl with.
 
 ``--tables A.json B.json`` prints the tables of earlier runs (``--json``) together, the first run's P as
 the base: how a budgeted baseline is put beside a full run.
@@ -327,10 +328,37 @@ def extract_rate(out: str, scale: int) -> dict:
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     res = {"warc_gz_bytes": os.path.getsize(warc), "warc_bytes": raw, "records": stats["extract"]["records"],
            "documents": len(docs), "text_bytes": sum(len(d["text"].encode()) for d in docs), "wall_s": wall, "cpu_s": cpu}
+    res["html"] = html_rate()
     print(f"WARC extract + language, one core: {res['records']:,} records, {raw / 1e6:.1f} MB of WARC "
           f"({res['warc_gz_bytes'] / 1e6:.1f} MB gzipped) -> {res['text_bytes'] / 1e6:.1f} MB of text in {cpu:.2f} CPU-s: "
           f"{raw / 1e6 / cpu:.1f} MB of WARC/s, {res['warc_gz_bytes'] / 1e6 / cpu:.1f} MB gz/s, {res['records'] / cpu:,.0f} records/s")
+    h = res["html"]
+    print(f"HTML main-content extraction, one core: {h['pages']} pydoc pages of {h['page_kb']:.0f} KB: "
+          f"{h['mb_per_cpu_s']:.1f} MB of HTML/s, {h['ms_per_page']:.1f} ms a page")
     return res
+
+
+def html_rate(repeat: int = 3) -> dict:
+    """resiliparse main-content extraction (pipeline.html) on full-size pages: pydoc's HTML of 17
+    standard-library modules (~100 KB each, markup-heavy like web pages); the demo's WARC pages are
+    ~2 KB, too small to give a per-byte rate for a crawl."""
+    import importlib
+    import pydoc
+
+    from gristmill.pipeline.html import html_to_text
+
+    mods = ("argparse asyncio collections email json logging os pathlib re socket subprocess threading typing "
+            "unittest urllib.request xml.dom.minidom zipfile").split()
+    pages = [pydoc.html.page(m, pydoc.html.document(importlib.import_module(m))).encode() for m in mods]
+    with heavy_lock():
+        c0 = time.process_time()
+        for _ in range(repeat):
+            for p in pages:
+                html_to_text(p, "utf-8")
+        cpu = time.process_time() - c0
+    n = sum(map(len, pages))
+    return {"pages": len(pages), "page_kb": n / len(pages) / 1e3, "mb_per_cpu_s": repeat * n / 1e6 / cpu,
+            "ms_per_page": cpu / (repeat * len(pages)) * 1e3}
 
 
 def main() -> None:
@@ -352,7 +380,7 @@ def main() -> None:
         loaded = [json.load(open(p)) for p in a.tables]
         print_scaling(loaded[0]["corpus"], [r for d in loaded for r in d["results"]], a.num_cpus)
         return
-    for p in a.partitions:
+    for p in [] if a.kill_trials else a.partitions:
         if a.files % p:
             ap.error(f"--partitions {p} must divide --files {a.files}")
     os.makedirs(a.out, exist_ok=True)
