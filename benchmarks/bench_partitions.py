@@ -376,6 +376,9 @@ def main() -> None:
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--tables", nargs="+", metavar="JSON", help="print the tables of earlier runs' --json files, together")
     a = ap.parse_args()
+    # The manifest records the code version (the git commit): pinned for the whole benchmark, so a
+    # commit made while it runs cannot make a run differ from its reference.
+    os.environ.setdefault("GRISTMILL_CODE_VERSION", f"bench_partitions at {_commit()}")
     if a.tables:
         loaded = [json.load(open(p)) for p in a.tables]
         print_scaling(loaded[0]["corpus"], [r for d in loaded for r in d["results"]], a.num_cpus)
