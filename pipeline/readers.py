@@ -23,6 +23,7 @@ import zlib
 from typing import Iterator
 
 import fsspec
+from fsspec.spec import AbstractBufferedFile
 
 RAW_SNIPPET = 500  # bytes of a bad record kept in quarantine, enough to find and fix it
 PIECE = 1 << 14  # compressed bytes read from a file at a time: what a damaged stream loses at most before the damage
@@ -162,6 +163,8 @@ def open_stream(f, uri: str):
     for ext, kind in ((".gz", "gz"), (".zst", "zst")):
         if uri.endswith(ext):
             return io.BufferedReader(_Decompressed(f, kind), buffer_size=1 << 20)
+    if isinstance(f, AbstractBufferedFile):  # an object store's file: its readline takes no size limit
+        return io.BufferedReader(f, buffer_size=1 << 20)
     return f
 
 

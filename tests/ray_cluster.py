@@ -208,6 +208,11 @@ def kill_mid_stage(cluster: Cluster, what: str, *, after: str | None = None, tim
         if after is None or glob.glob(after):
             busy = [(i, pid) for i, node in enumerate(cluster.procs) if node in nodes for pid in task_workers(node)]
             if busy:
+                # a task claims its attempt file first thing; killed before that (a ~ms window after
+                # its process title is set) it is retried but not counted (docs/pipeline.md, retries)
+                time.sleep(0.1)
+                busy = [(i, pid) for i, pid in busy if pid in task_workers(cluster.procs[i])]
+            if busy:
                 i, pid = busy[0]
                 victim = pid if what == "worker" else raylet(cluster.procs[i])
                 title = _cmdline(victim)[:200]

@@ -109,7 +109,7 @@ def test_concurrent_publishers_s3(tmp_path, s3, s3_server, how):
 
 def test_s3_store_readers(tmp_path, s3):
     """A store on s3:// reads like a local one: load, latest, verify, the document index, the loader."""
-    from gristmill.loader import Loader
+    from gristmill.loader import Caching, Loader, Sampling
     from gristmill.manifests.doc_index import read_published_doc_index
     from gristmill.manifests.mixture import load_data
 
@@ -124,7 +124,7 @@ def test_s3_store_readers(tmp_path, s3):
     assert pub.manifest.sha256 == staged[1].manifest.sha256 and pub.url == f"{s3}/store/race/v2"
     assert verify_published(pub) == []
     assert read_published_doc_index(pub).num_rows == staged[1].manifest.doc_index.rows
-    with Loader(pub.url, cache_dir=str(tmp_path / "cache"), global_batch=4, seed=1) as ld:
+    with Loader(pub.url, Sampling(global_batch=4, seed=1), caching=Caching(dir=str(tmp_path / "cache"))) as ld:
         tokens = next(iter(ld))["tokens"].numpy()
     train = {tuple(r) for s in staged[1].manifest.shards if s.split == "train"
              for r in read_rows(os.path.join(staged[1].url, s.path)).tolist()}
