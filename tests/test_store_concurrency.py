@@ -99,6 +99,7 @@ def test_concurrent_publishers_local(tmp_path, how):
     _check_store(store, staged, results)
 
 
+@pytest.mark.slow  # 20 publishers through the local S3 server: ~27 s
 @pytest.mark.parametrize("how", ["threads", "processes"])
 def test_concurrent_publishers_s3(tmp_path, s3, s3_server, how):
     staged = _staged(str(tmp_path), PUBLISHERS)
