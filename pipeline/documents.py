@@ -12,10 +12,12 @@ import json
 import math
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from gristmill.manifests.hashing import stable_fraction  # the split rule, shared with manifest verify
 
 from .text import normalize
+from .workdir import ParquetPart
 
 PART_SHIFT = 32
 
@@ -100,6 +102,20 @@ def bucket_range_tasks(total_rows: int, buckets: int, rows_per_task: int) -> lis
     n = max(1, min(buckets, math.ceil(total_rows / rows_per_task)))
     edges = [round(i * buckets / n) for i in range(n + 1)]
     return [{"name": f"task-{i:03d}", "task": i, "lo": edges[i], "hi": edges[i + 1]} for i in range(n)]
+
+
+def removed_by_partition(wd, stage: str, kind: str, tasks: list[str], part: int, schema: pa.Schema, reason: str,
+                         convert=lambda t: t) -> dict:
+    """A global step's verdicts delivered to one partition: partition ``part``'s rows of every
+    bucket-range task's file (``<stage>/<kind>/<task>.parquet``, sorted by order, so a part filter
+    reads a few row groups), written as ``removed/<stage>/part-N`` (``convert`` makes them
+    REMOVED_SCHEMA rows); its stats."""
+    t = pa.concat_tables([pq.read_table(wd.scratch(stage, kind, name), filters=[("part", "=", part)], schema=schema)
+                          for name in tasks]).sort_by("order") if tasks else schema.empty_table()
+    out = ParquetPart(wd.removed(stage, part), REMOVED_SCHEMA)
+    out.write(convert(t))
+    out.commit()
+    return {"removed": {reason: t.num_rows} if t.num_rows else {}, "removed_bytes": int(sum(t.column("bytes").to_pylist()))}
 
 
 def to_removed_rows(t: pa.Table, stage: str) -> pa.Table:

@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .documents import REMOVED_SCHEMA, bucket_range_tasks, to_removed_rows
+from .documents import REMOVED_SCHEMA, bucket_range_tasks, removed_by_partition, to_removed_rows
 from .workdir import ParquetPart, WorkDir
 
 STAGE = "exact_dedup"
@@ -90,10 +90,6 @@ def dedup_task(task: dict, wd: WorkDir, parts: list[int], exclude_tasks: tuple[s
 
 def removed_task(item: dict, wd: WorkDir, tasks: list[str]) -> dict:
     """Partition ``part``'s duplicates from every bucket range's file: ``removed/exact_dedup/part-N``."""
-    part = item["part"]
-    t = pa.concat_tables([pq.read_table(wd.scratch(STAGE, "duplicates", name), filters=[("part", "=", part)], schema=REMOVED)
-                          for name in tasks]).sort_by("order") if tasks else REMOVED.empty_table()
-    out = ParquetPart(wd.removed(STAGE, part), REMOVED_SCHEMA)
-    out.write(to_removed_rows(t, STAGE))
-    out.commit()
-    return {"removed": {REASON: t.num_rows} if t.num_rows else {}, "removed_bytes": int(sum(t.column("bytes").to_pylist()))}
+    return removed_by_partition(wd, STAGE, "duplicates", tasks, item["part"], REMOVED, REASON,
+                                convert=lambda t: to_removed_rows(t, STAGE))
+

@@ -27,7 +27,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .documents import REMOVED_SCHEMA, bucket_range_tasks
+from .documents import REMOVED_SCHEMA, bucket_range_tasks, removed_by_partition
 from .workdir import ParquetPart, WorkDir
 
 STAGE = "unique_ids"
@@ -93,14 +93,7 @@ def check_task(task: dict, wd: WorkDir, parts: list[int]) -> dict:
 
 def removed_task(item: dict, wd: WorkDir, tasks: list[str]) -> dict:
     """Partition ``part``'s rows from every bucket range's file: ``removed/unique_ids/part-N``."""
-    part = item["part"]
-    t = pa.concat_tables([pq.read_table(wd.scratch(STAGE, "repeated", name), filters=[("part", "=", part)],
-                                        schema=REMOVED_SCHEMA) for name in tasks]).sort_by("order") if tasks \
-        else REMOVED_SCHEMA.empty_table()
-    out = ParquetPart(wd.removed(STAGE, part), REMOVED_SCHEMA)
-    out.write(t)
-    out.commit()
-    return {"removed": {REASON: t.num_rows} if t.num_rows else {}, "removed_bytes": int(sum(t.column("bytes").to_pylist()))}
+    return removed_by_partition(wd, STAGE, "repeated", tasks, item["part"], REMOVED_SCHEMA, REASON)
 
 
 def repeated_ids(wd: WorkDir, tasks: tuple[str, ...]) -> set[str]:
