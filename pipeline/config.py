@@ -369,10 +369,11 @@ class PrepareConfig(Section):
             raise PydanticCustomError("config", "{msg}", {"msg": msg, "at": ("inputs", i, "quality", *loc)}) from None
 
     def content_dict(self) -> dict:
-        """What determines the output: all but the work dir, the store root and parallelism."""
+        """What determines the output: all but the work dir, the store root, the data card and parallelism."""
         d = self.to_dict()
         d.pop("work_dir"), d.pop("ray")
         d["output"].pop("store")  # where a version is published is not part of its content
+        d["output"].pop("report_html")  # the data card is drawn beside report.json, not into the version
         return d
 
 

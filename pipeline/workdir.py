@@ -129,6 +129,71 @@ class WorkDir:
         """A stage's own bookkeeping file: ``<stage>/<kind>/<name>.<ext>`` (``kind`` "" for none)."""
         return self._path(stage, *([kind] if kind else []), f"{name}.{ext}")
 
+    # -- reading a run back (inspect, the data card): the same layout, local or on an object store
+    def is_run(self) -> bool:
+        """Whether this is a run dir: extract wrote its first partition's documents."""
+        return self.exists(self.docs(0))
+
+    def folder_files(self, *folder: str, suffix: str = ".parquet") -> list[str]:
+        """The paths of the files of one folder of this run dir ending in ``suffix``, sorted; [] if none."""
+        path = self._path(*folder)
+        try:
+            names = self.listdir(path)
+        except FileNotFoundError:
+            return []
+        return sorted(self._path(*folder, n) for n in names if n.endswith(suffix))
+
+    def docs_files(self) -> list[str]:
+        return [f for f in self.folder_files("docs") if posixpath.basename(f).startswith("part-")]
+
+    def removal_stages(self) -> list[str]:
+        """The stages that wrote removals in this run (folder names under ``removed/``), by name."""
+        try:
+            return sorted(self.listdir(self._path("removed")))
+        except FileNotFoundError:
+            return []
+
+    def removed_files(self, stage: str) -> list[str]:
+        return self.folder_files("removed", stage)
+
+    def parquet(self, path: str):
+        """A ``pyarrow.parquet.ParquetFile`` of a file of this run dir, local or remote."""
+        import pyarrow.parquet as pq
+
+        return pq.ParquetFile(path if self.local else self.fs[0].open(url_to_fs(path)[1], "rb"))
+
+    def read_parquet(self, path: str, columns: list[str] | None = None, filters=None):
+        """A table of a file of this run dir (``pyarrow.parquet.read_table``'s columns and filters)."""
+        import pyarrow.parquet as pq
+
+        if self.local:
+            return pq.read_table(path, columns=columns, filters=filters)
+        return pq.read_table(url_to_fs(path)[1], columns=columns, filters=filters, filesystem=self.fs[0])
+
+    def modified(self) -> float:
+        """When this run last finished a step (its report, else its first partition), for ordering runs."""
+        path = self.report_json if self.exists(self.report_json) else self.docs(0)
+        if self.local:
+            return os.path.getmtime(path)
+        return self.fs[0].modified(url_to_fs(path)[1]).timestamp()
+
+    @classmethod
+    def runs_at(cls, path: str) -> list["WorkDir"]:
+        """The run dirs at ``path``, oldest first: itself when it is one, else those of the work
+        dir it names (a directory or fsspec URL); nothing is created."""
+        if "://" not in path and not os.path.isdir(path):
+            return []
+        here = cls(path)
+        if here.is_run():
+            return [here]
+        try:
+            names = here.listdir(here.root)
+        except FileNotFoundError:
+            return []
+        paths = [here._path(n) for n in names]
+        runs = [run for p in paths if (not here.local or os.path.isdir(p)) and (run := cls(p)).is_run()]
+        return sorted(runs, key=lambda r: r.modified())
+
     # -- the run's single files ---------------------------------------------------------------
     @property
     def tokenizer_json(self) -> str:
