@@ -155,6 +155,30 @@ def test_the_workers_die_with_the_driver(tmp_path):
             pass  # gone and reaped
 
 
+def test_the_runner_follows_ray_runner_and_the_cluster_address(monkeypatch):
+    from pathlib import Path
+
+    from helpers import demo_job_dict
+
+    from gristmill.errors import ConfigError
+    from gristmill.pipeline.config import PrepareConfig
+    from gristmill.pipeline.executor import runner_kind
+
+    def job(runner):
+        return PrepareConfig.from_dict(demo_job_dict(Path("/in"), Path("/out"), ray={"runner": runner}))
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert [runner_kind(job(r), None) for r in ("auto", "local", "ray")] == ["local", "local", "ray"]
+    assert runner_kind(job("auto"), "ray://head:10001") == "ray"
+    monkeypatch.setenv("RAY_ADDRESS", "http://head:8265")  # what `ray job submit` sets
+    assert runner_kind(job("auto"), None) == "ray"
+    with pytest.raises(ConfigError, match=r"^ray.runner: local runs on this machine only, but a Ray cluster is named "
+                                          r"\(RAY_ADDRESS=http://head:8265\); set ray.runner: auto"):
+        runner_kind(job("local"), None)
+    with pytest.raises(ConfigError, match=r"^ray.runner: expected one of auto, local, ray, got 'cluster'$"):
+        job("cluster")
+
+
 @pytest.mark.slow
 def test_local_and_embedded_ray_give_the_same_manifest(tmp_path, ray_session):
     from helpers import demo_job_dict
