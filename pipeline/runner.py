@@ -142,8 +142,9 @@ class Runner:
             raise RuntimeError(f"{step}: task names are not unique")
         results: dict[str, dict] = {}
         todo = []
+        finished = self.wd.finished(step)  # one listing of the step's markers, not a lookup per item
         for it in items:
-            if (done := self.wd.done(step, it["name"])) is not None:
+            if it["name"] in finished and (done := self.wd.done(step, it["name"])) is not None:
                 results[it["name"]] = done
             else:
                 todo.append(it)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .workdir import WorkDir
+from .workdir import WorkDir, read_parquet
 
 
 @dataclass(frozen=True)
@@ -41,14 +41,14 @@ class Survivors:
         """Ids the stages removed from partition ``part`` (one file a stage)."""
         ids: set[str] = set()
         for f in self.removed_files(part):
-            ids.update(pq.read_table(f, columns=["id"]).column("id").to_pylist())
+            ids.update(read_parquet(f, ["id"]).column("id").to_pylist())
         return ids
 
     def overridden_texts(self, part: int) -> dict[str, str]:
         """id -> text for the documents of partition ``part`` that a stage rewrote."""
         out: dict[str, str] = {}
         for f in self.override_files(part):
-            t = pq.read_table(f, columns=["id", "text"])
+            t = read_parquet(f, ["id", "text"])
             out.update(zip(t.column("id").to_pylist(), t.column("text").to_pylist()))
         return out
 

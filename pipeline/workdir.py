@@ -26,11 +26,15 @@ upload on an object store) and the marker, written last, is the commit.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import posixpath
 import uuid
 
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from fsspec.core import url_to_fs
 
 from gristmill.manifests import storage
@@ -41,6 +45,58 @@ from gristmill.manifests.shards import atomic_write
 
 def part_name(part: int) -> str:
     return f"part-{part:05d}"
+
+
+# op -> (whether a row group whose column spans [lo, hi] may hold a row with ``col op value``, the row test)
+_OPS = {"=": (lambda lo, hi, v: lo <= v <= hi, pc.equal), "==": (lambda lo, hi, v: lo <= v <= hi, pc.equal),
+        "<": (lambda lo, hi, v: lo < v, pc.less), "<=": (lambda lo, hi, v: lo <= v, pc.less_equal),
+        ">": (lambda lo, hi, v: hi > v, pc.greater), ">=": (lambda lo, hi, v: hi >= v, pc.greater_equal),
+        "in": (lambda lo, hi, v: any(lo <= x <= hi for x in v),
+               lambda col, v: pc.is_in(col, value_set=pa.array(list(v), col.type)))}
+
+
+def read_parquet(path, columns: list[str] | None = None, filters: list[tuple] | None = None,
+                 schema: pa.Schema | None = None) -> pa.Table:
+    """``pq.read_table(path, columns=, filters=, schema=)`` for one work-dir file (a local path or
+    fsspec URL), through ``ParquetFile``. The files of a step are small and read thousands of times
+    (each partition's task reads one per earlier stage; a part filter on every bucket-range file),
+    and ``pq.read_table`` builds a dataset for each (discovery, a scanner, an Acero plan, thread
+    pools): ~0.4-1.3 ms a small file against ~0.05-0.2 ms here (profiled at 300 partitions, its
+    reads were 37% of all task time). ``filters`` are AND-ed ``(column, op, value)`` (``= == < <= >
+    >= in``): row groups whose statistics exclude one are skipped, as the scanner does, and the rows
+    of the rest tested with a mask (nulls never match, as in ``read_table``)."""
+    if isinstance(path, str) and "://" in path:
+        fs, fs_path = url_to_fs(path)
+        with fs.open(fs_path, "rb") as f:
+            return read_parquet(pa.BufferReader(f.read()), columns, filters, schema)
+    pf = pq.ParquetFile(path, pre_buffer=False)  # one small file read once: no read-ahead to set up
+    want = columns if columns is not None else (schema.names if schema is not None else None)
+    if not filters:
+        t = pf.read(columns=want, use_threads=False)
+    else:
+        for col, op, value in filters:
+            if op not in _OPS:
+                raise ValueError(f"read_parquet: unsupported filter {(col, op, value)!r}")
+        names, meta = pf.schema_arrow.names, pf.metadata
+        groups = [g for g in range(meta.num_row_groups) if _may_match(meta.row_group(g), names, filters)]
+        need = None if want is None else list(dict.fromkeys([*want, *(c for c, _, _ in filters)]))
+        t = pf.read_row_groups(groups, columns=need, use_threads=False)
+        if t.num_rows:
+            mask = functools.reduce(pc.and_kleene, [_OPS[op][1](t.column(col), value) for col, op, value in filters])
+            t = t.filter(mask)
+        if want is not None:
+            t = t.select(want)
+    if schema is not None:
+        t = t.cast(pa.schema([schema.field(n) for n in t.column_names]))
+    return t
+
+
+def _may_match(rg, names: list[str], filters: list[tuple]) -> bool:
+    for col, op, value in filters:
+        stats = rg.column(names.index(col)).statistics if col in names else None
+        if stats is not None and stats.has_min_max and not _OPS[op][0](stats.min, stats.max, value):
+            return False
+    return True
 
 
 class WorkDir:
@@ -183,6 +239,16 @@ class WorkDir:
             return json.loads(self.read_bytes(self.marker(step, name)))
         except FileNotFoundError:
             return None
+
+    def finished(self, step: str) -> set[str]:
+        """The names of the step's tasks that have a marker: one listing of ``_done/<step>/``, so a
+        step of 48,000 tasks that starts fresh makes one call, not 48,000 failed opens (a name listed
+        here is then read with ``done``; a marker's temp file, ``<name>.json.tmp-*``, is not listed)."""
+        try:
+            names = self.listdir(self._path("_done", step))
+        except FileNotFoundError:
+            return set()
+        return {n[:-5] for n in names if n.endswith(".json")}
 
     def mark_done(self, step: str, name: str, stats: dict, *, sync: bool = True) -> None:
         """Commit a task: its marker, written under a unique name and renamed. ``sync`` fsyncs it,
