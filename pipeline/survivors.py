@@ -15,9 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from .workdir import WorkDir, read_parquet
+from .workdir import WorkDir, iter_batches, read_parquet
 
 
 @dataclass(frozen=True)
@@ -57,7 +56,7 @@ class Survivors:
         with rewritten texts applied (when ``text`` is among ``columns``)."""
         drop = self.removed_ids(part)
         new_text = self.overridden_texts(part) if "text" in columns else {}
-        for batch in pq.ParquetFile(self.wd.docs(part)).iter_batches(columns=columns, batch_size=batch_size):
+        for batch in iter_batches(self.wd.docs(part), columns, batch_size):
             t = pa.Table.from_batches([batch])
             if drop:
                 t = t.filter(pa.array([i not in drop for i in t.column("id").to_pylist()], pa.bool_()))
