@@ -14,11 +14,13 @@ stale work. Layout (``part-00007`` is partition 7, ``part_name``)::
     tokens/part-00007.parquet        the partition's token ids
     tokenizer.json, staging/, pack_index/, report.json, quarantine.jsonl, removed.jsonl
     _done/<step>/<task>.json         a task's completion marker: written last, holds its stats
+    _done/<step>/<task>.batch.json   the marker of a batch of tasks run together (RayRunner), named
+                                     by its first task: {"tasks": {name: stats}}, one commit for all
     logs/<step>/<task>.log           a task's warnings and errors; <task>.attempt-N: its batch's attempts
 
-A task is finished iff its marker exists. A crash (even ``kill -9``) leaves at most temp files
-and outputs without a marker; a rerun rewrites those, and the output is the same bytes because
-every task is deterministic.
+A task is finished iff its marker (or its batch's) exists. A crash (even ``kill -9``) leaves at
+most temp files and outputs without a marker; a rerun rewrites those, and the output is the same
+bytes because every task is deterministic.
 
 The root may be any fsspec URL (``s3://bucket/work/<key>``): nothing here renames. Every file is
 written whole or not at all (``manifests.storage``: a local temp file and ``os.replace``, or one
@@ -42,6 +44,18 @@ from gristmill.manifests import storage
 from gristmill.manifests.hashing import canonical_json
 from gristmill.manifests.parquet_part import ParquetPart  # noqa: F401  (the stages' output writer)
 from gristmill.manifests.shards import atomic_write
+
+
+BATCH_SUFFIX = ".batch.json"  # _done/<step>/<first task>.batch.json: a batch's marker, {"tasks": {name: stats}}
+
+
+def _parse_marker(data: bytes) -> dict | None:
+    """A marker's stats, or None for one that is not a whole JSON object (torn)."""
+    try:
+        stats = json.loads(data)
+    except ValueError:  # UnicodeDecodeError and JSONDecodeError
+        return None
+    return stats if isinstance(stats, dict) else None
 
 
 def part_name(part: int) -> str:
@@ -257,22 +271,51 @@ class WorkDir:
     def marker(self, step: str, name: str) -> str:
         return self._path("_done", step, f"{name}.json")
 
-    def done(self, step: str, name: str) -> dict | None:
-        """The stats of a finished task, or None if it has to be (re)done."""
-        try:
-            return json.loads(self.read_bytes(self.marker(step, name)))
-        except FileNotFoundError:
-            return None
+    def batch_marker(self, step: str, first: str) -> str:
+        """The marker of a batch of tasks run together, named by its first task."""
+        return self._path("_done", step, f"{first}{BATCH_SUFFIX}")
 
-    def finished(self, step: str) -> set[str]:
-        """The names of the step's tasks that have a marker: one listing of ``_done/<step>/``, so a
-        step of 48,000 tasks that starts fresh makes one call, not 48,000 failed opens (a name listed
-        here is then read with ``done``; a marker's temp file, ``<name>.json.tmp-*``, is not listed)."""
+    def done(self, step: str, name: str) -> dict | None:
+        """The stats of a finished task, or None if it has to be (re)done: its own marker, else
+        the batch marker that lists it (read through ``finished``: for single lookups, not loops)."""
         try:
-            names = self.listdir(self._path("_done", step))
+            return _parse_marker(self.read_bytes(self.marker(step, name)))
         except FileNotFoundError:
-            return set()
-        return {n[:-5] for n in names if n.endswith(".json")}
+            return self.finished(step).get(name)
+
+    def finished(self, step: str) -> dict[str, dict]:
+        """Every finished task of the step, name -> its stats: one listing of ``_done/<step>/`` and a
+        read of each marker there, a batch marker standing for all its tasks. A step of 48,000 tasks
+        that starts fresh makes one call (no folder yet), not 48,000 failed opens; a resumed one reads
+        one file per batch. A marker's temp file (``*.tmp-*``) is not listed, and a marker that does
+        not parse (torn by a crash of the machine) counts as absent: its tasks are redone."""
+        try:
+            names = sorted(self.listdir(self._path("_done", step)))
+        except FileNotFoundError:
+            return {}
+        out: dict[str, dict] = {}
+        for n in names:
+            if not n.endswith(".json"):
+                continue
+            try:
+                stats = _parse_marker(self.read_bytes(self._path("_done", step, n)))
+            except FileNotFoundError:
+                continue
+            if stats is None:
+                continue
+            if n.endswith(BATCH_SUFFIX):
+                tasks = stats.get("tasks")
+                if isinstance(tasks, dict):
+                    out.update(tasks)
+            else:
+                out[n[:-len(".json")]] = stats
+        return out
+
+    def mark_batch_done(self, step: str, stats: dict[str, dict]) -> None:
+        """Commit a batch of tasks (name -> stats, in item order) with one marker, written whole
+        (temp file, fsync, rename; one upload on an object store) after all their outputs: the
+        fsync also commits the outputs with the filesystem's journal (ext4's ordered mode)."""
+        atomic_write(self.batch_marker(step, next(iter(stats))), canonical_json({"tasks": stats}))
 
     def mark_done(self, step: str, name: str, stats: dict, *, sync: bool = True) -> None:
         """Commit a task: its marker, written under a unique name and renamed. ``sync`` fsyncs it,

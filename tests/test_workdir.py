@@ -37,10 +37,16 @@ def test_read_parquet_casts_to_a_given_schema_and_refuses_an_unknown_op(files):
         read_parquet(files[0], filters=[("part", "not in", [1])])
 
 
-def test_finished_lists_committed_markers_only(tmp_path):
+def test_finished_reads_task_and_batch_markers_and_skips_torn_ones(tmp_path):
     wd = WorkDir(str(tmp_path))
-    assert wd.finished("s") == set()  # no marker folder yet
+    assert wd.finished("s") == {}  # no marker folder yet
     wd.mark_done("s", "a", {"n": 1})
     wd.mark_done("s", "b", {"n": 2}, sync=False)
-    (tmp_path / "_done" / "s" / "c.json.tmp-0123abcd").write_bytes(b'{"n": 3')  # a marker torn before its rename
-    assert wd.finished("s") == {"a", "b"}
+    wd.mark_batch_done("s", {"c": {"n": 3}, "d": {"n": 4}})
+    done = tmp_path / "_done" / "s"
+    (done / "e.json.tmp-0123abcd").write_bytes(b'{"n": 5}')  # a marker's temp file, before its rename
+    (done / "f.json").write_bytes(b'{"n": 6')  # torn by a crash of the machine: not a whole object
+    (done / "g.batch.json").write_bytes(b'{"tasks": {"g": {"n": 7}, "h": {')
+    (done / "i.json").write_bytes(b"\x00\x00\x00")
+    assert wd.finished("s") == {"a": {"n": 1}, "b": {"n": 2}, "c": {"n": 3}, "d": {"n": 4}}
+    assert wd.done("s", "d") == {"n": 4} and wd.done("s", "f") is None and wd.done("s", "g") is None
