@@ -101,9 +101,11 @@ def record_attempt(wd: WorkDir, step: str, name: str) -> int:
     return n
 
 
-def run_one(fn: Callable[[dict], dict], item: dict, wd: WorkDir, step: str, sync: bool = True) -> dict:
+def run_one(fn: Callable[[dict], dict], item: dict, wd: WorkDir, step: str, sync: bool = True,
+            commit: bool = True) -> dict:
     """One task: ``fn(item)``, then its marker (after its outputs are committed: the marker is the
-    commit). Its warnings and errors go to its log; an exception becomes ``TaskFailed``."""
+    commit; ``commit=False`` leaves that to the batch's marker). Its warnings and errors go to its
+    log; an exception becomes ``TaskFailed``."""
     t0, c0 = time.perf_counter(), time.process_time()
     log = wd.log(step, item["name"])
     with task_log(log):
@@ -113,21 +115,42 @@ def run_one(fn: Callable[[dict], dict], item: dict, wd: WorkDir, step: str, sync
             logging.getLogger("gristmill.task").error("%s %s failed:\n%s", step, item["name"], traceback.format_exc())
             raise TaskFailed(item["name"], f"{type(e).__name__}: {e}", log) from None
     stats = {**stats, "_seconds": time.perf_counter() - t0, "_cpu_seconds": time.process_time() - c0}
-    wd.mark_done(step, item["name"], stats, sync=sync)
+    if commit:
+        wd.mark_done(step, item["name"], stats, sync=sync)
     return stats
 
 
 def run_batch(fn: Callable[[dict], dict], items: list[dict], wd: WorkDir, step: str) -> list[dict]:
-    """Several items in one worker, each committed by its own marker; an item whose marker exists
-    (this batch retried after its worker died) is not run again. The last marker is synced,
-    which commits the batch's markers and outputs before the driver hears of them."""
-    return list(_run_items(fn, items, wd, step))
+    """Several items in one worker (RayRunner's unit of work), committed together by one batch
+    marker (``_done/<step>/<first>.batch.json``, fsynced) once all their outputs are written: one
+    marker file for up to MAX_BATCH tasks, not one each (a file create and rename per task was a
+    good part of a tiny task's fixed cost). A batch killed before its marker is redone whole
+    (deterministic tasks rewrite the same bytes); a rerun with another batch size still finds
+    every committed task, since ``WorkDir.finished`` reads batch markers by task name. When an
+    item raises, the items before it are committed first, so only the failed one is redone. A
+    batch of one item writes that item's own marker. A retried batch (attempt > 1: Ray after its
+    worker died) skips the items a marker already lists."""
+    if len(items) == 1:
+        return list(_run_items(fn, items, wd, step))
+    # The driver hands out only tasks without a marker, so a first attempt has none to skip.
+    finished = wd.finished(step) if record_attempt(wd, step, items[0]["name"]) > 1 else {}
+    stats: dict[str, dict] = {}
+    try:
+        for it in items:
+            if it["name"] not in finished:
+                stats[it["name"]] = run_one(fn, it, wd, step, commit=False)
+    finally:
+        if stats:  # the items that finished, committed even when a later one raised
+            wd.mark_batch_done(step, stats)
+    return [stats.get(it["name"]) or finished[it["name"]] for it in items]
 
 
 def _run_items(fn: Callable[[dict], dict], items: list[dict], wd: WorkDir, step: str):
-    record_attempt(wd, step, items[0]["name"])
+    """Items one after another, each committed by its own marker (the last one synced); a retried
+    run of them (attempt > 1) skips the items a marker lists."""
+    finished = wd.finished(step) if record_attempt(wd, step, items[0]["name"]) > 1 else {}
     for i, it in enumerate(items):
-        yield wd.done(step, it["name"]) or run_one(fn, it, wd, step, sync=i == len(items) - 1)
+        yield finished.get(it["name"]) or run_one(fn, it, wd, step, sync=i == len(items) - 1)
 
 
 class Runner:
@@ -147,8 +170,9 @@ class Runner:
             raise RuntimeError(f"{step}: task names are not unique")
         results: dict[str, dict] = {}
         todo = []
+        finished = self.wd.finished(step)  # one listing of the step's markers, not a lookup per item
         for it in items:
-            if (done := self.wd.done(step, it["name"])) is not None:
+            if (done := finished.get(it["name"])) is not None:
                 results[it["name"]] = done
             else:
                 todo.append(it)
