@@ -12,6 +12,7 @@ import pytest
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+pytestmark = pytest.mark.slow  # three torchrun/Python launches with torch (~15 s): end to end, outside the quick loop
 
 # Builds the tiny model with build_model and saves its full (gathered) weights from rank 0.
 WEIGHTS_PROBE = """
