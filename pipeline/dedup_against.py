@@ -155,8 +155,7 @@ def fetch_task(item: dict, wd: WorkDir, params: dict, candidates: list[str]) -> 
     t = pa.concat_tables([_read(wd.scratch(STAGE, "candidates", c), ["ref", "order", "exact", "near"],
                                 [("file", "=", item["file"])]) for c in candidates])
     i, j, ex, nr = di.dedupe_pairs(t.column("order").to_numpy(), t.column("ref").to_numpy(),
-                                   t.column("exact").to_numpy(zero_copy_only=False),
-                                   t.column("near").to_numpy(zero_copy_only=False))
+                                   dx.bool_values(t.column("exact")), dx.bool_values(t.column("near")))
     rows = j & ((1 << FILE_SHIFT) - 1)
     pf = pq.ParquetFile(wd.scratch(STAGE, "index", item["name"]))
     sizes = [pf.metadata.row_group(g).num_rows for g in range(pf.num_row_groups)]
@@ -196,13 +195,12 @@ def match_task(item: dict, wd: WorkDir, params: dict, threshold: float, sources:
     new = _read(wd.scratch(STAGE, "new", item["name"]), ["order", "id", "bytes", "has_words", "sketch"])
     orders = new.column("order").to_numpy()
     nsk, _ = dx.sketch_matrix(new.column("sketch"), width) if new.num_rows else (np.zeros((0, width), np.uint8), None)
-    nhas = new.column("has_words").to_numpy(zero_copy_only=False).astype(bool)
+    nhas = dx.bool_values(new.column("has_words"))
     osk, _ = dx.sketch_matrix(t.column("sketch"), width) if t.num_rows else (np.zeros((0, width), np.uint8), None)
     i = np.searchsorted(orders, t.column("order").to_numpy()) if t.num_rows else np.zeros(0, np.int64)
     j = t.column("ref").to_numpy() if t.num_rows else np.zeros(0, np.int64)
-    v = di.resolve(params, threshold, new.num_rows, i, j, t.column("exact").to_numpy(zero_copy_only=False).astype(bool),
-                   t.column("near").to_numpy(zero_copy_only=False).astype(bool), nsk, nhas, osk,
-                   t.column("has_words").to_numpy(zero_copy_only=False).astype(bool))
+    v = di.resolve(params, threshold, new.num_rows, i, j, dx.bool_values(t.column("exact")),
+                   dx.bool_values(t.column("near")), nsk, nhas, osk, dx.bool_values(t.column("has_words")))
     hit = np.flatnonzero(v["pair"] >= 0)
     ids, nbytes = new.column("id").to_pylist(), new.column("bytes").to_pylist()
     old_ids = t.column("doc_id").to_pylist()
