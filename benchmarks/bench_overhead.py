@@ -67,6 +67,7 @@ def _child(job_path: str, num_cpus: int) -> None:
 
     from gristmill.pipeline.config import load_job
     from gristmill.pipeline.executor import prepare
+    from gristmill.pipeline.workdir import WorkDir
 
     t0 = time.perf_counter()
     ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
@@ -74,9 +75,9 @@ def _child(job_path: str, num_cpus: int) -> None:
     wall = time.perf_counter() - t0
     total = tree_cpu_seconds(os.getpid())
     tasks = 0.0
-    for marker in glob.glob(os.path.join(result.run_dir, "_done", "**", "*.json"), recursive=True):
-        with open(marker) as f:
-            tasks += float(json.load(f).get("_cpu_seconds", 0.0))
+    wd = WorkDir(result.run_dir)
+    for step in os.listdir(os.path.join(result.run_dir, "_done")):  # task markers and batch markers
+        tasks += sum(float(s.get("_cpu_seconds", 0.0)) for s in wd.finished(step).values())
     print(json.dumps({"wall_s": wall, "tree_cpu_s": total, "task_cpu_s": tasks, "ratio": total / tasks,
                       "manifest": result.manifest_sha256}))
     ray.shutdown()

@@ -133,14 +133,15 @@ def parse_steps(stderr: str) -> dict[str, dict]:
 
 def markers(run_root: str) -> dict[str, dict]:
     """step -> {"tasks", "task_s", "cpu_s"}: the completion markers, with each task's own time."""
+    from gristmill.pipeline.workdir import WorkDir
+
     out: dict[str, dict] = {}
-    for m in glob.glob(os.path.join(run_root, "work", "*", "_done", "*", "*.json")):
-        with open(m) as f:
-            s = json.load(f)
-        v = out.setdefault(os.path.basename(os.path.dirname(m)), {"tasks": 0, "task_s": 0.0, "cpu_s": 0.0})
-        v["tasks"] += 1
-        v["task_s"] += float(s.get("_seconds", 0.0))
-        v["cpu_s"] += float(s.get("_cpu_seconds", 0.0))
+    for done in glob.glob(os.path.join(run_root, "work", "*", "_done")):
+        wd = WorkDir(os.path.dirname(done))
+        for step in os.listdir(done):  # task markers and batch markers (one per batch of tasks)
+            stats = list(wd.finished(step).values())
+            out[step] = {"tasks": len(stats), "task_s": sum(float(s.get("_seconds", 0.0)) for s in stats),
+                         "cpu_s": sum(float(s.get("_cpu_seconds", 0.0)) for s in stats)}
     return out
 
 

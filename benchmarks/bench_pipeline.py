@@ -100,8 +100,10 @@ def run_scale(scale: int, root: str, shard_mb: int, num_cpus: int = 2, job_file:
     # CPU seconds of each stage: per-partition stages from their tasks' process CPU time (all
     # threads, reading and writing included); the others from report.json (their tasks' CPU
     # time plus the driver's), tokenizer training from its task's marker.
+    from gristmill.pipeline.workdir import WorkDir
+
     def task_cpu(stage):
-        return sum(json.load(open(f))["cpu_seconds"] for f in glob.glob(os.path.join(result.run_dir, "_done", stage, "*.json")))
+        return sum(s["cpu_seconds"] for s in WorkDir(result.run_dir).finished(stage).values())  # task and batch markers
     core_s = {s["stage"]: s["core_seconds"] for s in r["stages"] if s["stage"] != "language"}
     core_s["extract"], core_s["tokenize"] = task_cpu("extract"), task_cpu("tokenize")
     core_s["tokenizer_training"] = marker(result.run_dir, "tokenizer", "train")["_cpu_seconds"]
@@ -123,8 +125,9 @@ def run_scale(scale: int, root: str, shard_mb: int, num_cpus: int = 2, job_file:
 
 def marker(run_dir: str, step: str, name: str) -> dict:
     """A finished task's marker (its stats plus ``_seconds`` and ``_cpu_seconds``, pipeline.runner)."""
-    with open(os.path.join(run_dir, "_done", step, f"{name}.json")) as f:
-        return json.load(f)
+    from gristmill.pipeline.workdir import WorkDir
+
+    return WorkDir(run_dir).done(step, name)
 
 
 def warm_up_workers(ray, num_cpus: int) -> None:

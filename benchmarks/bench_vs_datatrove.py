@@ -1,6 +1,6 @@
 """gristmill ``prepare`` against Hugging Face datatrove 0.10.x: same corpora, same stages (issue 14).
 
-    .venv/bin/python benchmarks/bench_vs_datatrove.py [--scales 1 30] [--runs 2] [--out /tmp/gm-vs-dt]
+    .venv/bin/python benchmarks/bench_vs_datatrove.py [--scales 1 30] [--runs 2] [--out /tmp/gm-vs-dt] [--runners local ray]
     .venv/bin/python benchmarks/bench_vs_datatrove.py --recall-seeds 8 [--scales 1] [--out /tmp/gm-vs-dt]
 
 Start it without flock: it takes /tmp/gristmill-heavy.lock itself around each timed run (the wait
@@ -39,7 +39,10 @@ order); MinHash on 5-word shingles, threshold 0.8: datatrove 14 bands x 9 rows (
 its own choice (no ``bands``/``rows`` in its job: with exact verification 21 x 6, ``pipeline/lsh.py``;
 ``--gm-bands-rows 14 9`` gives it datatrove's banding); tokenize with the
 same tokenizer.json. No decontamination for either. gristmill: ``ray.num_cpus`` 2, no validation
-split, its pack + publish stages (datatrove's equivalent is the tokenizer merger). datatrove: one
+split, its pack + publish stages (datatrove's equivalent is the tokenizer merger); ``--runners`` the
+task runners it runs with (``ray.runner``; default ``local``, the worker pool a prepare without a
+cluster uses; ``ray`` an embedded Ray), one run of each per pair, in that order, the first one
+compared with datatrove (every runner's ratios are printed too). datatrove: one
 ``LocalPipelineExecutor`` per pipeline step, tasks=2 and workers=2 (MinHash buckets: 14 tasks, one per
 band, 2 workers; clustering and the merges: 1 task), as in the earlier comparison on this machine.
 Known differences that stay: gristmill's language ID reads a document's first 4,000 characters,
@@ -272,7 +275,7 @@ def train_tokenizer(clean: str, out_path: str) -> None:
 
 # -- gristmill ------------------------------------------------------------------------------------
 def gristmill_job(clean: str, run_dir: str, tokenizer: str, num_cpus: int, seed: int = 1,
-                  bands_rows: tuple[int, int] | None = None) -> dict:
+                  bands_rows: tuple[int, int] | None = None, runner: str = "local") -> dict:
     """``bands_rows``: None is gristmill's own choice at the threshold (``lsh.recall_params`` with
     verification: 21 x 6 at 0.8); ``(14, 9)`` is datatrove's banding. Inputs: the clean corpus's
     JSONL, Parquet and text files, those of the three kinds it has."""
@@ -290,19 +293,19 @@ def gristmill_job(clean: str, run_dir: str, tokenizer: str, num_cpus: int, seed:
         "split": {"validation_fraction": 0.0},
         "tokenizer": {"path": tokenizer, "eos_token": EOS},
         "pack": {"seq_len": 2048},
-        "ray": {"num_cpus": num_cpus},
+        "ray": {"num_cpus": num_cpus, "runner": runner},
     }
 
 
 def run_gristmill(clean: str, run_dir: str, tokenizer: str, num_cpus: int, seed: int = 1,
-                  bands_rows: tuple[int, int] | None = None) -> dict:
+                  bands_rows: tuple[int, int] | None = None, runner: str = "local") -> dict:
     import yaml
 
     shutil.rmtree(run_dir, ignore_errors=True)
     os.makedirs(run_dir)
     job = os.path.join(run_dir, "job.yaml")
     with open(job, "w") as f:
-        yaml.safe_dump(gristmill_job(clean, run_dir, tokenizer, num_cpus, seed, bands_rows), f, sort_keys=False)
+        yaml.safe_dump(gristmill_job(clean, run_dir, tokenizer, num_cpus, seed, bands_rows, runner), f, sort_keys=False)
     res = timed_run([os.path.join(ROOT, ".venv", "bin", "python"), "-m", "gristmill", "prepare", job],
                     os.path.join(run_dir, "prepare.log"))
     (report_path,) = glob.glob(os.path.join(run_dir, "work", "*", "report.json"))
@@ -318,7 +321,7 @@ def run_gristmill(clean: str, run_dir: str, tokenizer: str, num_cpus: int, seed:
         for line in f:
             r = json.loads(line)
             removed.setdefault(r["reason"], set()).add(r["id"])
-    return {**res, "stages": stages, "pipeline_s": report["total_seconds"],
+    return {**res, "stages": stages, "pipeline_s": report["total_seconds"], "manifest_sha256": report["manifest_sha256"],
             "lsh": report["stats"]["fuzzy_dedup"]["detail"]["lsh"],
             "kept": report["accounting"]["kept"], "tokens": st["tokenize"]["tokens_out"],
             "removed": {"language": removed.get("language", set()) | removed.get("language_score", set()),
@@ -546,11 +549,14 @@ def median(runs: list[dict], key, *sub) -> float:
     return statistics.median(vals)
 
 
-def print_scale(scale: int, gm: list[dict], dt: list[dict], truth: list[dict], clean_info: dict) -> dict:
+def print_scale(scale: int, by_runner: dict[str, list[dict]], dt: list[dict], truth: list[dict], clean_info: dict) -> dict:
+    """The first runner's runs are compared with datatrove's in full; every runner's wall and
+    peak RSS ratios, and whether the runners published the same manifest, are printed after."""
+    gm = next(iter(by_runner.values()))
     print(f"\n=== demo corpus scale {scale}: inputs {', '.join(clean_info['files'][:4])}"
           f"{' ...' if len(clean_info['files']) > 4 else ''} ({len(clean_info['files'])} files; "
           f"left out: {', '.join(clean_info['left_out']) or 'none'}; {clean_info['lines_dropped']} bad records dropped)")
-    for name, runs in (("gristmill", gm), ("datatrove", dt)):
+    for name, runs in (*((f"gristmill ({r})", v) for r, v in by_runner.items()), ("datatrove", dt)):
         print(f"\n{name}: wall s per run (run 1, run 2, ...), median")
         for stage in runs[0]["stages"]:
             vals = [r["stages"][stage] for r in runs]
@@ -582,7 +588,18 @@ def print_scale(scale: int, gm: list[dict], dt: list[dict], truth: list[dict], c
     pipe = median(dt, "pipeline_s") / median(gm, "pipeline_s")
     print(f"datatrove / gristmill wall (medians): whole {whole:.2f}x, in-process stages {pipe:.2f}x, "
           f"fuzzy dedup {fuzzy:.2f}x; peak RSS {median(dt, 'peak_rss_mb') / median(gm, 'peak_rss_mb'):.2f}x")
-    return {"scale": scale, "whole_ratio": whole, "fuzzy_ratio": fuzzy, "pipeline_ratio": pipe,
+    runners = {}
+    for r, runs in by_runner.items():
+        runners[r] = {"wall_s": median(runs, "wall_s"), "peak_rss_mb": median(runs, "peak_rss_mb"),
+                      "peak_rss_vs_datatrove": median(runs, "peak_rss_mb") / median(dt, "peak_rss_mb"),
+                      "wall_vs_datatrove": median(runs, "wall_s") / median(dt, "wall_s")}
+        print(f"gristmill ({r}) / datatrove (medians): peak RSS of the tree {runners[r]['peak_rss_mb']:.0f} / "
+              f"{median(dt, 'peak_rss_mb'):.0f} MB = {runners[r]['peak_rss_vs_datatrove']:.2f}x; whole wall "
+              f"{runners[r]['wall_s']:.1f} / {median(dt, 'wall_s'):.1f} s = {runners[r]['wall_vs_datatrove']:.2f}x")
+    hashes = {r: {run["manifest_sha256"] for run in runs} for r, runs in by_runner.items()}
+    print(f"same manifest from every runner and run: {len(set().union(*hashes.values())) == 1} "
+          f"({', '.join(f'{r}: {sorted(h)[0][:12]}' for r, h in hashes.items())})")
+    return {"scale": scale, "whole_ratio": whole, "fuzzy_ratio": fuzzy, "pipeline_ratio": pipe, "runners": runners,
             "gristmill": [{k: v for k, v in r.items() if k != "removed"} for r in gm],
             "datatrove": [{k: v for k, v in r.items() if k != "removed"} for r in dt],
             "recall": {"gristmill": recall(truth, gm[0]["removed"]["near"]),
@@ -674,6 +691,8 @@ def main() -> None:
     ap.add_argument("--out", default="/tmp/gm-vs-dt")
     ap.add_argument("--dt-python", default="/work/bench-venv-datatrove/bin/python")
     ap.add_argument("--num-cpus", type=int, default=2)
+    ap.add_argument("--runners", nargs="+", choices=("local", "ray"), default=["local"],
+                    help="gristmill's task runners (ray.runner), each run once per pair; the first is compared in full")
     ap.add_argument("--recall-seeds", type=int, default=0, metavar="N",
                     help="instead of the timed comparison: planted near-duplicate recall of both tools over "
                          "MinHash permutation seeds 1..N, on one scale")
@@ -714,11 +733,13 @@ def main() -> None:
                 json.dump(res, f, indent=1)
             print(f"\nresults: {path}  ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} cores)")
             return
-        gm, dt = [], []
+        gm, dt = {r: [] for r in dict.fromkeys(a.runners)}, []
         for k in range(a.runs):
-            gm.append(run_gristmill(clean, os.path.join(base, f"gristmill-{k + 1}"), tokenizer, a.num_cpus,
-                                    bands_rows=a.gm_bands_rows))
-            print(f"scale {scale} gristmill run {k + 1}: {gm[-1]['wall_s']:.1f} s", flush=True)
+            for r, runs in gm.items():
+                runs.append(run_gristmill(clean, os.path.join(base, f"gristmill-{r}-{k + 1}"), tokenizer, a.num_cpus,
+                                          bands_rows=a.gm_bands_rows, runner=r))
+                print(f"scale {scale} gristmill ({r}) run {k + 1}: {runs[-1]['wall_s']:.1f} s, "
+                      f"peak RSS {runs[-1]['peak_rss_mb']:.0f} MB", flush=True)
             dt.append(run_datatrove(a.dt_python, clean, os.path.join(base, f"datatrove-{k + 1}"), tokenizer,
                                     default_model_path()))
             print(f"scale {scale} datatrove run {k + 1}: {dt[-1]['wall_s']:.1f} s", flush=True)

@@ -20,7 +20,7 @@ RUN = os.path.join(OUT, "run")
 STEPS = [
     ("Write the demo corpus (JSONL/.gz/.zst, Parquet, text, WARC; planted duplicates, leaks, bad records)",
      ["demo-corpus", OUT]),
-    ("Prepare it on an embedded Ray: extract, language filter, exact dedup, quality rules, fuzzy dedup, decontaminate, tokenize, pack, publish",
+    ("Prepare it with local worker processes: extract, language filter, exact dedup, quality rules, fuzzy dedup, decontaminate, tokenize, pack, publish",
      ["prepare", "examples/demo-job-full.yaml"]),
     ("Re-hash every shard, the document index and the tokenizer against the manifest",
      ["manifest", "verify", DATASET]),

@@ -309,7 +309,11 @@ class OutputConfig(Section):
 
 class RayConfig(Section):
     # Parallelism only: none of these change the output (see docs/pipeline.md, determinism).
-    num_cpus: PositiveInt | None = None  # embedded local Ray only
+    # Who runs the tasks: "local" a pool of worker processes on this machine, "ray" Ray tasks (the
+    # cluster of --address / RAY_ADDRESS, else an embedded Ray), "auto" Ray when a cluster is named,
+    # else local.
+    runner: Literal["auto", "local", "ray"] = "auto"
+    num_cpus: PositiveInt | None = None  # workers on this machine (local runner, embedded Ray); None = its CPUs
     concurrency: PositiveInt | None = None  # parallel partition tasks; None = one per CPU
     records_per_batch: PositiveInt = 1024  # rows per batch inside a partition task
     # Consecutive small input files share a partition (one task) up to this many input bytes,
@@ -369,10 +373,11 @@ class PrepareConfig(Section):
             raise PydanticCustomError("config", "{msg}", {"msg": msg, "at": ("inputs", i, "quality", *loc)}) from None
 
     def content_dict(self) -> dict:
-        """What determines the output: all but the work dir, the store root and parallelism."""
+        """What determines the output: all but the work dir, the store root, the data card and parallelism."""
         d = self.to_dict()
         d.pop("work_dir"), d.pop("ray")
         d["output"].pop("store")  # where a version is published is not part of its content
+        d["output"].pop("report_html")  # the data card is drawn beside report.json, not into the version
         return d
 
 

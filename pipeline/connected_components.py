@@ -21,9 +21,8 @@ import math
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from .workdir import ParquetPart
+from .workdir import ParquetPart, read_parquet
 
 _MAX_ROUNDS = 100
 
@@ -111,7 +110,7 @@ def write_edges(path: str, u: np.ndarray, v: np.ndarray, buckets: int) -> None:
 
 def read_bucket(files: list[str], bucket: int) -> dict:
     flt = [("bucket", "=", bucket)]
-    tables = [pq.read_table(f, columns=["u", "v"], filters=flt) for f in files]
+    tables = [read_parquet(f, ["u", "v"], flt) for f in files]
     t = pa.concat_tables(tables) if tables else EDGE_SCHEMA.empty_table().select(["u", "v"])
     return {"u": t.column("u").to_numpy().astype(np.int64), "v": t.column("v").to_numpy().astype(np.int64)}
 

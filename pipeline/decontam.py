@@ -33,7 +33,7 @@ from . import ngrams
 from .config import DecontamConfig, EvalSetSpec  # noqa: F401  (re-exported)
 from .documents import OVERRIDE_SCHEMA, REMOVED_SCHEMA, split_of, to_removed_rows
 from .survivors import Survivors
-from .workdir import ParquetPart, WorkDir
+from .workdir import ParquetPart, WorkDir, read_parquet
 
 SCRATCH = "decontam"  # the work dir's folder of this stage's indexes and validation files
 
@@ -248,11 +248,9 @@ def validation_docs_task(item: dict, survivors: Survivors, split: Any) -> dict:
 def validation_index_task(item: dict, cfg: DecontamConfig, wd: WorkDir, names: list[str]) -> dict:
     """The index of the validation split's texts (the files validation_docs_task wrote, ``names``
     its tasks), saved to the work dir as ``item["out"]``."""
-    import pyarrow.parquet as pq
-
     items = []
     for name in names:
-        t = pq.read_table(wd.scratch(SCRATCH, "validation", name))
+        t = read_parquet(wd.scratch(SCRATCH, "validation", name))
         items += list(zip(t.column("id").to_pylist(), t.column("text").to_pylist()))
     index, record = reference_index(items, cfg)
     index.save(item["out"])
@@ -283,12 +281,11 @@ def prune_index_task(item: dict, wd: WorkDir, index_path: str, names: list[str],
     documents of the corpus (summed over the partitions' counts) are dropped, so they never
     count as overlap. Holds one count per validation gram, like the index itself."""
     import numpy as np
-    import pyarrow.parquet as pq
 
     index = _load_index(index_path)
     df = np.zeros(index.ngrams, np.int64)
     for name in names:
-        t = pq.read_table(wd.scratch(SCRATCH, "validation_df", name))
+        t = read_parquet(wd.scratch(SCRATCH, "validation_df", name))
         np.add.at(df, t.column("gram").to_numpy(), t.column("documents").to_numpy())
     drop = df > max_doc_freq
     index.without(drop).save(item["out"])

@@ -24,6 +24,7 @@ from gristmill.manifests import dedup_index as dx
 from .config import FuzzyDedupConfig
 from .documents import norm_hash
 from .minhash import MinHasher
+from .workdir import read_parquet
 
 
 SKETCH_BITS = 4  # ~75 B a document in all; 8 bits would be ~140 B (docs/benchmarks.md measures its share of a version)
@@ -259,7 +260,7 @@ def merge_task(item: dict, wd, parts: list[str], params: dict) -> dict:
     from gristmill.manifests.hashing import sha256_file
 
     flt = [("id_hash", ">=", item["lo"])] + ([("id_hash", "<", item["hi"])] if item["hi"] < 1 << 63 else [])
-    tables = [pq.read_table(wd.scratch(INDEX_DIR, "parts", p), filters=flt) for p in parts]
+    tables = [read_parquet(wd.scratch(INDEX_DIR, "parts", p), filters=flt) for p in parts]
     s = dx.schema(params)
     t = pa.concat_tables([x.drop_columns(["id_hash"]).cast(s) for x in tables]) if tables else s.empty_table()
     rel = index_file(item["k"])

@@ -12,12 +12,11 @@ import json
 import math
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from gristmill.manifests.hashing import stable_fraction  # the split rule, shared with manifest verify
 
 from .text import normalize
-from .workdir import ParquetPart
+from .workdir import ParquetPart, read_parquet
 
 PART_SHIFT = 32
 
@@ -110,7 +109,7 @@ def removed_by_partition(wd, stage: str, kind: str, tasks: list[str], part: int,
     bucket-range task's file (``<stage>/<kind>/<task>.parquet``, sorted by order, so a part filter
     reads a few row groups), written as ``removed/<stage>/part-N`` (``convert`` makes them
     REMOVED_SCHEMA rows); its stats."""
-    t = pa.concat_tables([pq.read_table(wd.scratch(stage, kind, name), filters=[("part", "=", part)], schema=schema)
+    t = pa.concat_tables([read_parquet(wd.scratch(stage, kind, name), filters=[("part", "=", part)], schema=schema)
                           for name in tasks]).sort_by("order") if tasks else schema.empty_table()
     out = ParquetPart(wd.removed(stage, part), REMOVED_SCHEMA)
     out.write(convert(t))

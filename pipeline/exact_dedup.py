@@ -17,10 +17,9 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from .documents import REMOVED_SCHEMA, bucket_range_tasks, removed_by_partition, to_removed_rows
-from .workdir import ParquetPart, WorkDir
+from .workdir import ParquetPart, WorkDir, read_parquet
 
 STAGE = "exact_dedup"
 REASON = "exact_duplicate"
@@ -74,7 +73,7 @@ def dedup_task(task: dict, wd: WorkDir, parts: list[int], exclude_tasks: tuple[s
     partition: each partition's ``removed_task`` reads only its own row groups). ``exclude_tasks``:
     the unique_ids step's tasks, whose repeated ids are out of the run (neither survivor nor duplicate)."""
     flt = [("bucket", ">=", task["lo"]), ("bucket", "<", task["hi"])]
-    keys = pa.concat_tables([pq.read_table(wd.keys(p), filters=flt, schema=KEY_SCHEMA) for p in parts]) if parts \
+    keys = pa.concat_tables([read_parquet(wd.keys(p), filters=flt, schema=KEY_SCHEMA) for p in parts]) if parts \
         else KEY_SCHEMA.empty_table()
     if exclude_tasks:
         from .unique_ids import repeated_ids

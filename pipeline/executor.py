@@ -3,9 +3,9 @@
 The executor knows one interface (``pipeline.stages.Stage``): it builds the list of stages the
 job enables (``stages.build``), runs each one and publishes from what they return as data
 (``StageResult``: stage-table rows, accounting, inputs, eval sets, the packed dataset); it
-never names a stage. Every stage is tasks over files run by a ``pipeline.runner.Runner`` (Ray
-tasks here): a task per partition, per hash range or per range of partitions, each committed
-with a marker, so a rerun after ``kill -9`` skips every finished task of every stage. The
+never names a stage. Every stage is tasks over files run by a ``pipeline.runner.Runner`` (a
+pool of local processes, or Ray tasks on a cluster: ``job_runner`` chooses): a task per
+partition, per hash range or per range of partitions, each committed with a marker, so a rerun after ``kill -9`` skips every finished task of every stage. The
 driver holds O(partitions): removed rows, overrides and statistics stay in files and task
 markers. Publishing copies the packed shards into a new version directory and commits
 ``manifest.json`` last. The data card (report.html) is the prepare command's to write.
@@ -31,7 +31,7 @@ from gristmill.manifests.shards import atomic_write
 from . import stages as st
 from .config import PrepareConfig
 from .progress import Progress
-from .runner import RayRunner
+from .runner import LocalRunner, RayRunner, Runner
 from .stats import build_report, check_balanced, export_jsonl, manifest_stats
 from .workdir import WorkDir
 
@@ -140,6 +140,34 @@ def run_key(job: PrepareConfig, tasks: list[dict]) -> str:
     return sha256_json({"job": job.content_dict(), "inputs": ids})[:16]
 
 
+# -- the runner ----------------------------------------------------------------------------------
+def runner_kind(job: PrepareConfig, address: str | None) -> str:
+    """``ray.runner`` resolved: "ray" when it says so or (auto) when a cluster is named by
+    ``--address`` or RAY_ADDRESS (set by `ray job submit`), else "local"."""
+    join = address or os.environ.get("RAY_ADDRESS")
+    if job.ray.runner == "local" and join:
+        named = f"--address {address}" if address else f"RAY_ADDRESS={join}"
+        raise ConfigError(f"ray.runner: local runs on this machine only, but a Ray cluster is named ({named}); "
+                          "set ray.runner: auto to run on the cluster, or drop the address")
+    return "ray" if job.ray.runner == "ray" or join else "local"
+
+
+@contextlib.contextmanager
+def job_runner(job: PrepareConfig, address: str | None, wd: WorkDir, progress: Progress,
+               inputs: dict[int, list[str]]):
+    """The prepare's runner (``runner_kind``), stopped with its workers (or its Ray) at the end."""
+    opts = {"max_in_flight": job.ray.concurrency, "max_retries": job.ray.max_retries, "inputs": inputs}
+    if runner_kind(job, address) == "local":
+        runner: Runner = LocalRunner(wd, progress, num_workers=job.ray.num_cpus, **opts)
+        try:
+            yield runner
+        finally:
+            runner.close()
+        return
+    with ray_runtime(job, address) as ray:
+        yield RayRunner(ray, wd, progress, **opts)
+
+
 # -- Ray ---------------------------------------------------------------------------------------
 @contextlib.contextmanager
 def ray_runtime(job: PrepareConfig, address: str | None):
@@ -235,6 +263,7 @@ def _ray_start_advice(e: Exception, join: str | None, num_cpus: int | None) -> s
 class Executor:
     def __init__(self, job: PrepareConfig, *, address: str | None = None, quiet: bool = False):
         self.job, self.address, self.quiet = job, address, quiet
+        runner_kind(job, address)  # a local runner with a cluster named is an error before any work
         self.tasks = plan_inputs(job)
         check_writable(job.output.store, job.output.dataset)  # before any work, not at publish
         self.wd = WorkDir.of_run(job.work_dir, run_key(job, self.tasks))
@@ -251,16 +280,14 @@ class Executor:
         timings: dict[str, dict] = {}
         inputs = {t["part"]: [f["uri"] for f in t["files"]] for t in self.tasks}
         try:
-            with ray_runtime(self.job, self.address) as ray:
-                runner = RayRunner(ray, self.wd, Progress(quiet=self.quiet), max_in_flight=self.job.ray.concurrency,
-                                   max_retries=self.job.ray.max_retries, inputs=inputs)
+            with job_runner(self.job, self.address, self.wd, Progress(quiet=self.quiet), inputs) as runner:
                 ctx = st.Context(self.job, self.wd, runner, self.tasks, self.log)
                 for stage in self.stages:
                     t0, c0, r0 = time.perf_counter(), ctx.cpu_seconds(), runner.resumed_tasks
                     ctx.results[stage.name] = stage.run(ctx)
                     timings[stage.name] = {"seconds": time.perf_counter() - t0, "cpu_seconds": ctx.cpu_seconds() - c0,
                                            "resumed_parts": runner.resumed_tasks - r0}
-        except KeyboardInterrupt:  # Ray is shut down by now (ray_runtime's finally)
+        except KeyboardInterrupt:  # the workers (or Ray) are stopped by now (job_runner's exit)
             raise PrepareInterrupted(f"interrupted; every finished task is kept in {self.wd.root}: "
                                      "the same command resumes from there") from None
         timings["total"] = {"seconds": time.perf_counter() - t_all}

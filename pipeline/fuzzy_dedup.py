@@ -33,7 +33,6 @@ import math
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from . import connected_components as cc
 from .documents import REMOVED_SCHEMA, to_removed_rows
@@ -42,7 +41,7 @@ from .config import FuzzyDedupConfig
 from .lsh import LSHParams, band_keys, bucket_pairs, pair_jaccard
 from .minhash import MinHasher
 from .survivors import Survivors
-from .workdir import ParquetPart, WorkDir, part_name
+from .workdir import ParquetPart, WorkDir, part_name, read_parquet
 
 STAGE = "fuzzy_dedup"
 REASON = "near_duplicate"
@@ -67,7 +66,7 @@ def _hasher(num_perm: int, ngram: int, seed: int) -> MinHasher:
 
 
 def _read(path: str, columns: list[str], filters=None) -> pa.Table:
-    return pq.read_table(path, columns=columns, filters=filters)
+    return read_parquet(path, columns, filters)
 
 
 # -- 1. bands ------------------------------------------------------------------------------------

@@ -32,7 +32,7 @@ from gristmill.manifests.doc_index import DOC_INDEX_SCHEMA, DocIndexWriter
 from gristmill.manifests.manifest import token_dtype_for
 from gristmill.manifests.builder import write_pinned_shard
 
-from .workdir import WorkDir
+from .workdir import WorkDir, iter_batches
 
 SPLITS = ("train", "validation")
 
@@ -158,7 +158,7 @@ def range_docs(token_file: str, split: str, offset: int, lo: int, hi: int, batch
     """The documents of one partition's ``split`` whose first token (at split offset ``offset`` +
     tokens before it in this partition) falls in ``[lo, hi)``, in order."""
     pos = offset
-    for batch in pq.ParquetFile(token_file).iter_batches(batch_size=batch_rows):
+    for batch in iter_batches(token_file, batch_size=batch_rows):
         t = pa.Table.from_batches([batch])
         t = t.filter(pc.equal(t.column("split"), split))
         if not t.num_rows:

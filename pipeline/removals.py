@@ -9,51 +9,43 @@ the rows shown, never the corpus.
 """
 from __future__ import annotations
 
-import glob
 import json
-import os
 
 from gristmill.errors import UsageError
 
 from .documents import STAGE_ORDER, part_of
-from .workdir import part_name
+from .workdir import WorkDir
 
 
-def find_runs(path: str) -> list[str]:
-    """The run dirs (``<work_dir>/<run key>``) at ``path``, oldest first: itself when it is one,
-    else the runs in the work dir it names."""
-    if os.path.isdir(os.path.join(path, "docs")):
-        return [path]
-    runs = [d for d in glob.glob(os.path.join(path, "*")) if os.path.isdir(os.path.join(d, "docs"))]
+def find_runs(path: str) -> list[WorkDir]:
+    """The run dirs (``<work_dir>/<run key>``) at ``path`` (a directory or fsspec URL), oldest
+    first: itself when it is one, else the runs in the work dir it names."""
+    runs = WorkDir.runs_at(path)
     if not runs:
         raise UsageError(f"{path} is neither a run dir (with docs/ and removed/) nor a work dir holding one; "
                          "give the work_dir of the prepare job or its run dir (report.json's run_dir)")
-    runs.sort(key=lambda d: os.path.getmtime(os.path.join(d, "docs")))
     return runs
 
 
-def _removed_files(run: str, stage: str | None) -> list[str]:
-    stages = [os.path.basename(d) for d in glob.glob(os.path.join(run, "removed", "*")) if os.path.isdir(d)]
+def _removed_files(run: WorkDir, stage: str | None) -> list[str]:
     # pipeline order; a stage not listed (a newer one) follows them, by name
-    stages.sort(key=lambda s: (STAGE_ORDER.index(s) if s in STAGE_ORDER else len(STAGE_ORDER), s))
+    stages = sorted(run.removal_stages(), key=lambda s: (STAGE_ORDER.index(s) if s in STAGE_ORDER else len(STAGE_ORDER), s))
     if stage is not None:
         if stage not in stages:
-            raise UsageError(f"no removals of stage {stage!r} in {run}; stages with removals: {', '.join(stages) or 'none'}")
+            raise UsageError(f"no removals of stage {stage!r} in {run.root}; stages with removals: {', '.join(stages) or 'none'}")
         stages = [stage]
-    return [f for s in stages for f in sorted(glob.glob(os.path.join(run, "removed", s, "*.parquet")))]
+    return [f for s in stages for f in run.removed_files(s)]
 
 
-def _docs(run: str, wanted: dict[int, set[str]]) -> dict[str, dict]:
+def _docs(run: WorkDir, wanted: dict[int, set[str]]) -> dict[str, dict]:
     """id -> document row (as extracted) for the ids wanted, read partition by partition."""
-    import pyarrow.parquet as pq
-
     out: dict[str, dict] = {}
     for part, ids in sorted(wanted.items()):
-        path = os.path.join(run, "docs", f"{part_name(part)}.parquet")
-        if not ids or not os.path.exists(path):
+        path = run.docs(part)
+        if not ids or not run.exists(path):
             continue
-        cols = [c for c in ("id", "text", "source", "position", "url") if c in pq.read_schema(path).names]
-        for row in pq.read_table(path, columns=cols, filters=[("id", "in", sorted(ids))]).to_pylist():
+        cols = [c for c in ("id", "text", "source", "position", "url") if c in run.parquet(path).schema_arrow.names]
+        for row in run.read_parquet(path, columns=cols, filters=[("id", "in", sorted(ids))]).to_pylist():
             out[row["id"]] = row
     return out
 
@@ -62,19 +54,18 @@ def removed_documents(path: str, reason: str | None = None, stage: str | None = 
     """Up to ``limit`` removed documents of the run at ``path`` (in pipeline and input order),
     each with its text and, for a duplicate, its survivor's id and text."""
     import pyarrow.compute as pc
-    import pyarrow.parquet as pq
 
     runs = find_runs(path)
     run = runs[-1]  # the most recent
     rows, reasons = [], {}
     for f in _removed_files(run, stage):
-        for vc in pc.value_counts(pq.read_table(f, columns=["reason"]).column("reason")).to_pylist():
+        for vc in pc.value_counts(run.read_parquet(f, columns=["reason"]).column("reason")).to_pylist():
             reasons[vc["values"]] = reasons.get(vc["values"], 0) + vc["counts"]
         if len(rows) < limit:  # the full rows (the language filter's carry their text) only while needed
-            t = pq.read_table(f, filters=[("reason", "=", reason)] if reason is not None else None)
+            t = run.read_parquet(f, filters=[("reason", "=", reason)] if reason is not None else None)
             rows += t.slice(0, limit - len(rows)).to_pylist()
     if reason is not None and reason not in reasons:
-        raise UsageError(f"no document of {run} was removed as {reason!r}; reasons there: "
+        raise UsageError(f"no document of {run.root} was removed as {reason!r}; reasons there: "
                          + (", ".join(f"{k} ({v:,})" for k, v in sorted(reasons.items())) or "none"))
     wanted: dict[int, set[str]] = {}
     for r in rows:
@@ -104,10 +95,10 @@ def removed_documents(path: str, reason: str | None = None, stage: str | None = 
             item["survivor"] = {"id": sid, "source": s.get("source"), "position": s.get("position"),
                                 "url": s.get("url"), "text": s.get("text")}
         out.append(item)
-    return {"run_dir": run, "runs_found": len(runs), "removed_by_reason": dict(sorted(reasons.items())), "documents": out}
+    return {"run_dir": run.root, "runs_found": len(runs), "removed_by_reason": dict(sorted(reasons.items())), "documents": out}
 
 
-def _all_parts(run: str) -> list[int]:
-    return [int(os.path.basename(f)[5:10]) for f in sorted(glob.glob(os.path.join(run, "docs", "part-*.parquet")))]
+def _all_parts(run: WorkDir) -> list[int]:
+    return [int(f.rsplit("/", 1)[-1][5:-len(".parquet")]) for f in run.docs_files()]
 
 

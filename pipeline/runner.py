@@ -8,10 +8,12 @@ and returns JSON-able stats; the runner commits those stats as the task's marker
 ``kill -9`` redoes only unfinished tasks inside every step. Task lists are defined by the data
 (partitions, bucket ranges), never by the number of workers, so results never depend on it.
 
-Two runners behind one interface (``Runner.run``): ``RayRunner`` (plain Ray tasks with
-``num_cpus=1``: at most one worker process per CPU, none of Ray Data's operator actors) for
-``prepare``, and ``SerialRunner`` (in this process, in item order) for unit tests of a stage
-and small tools: the same markers and the same outputs.
+Three runners behind one interface (``Runner.run``), the same batches, markers and outputs:
+``LocalRunner`` (a pool of worker processes on this machine: ``prepare`` without a cluster),
+``RayRunner`` (plain Ray tasks with ``num_cpus=1``: at most one worker process per CPU, none of
+Ray Data's operator actors: ``prepare`` on a Ray cluster, or an embedded Ray with
+``ray.runner: ray``), and ``SerialRunner`` (in this process, in item order) for unit tests of a
+stage and small tools. The executor chooses (``ray.runner``); stages only see ``Runner``.
 """
 from __future__ import annotations
 
@@ -19,6 +21,9 @@ import contextlib
 import io
 import logging
 import os
+import pickle
+import signal
+import sys
 import time
 import traceback
 import warnings
@@ -96,9 +101,11 @@ def record_attempt(wd: WorkDir, step: str, name: str) -> int:
     return n
 
 
-def run_one(fn: Callable[[dict], dict], item: dict, wd: WorkDir, step: str, sync: bool = True) -> dict:
+def run_one(fn: Callable[[dict], dict], item: dict, wd: WorkDir, step: str, sync: bool = True,
+            commit: bool = True) -> dict:
     """One task: ``fn(item)``, then its marker (after its outputs are committed: the marker is the
-    commit). Its warnings and errors go to its log; an exception becomes ``TaskFailed``."""
+    commit; ``commit=False`` leaves that to the batch's marker). Its warnings and errors go to its
+    log; an exception becomes ``TaskFailed``."""
     t0, c0 = time.perf_counter(), time.process_time()
     log = wd.log(step, item["name"])
     with task_log(log):
@@ -108,21 +115,42 @@ def run_one(fn: Callable[[dict], dict], item: dict, wd: WorkDir, step: str, sync
             logging.getLogger("gristmill.task").error("%s %s failed:\n%s", step, item["name"], traceback.format_exc())
             raise TaskFailed(item["name"], f"{type(e).__name__}: {e}", log) from None
     stats = {**stats, "_seconds": time.perf_counter() - t0, "_cpu_seconds": time.process_time() - c0}
-    wd.mark_done(step, item["name"], stats, sync=sync)
+    if commit:
+        wd.mark_done(step, item["name"], stats, sync=sync)
     return stats
 
 
 def run_batch(fn: Callable[[dict], dict], items: list[dict], wd: WorkDir, step: str) -> list[dict]:
-    """Several items in one worker, each committed by its own marker; an item whose marker exists
-    (this batch retried after its worker died) is not run again. The last marker is synced,
-    which commits the batch's markers and outputs before the driver hears of them."""
-    return list(_run_items(fn, items, wd, step))
+    """Several items in one worker (RayRunner's unit of work), committed together by one batch
+    marker (``_done/<step>/<first>.batch.json``, fsynced) once all their outputs are written: one
+    marker file for up to MAX_BATCH tasks, not one each (a file create and rename per task was a
+    good part of a tiny task's fixed cost). A batch killed before its marker is redone whole
+    (deterministic tasks rewrite the same bytes); a rerun with another batch size still finds
+    every committed task, since ``WorkDir.finished`` reads batch markers by task name. When an
+    item raises, the items before it are committed first, so only the failed one is redone. A
+    batch of one item writes that item's own marker. A retried batch (attempt > 1: Ray after its
+    worker died) skips the items a marker already lists."""
+    if len(items) == 1:
+        return list(_run_items(fn, items, wd, step))
+    # The driver hands out only tasks without a marker, so a first attempt has none to skip.
+    finished = wd.finished(step) if record_attempt(wd, step, items[0]["name"]) > 1 else {}
+    stats: dict[str, dict] = {}
+    try:
+        for it in items:
+            if it["name"] not in finished:
+                stats[it["name"]] = run_one(fn, it, wd, step, commit=False)
+    finally:
+        if stats:  # the items that finished, committed even when a later one raised
+            wd.mark_batch_done(step, stats)
+    return [stats.get(it["name"]) or finished[it["name"]] for it in items]
 
 
 def _run_items(fn: Callable[[dict], dict], items: list[dict], wd: WorkDir, step: str):
-    record_attempt(wd, step, items[0]["name"])
+    """Items one after another, each committed by its own marker (the last one synced); a retried
+    run of them (attempt > 1) skips the items a marker lists."""
+    finished = wd.finished(step) if record_attempt(wd, step, items[0]["name"]) > 1 else {}
     for i, it in enumerate(items):
-        yield wd.done(step, it["name"]) or run_one(fn, it, wd, step, sync=i == len(items) - 1)
+        yield finished.get(it["name"]) or run_one(fn, it, wd, step, sync=i == len(items) - 1)
 
 
 class Runner:
@@ -142,8 +170,9 @@ class Runner:
             raise RuntimeError(f"{step}: task names are not unique")
         results: dict[str, dict] = {}
         todo = []
+        finished = self.wd.finished(step)  # one listing of the step's markers, not a lookup per item
         for it in items:
-            if (done := self.wd.done(step, it["name"])) is not None:
+            if (done := finished.get(it["name"])) is not None:
                 results[it["name"]] = done
             else:
                 todo.append(it)
@@ -186,6 +215,24 @@ class Runner:
     def _execute(self, step: str, todo: list[dict], fn):  # yields (item, stats) as tasks finish
         raise NotImplementedError
 
+    def close(self) -> None:
+        """Stop the runner's workers, if it has any (the executor calls it when the run ends)."""
+
+    def _lost_error(self, step: str, batch: list[dict], attempts: int, retries: int, e: BaseException) -> TaskError:
+        """A batch whose worker died in each of its attempts: named by its first unfinished item."""
+        first = next((it for it in batch if self.wd.done(step, it["name"]) is None), batch[0])
+        why = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        return self.error(step, first, f"its worker died in each of its {attempts} attempt{'s' * (attempts > 1)} "
+                                       f"(ray.max_retries: {retries}; {type(e).__name__}{': ' + why if why else ''})",
+                          self.wd.log(step, first["name"]))
+
+
+def batches_of(todo: list[dict], limit: int) -> list[list[dict]]:
+    """Consecutive items in batches of at most MAX_BATCH, about four per batch slot (``limit``
+    batches in flight), so the load spreads; the batching never changes an output."""
+    size = max(1, min(MAX_BATCH, len(todo) // (4 * limit)))
+    return [todo[i:i + size] for i in range(0, len(todo), size)]
+
 
 class SerialRunner(Runner):
     """Every task in this process, one after another, as one batch (no Ray)."""
@@ -209,8 +256,7 @@ class RayRunner(Runner):
         ray = self.ray
         cpus = max(1, int(ray.available_resources().get("CPU", 1)))
         limit = self.max_in_flight or cpus * 2
-        size = max(1, min(MAX_BATCH, len(todo) // (4 * limit)))
-        batches = [todo[i:i + size] for i in range(0, len(todo), size)]
+        batches = batches_of(todo, limit)
         # SPREAD: tasks go to every node of a cluster, not first to fill the driver's node (Ray's
         # default), so a cluster's CPUs and local disks all work; on one machine it changes nothing.
         remote = ray.remote(num_cpus=1, max_retries=self.max_retries, retry_exceptions=False,
@@ -234,13 +280,148 @@ class RayRunner(Runner):
                         raise cause from None
                     raise self.error(step, batch[0], f"{type(cause or e).__name__}: {cause or e}", None) from None
                 except ray.exceptions.RayError as e:  # a worker or node lost more than max_retries times
-                    first = next((it for it in batch if self.wd.done(step, it["name"]) is None), batch[0])
-                    why = str(e).strip().splitlines()[0] if str(e).strip() else ""
-                    n = self.max_retries + 1
-                    raise self.error(step, first, f"its worker died in each of its {n} attempt{'s' * (n > 1)} "
-                                                  f"(ray.max_retries: {self.max_retries}; "
-                                                  f"{type(e).__name__}{': ' + why if why else ''})",
-                                     self.wd.log(step, first["name"])) from None
+                    raise self._lost_error(step, batch, self.max_retries + 1, self.max_retries, e) from None
                 yield from zip(batch, out)
             if not ready and self.progress is not None:
                 self.progress.tick(step)
+
+
+# -- the local pool ----------------------------------------------------------------------------
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+
+
+def _cpu_count() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def _worker_init(driver: int) -> None:
+    """A pool worker's start. It ignores SIGINT: Ctrl-C reaches the whole foreground process group,
+    and it is the driver's to handle (it kills the pool and says how to resume). On Linux it asks
+    the kernel to SIGKILL it the moment its parent, the driver, dies (prctl(PR_SET_PDEATHSIG)
+    through ctypes), so a ``kill -9`` of ``gristmill prepare`` leaves no worker writing in the
+    work dir. The parent is the driver's thread that started the worker (the one running the
+    runner: spawn starts workers from ``submit``)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != driver:  # the driver died before the prctl took effect
+            os._exit(1)
+
+
+def _dumps(fn: Callable[[dict], dict]) -> bytes:
+    """The step function for the workers: by reference with pickle where it can be (a module's
+    function or a partial of one: every stage's), else by value with cloudpickle (a closure, a
+    lambda). cloudpickle is Ray's copy, imported only then: importing it imports Ray (~60 MB in
+    every process that loads the function)."""
+    try:
+        return pickle.dumps(fn, protocol=pickle.HIGHEST_PROTOCOL)
+    except (pickle.PicklingError, AttributeError, TypeError):
+        from ray import cloudpickle
+
+        return cloudpickle.dumps(fn)
+
+
+_loaded: tuple[bytes, Callable] | None = None  # in a worker: the step function it unpickled last
+
+
+def _local_batch(payload: bytes, items: list[dict], wd: WorkDir, step: str) -> list[dict]:
+    global _loaded
+    if _loaded is None or _loaded[0] != payload:
+        _loaded = (payload, pickle.loads(payload))
+    return run_batch(_loaded[1], items, wd, step)
+
+
+class LocalRunner(Runner):
+    """Batches (as RayRunner's) on a pool of ``num_workers`` processes on this machine, at most
+    ``max_in_flight`` batches at once (default twice the workers), results as they finish.
+
+    The pool (``concurrent.futures.ProcessPoolExecutor``) is started on the first step and kept
+    for the whole run. Its workers are *spawned*, not forked: the driver has threads (pyarrow's,
+    fsspec's) that a fork would copy mid-state, and a spawned worker is the driver's own child,
+    which its PR_SET_PDEATHSIG needs (a forkserver would put a server process between them).
+    A worker that dies (kill -9, the OOM killer) breaks the pool: the pool is started again and
+    every batch that was in flight runs again (its finished items are skipped by their markers;
+    each new attempt is counted by ``record_attempt`` as under Ray), each batch at most
+    ``max_retries`` times more; an exception an item raises is not retried. An error or Ctrl-C
+    in the driver kills the workers at once."""
+
+    def __init__(self, wd: WorkDir, progress: Progress | None = None, *, num_workers: int | None = None,
+                 max_in_flight: int | None = None, max_retries: int = 3, inputs: dict[int, list[str]] | None = None):
+        super().__init__(wd, progress, inputs)
+        self.num_workers = num_workers or _cpu_count()
+        self.max_in_flight, self.max_retries = max_in_flight, max_retries
+        self._pool = None
+
+    def _start(self):
+        if self._pool is None:
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
+
+            self._pool = ProcessPoolExecutor(self.num_workers, mp_context=multiprocessing.get_context("spawn"),
+                                             initializer=_worker_init, initargs=(os.getpid(),))
+        return self._pool
+
+    def close(self) -> None:
+        """Stop the (idle) workers; the next step would start a new pool."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
+
+    def _kill(self) -> None:
+        """Kill the workers mid-task (their unfinished tasks have no marker: a rerun redoes them)."""
+        pool, self._pool = self._pool, None
+        if pool is None:
+            return
+        pool.shutdown(wait=False, cancel_futures=True)
+        if hasattr(pool, "kill_workers"):  # Python 3.14
+            pool.kill_workers()
+        else:
+            for p in list((getattr(pool, "_processes", None) or {}).values()):
+                with contextlib.suppress(OSError, ValueError):
+                    p.kill()
+        pool.shutdown(wait=True)
+
+    def _execute(self, step, todo, fn):
+        from collections import deque
+        from concurrent.futures import FIRST_COMPLETED, wait
+        from concurrent.futures.process import BrokenProcessPool
+
+        limit = self.max_in_flight or self.num_workers * 2
+        batches = batches_of(todo, limit)
+        payload = _dumps(fn)
+        lost = [0] * len(batches)  # per batch: attempts lost with a dead worker
+        queue, pending = deque(range(len(batches))), {}
+        try:
+            while queue or pending:
+                pool = self._start()
+                while len(pending) < limit and queue:
+                    i = queue.popleft()
+                    pending[pool.submit(_local_batch, payload, batches[i], self.wd, step)] = i
+                done, _ = wait(pending, timeout=1.0, return_when=FIRST_COMPLETED)
+                if not done and self.progress is not None:
+                    self.progress.tick(step)
+                if any(isinstance(f.exception(), BrokenProcessPool) for f in done):
+                    done, _ = wait(pending)  # a worker died: every batch in flight went with the pool
+                    self.close()
+                retry = []
+                for f in sorted(done, key=pending.get):
+                    i = pending.pop(f)
+                    try:
+                        out = f.result()
+                    except BrokenProcessPool as e:
+                        lost[i] += 1
+                        if lost[i] > self.max_retries:
+                            raise self._lost_error(step, batches[i], lost[i], self.max_retries, e) from None
+                        retry.append(i)
+                        continue
+                    except TaskFailed:
+                        raise
+                    except Exception as e:  # noqa: BLE001 - e.g. a result or an argument that does not pickle
+                        raise self.error(step, batches[i][0], f"{type(e).__name__}: {e}", None) from None
+                    yield from zip(batches[i], out)
+                queue.extendleft(reversed(retry))
+        except BaseException:  # an item's error, Ctrl-C, the caller closing the generator
+            self._kill()
+            raise

@@ -15,9 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from .workdir import WorkDir
+from .workdir import WorkDir, iter_batches, read_parquet
 
 
 @dataclass(frozen=True)
@@ -41,14 +40,14 @@ class Survivors:
         """Ids the stages removed from partition ``part`` (one file a stage)."""
         ids: set[str] = set()
         for f in self.removed_files(part):
-            ids.update(pq.read_table(f, columns=["id"]).column("id").to_pylist())
+            ids.update(read_parquet(f, ["id"]).column("id").to_pylist())
         return ids
 
     def overridden_texts(self, part: int) -> dict[str, str]:
         """id -> text for the documents of partition ``part`` that a stage rewrote."""
         out: dict[str, str] = {}
         for f in self.override_files(part):
-            t = pq.read_table(f, columns=["id", "text"])
+            t = read_parquet(f, ["id", "text"])
             out.update(zip(t.column("id").to_pylist(), t.column("text").to_pylist()))
         return out
 
@@ -57,7 +56,7 @@ class Survivors:
         with rewritten texts applied (when ``text`` is among ``columns``)."""
         drop = self.removed_ids(part)
         new_text = self.overridden_texts(part) if "text" in columns else {}
-        for batch in pq.ParquetFile(self.wd.docs(part)).iter_batches(columns=columns, batch_size=batch_size):
+        for batch in iter_batches(self.wd.docs(part), columns, batch_size):
             t = pa.Table.from_batches([batch])
             if drop:
                 t = t.filter(pa.array([i not in drop for i in t.column("id").to_pylist()], pa.bool_()))

@@ -14,12 +14,11 @@ import time
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from .config import SplitConfig, TokenizerConfig
 from .documents import split_of
 from .survivors import Survivors
-from .workdir import ParquetPart
+from .workdir import ParquetPart, iter_batches
 from gristmill.errors import GristmillError
 
 STAGE = "tokenize"
@@ -83,7 +82,7 @@ def tokenize_partition(part: int, tokenizer_path: str, cfg: TokenizerConfig, spl
     st = {"documents_in": 0, "bytes_in": 0, "documents_out": 0, "tokens_out": 0, "seconds": 0.0,
           "splits": {s: {"documents": 0, "tokens": 0} for s in ("train", "validation")}}
     cols = ["id", "order", "source", "position", "lang", "bytes", "text", "url"]
-    for batch in pq.ParquetFile(wd.docs(part)).iter_batches(batch_size=cfg.batch_size, columns=cols):
+    for batch in iter_batches(wd.docs(part), cols, cfg.batch_size):
         table = pa.Table.from_batches([batch])
         if drop:
             ids = table.column("id").to_pylist()

@@ -194,6 +194,7 @@ def test_sections_are_typed_and_null_means_defaults(prepare_dir):
     assert job.inputs[0].path == str(prepare_dir / "in" / "a.jsonl") and job.work_dir == str(prepare_dir / "work")
     content = job.content_dict()
     assert "work_dir" not in content and "ray" not in content and "store" not in content["output"]
+    assert "report_html" not in content["output"]  # the data card is drawn beside the run, not into the version
     assert content["fuzzy_dedup"]["threshold"] == 0.8  # every default written out, so the manifest records it
     with pytest.raises(ConfigError, match=r"^inputs: expected a non-empty list of mappings \(required\), got nothing; "):
         PrepareJob.from_dict({"output": {"store": "s", "dataset": "d"}})

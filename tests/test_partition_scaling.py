@@ -10,7 +10,6 @@ the slow suite (~2 minutes for all four groupings on 2 cores; 4,000 partitions ~
 """
 from __future__ import annotations
 
-import glob
 import json
 import os
 
@@ -51,11 +50,12 @@ def _job(root, info, partitions: int, out) -> str:
 def _run(root, info, partitions: int, out) -> dict:
     from gristmill.pipeline.config import load_job
     from gristmill.pipeline.executor import prepare
+    from gristmill.pipeline.workdir import WorkDir
 
     result = prepare(load_job(_job(root, info, partitions, out)), quiet=True)
     with open(os.path.join(result.run_dir, "removed.jsonl")) as f:
         removed = sorted((r["id"], r["stage"], r["reason"]) for r in map(json.loads, f))
-    extract_tasks = glob.glob(os.path.join(result.run_dir, "_done", "extract", "*.json"))
+    extract_tasks = WorkDir(result.run_dir).finished("extract")  # task and batch markers
     return {"sha": result.manifest_sha256, "run_dir": result.run_dir, "accounting": result.report["accounting"],
             "removed": removed, "partitions": len(extract_tasks)}
 

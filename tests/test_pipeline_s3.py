@@ -45,9 +45,10 @@ def _start(job: dict, where, env: dict) -> subprocess.Popen:
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env={**os.environ, **env})
 
 
-def _finish(proc: subprocess.Popen) -> None:
+def _finish(proc: subprocess.Popen) -> str:
     _, err = proc.communicate(timeout=400)
     assert proc.returncode == 0, err[-3000:]
+    return err
 
 
 def _latest_sha(store: str) -> str:
@@ -69,14 +70,28 @@ def test_prepare_on_s3_same_hash_and_kill_rerun(corpus, tmp_path, s3, s3_server)
     _finish(_start(local, tmp_path, s3_server.env))
     reference = _latest_sha(local["output"]["store"])
 
-    remote = _job(corpus, inputs, f"{s3}/run")  # everything on S3
-    _finish(_start(remote, tmp_path, s3_server.env))
+    remote = _job(corpus, inputs, f"{s3}/run")  # everything on S3, the data card too
+    remote["output"]["report_html"] = True
+    remote_err = _finish(_start(remote, tmp_path, s3_server.env))
     assert _latest_sha(remote["output"]["store"]) == reference
     pub = load_manifest(f"{s3}/run/store/demo")
     assert verify_published(pub) == []
     run_dir = f"{bucket}/run/work"
     assert fs.glob(f"{run_dir}/*/_done/fuzzy_dedup.verify/*.json") and fs.glob(f"{run_dir}/*/removed/*/*.parquet")
     assert not [p for p in fs.find(f"{bucket}/run") if ".tmp-" in p]  # nothing on S3 was written under a temp name
+
+    # what the run removed and its data card read back from the S3 work dir as from the local one
+    from gristmill.pipeline.removals import removed_documents
+    from gristmill.report.workfiles import find_run_dir
+
+    on_s3 = removed_documents(f"{s3}/run/work", limit=50)
+    on_disk = removed_documents(local["work_dir"], limit=50)
+    assert on_s3["run_dir"].startswith(f"{s3}/run/work/") and on_s3["documents"] == on_disk["documents"]
+    assert on_s3["removed_by_reason"] == on_disk["removed_by_reason"] and on_s3["documents"]
+    assert find_run_dir(f"{s3}/run/work", reference) == on_s3["run_dir"]
+    assert f"[report] {on_s3['run_dir']}/report.html" in remote_err, remote_err[-3000:]  # prepare wrote the data card there
+    card = fs.cat_file(f"{on_s3['run_dir'][len('s3://'):]}/report.html").decode()
+    assert "<html" in card.lower() and "near_duplicate" in card
 
     # kill -9 mid-run (the driver, the embedded Ray and its workers), then rerun: same hash
     killed = _job(corpus, inputs, f"{s3}/killed")

@@ -59,3 +59,57 @@ def test_ray_retries_a_task_whose_worker_died_and_counts_it(ray_session, tmp_pat
         os.remove(tmp_path / "flags" / "t3")
         RayRunner(ray_session, wd, max_retries=0).run("step2", items, functools.partial(
             _dies_once, flag_dir=str(tmp_path / "flags")))
+
+
+def _counted(item, calls):
+    calls.append(item["name"])
+    if item.get("fail"):
+        raise ValueError("bad")
+    return {"documents_in": int(item["name"][1:])}
+
+
+def test_a_batch_commits_with_one_marker_that_a_rerun_in_other_batches_finds(tmp_path):
+    import functools
+
+    from gristmill.pipeline.runner import run_batch
+
+    wd, calls = WorkDir(str(tmp_path)), []
+    fn = functools.partial(_counted, calls=calls)
+    items = [{"name": f"t{i}"} for i in range(10)]
+    for lo in range(0, 10, 4):  # batches of 4, 4 and 2: three markers for ten tasks
+        run_batch(fn, items[lo:lo + 4], wd, "step")
+    assert sorted(os.listdir(tmp_path / "_done" / "step")) == ["t0.batch.json", "t4.batch.json", "t8.batch.json"]
+    # the batch of t4-t7 killed before its marker: a rerun (here serial, one batch) redoes those four only
+    os.remove(wd.batch_marker("step", "t4"))
+    calls.clear()
+    again = SerialRunner(wd)
+    out = again.run("step", items, fn)
+    assert [s["documents_in"] for s in out] == list(range(10))
+    assert calls == ["t4", "t5", "t6", "t7"] and again.resumed_tasks == 6
+
+
+def test_a_batch_whose_item_raises_commits_the_items_before_it(tmp_path):
+    import functools
+
+    from gristmill.pipeline.runner import TaskFailed, run_batch
+
+    wd, calls = WorkDir(str(tmp_path)), []
+    items = [{"name": "t0"}, {"name": "t1"}, {"name": "t2", "fail": True}, {"name": "t3"}]
+    with pytest.raises(TaskFailed):
+        run_batch(functools.partial(_counted, calls=calls), items, wd, "step")
+    assert set(wd.finished("step")) == {"t0", "t1"} and calls == ["t0", "t1", "t2"]
+
+
+def test_a_retried_batch_skips_what_a_marker_lists(tmp_path):
+    import functools
+
+    from gristmill.pipeline.runner import run_batch
+
+    wd, calls = WorkDir(str(tmp_path)), []
+    fn = functools.partial(_counted, calls=calls)
+    items = [{"name": f"t{i}"} for i in range(4)]
+    run_batch(fn, items[:2], wd, "step")  # an earlier, smaller batch committed t0 and t1
+    os.rename(wd.attempt("step", "t0", 1), wd.attempt("step", "t2", 1))  # this batch's first attempt died
+    calls.clear()
+    out = run_batch(fn, items[2:] + items[:2], wd, "step")  # its retry (attempt 2) starts at t2
+    assert [s["documents_in"] for s in out] == [2, 3, 0, 1] and calls == ["t2", "t3"]

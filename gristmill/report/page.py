@@ -220,6 +220,7 @@ def render(page: Page) -> tuple[str, bool]:
 def write_page(page: Page, path: str) -> bool:
     """Write the page atomically; True when it has figures (the extra is installed)."""
     text, full = render(page)
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    if "://" not in path:  # an object store has no folders to make
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     atomic_write(path, text.encode())
     return full

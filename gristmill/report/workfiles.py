@@ -8,18 +8,14 @@ document; texts are read for quoted documents only, by partition and row-group f
 """
 from __future__ import annotations
 
-import glob
 import json
-import os
-import re
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from gristmill.pipeline.documents import PART_SHIFT
-from gristmill.pipeline.workdir import part_name
+from gristmill.pipeline.workdir import WorkDir
 
 from .hist import LOG_EDGES, UNIT_EDGES, Histogram
 
@@ -28,34 +24,30 @@ BATCH = 65_536
 
 
 def find_run_dir(work_dir: str, manifest_sha256: str) -> str | None:
-    """The run dir under ``work_dir`` (a job's ``work_dir`` or a run dir itself) whose report.json
-    names this manifest; the newest when several do."""
+    """The run dir under ``work_dir`` (a job's ``work_dir`` or a run dir itself, a directory or
+    fsspec URL) whose report.json names this manifest; the newest when several do."""
     found = []
-    for path in [os.path.join(work_dir, REPORT_FILE)] + glob.glob(os.path.join(work_dir, "*", REPORT_FILE)):
+    for run in WorkDir.runs_at(work_dir):
         try:
-            with open(path) as f:
-                rep = json.load(f)
+            rep = json.loads(run.read_bytes(run.report_json))
         except (OSError, ValueError):
             continue
-        if rep.get("manifest_sha256") == manifest_sha256:
-            found.append((os.path.getmtime(path), os.path.dirname(path)))
-    return max(found)[1] if found else None
+        if isinstance(rep, dict) and rep.get("manifest_sha256") == manifest_sha256:
+            found.append(run.root)
+    return found[-1] if found else None  # runs_at: oldest first
 
 
 class WorkFiles:
     def __init__(self, run_dir: str):
-        self.root = run_dir
-        with open(os.path.join(run_dir, REPORT_FILE)) as f:
-            self.report = json.load(f)
-
-    def _files(self, *parts: str) -> list[str]:
-        return sorted(glob.glob(os.path.join(self.root, *parts)))
+        self.wd = WorkDir(run_dir)
+        self.report = json.loads(self.wd.read_bytes(self.wd.report_json))
 
     def docs_files(self) -> list[str]:
-        return self._files("docs", "part-*.parquet")
+        return self.wd.docs_files()
 
     def removed_files(self, stage: str | None = None) -> list[str]:
-        return self._files("removed", stage or "*", "*.parquet")
+        stages = [stage] if stage else self.wd.removal_stages()
+        return [f for s in stages for f in self.wd.removed_files(s)]
 
     def lengths(self) -> tuple[Histogram, Histogram] | None:
         """Histograms of the UTF-8 bytes of every extracted document and of those that reached the
@@ -66,14 +58,14 @@ class WorkFiles:
             return None
         before, after = Histogram(LOG_EDGES), Histogram(LOG_EDGES)
         for f in self.removed_files("language"):  # the language stage's removals are not in docs/
-            before.add(pq.read_table(f, columns=["bytes"]).column("bytes").to_numpy())
+            before.add(self.wd.read_parquet(f, columns=["bytes"]).column("bytes").to_numpy())
         removed: dict[str, list[str]] = {}  # every stage's removals delivered to a partition: its part-N file
         for f in self.removed_files():
-            removed.setdefault(re.search(r"part-\d+\.parquet$", f).group(0), []).append(f)
+            removed.setdefault(_part_file(f), []).append(f)
         for f in docs:
-            drop = pa.array(sorted({i for r in removed.get(os.path.basename(f), [])
-                                    for i in pq.read_table(r, columns=["id"]).column("id").to_pylist()}), pa.string())
-            for batch in pq.ParquetFile(f).iter_batches(columns=["id", "bytes"], batch_size=BATCH):
+            drop = pa.array(sorted({i for r in removed.get(_part_file(f), [])
+                                    for i in self.wd.read_parquet(r, columns=["id"]).column("id").to_pylist()}), pa.string())
+            for batch in self.wd.parquet(f).iter_batches(columns=["id", "bytes"], batch_size=BATCH):
                 before.add(batch.column(1).to_numpy())
                 after.add(batch.column(1).filter(pc.invert(pc.is_in(batch.column(0), drop))).to_numpy())
         return before, after
@@ -85,10 +77,10 @@ class WorkFiles:
             return None
         kept, removed = Histogram(UNIT_EDGES), Histogram(UNIT_EDGES)
         for f in docs:
-            for batch in pq.ParquetFile(f).iter_batches(columns=["lang_score"], batch_size=BATCH):
+            for batch in self.wd.parquet(f).iter_batches(columns=["lang_score"], batch_size=BATCH):
                 kept.add(pc.fill_null(batch.column(0), np.nan).to_numpy(zero_copy_only=False))
         for f in self.removed_files("language"):
-            scores = [json.loads(d).get("lang_score") for d in pq.read_table(f, columns=["detail"]).column("detail").to_pylist()]
+            scores = [json.loads(d).get("lang_score") for d in self.wd.read_parquet(f, columns=["detail"]).column("detail").to_pylist()]
             removed.add([np.nan if x is None else x for x in scores])
         return kept, removed
 
@@ -99,13 +91,20 @@ class WorkFiles:
         for o in orders:
             by_part.setdefault(int(o) >> PART_SHIFT, []).append(int(o))
         for part, wanted in by_part.items():
-            path = os.path.join(self.root, "docs", f"{part_name(part)}.parquet")
-            if os.path.exists(path):
-                t = pq.read_table(path, columns=["order", "text"], filters=[("order", "in", wanted)])
+            path = self.wd.docs(part)
+            if self.wd.exists(path):
+                t = self.wd.read_parquet(path, columns=["order", "text"], filters=[("order", "in", wanted)])
                 out.update(zip(t.column("order").to_pylist(), t.column("text").to_pylist()))
         ids = list(ids)
         if ids:
             for path in self.docs_files():
-                t = pq.read_table(path, columns=["id", "text"], filters=[("id", "in", ids)])
+                t = self.wd.read_parquet(path, columns=["id", "text"], filters=[("id", "in", ids)])
                 out.update(zip(t.column("id").to_pylist(), t.column("text").to_pylist()))
         return out
+
+
+def _part_file(path: str) -> str:
+    """``part-00007.parquet`` of a partition's file, whatever its prefix (``val-part-00007``: a
+    stage's second pass over the same partition)."""
+    name = path.rsplit("/", 1)[-1]
+    return name[name.index("part-"):]
