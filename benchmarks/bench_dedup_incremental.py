@@ -138,7 +138,8 @@ def run(job_dict: dict, run_dir: str) -> dict:
         with open(path) as f:
             st = json.load(f)
         step = os.path.basename(os.path.dirname(path))
-        steps[step] = steps.get(step, 0.0) + st.get("_cpu_seconds", 0.0)
+        for task in (st["tasks"].values() if path.endswith(".batch.json") else [st]):  # a batch's marker lists its tasks
+            steps[step] = steps.get(step, 0.0) + task.get("_cpu_seconds", 0.0)
     return {**res, "pipeline_s": report["total_seconds"], "task_cpu_s": cpu, "url": report["url"],
             "stages": {s["stage"]: s.get("wall_seconds") for s in report["stages"]},
             "stage_cpu_s": {s["stage"]: s.get("core_seconds") for s in report["stages"]},

@@ -33,7 +33,6 @@ import functools
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from gristmill.manifests import dedup_index as dx
 
@@ -43,7 +42,7 @@ from .fuzzy_dedup import plan_bucket_ranges
 from .runner import Runner
 from .stats import Counts
 from .survivors import Survivors
-from .workdir import ParquetPart, WorkDir, part_name
+from .workdir import ParquetPart, WorkDir, open_parquet, part_name, read_parquet
 
 STAGE = "dedup_against"
 REASONS = {"exact": "earlier_exact_duplicate", "near": "earlier_near_duplicate"}
@@ -77,7 +76,7 @@ def _key_table(band, key, ref) -> pa.Table:
 
 
 def _read(path: str, columns: list[str], filters=None) -> pa.Table:
-    return pq.read_table(path, columns=columns, filters=filters)
+    return read_parquet(path, columns, filters)
 
 
 # -- 1. keys -------------------------------------------------------------------------------------
@@ -157,11 +156,11 @@ def fetch_task(item: dict, wd: WorkDir, params: dict, candidates: list[str]) -> 
     i, j, ex, nr = di.dedupe_pairs(t.column("order").to_numpy(), t.column("ref").to_numpy(),
                                    dx.bool_values(t.column("exact")), dx.bool_values(t.column("near")))
     rows = j & ((1 << FILE_SHIFT) - 1)
-    pf = pq.ParquetFile(wd.scratch(STAGE, "index", item["name"]))
-    sizes = [pf.metadata.row_group(g).num_rows for g in range(pf.num_row_groups)]
-    starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-    groups = np.unique(np.searchsorted(starts, rows, "right") - 1).tolist()
-    g = pf.read_row_groups(groups, columns=["doc_id", "sketch"]) if groups else None
+    with open_parquet(wd.scratch(STAGE, "index", item["name"])) as pf:
+        sizes = [pf.metadata.row_group(g).num_rows for g in range(pf.num_row_groups)]
+        starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        groups = np.unique(np.searchsorted(starts, rows, "right") - 1).tolist()
+        g = pf.read_row_groups(groups, columns=["doc_id", "sketch"], use_threads=False) if groups else None
     width = dx.sketch_bytes(params)
     if g is not None:
         # position of a file row among the rows of the row groups read

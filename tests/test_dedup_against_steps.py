@@ -134,7 +134,7 @@ def test_a_bucket_task_reads_only_its_range_and_a_match_lands_in_it(tmp_path, co
     for t in keys.values():  # written sorted by bucket: a range's rows are a few row groups
         b = t.column("bucket").to_numpy()
         assert (np.diff(b) >= 0).all()
-    marker = {k: json.loads(open(wd.marker("dedup_against.candidates", f"task-{k:03d}")).read()) for k in range(len(RANGES))}
+    marker = {k: wd.done("dedup_against.candidates", f"task-{k:03d}") for k in range(len(RANGES))}
     for k, (lo, hi) in enumerate(RANGES):
         mine = [(p, f, n) for p, f, n in reads if "/candidates/" not in p and f == [("bucket", ">=", lo), ("bucket", "<", hi)]]
         in_range = {name: int(((t.column("bucket").to_numpy() >= lo) & (t.column("bucket").to_numpy() < hi)).sum())
@@ -166,7 +166,7 @@ def test_a_bucket_task_reads_only_its_range_and_a_match_lands_in_it(tmp_path, co
     assert holding == {k for k, (lo, hi) in enumerate(RANGES) if ((shared.bucket >= lo) & (shared.bucket < hi)).any()}
     # fetch: each file task reads its own pairs (file filter) and only the row groups holding them
     for f in range(3):
-        m = json.loads(open(wd.marker("dedup_against.fetch", f"file-{f:05d}")).read())
+        m = wd.done("dedup_against.fetch", f"file-{f:05d}")
         c = pa.concat_tables([pq.read_table(wd.scratch("dedup_against", "candidates", f"task-{k:03d}"),
                                                        filters=[("file", "=", f)]) for k in range(len(RANGES))])
         rows = np.unique(c.column("ref").to_numpy() & ((1 << da.FILE_SHIFT) - 1))
