@@ -138,12 +138,26 @@ def table(params: dict, doc_ids, norm_hashes, sk: np.ndarray | None, has_words=N
                      "exact": pa.array(exact_keys(norm_hashes), pa.binary(EXACT_BYTES)), "sketch": sketch}, schema=s)
 
 
+def _bits(buf, offset: int, n: int, if_none: bool) -> np.ndarray:
+    """``n`` bits of an Arrow bitmap from bit ``offset`` as bools (``if_none`` where there is none)."""
+    if buf is None:
+        return np.full(n, if_none, bool)
+    return np.unpackbits(np.frombuffer(buf, np.uint8), bitorder="little")[offset:offset + n].astype(bool)
+
+
+def bool_values(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """A boolean column without nulls as a numpy array, read from its bitmap (pyarrow's own
+    conversion imports pandas, ~0.3 s in a fresh worker)."""
+    col = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    return _bits(col.buffers()[1], col.offset, len(col), False)
+
+
 def sketch_matrix(column: pa.ChunkedArray | pa.Array, width: int) -> tuple[np.ndarray, np.ndarray]:
     """``(rows, width)`` uint8 of a ``sketch`` column (zeros where null) and a mask of the rows with one."""
     import pyarrow.compute as pc
 
     col = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    valid = ~np.asarray(col.is_null().to_numpy(zero_copy_only=False), bool)
+    valid = _bits(col.buffers()[0], col.offset, len(col), True)
     if col.null_count:
         col = pc.fill_null(col, pa.scalar(b"\0" * width, pa.binary(width)))
     m = np.frombuffer(col.buffers()[1], dtype=np.uint8, count=len(col) * width, offset=col.offset * width)

@@ -75,66 +75,137 @@ def _join(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return i.astype(np.int64), ob[start + offs].astype(np.int64)
 
 
+# -- join keys: what a new document and an earlier one must share to be compared ------------------
+def exact_u64(keys) -> np.ndarray:
+    """8-byte exact keys (a list of bytes, or an index's ``exact`` column) as uint64 (big-endian)."""
+    if isinstance(keys, (pa.Array, pa.ChunkedArray)):
+        col = keys.combine_chunks() if isinstance(keys, pa.ChunkedArray) else keys
+        return np.frombuffer(col.buffers()[1], dtype=">u8", count=len(col), offset=col.offset * dx.EXACT_BYTES
+                             ).astype(np.uint64)
+    return np.frombuffer(b"".join(keys), dtype=">u8").astype(np.uint64) if len(keys) else np.zeros(0, np.uint64)
+
+
+def doc_keys(exact: np.ndarray, sk: np.ndarray, has_words: np.ndarray, params: dict
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The join keys of documents, as rows ``(band, key, doc)``: one per document for its exact key
+    (``band`` = ``params["bands"]``, ``key`` its 8-byte key) and, for a document with words, one
+    per band of its sketch (``dx.sketch_band_keys``). Two documents are compared when they share a
+    row's (band, key): an exact candidate on the exact band, a near candidate on a sketch band."""
+    n, bands = len(exact), params["bands"]
+    has = np.flatnonzero(np.asarray(has_words, bool))
+    bk = dx.sketch_band_keys(sk[has], params) if len(has) else np.zeros((0, bands), np.uint64)
+    band = np.concatenate([np.full(n, bands, np.int32), np.tile(np.arange(bands, dtype=np.int32), len(has))])
+    key = np.concatenate([np.asarray(exact, np.uint64), bk.reshape(-1)])
+    doc = np.concatenate([np.arange(n, dtype=np.int64), np.repeat(has.astype(np.int64), bands)])
+    return band, key, doc
+
+
+def key_bucket(band: np.ndarray, key: np.ndarray) -> np.ndarray:
+    """The bucket (``0 .. 2**16``) of join-key rows: a mix of band and key, so the rows spread evenly
+    over bucket ranges (a sketch band key is only ``rows * bits`` bits wide)."""
+    h = (np.asarray(key, np.uint64) ^ (np.asarray(band, np.uint64) * np.uint64(0x9E3779B97F4A7C15))) \
+        * np.uint64(0xBF58476D1CE4E5B9)
+    h ^= h >> np.uint64(31)
+    return (h >> np.uint64(48)).astype(np.int32)
+
+
+def dedupe_pairs(i: np.ndarray, j: np.ndarray, exact: np.ndarray, near: np.ndarray):
+    """Distinct ``(i, j)`` pairs sorted by (i, j), each with whether any of its rows was an exact
+    key match and whether any was a shared sketch band."""
+    if not len(i):
+        return i.astype(np.int64), j.astype(np.int64), exact.astype(bool), near.astype(bool)
+    o = np.lexsort((j, i))
+    i, j, exact, near = i[o], j[o], np.asarray(exact, bool)[o], np.asarray(near, bool)[o]
+    start = np.ones(len(i), bool)
+    start[1:] = (i[1:] != i[:-1]) | (j[1:] != j[:-1])
+    s = np.flatnonzero(start)
+    return i[s], j[s], np.logical_or.reduceat(exact, s), np.logical_or.reduceat(near, s)
+
+
+def join_keys(new: tuple, old: tuple, exact_band: int):
+    """The candidate pairs of two sets of join-key rows (``(band, key, ref)`` each): every new ref
+    with every old ref sharing a (band, key), distinct, sorted, with their ``exact`` / ``near``
+    flags (``dedupe_pairs``)."""
+    nb, nk, nr = new
+    ob, ok, orf = old
+    out_i, out_j, out_e = [], [], []
+    for b in np.unique(nb).tolist():
+        mn, mo = np.flatnonzero(nb == b), np.flatnonzero(ob == b)
+        a, c = _join(nk[mn], ok[mo])
+        out_i.append(nr[mn[a]])
+        out_j.append(orf[mo[c]])
+        out_e.append(np.full(len(a), b == exact_band))
+    if not out_i:
+        z = np.zeros(0, np.int64)
+        return z, z, np.zeros(0, bool), np.zeros(0, bool)
+    e = np.concatenate(out_e)
+    return dedupe_pairs(np.concatenate(out_i).astype(np.int64), np.concatenate(out_j).astype(np.int64), e, ~e)
+
+
+def resolve(params: dict, threshold: float, n: int, i: np.ndarray, j: np.ndarray, exact: np.ndarray,
+            near: np.ndarray, sk: np.ndarray, has_words: np.ndarray, old_sk: np.ndarray, old_has: np.ndarray) -> dict:
+    """The verdict for ``n`` new documents from their candidate pairs: pair k is new document
+    ``i[k]`` (its sketch ``sk[i[k]]``) with the earlier document of index position ``j[k]`` (its
+    sketch ``old_sk[k]``), flagged ``exact`` (equal exact key) and ``near`` (a shared sketch band).
+
+    An exact match wins: equal key and an equal sketch (the same text has one), or both without
+    words; the earliest such ``j``. Else the best near match: sketch estimate at or above
+    ``threshold``, ties to the earliest ``j``. Returns ``{"pair": int64 (-1: none), "row": the
+    matched j (-1), "kind": "exact" | "near" | "", "similarity": float}``."""
+    pair = np.full(n, -1, np.int64)
+    kind = np.array([""] * n, dtype=object)
+    sim = np.zeros(n, np.float64)
+    has_words = np.asarray(has_words, bool)
+    old_has = np.asarray(old_has, bool)
+    if len(i):
+        hi = has_words[i]
+        ok = exact & (hi == old_has) & (~hi | np.all(sk[i] == old_sk, axis=1))
+        k = np.flatnonzero(ok)
+        k = k[np.lexsort((j[k], i[k]))]
+        first = np.ones(len(k), bool)
+        first[1:] = i[k[1:]] != i[k[:-1]]
+        k = k[first]
+        pair[i[k]], kind[i[k]], sim[i[k]] = k, "exact", 1.0
+        k = np.flatnonzero(near & (pair[i] < 0) & hi & old_has)
+        if len(k):
+            est = dx.estimate(sk[i[k]], old_sk[k], params)
+            keep = est >= threshold
+            k, est = k[keep], est[keep]
+            o = np.lexsort((j[k], -est, i[k]))  # per new doc: best estimate, then earliest row
+            k, est = k[o], est[o]
+            first = np.ones(len(k), bool)
+            first[1:] = i[k[1:]] != i[k[:-1]]
+            k, est = k[first], est[first]
+            pair[i[k]], kind[i[k]], sim[i[k]] = k, "near", est
+    row = np.where(pair >= 0, j[np.maximum(pair, 0)] if len(j) else -1, -1).astype(np.int64)
+    return {"pair": pair, "row": row, "kind": kind, "similarity": sim}
+
+
 def match(params: dict, threshold: float, exact: list[bytes], sk: np.ndarray, has_words: np.ndarray,
           index: pa.Table) -> dict:
     """For each new document (its exact key, sketch, and whether it has words), the index row it
     duplicates: ``{"row": int64 (-1: none), "kind": "exact" | "near" | "", "similarity": float}``.
-    An exact match wins (similarity 1.0); else the best near match at or above ``threshold``."""
+    An exact match wins (similarity 1.0); else the best near match at or above ``threshold``.
+
+    In memory, the whole index at once: the same join keys, pairs and verdicts as the bucketed
+    steps of ``dedup_against`` (which split the same work over bucket ranges and index files)."""
     n = len(exact)
-    row = np.full(n, -1, np.int64)
-    kind = np.array([""] * n, dtype=object)
-    sim = np.zeros(n, np.float64)
-    if not n or not index.num_rows:
-        return {"row": row, "kind": kind, "similarity": sim}
-    isk, ihas = dx.sketch_matrix(index.column("sketch"), dx.sketch_bytes(params))
-    # exact: equal key and an equal sketch (the same text has one), or both without words
-    key_dtype = f"S{dx.EXACT_BYTES}"
-    new_k = np.array(exact, dtype=key_dtype)
-    old_k = np.array(index.column("exact").to_pylist(), dtype=key_dtype)
-    i, j = _join(new_k, old_k)
-    has_words = np.asarray(has_words, bool)
-    same = (has_words[i] == ihas[j]) & (~has_words[i] | np.all(sk[i] == isk[j], axis=1)) if len(i) else np.zeros(0, bool)
-    i, j = i[same], j[same]
-    if len(i):
-        order = np.lexsort((j, i))
-        i, j = i[order], j[order]
-        first = np.ones(len(i), bool)
-        first[1:] = i[1:] != i[:-1]
-        i, j = i[first], j[first]  # the earliest index row with the key
-        row[i], kind[i], sim[i] = j, "exact", 1.0
-    # near: LSH over the sketch bytes, then the estimate
-    todo = (row < 0) & np.asarray(has_words, bool)
-    if not todo.any() or not ihas.any():
-        return {"row": row, "kind": kind, "similarity": sim}
-    new_idx = np.flatnonzero(todo)
-    old_idx = np.flatnonzero(ihas)
-    nk = dx.sketch_band_keys(sk[new_idx], params)
-    ok = dx.sketch_band_keys(isk[old_idx], params)
-    pairs = []
-    for b in range(params["bands"]):
-        a_, b_ = _join(nk[:, b], ok[:, b])
-        pairs.append(np.stack([new_idx[a_], old_idx[b_]], axis=1))
-    cand = np.unique(np.concatenate(pairs), axis=0)
-    if len(cand):
-        est = dx.estimate(sk[cand[:, 0]], isk[cand[:, 1]], params)
-        keep = est >= threshold
-        cand, est = cand[keep], est[keep]
-        order = np.lexsort((cand[:, 1], -est, cand[:, 0]))  # per new doc: best estimate, then earliest row
-        cand, est = cand[order], est[order]
-        first = np.ones(len(cand), bool)
-        first[1:] = cand[1:, 0] != cand[:-1, 0]
-        d, o, e = cand[first, 0], cand[first, 1], est[first]
-        row[d], kind[d], sim[d] = o, "near", e
-    return {"row": row, "kind": kind, "similarity": sim}
+    isk, ihas = dx.sketch_matrix(index.column("sketch"), dx.sketch_bytes(params)) if index.num_rows else \
+        (np.zeros((0, dx.sketch_bytes(params)), np.uint8), np.zeros(0, bool))
+    new = doc_keys(exact_u64(exact), sk, has_words, params)
+    old = doc_keys(exact_u64(index.column("exact")), isk, ihas, params) if index.num_rows else \
+        (np.zeros(0, np.int32), np.zeros(0, np.uint64), np.zeros(0, np.int64))
+    i, j, ex, nr = join_keys(new, old, params["bands"])
+    v = resolve(params, threshold, n, i, j, ex, nr, sk, has_words, isk[j], ihas[j])
+    return {"row": v["row"], "kind": v["kind"], "similarity": v["similarity"]}
 
 
-# -- tasks (the dedup_index and dedup_against stages, pipeline/stages/) -----------------------------
+# -- tasks of the dedup_index stage (pipeline/stages/dedup_index.py) ----------------------------------
 INDEX_DIR = "dedup_index"  # inside the staging dir: published beside shards/ and doc_index.parquet
-AGAINST = "dedup_against"
-REASONS = {"exact": "earlier_exact_duplicate", "near": "earlier_near_duplicate"}
 
 
-ROWS_PER_FILE = 4_000_000  # index rows per published file (~300 MB): the file count comes from the data
+ROWS_PER_FILE = 1 << 18  # index rows per published file (~20 MB): the file count comes from the data; a
+# dedup_against.keys task holds one file's rows and their 22 join-key rows each (~150 MB at 2**18)
 
 
 def index_file(k: int) -> str:
@@ -199,74 +270,31 @@ def merge_task(item: dict, wd, parts: list[str], params: dict) -> dict:
     return {"path": rel, "sha256": sha, "bytes": size, "rows": rows}
 
 
-def load_index_file(url: str, ref, params: dict, label: str, out: str, storage_options: dict | None = None) -> int:
+def load_index_file(url: str, ref, params: dict, label: str, out: str, storage_options: dict | None = None) -> pa.Table:
     """One index file of an earlier version, read from its store, hash-checked against the manifest
     entry that pins it (``ref``, a ``manifests.FileRef``) and its MinHash parameters against this
-    run's, then kept at ``out`` in the work dir for the match tasks (a file already there with the
-    pinned hash is not read again). Returns its rows."""
-    import os
-
+    run's, then kept at ``out`` in the work dir for the later steps (a file already there with the
+    pinned hash is not read from the store again). Returns its rows (without the file's metadata)."""
     import fsspec
 
-    from gristmill.manifests.hashing import sha256_file
+    from gristmill.manifests.hashing import sha256_bytes
     from gristmill.manifests.shards import atomic_write
 
-    if os.path.exists(out) and sha256_file(out)[0] == ref.sha256:
-        return ref.rows if ref.rows is not None else pq.ParquetFile(out).metadata.num_rows
-    with fsspec.open(url, "rb", **(storage_options or {})) as f:
-        data = f.read()
+    try:
+        with fsspec.open(out, "rb") as f:
+            kept = f.read()
+    except FileNotFoundError:
+        kept = None
+    if kept is not None and sha256_bytes(kept) == ref.sha256:
+        data = kept
+    else:
+        with fsspec.open(url, "rb", **(storage_options or {})) as f:
+            data = f.read()
     t, theirs = dx.read_checked(data, ref, url)
     check_comparable(params, theirs, label)
-    atomic_write(out, data)  # the verified bytes, as published
-    return t.num_rows
-
-
-def match_task(item: dict, wd, survivors, params: dict, threshold: float, sources: list[dict], batch_size: int) -> dict:
-    """Partition ``item["part"]``'s documents that exactly or nearly duplicate a document of an
-    earlier version: ``removed/dedup_against/part-N`` naming the earlier version and document.
-    ``sources``: the loaded index files in order, each ``{"name", "version", "url", "sha256"}``."""
-    from .documents import REMOVED_SCHEMA, to_removed_rows
-    from .workdir import ParquetPart
-
-    parts, labels = [], []
-    for k, s in enumerate(sources):
-        t = pq.read_table(wd.scratch(AGAINST, "index", s["name"])).replace_schema_metadata(None)
-        parts.append(t)
-        labels.append(np.full(t.num_rows, k, np.int32))
-    index = pa.concat_tables(parts) if parts else dx.schema(params).empty_table().replace_schema_metadata(None)
-    label = np.concatenate(labels) if labels else np.zeros(0, np.int32)
-    old_ids = index.column("doc_id").to_pylist()
-    docs_in = bytes_in = 0
-    rows = {k: [] for k in ("id", "order", "bytes", "reason", "duplicate_of", "earlier_version", "earlier_url",
-                            "earlier_sha256", "similarity")}
-    for t in survivors.docs(item["part"], ["id", "order", "text", "norm_hash", "bytes"], batch_size):
-        docs_in += t.num_rows
-        bytes_in += int(sum(t.column("bytes").to_pylist()))
-        sk, has = sketch_texts(t.column("text").to_pylist(), params)
-        m = match(params, threshold, dx.exact_keys(t.column("norm_hash").to_pylist()), sk, has, index)
-        hit = np.flatnonzero(m["row"] >= 0)
-        ids, orders, nbytes = (t.column(c).to_pylist() for c in ("id", "order", "bytes"))
-        for i in hit.tolist():
-            r = int(m["row"][i])
-            src = sources[int(label[r])]
-            rows["id"].append(ids[i])
-            rows["order"].append(orders[i])
-            rows["bytes"].append(nbytes[i])
-            rows["reason"].append(REASONS[m["kind"][i]])
-            rows["duplicate_of"].append(old_ids[r])
-            rows["earlier_version"].append(src["version"])
-            rows["earlier_url"].append(src["url"])
-            rows["earlier_sha256"].append(src["sha256"])
-            rows["similarity"].append(round(float(m["similarity"][i]), 6))
-    out = ParquetPart(wd.removed(AGAINST, item["part"]), REMOVED_SCHEMA)
-    removed = pa.table(rows) if rows["id"] else None
-    out.write(to_removed_rows(removed, AGAINST) if removed is not None else REMOVED_SCHEMA.empty_table())
-    out.commit()
-    by_reason: dict[str, int] = {}
-    for r in rows["reason"]:
-        by_reason[r] = by_reason.get(r, 0) + 1
-    return {"documents_in": docs_in, "bytes_in": bytes_in, "removed": by_reason,
-            "removed_bytes": int(sum(rows["bytes"])), "index_rows": index.num_rows}
+    if data is not kept:
+        atomic_write(out, data)  # the verified bytes, as published
+    return t.replace_schema_metadata(None)
 
 
 def earlier_document_text(url: str, sha256: str, doc_id: str) -> str | None:

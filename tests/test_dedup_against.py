@@ -183,7 +183,7 @@ def test_kill_9_and_rerun_of_an_incremental_job_reaches_the_same_hash(runs, tmp_
     proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 240
     while time.time() < deadline and proc.poll() is None and not glob.glob(str(tmp_path / "work" / "*" / "_done" /
-                                                                                   "dedup_against.match" / "*.json")):
+                                                                                   "dedup_against.candidates" / "*.json")):
         time.sleep(0.01)
     killed = proc.poll() is None
     if killed:

@@ -178,13 +178,13 @@ def test_loading_an_earlier_index_checks_it_before_keeping_it(tmp_path):
     ref = pub.manifest.dedup_index[0]
     url = os.path.join(pub.url, ref.path)
     out = str(tmp_path / "work" / "index.parquet")
-    assert di.load_index_file(url, ref, PARAMS, "idx v1", out) == 6
+    assert di.load_index_file(url, ref, PARAMS, "idx v1", out).num_rows == 6
     with open(out, "rb") as f, open(url, "rb") as g:
         assert f.read() == g.read()  # the verified bytes, as published
     with pytest.raises(ConfigError, match=r"fuzzy_dedup.seed: 2 differs from the dedup index of idx v1 \(1\)"):
         di.load_index_file(url, ref, {**PARAMS, "seed": 2}, "idx v1", str(tmp_path / "other.parquet"))
     flip_byte(url)
-    assert di.load_index_file(url, ref, PARAMS, "idx v1", out) == 6  # kept with the pinned hash: not read again
+    assert di.load_index_file(url, ref, PARAMS, "idx v1", out).num_rows == 6  # kept with the pinned hash: not read again
     with pytest.raises(HashMismatchError, match="part-00000.parquet"):
         di.load_index_file(url, ref, PARAMS, "idx v1", str(tmp_path / "fresh.parquet"))
     assert not os.path.exists(tmp_path / "fresh.parquet")
