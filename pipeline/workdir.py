@@ -250,20 +250,6 @@ class WorkDir:
     def removed_files(self, stage: str) -> list[str]:
         return self.folder_files("removed", stage)
 
-    def parquet(self, path: str):
-        """A ``pyarrow.parquet.ParquetFile`` of a file of this run dir, local or remote."""
-        import pyarrow.parquet as pq
-
-        return pq.ParquetFile(path if self.local else self.fs[0].open(url_to_fs(path)[1], "rb"))
-
-    def read_parquet(self, path: str, columns: list[str] | None = None, filters=None):
-        """A table of a file of this run dir (``pyarrow.parquet.read_table``'s columns and filters)."""
-        import pyarrow.parquet as pq
-
-        if self.local:
-            return pq.read_table(path, columns=columns, filters=filters)
-        return pq.read_table(url_to_fs(path)[1], columns=columns, filters=filters, filesystem=self.fs[0])
-
     def modified(self) -> float:
         """When this run last finished a step (its report, else its first partition), for ordering runs."""
         path = self.report_json if self.exists(self.report_json) else self.docs(0)
