@@ -50,3 +50,14 @@ def test_finished_reads_task_and_batch_markers_and_skips_torn_ones(tmp_path):
     (done / "i.json").write_bytes(b"\x00\x00\x00")
     assert wd.finished("s") == {"a": {"n": 1}, "b": {"n": 2}, "c": {"n": 3}, "d": {"n": 4}}
     assert wd.done("s", "d") == {"n": 4} and wd.done("s", "f") is None and wd.done("s", "g") is None
+
+
+def test_read_parquet_reads_a_url_through_fsspec(files):
+    import fsspec
+
+    with open(files[0], "rb") as f:
+        data = f.read()
+    fs = fsspec.filesystem("memory")
+    fs.pipe_file("/rp/many-groups.parquet", data)
+    got = read_parquet("memory://rp/many-groups.parquet", ["order"], [("part", "=", 2)])
+    assert got.equals(pq.read_table(files[0], columns=["order"], filters=[("part", "=", 2)])) and got.num_rows
