@@ -5,10 +5,11 @@ job enables (``stages.build``), runs each one and publishes from what they retur
 (``StageResult``: stage-table rows, accounting, inputs, eval sets, the packed dataset); it
 never names a stage. Every stage is tasks over files run by a ``pipeline.runner.Runner`` (a
 pool of local processes, or Ray tasks on a cluster: ``job_runner`` chooses): a task per
-partition, per hash range or per range of partitions, each committed with a marker, so a rerun after ``kill -9`` skips every finished task of every stage. The
-driver holds O(partitions): removed rows, overrides and statistics stay in files and task
-markers. Publishing copies the packed shards into a new version directory and commits
-``manifest.json`` last. The data card (report.html) is the prepare command's to write.
+partition, per hash range or per range of partitions, each committed with a marker, so a
+rerun after ``kill -9`` skips every finished task of every stage. The driver holds
+O(partitions): removed rows, overrides and statistics stay in files and task markers.
+Publishing copies the packed shards into a new version directory and commits ``manifest.json``
+last. The data card (report.html) is the prepare command's to write.
 """
 from __future__ import annotations
 

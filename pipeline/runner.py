@@ -397,8 +397,13 @@ class LocalRunner(Runner):
             while queue or pending:
                 pool = self._start()
                 while len(pending) < limit and queue:
-                    i = queue.popleft()
-                    pending[pool.submit(_local_batch, payload, batches[i], self.wd, step)] = i
+                    try:
+                        f = pool.submit(_local_batch, payload, batches[queue[0]], self.wd, step)
+                    except BrokenProcessPool:  # a worker died while idle (between steps): nothing lost
+                        self.close()
+                        pool = self._start()
+                        continue
+                    pending[f] = queue.popleft()
                 done, _ = wait(pending, timeout=1.0, return_when=FIRST_COMPLETED)
                 if not done and self.progress is not None:
                     self.progress.tick(step)

@@ -102,6 +102,19 @@ def test_a_worker_killed_mid_task_is_retried_and_counted(tmp_path):
     runner.close()
 
 
+def test_a_worker_killed_between_steps_costs_nothing(tmp_path):
+    wd = WorkDir(str(tmp_path / "w"))
+    runner = LocalRunner(wd, num_workers=1)
+    try:
+        (first,) = runner.run("one", [{"name": "t0", "i": 0}], _slow_square)
+        os.kill(first["pid"], signal.SIGKILL)  # the idle worker, as the OOM killer might
+        os.waitid(os.P_PID, first["pid"], os.WEXITED | os.WNOWAIT)  # dead (the pool reaps it)
+        (second,) = runner.run("two", [{"name": "t1", "i": 1}], _slow_square)
+    finally:
+        runner.close()
+    assert second["value"] == 1 and second["pid"] != first["pid"] and runner.retries == {}
+
+
 def test_an_items_exception_is_one_task_error_not_retried(tmp_path):
     wd = WorkDir(str(tmp_path / "w"))
     runner = LocalRunner(wd, num_workers=2, inputs={2: ["/in/b.jsonl"]})
