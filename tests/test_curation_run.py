@@ -11,7 +11,7 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory, ray_session):
+def run(tmp_path_factory):
     from gristmill.pipeline.config import PrepareConfig
     from gristmill.pipeline.demo_corpus import FOREIGN, near_duplicate, stdlib_paragraphs
     from gristmill.pipeline.executor import prepare

@@ -338,7 +338,7 @@ def _prepare(corpus, out, **over):
     return prepare(PrepareConfig.from_dict(d), quiet=True)
 
 
-def test_prepare_finishes_on_a_corpus_of_damaged_files_keeps_the_good_records_and_balances(tmp_path, ray_session):
+def test_prepare_finishes_on_a_corpus_of_damaged_files_keeps_the_good_records_and_balances(tmp_path):
     from gristmill.manifests import load_manifest, read_doc_index
 
     corpus, good = _damaged_corpus(tmp_path)

@@ -61,7 +61,7 @@ def _run(root, info, partitions: int, out) -> dict:
 
 
 @pytest.fixture(scope="module")
-def reference(corpus, tmp_path_factory, ray_session):
+def reference(corpus, tmp_path_factory):
     root, info = corpus
     ref = _run(root, info, 8, tmp_path_factory.mktemp("P8"))
     assert ref["partitions"] == 8

@@ -39,7 +39,7 @@ def _prepare(corpus, out, **over):
 
 
 @pytest.fixture(scope="module")
-def first_run(corpus, tmp_path_factory, ray_session):
+def first_run(corpus, tmp_path_factory):
     out = tmp_path_factory.mktemp("run1")
     return _prepare(corpus, out), out
 

@@ -24,7 +24,7 @@ def _corpus(tmp_path):
 
 
 @pytest.mark.parametrize("policy", ["drop", "cut"])
-def test_decontamination_plugged_in(tmp_path, ray_session, policy):
+def test_decontamination_plugged_in(tmp_path, policy):
     from gristmill.manifests import load_manifest
     from gristmill.pipeline.config import PrepareConfig
     from gristmill.pipeline.executor import prepare

@@ -55,7 +55,7 @@ def _job(corpus, out, **over):
 
 
 @pytest.fixture(scope="module")
-def run(corpus, tmp_path_factory, ray_session):
+def run(corpus, tmp_path_factory):
     from gristmill.pipeline.executor import prepare
 
     out = tmp_path_factory.mktemp("quality-run")

@@ -32,7 +32,7 @@ PAIRS = """return {pairs: document.querySelectorAll('[data-pair]').length,
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory, ray_session):
+def run(tmp_path_factory):
     from gristmill.pipeline.config import PrepareConfig
     from gristmill.pipeline.demo_corpus import write_demo_corpus
     from gristmill.cli.prepare import write_data_card

@@ -64,7 +64,7 @@ def _corpus(tmp_path):
 
 
 @pytest.mark.slow
-def test_repeated_ids_keep_none_of_their_documents_whatever_the_partitioning(tmp_path, ray_session):
+def test_repeated_ids_keep_none_of_their_documents_whatever_the_partitioning(tmp_path):
     from gristmill.manifests import load_manifest, read_doc_index
     from gristmill.pipeline.config import PrepareConfig
     from gristmill.pipeline.executor import prepare
