@@ -75,10 +75,6 @@ def _key_table(band, key, ref) -> pa.Table:
     return t.sort_by([("bucket", "ascending"), ("band", "ascending"), ("key", "ascending"), ("ref", "ascending")])
 
 
-def _read(path: str, columns: list[str], filters=None) -> pa.Table:
-    return read_parquet(path, columns, filters)
-
-
 # -- 1. keys -------------------------------------------------------------------------------------
 def keys_task(item: dict, wd: WorkDir, survivors: Survivors, params: dict, batch_size: int) -> dict:
     """A new partition's join keys and sketches (``item["part"]``), or an earlier index file's
@@ -131,9 +127,9 @@ def candidates_task(item: dict, wd: WorkDir, new: list[str], old: list[str], exa
     if there are any, of every index file (``old``); the candidate pairs, sorted by index file."""
     flt = [("bucket", ">=", item["lo"]), ("bucket", "<", item["hi"])]
     cols = ["band", "key", "ref"]
-    n = pa.concat_tables([_read(wd.scratch(STAGE, "keys", x), cols, flt) for x in new]) if new else \
+    n = pa.concat_tables([read_parquet(wd.scratch(STAGE, "keys", x), cols, flt) for x in new]) if new else \
         KEY_SCHEMA.empty_table().select(cols)
-    o = pa.concat_tables([_read(wd.scratch(STAGE, "keys", x), cols, flt) for x in old]) if old and n.num_rows else \
+    o = pa.concat_tables([read_parquet(wd.scratch(STAGE, "keys", x), cols, flt) for x in old]) if old and n.num_rows else \
         KEY_SCHEMA.empty_table().select(cols)  # no new rows in the range: nothing of the index to read
     i, j, ex, nr = di.join_keys(tuple(n.column(c).to_numpy() for c in cols), tuple(o.column(c).to_numpy() for c in cols),
                                 exact_band)
@@ -151,7 +147,7 @@ def fetch_task(item: dict, wd: WorkDir, params: dict, candidates: list[str]) -> 
     """Index file ``item["file"]``: its candidate pairs of every candidates task, with the earlier
     documents' ids and sketches read from just the row groups that hold them; sorted by the new
     document's partition."""
-    t = pa.concat_tables([_read(wd.scratch(STAGE, "candidates", c), ["ref", "order", "exact", "near"],
+    t = pa.concat_tables([read_parquet(wd.scratch(STAGE, "candidates", c), ["ref", "order", "exact", "near"],
                                 [("file", "=", item["file"])]) for c in candidates])
     i, j, ex, nr = di.dedupe_pairs(t.column("order").to_numpy(), t.column("ref").to_numpy(),
                                    dx.bool_values(t.column("exact")), dx.bool_values(t.column("near")))
@@ -189,9 +185,9 @@ def match_task(item: dict, wd: WorkDir, params: dict, threshold: float, sources:
     file number, ``{"version", "url", "sha256"}`` of its version."""
     width = dx.sketch_bytes(params)
     cols = ["order", "ref", "exact", "near", "doc_id", "has_words", "sketch"]
-    t = pa.concat_tables([_read(wd.scratch(STAGE, "fetched", f), cols, [("part", "=", item["part"])]) for f in fetched]) \
+    t = pa.concat_tables([read_parquet(wd.scratch(STAGE, "fetched", f), cols, [("part", "=", item["part"])]) for f in fetched]) \
         if fetched else _fetched_schema(params).empty_table().select(cols)
-    new = _read(wd.scratch(STAGE, "new", item["name"]), ["order", "id", "bytes", "has_words", "sketch"])
+    new = read_parquet(wd.scratch(STAGE, "new", item["name"]), ["order", "id", "bytes", "has_words", "sketch"])
     orders = new.column("order").to_numpy()
     nsk, _ = dx.sketch_matrix(new.column("sketch"), width) if new.num_rows else (np.zeros((0, width), np.uint8), None)
     nhas = dx.bool_values(new.column("has_words"))
