@@ -284,7 +284,7 @@ def kill_trials(info: dict, out: str, trials: int, what: str) -> list[dict]:
             client, job_id = submit_prepare(cluster, job)
             after = KILL_AFTER[t % len(KILL_AFTER)]  # the trials strike in different steps
             try:
-                killed = kill_mid_stage_and_wait(cluster, client, job_id, what,
+                killed = kill_mid_stage_and_wait(cluster, client, job_id, what, os.path.join(root, "work", "*"),
                                                  after=after and os.path.join(root, "work", "*", "_done", after, "*.json"))
             except RuntimeError as e:  # no task of that step was found running: the trial did not strike
                 killed = {"status": "NOT STRUCK", "victim": str(e).splitlines()[0], "step": after}

@@ -23,6 +23,7 @@ import logging
 import os
 import pickle
 import signal
+import socket
 import sys
 import time
 import traceback
@@ -94,9 +95,11 @@ def task_log(path: str):
 
 def record_attempt(wd: WorkDir, step: str, name: str) -> int:
     """Claim the next attempt number of a batch (``logs/<step>/<name>.attempt-N``, created
-    exclusively): a retried batch, by Ray or by a rerun, leaves N > 1 and the driver counts it."""
+    exclusively, holding ``<host> <pid>`` of this worker): a retried batch, by Ray or by a rerun,
+    leaves N > 1 and the driver counts it."""
+    who = f"{socket.gethostname()} {os.getpid()}\n".encode()
     n = 1
-    while not wd.create_new(wd.attempt(step, name, n)):
+    while not wd.create_new(wd.attempt(step, name, n), who):
         n += 1
     return n
 

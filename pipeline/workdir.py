@@ -167,16 +167,21 @@ class WorkDir:
     def _path(self, *parts: str) -> str:
         return os.path.join(self.root, *parts) if self.local else posixpath.join(self.root, *parts)
 
-    def create_new(self, path: str) -> bool:
-        """Create an empty file if nothing has the name: True if this call made it (create-if-absent)."""
+    def create_new(self, path: str, data: bytes = b"") -> bool:
+        """Create a file holding ``data`` if nothing has the name: True if this call made it
+        (create-if-absent)."""
         if self.local:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             try:
-                os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
-                return True
+                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
             except FileExistsError:
                 return False
-        return storage.put_new(self.fs[0], url_to_fs(path)[1], b"")
+            try:
+                os.write(fd, data)
+            finally:
+                os.close(fd)
+            return True
+        return storage.put_new(self.fs[0], url_to_fs(path)[1], data)
 
     def listdir(self, path: str) -> list[str]:
         """The names in a folder of this run dir (FileNotFoundError if there is none)."""
@@ -315,7 +320,8 @@ class WorkDir:
         return self._path("logs", step, f"{name}.log")
 
     def attempt(self, step: str, name: str, n: int) -> str:
-        """An empty file per attempt of a batch of tasks that starts with task ``name``."""
+        """A file per attempt of a batch of tasks that starts with task ``name``: the host and pid
+        of the worker that ran it (``record_attempt``)."""
         return self._path("logs", step, f"{name}.attempt-{n}")
 
     # -- task markers -------------------------------------------------------------------------

@@ -196,36 +196,67 @@ def raylet(node: subprocess.Popen) -> int:
     return pid
 
 
-def kill_mid_stage(cluster: Cluster, what: str, *, after: str | None = None, timeout_s: float = 120) -> dict:
-    """Wait until a pipeline task runs (on the second node for ``node``; on any for ``worker``), once a
-    file matching the glob ``after`` exists (a step under way), then SIGKILL the worker running it
-    (``worker``) or the second node's raylet (``node``). Returns what was killed."""
+def uncommitted_batches(work: str) -> list[tuple[str, str, int]]:
+    """(step, first task, worker pid) of each batch a worker has claimed (its attempt file, which
+    holds ``<host> <pid>``: pipeline.runner.record_attempt) and not yet committed (no marker), in
+    the run dirs matching the glob ``work``."""
     import glob
 
-    nodes = cluster.procs if what == "worker" else cluster.procs[1:2]
+    out = []
+    for path in sorted(glob.glob(os.path.join(work, "logs", "*", "*.attempt-*"))):
+        run, step = os.path.dirname(os.path.dirname(os.path.dirname(path))), os.path.basename(os.path.dirname(path))
+        first = os.path.basename(path).rsplit(".attempt-", 1)[0]
+        done = os.path.join(run, "_done", step)
+        if os.path.exists(os.path.join(done, f"{first}.json")) or os.path.exists(os.path.join(done, f"{first}.batch.json")):
+            continue
+        try:
+            with open(path) as f:
+                pid = int(f.read().split()[1])
+        except (OSError, IndexError, ValueError):  # being written this instant
+            continue
+        out.append((step, first, pid))
+    return out
+
+
+def _committed(work: str, step: str, first: str) -> bool:
+    return all((step, first) != (s, f) for s, f, _ in uncommitted_batches(work))
+
+
+def kill_mid_stage(cluster: Cluster, what: str, work: str, *, after: str | None = None, timeout_s: float = 120) -> dict:
+    """Once a file matching the glob ``after`` exists (a step under way), SIGKILL a worker (``worker``)
+    or the second node's raylet (``node``) while the worker (on the second node for ``node``) holds
+    a batch it has claimed and not committed, in the run dirs matching the glob ``work``: so the
+    batch is lost and Ray must run it again, which leaves ``attempt-2``. Returns what was killed."""
+    import glob
+
+    nodes = range(len(cluster.procs)) if what == "worker" else [1]
     deadline = time.time() + timeout_s
     while time.time() < deadline:
         if after is None or glob.glob(after):
-            busy = [(i, pid) for i, node in enumerate(cluster.procs) if node in nodes for pid in task_workers(node)]
-            if busy:
-                # a task claims its attempt file first thing; killed before that (a ~ms window after
-                # its process title is set) it is retried but not counted (docs/pipeline.md, retries)
-                time.sleep(0.1)
-                busy = [(i, pid) for i, pid in busy if pid in task_workers(cluster.procs[i])]
-            if busy:
-                i, pid = busy[0]
+            workers = {pid: i for i in nodes for pid in task_workers(cluster.procs[i])}
+            for step, first, pid in uncommitted_batches(work):
+                if pid not in workers:
+                    continue  # an earlier attempt's worker, or one on another node
+                i = workers[pid]
                 victim = pid if what == "worker" else raylet(cluster.procs[i])
                 title = _cmdline(victim)[:200]
                 os.kill(victim, signal.SIGKILL)
-                return {"what": what, "pid": victim, "node": i, "victim": title, "task_pid": pid}
+                # A worker killed the moment after it committed may have delivered its result: strike
+                # another. (A node's raylet is struck once; its workers die with it, their results
+                # undelivered.)
+                if what == "node" or not _committed(work, step, first):
+                    return {"what": what, "pid": victim, "node": i, "victim": title, "task_pid": pid,
+                            "batch": f"{step}/{first}"}
+                break
         time.sleep(0.005)
     raise RuntimeError(f"no pipeline task ran on {'the second node' if what == 'node' else 'any node'} "
                        f"within {timeout_s} s{f' after {after} appeared' if after else ''}")
 
 
-def kill_mid_stage_and_wait(cluster: Cluster, client, job_id: str, what: str, *, after: str | None = None) -> dict:
+def kill_mid_stage_and_wait(cluster: Cluster, client, job_id: str, what: str, work: str, *,
+                            after: str | None = None) -> dict:
     """``kill_mid_stage`` while the submitted job runs, then wait for the job; adds its end status and logs."""
-    killed = kill_mid_stage(cluster, what, after=after)
+    killed = kill_mid_stage(cluster, what, work, after=after)
     steps = [line.split("]")[0].lstrip("[") for line in client.get_job_logs(job_id).splitlines() if line.startswith("[")]
     status = wait_for_job(client, job_id)
     return {**killed, "step": steps[-1] if steps else None, "status": str(getattr(status, "value", status)),

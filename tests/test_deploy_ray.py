@@ -165,7 +165,8 @@ def test_lost_worker_or_node_is_retried_not_fatal(tmp_path, fault_reference, wha
     job = fault_job(corpus, out)
     with ray_cluster(str(tmp_path), nodes=2) as cluster:
         client, job_id = submit_prepare(cluster, job)
-        killed = kill_mid_stage_and_wait(cluster, client, job_id, what, after=os.path.join(out, "work", "*", after))
+        killed = kill_mid_stage_and_wait(cluster, client, job_id, what, os.path.join(out, "work", "*"),
+                                         after=os.path.join(out, "work", "*", after))
     assert killed["status"] == "SUCCEEDED", f"the job ended {killed['status']} after the {what} was killed " \
                                             f"({killed['victim']}):\n{killed['logs'][-4000:]}"
     if what == "worker":

@@ -102,13 +102,26 @@ def test_a_worker_killed_mid_task_is_retried_and_counted(tmp_path):
     runner.close()
 
 
+def _wait_dead(pid, timeout=10.0):
+    """Until ``pid`` (our child) has exited; the pool's manager thread may reap it first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT | os.WNOHANG) is not None:
+                return  # exited, not yet reaped
+        except ChildProcessError:
+            return  # exited and already reaped
+        time.sleep(0.01)
+    raise AssertionError(f"worker {pid} still alive {timeout} s after SIGKILL")
+
+
 def test_a_worker_killed_between_steps_costs_nothing(tmp_path):
     wd = WorkDir(str(tmp_path / "w"))
     runner = LocalRunner(wd, num_workers=1)
     try:
         (first,) = runner.run("one", [{"name": "t0", "i": 0}], _slow_square)
         os.kill(first["pid"], signal.SIGKILL)  # the idle worker, as the OOM killer might
-        os.waitid(os.P_PID, first["pid"], os.WEXITED | os.WNOWAIT)  # dead (the pool reaps it)
+        _wait_dead(first["pid"])
         (second,) = runner.run("two", [{"name": "t1", "i": 1}], _slow_square)
     finally:
         runner.close()

@@ -113,6 +113,8 @@ def test_workdir_attempts_and_logs_on_any_url(where):
     """A batch's attempt files (create-if-absent: one number per attempt) and a task's log, on a
     local disk and on S3."""
     import logging
+    import os
+    import socket
 
     from gristmill.pipeline.runner import record_attempt, task_log
     from gristmill.pipeline.workdir import WorkDir
@@ -120,6 +122,8 @@ def test_workdir_attempts_and_logs_on_any_url(where):
     wd = WorkDir(f"{where}/work/key")
     assert [record_attempt(wd, "extract", "part-00000") for _ in range(3)] == [1, 2, 3]
     assert sorted(wd.listdir(wd.logs("extract"))) == [f"part-00000.attempt-{n}" for n in (1, 2, 3)]
+    # each names the worker that claimed it: where to look when a retry needs explaining
+    assert wd.read_bytes(wd.attempt("extract", "part-00000", 2)).decode() == f"{socket.gethostname()} {os.getpid()}\n"
     log = wd.log("extract", "part-00001")
     with task_log(log):
         logging.getLogger("gristmill.task").warning("slow partition")
