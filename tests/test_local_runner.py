@@ -17,7 +17,7 @@ from gristmill.pipeline.workdir import WorkDir
 
 
 def _slow_square(item):  # module level: pickled by reference, imported by the workers
-    time.sleep(0.05 * (5 - item["i"] % 5))  # later items finish first
+    time.sleep(0.01 * (5 - item["i"] % 5))  # later items finish first
     return {"value": item["i"] ** 2, "pid": os.getpid()}
 
 
@@ -158,6 +158,15 @@ DRIVER = textwrap.dedent("""
 """)
 
 
+def _state(pid: int) -> str | None:
+    """A process's state letter from /proc (None once it is gone and reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return None
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 def test_the_workers_die_with_the_driver(tmp_path):
     (tmp_path / "driver.py").write_text(DRIVER)
@@ -171,14 +180,15 @@ def test_the_workers_die_with_the_driver(tmp_path):
     workers = [int(p) for p in os.listdir(seen)]
     proc.kill()  # kill -9 of the driver alone: no signal reaches the workers from it
     proc.wait()
-    time.sleep(2.5)  # past the tasks' sleep: a surviving worker would have written "late"
+    # Each worker is dead (a zombie or gone) well before its task's 2 s sleep ends: it never
+    # writes "late". A surviving one would still be sleeping at the deadline.
+    deadline = time.monotonic() + 1.5
+    alive = workers
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.02)
+        alive = [pid for pid in alive if _state(pid) not in ("Z", "X", None)]
+    assert not alive, f"workers {alive} outlived the driver"
     assert not (seen / "late").exists()
-    for pid in workers:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                assert f.read().split(")")[1].split()[0] in "ZX", f"worker {pid} outlived the driver"
-        except FileNotFoundError:
-            pass  # gone and reaped
 
 
 def test_the_runner_follows_ray_runner_and_the_cluster_address(monkeypatch):
