@@ -5,6 +5,18 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))  # tests/helpers.py
 
+# The files whose tests start a Ray (the session's, or a cluster of their own): one xdist worker
+# runs them all, one after another; two Rays at once on two cores starve each other.
+RAY_FILES = {"test_deploy_ray.py", "test_local_runner.py", "test_runner.py"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under ``pytest -n N --dist loadgroup`` (`make test`), a file's tests stay on one worker (its
+    module fixtures, often a whole prepare, are built once) and the Ray files share one."""
+    for item in items:
+        name = os.path.basename(str(item.fspath))
+        item.add_marker(pytest.mark.xdist_group("ray" if name in RAY_FILES else name))
+
 
 @pytest.fixture(scope="session")
 def ray_session():
