@@ -22,6 +22,8 @@ import tempfile
 import time
 from dataclasses import dataclass
 
+from gristmill.pipeline.workdir import WorkDir
+
 BIN = os.path.dirname(sys.executable)  # the venv's bin
 # This interpreter, not the bin/ scripts: a script's shebang may name another venv's python (a
 # copied venv), and Ray starts a node's workers with the python that ran `ray start`.
@@ -196,30 +198,31 @@ def raylet(node: subprocess.Popen) -> int:
     return pid
 
 
-def uncommitted_batches(work: str) -> list[tuple[str, str, int]]:
-    """(step, first task, worker pid) of each batch a worker has claimed (its attempt file, which
-    holds ``<host> <pid>``: pipeline.runner.record_attempt) and not yet committed (no marker), in
+def uncommitted_batches(work: str) -> list[tuple[WorkDir, str, str, int]]:
+    """(run dir, step, first task, worker pid) of each batch a worker has claimed (its attempt
+    file, which holds ``<host> <pid>``: pipeline.runner.record_attempt) and not yet committed, in
     the run dirs matching the glob ``work``."""
     import glob
 
     out = []
-    for path in sorted(glob.glob(os.path.join(work, "logs", "*", "*.attempt-*"))):
-        run, step = os.path.dirname(os.path.dirname(os.path.dirname(path))), os.path.basename(os.path.dirname(path))
-        first = os.path.basename(path).rsplit(".attempt-", 1)[0]
-        done = os.path.join(run, "_done", step)
-        if os.path.exists(os.path.join(done, f"{first}.json")) or os.path.exists(os.path.join(done, f"{first}.batch.json")):
-            continue
-        try:
-            with open(path) as f:
-                pid = int(f.read().split()[1])
-        except (OSError, IndexError, ValueError):  # being written this instant
-            continue
-        out.append((step, first, pid))
+    for run in sorted(glob.glob(work)):
+        wd = WorkDir(run)
+        for path in sorted(glob.glob(os.path.join(wd.logs("*"), "*.attempt-*"))):
+            step, first = os.path.basename(os.path.dirname(path)), os.path.basename(path).rsplit(".attempt-", 1)[0]
+            if committed(wd, step, first):
+                continue
+            try:
+                with open(path) as f:
+                    pid = int(f.read().split()[1])
+            except (OSError, IndexError, ValueError):  # being written this instant
+                continue
+            out.append((wd, step, first, pid))
     return out
 
 
-def _committed(work: str, step: str, first: str) -> bool:
-    return all((step, first) != (s, f) for s, f, _ in uncommitted_batches(work))
+def committed(wd: WorkDir, step: str, first: str) -> bool:
+    """Whether the batch that starts with task ``first`` has its marker (a batch's, or its one task's)."""
+    return wd.exists(wd.batch_marker(step, first)) or wd.exists(wd.marker(step, first))
 
 
 def kill_mid_stage(cluster: Cluster, what: str, work: str, *, after: str | None = None, timeout_s: float = 120) -> dict:
@@ -234,7 +237,7 @@ def kill_mid_stage(cluster: Cluster, what: str, work: str, *, after: str | None 
     while time.time() < deadline:
         if after is None or glob.glob(after):
             workers = {pid: i for i in nodes for pid in task_workers(cluster.procs[i])}
-            for step, first, pid in uncommitted_batches(work):
+            for wd, step, first, pid in uncommitted_batches(work):
                 if pid not in workers:
                     continue  # an earlier attempt's worker, or one on another node
                 i = workers[pid]
@@ -244,7 +247,7 @@ def kill_mid_stage(cluster: Cluster, what: str, work: str, *, after: str | None 
                 # A worker killed the moment after it committed may have delivered its result: strike
                 # another. (A node's raylet is struck once; its workers die with it, their results
                 # undelivered.)
-                if what == "node" or not _committed(work, step, first):
+                if what == "node" or not committed(wd, step, first):
                     return {"what": what, "pid": victim, "node": i, "victim": title, "task_pid": pid,
                             "batch": f"{step}/{first}"}
                 break

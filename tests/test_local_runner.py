@@ -102,17 +102,22 @@ def test_a_worker_killed_mid_task_is_retried_and_counted(tmp_path):
     runner.close()
 
 
-def _wait_dead(pid, timeout=10.0):
-    """Until ``pid`` (our child) has exited; the pool's manager thread may reap it first."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+def _still_alive(pids: list[int], timeout: float) -> list[int]:
+    """Those of ``pids`` not yet dead (a zombie, or gone and reaped: /proc) after ``timeout`` s."""
+
+    def dead(pid: int) -> bool:
         try:
-            if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT | os.WNOHANG) is not None:
-                return  # exited, not yet reaped
-        except ChildProcessError:
-            return  # exited and already reaped
-        time.sleep(0.01)
-    raise AssertionError(f"worker {pid} still alive {timeout} s after SIGKILL")
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] in "ZX"
+        except FileNotFoundError:
+            return True
+
+    deadline = time.monotonic() + timeout
+    alive = [pid for pid in pids if not dead(pid)]
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.02)
+        alive = [pid for pid in alive if not dead(pid)]
+    return alive
 
 
 def test_a_worker_killed_between_steps_costs_nothing(tmp_path):
@@ -121,7 +126,7 @@ def test_a_worker_killed_between_steps_costs_nothing(tmp_path):
     try:
         (first,) = runner.run("one", [{"name": "t0", "i": 0}], _slow_square)
         os.kill(first["pid"], signal.SIGKILL)  # the idle worker, as the OOM killer might
-        _wait_dead(first["pid"])
+        assert not _still_alive([first["pid"]], timeout=10), "the killed worker did not die"  # the pool reaps it
         (second,) = runner.run("two", [{"name": "t1", "i": 1}], _slow_square)
     finally:
         runner.close()
@@ -158,15 +163,6 @@ DRIVER = textwrap.dedent("""
 """)
 
 
-def _state(pid: int) -> str | None:
-    """A process's state letter from /proc (None once it is gone and reaped)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return None
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 def test_the_workers_die_with_the_driver(tmp_path):
     (tmp_path / "driver.py").write_text(DRIVER)
@@ -182,11 +178,7 @@ def test_the_workers_die_with_the_driver(tmp_path):
     proc.wait()
     # Each worker is dead (a zombie or gone) well before its task's 2 s sleep ends: it never
     # writes "late". A surviving one would still be sleeping at the deadline.
-    deadline = time.monotonic() + 1.5
-    alive = workers
-    while alive and time.monotonic() < deadline:
-        time.sleep(0.02)
-        alive = [pid for pid in alive if _state(pid) not in ("Z", "X", None)]
+    alive = _still_alive(workers, timeout=1.5)
     assert not alive, f"workers {alive} outlived the driver"
     assert not (seen / "late").exists()
 
