@@ -4,7 +4,8 @@ PY     := $(VENV)/bin/python
 # torch is pinned for CPU installs: an unpinned torch pulls a multi-GB CUDA build (GPU: docs/deploy.md).
 TORCH  ?= torch==2.13.0
 PYTEST_ARGS ?=
-# Two test workers (pytest-xdist), a file's tests on one (tests/conftest.py groups them; the Ray files share one)
+# Two test workers (pytest-xdist), a file's tests on one (tests/conftest.py groups them, the Ray files
+# together, and hands out the heavy groups first: hence no reorder by test count)
 PYTEST_WORKERS ?= 2
 
 .PHONY: install demo test bench clean
@@ -25,7 +26,7 @@ demo: install
 
 test: install
 	sh tests/setup_browser.sh  # Chromium + chromedriver from apt for the report's browser tests, when missing
-	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) demo-out .pytest_cache

@@ -8,14 +8,35 @@ sys.path.insert(0, os.path.dirname(__file__))  # tests/helpers.py
 # The files whose tests start a Ray (the session's, or a cluster of their own): one xdist worker
 # runs them all, one after another; two Rays at once on two cores starve each other.
 RAY_FILES = {"test_deploy_ray.py", "test_local_runner.py", "test_runner.py"}
+# The groups of a minute or more in `make test` (pytest --durations), heaviest first: they start
+# first, so neither worker is left alone with one of them at the end (a missing one costs only time).
+HEAVY_FIRST = ["test_partition_scaling.py", "ray", "test_kill_anywhere.py", "test_trainer.py", "test_pipeline_s3.py"]
 
 
+def _group(item) -> str:
+    name = os.path.basename(str(item.fspath))
+    return "ray" if name in RAY_FILES else name
+
+
+@pytest.hookimpl(wrapper=True)
 def pytest_collection_modifyitems(config, items):
-    """Under ``pytest -n N --dist loadgroup`` (`make test`), a file's tests stay on one worker (its
-    module fixtures, often a whole prepare, are built once) and the Ray files share one."""
-    for item in items:
-        name = os.path.basename(str(item.fspath))
-        item.add_marker(pytest.mark.xdist_group("ray" if name in RAY_FILES else name))
+    """Under ``pytest -n N --dist loadgroup --no-loadscope-reorder`` (`make test`), a file's tests stay
+    on one worker (its module fixtures, often a whole prepare, are built once), the Ray files share
+    one, and the heavy groups are handed out first."""
+    for item in items:  # before every other plugin's hook: xdist's reads the marks into the node ids
+        item.add_marker(pytest.mark.xdist_group(_group(item)))
+    yield
+    if getattr(config.option, "loadgroup", False):
+        rank = {g: i for i, g in enumerate(HEAVY_FIRST)}
+        items.sort(key=lambda item: rank.get(_group(item), len(rank)))  # stable: the rest keep their order
+
+
+def pytest_xdist_node_collection_finished(node, ids):
+    """The controller's check that the groups took: pytest 9.2 ignores xdist 3.8's node-id rewrite
+    (pytest-dev/pytest-xdist#1386), and every test then runs apart, module fixtures built twice."""
+    if node.config.getoption("dist") == "loadgroup" and ids and "@" not in ids[0]:
+        raise pytest.UsageError("pytest-xdist is not grouping the tests (--dist loadgroup; pytest-xdist#1386): "
+                                "install the tested pytest: pip install -c constraints.txt -e '.[dev]'")
 
 
 @pytest.fixture(scope="session")

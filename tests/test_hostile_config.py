@@ -104,13 +104,17 @@ def _eval(tmp_path, name, data: bytes):
     return str(p)
 
 
-@pytest.mark.parametrize("name,data,where", [
+MALFORMED_EVAL_FILES = [
     ("bad-utf8.jsonl", b'{"text": "ok"}\n{"text": "bad \xff"}\n', "line 2: not valid UTF-8"),
-    ("cut.jsonl.gz", gzip.compress(b"".join(b'{"text": "item %d"}\n' % i for i in range(3000)))[:4000], "line "),
+    ("cut.jsonl.gz", gzip.compress(b"".join(b'{"text": "item %d"}\n' % i for i in range(3000)), mtime=0)[:4000], "line "),
     ("deep.jsonl", b'{"text": "ok"}\n' + b"[" * 100_000 + b"\n", "line 2: "),
     ("junk.parquet", b"PAR1 not really", "junk.parquet: "),
     ("bad.txt", b"line one\nline two \xff\n", "line 2: not valid UTF-8"),
-])
+]
+
+
+# named by file (a bytes id would hold the data: xdist workers must collect the same ids)
+@pytest.mark.parametrize("name,data,where", [pytest.param(*case, id=case[0]) for case in MALFORMED_EVAL_FILES])
 def test_malformed_eval_files_are_one_line_errors_with_the_file_and_line(tmp_path, name, data, where):
     from gristmill.pipeline.ngrams import read_eval_items
 
