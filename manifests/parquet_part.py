@@ -6,6 +6,7 @@ on commit, and an abort leaves no object at all.
 """
 from __future__ import annotations
 
+import functools
 import os
 import uuid
 
@@ -20,24 +21,31 @@ class ParquetPart:
     """Stream record batches into ``path`` (a local path or fsspec URL); ``commit()`` puts it in place.
 
     Always produces a file (an empty one with the schema when no rows came), so readers of a
-    finished stage never have to guess whether a partition is missing or merely empty.
+    finished stage never have to guess whether a partition is missing or merely empty. The writer
+    opens on the first rows: most of a big job's per-partition files are empty (a partition with
+    no removals at a stage), and those are written as one cached file's bytes, ~10x cheaper.
     """
 
     def __init__(self, path: str, schema: pa.Schema, row_group_size: int | None = None, compression: str = "zstd"):
-        self.path, self.schema, self.row_group_size = path, schema, row_group_size
-        fs, fs_path = url_to_fs(path)
-        if storage.is_local(fs):
-            os.makedirs(os.path.dirname(fs_path), exist_ok=True)
-            self._local, self._pending_object = fs_path, None
-            self.tmp = f"{fs_path}.tmp-{uuid.uuid4().hex[:8]}"
-            sink = self.tmp  # pyarrow's own file: faster than through a Python file object
-        else:
-            self._local, self.tmp = None, None
-            self._pending_object = storage.PendingObject(fs, fs_path)
-            sink = self._pending_object.file  # pyarrow never closes a file it was handed
-        self.writer = pq.ParquetWriter(sink, schema, compression=compression)
+        self.path, self.schema, self.row_group_size, self.compression = path, schema, row_group_size, compression
+        self.writer: pq.ParquetWriter | None = None
+        self._local = self.tmp = self._pending_object = None
         self.rows = 0
         self._pending: dict[str, list] = {k: [] for k in schema.names}
+
+    def _open_writer(self) -> None:
+        if "://" in self.path:
+            fs, fs_path = url_to_fs(self.path)
+        else:
+            fs, fs_path = None, self.path  # a plain path: no filesystem to resolve
+        if fs is None or storage.is_local(fs):
+            os.makedirs(os.path.dirname(fs_path) or ".", exist_ok=True)
+            self._local, self.tmp = fs_path, f"{fs_path}.tmp-{uuid.uuid4().hex[:8]}"
+            sink = self.tmp  # pyarrow's own file: faster than through a Python file object
+        else:
+            self._pending_object = storage.PendingObject(fs, fs_path)
+            sink = self._pending_object.file  # pyarrow never closes a file it was handed
+        self.writer = pq.ParquetWriter(sink, self.schema, compression=self.compression)
 
     def append(self, row: dict) -> None:
         """Buffer one row (a row group per row would make files slow to read)."""
@@ -50,6 +58,8 @@ class ParquetPart:
         self._flush()
         table = rows if isinstance(rows, pa.Table) else pa.table(rows, schema=self.schema)
         if table.num_rows:
+            if self.writer is None:
+                self._open_writer()
             self.writer.write_table(table.select(self.schema.names).cast(self.schema), row_group_size=self.row_group_size)
             self.rows += table.num_rows
 
@@ -60,15 +70,41 @@ class ParquetPart:
 
     def commit(self) -> None:
         self._flush()
+        if self.writer is None:
+            self._commit_empty()
+            return
         self.writer.close()
         if self._pending_object is not None:
             self._pending_object.commit()
         else:
             os.replace(self.tmp, self._local)
 
+    def _commit_empty(self) -> None:
+        data = empty_parquet(self.schema, self.compression)
+        if "://" in self.path:
+            fs, fs_path = url_to_fs(self.path)
+            storage.put(fs, fs_path, data)  # one upload, or a local temp file, fsync and rename
+            return
+        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+        tmp = f"{self.path}.tmp-{uuid.uuid4().hex[:8]}"
+        with open(tmp, "wb") as f:  # as a written part: no fsync, the task's marker commits it
+            f.write(data)
+        os.replace(tmp, self.path)
+
     def abort(self) -> None:
+        if self.writer is None:
+            return  # nothing was opened
         self.writer.close()
         if self._pending_object is not None:
             self._pending_object.abort()
         elif os.path.exists(self.tmp):
             os.unlink(self.tmp)
+
+
+@functools.lru_cache(maxsize=64)
+def empty_parquet(schema: pa.Schema, compression: str = "zstd") -> bytes:
+    """The bytes ``pq.ParquetWriter`` writes for no rows of ``schema``: the same every time (no
+    timestamp in a Parquet file), so made once per process and schema."""
+    sink = pa.BufferOutputStream()
+    pq.ParquetWriter(sink, schema, compression=compression).close()
+    return sink.getvalue().to_pybytes()

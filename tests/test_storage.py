@@ -94,6 +94,27 @@ def test_parquet_part_and_atomic_write(where):
     assert storage.get(fs, posixpath.join(root, "_done", "stage", "part-00001.json")) == b'{"rows": 5000}'
 
 
+def test_an_empty_parquet_part_is_the_file_parquet_writes_for_no_rows(where, tmp_path):
+    """A part that got no rows is written from cached bytes (no writer opened): the same bytes a
+    ParquetWriter closes with no rows, a file with the schema, nothing before the commit."""
+    import pyarrow.parquet as pq
+
+    fs, root = fsspec.core.url_to_fs(where)
+    schema = pa.schema([("id", pa.string()), ("text", pa.string())])
+    part = ParquetPart(f"{where}/removed/s/part-00003.parquet", schema)
+    part.write(pa.table({"id": pa.array([], pa.string()), "text": pa.array([], pa.string())}))
+    assert not fs.exists(posixpath.join(root, "removed", "s", "part-00003.parquet"))
+    part.commit()
+    with pq.ParquetWriter(str(tmp_path / "direct.parquet"), schema, compression="zstd"):
+        pass
+    data = storage.get(fs, posixpath.join(root, "removed", "s", "part-00003.parquet"))
+    assert data == (tmp_path / "direct.parquet").read_bytes()
+    assert pq.read_table(pa.BufferReader(data)).schema == schema
+    ParquetPart(f"{where}/removed/s/part-00004.parquet", schema).abort()  # an empty part aborted: no file
+    storage.refresh(fs, posixpath.join(root, "removed", "s"))
+    assert [posixpath.basename(p) for p in fs.find(posixpath.join(root, "removed"))] == ["part-00003.parquet"]
+
+
 def test_workdir_markers_on_any_url(where):
     """The run dir's commit (a task's marker) on a local disk and on S3; a task receives the
     WorkDir pickled (its URL only) and reads the same markers."""
