@@ -84,7 +84,9 @@ def read_table(source) -> pa.Table:
     file is refused here rather than read past its buffers later.
     """
     try:
-        table = ipc.open_file(source).read_all()
+        # no Arrow thread pool: a pool task left at exit can abort the process ("terminate called
+        # without an active exception", apache/arrow#34314; seen once at `gristmill train`'s exit)
+        table = ipc.open_file(source, options=ipc.IpcReadOptions(use_threads=False)).read_all()
         table.validate()
         _ = table.schema.names, str(table.schema)  # decode every name: one that is not UTF-8 fails here, not later
         return table
