@@ -13,8 +13,11 @@ import uuid
 import pyarrow as pa
 import pyarrow.parquet as pq
 from fsspec.core import url_to_fs
+from fsspec.implementations.local import LocalFileSystem
 
 from . import storage
+
+_LOCAL = LocalFileSystem()  # fsspec caches it: one instance per process
 
 
 class ParquetPart:
@@ -33,12 +36,13 @@ class ParquetPart:
         self.rows = 0
         self._pending: dict[str, list] = {k: [] for k in schema.names}
 
+    def _target(self):
+        """``(fs, path)`` of the part: a plain path gets the local filesystem without resolving a URL."""
+        return (_LOCAL, self.path) if "://" not in self.path else url_to_fs(self.path)
+
     def _open_writer(self) -> None:
-        if "://" in self.path:
-            fs, fs_path = url_to_fs(self.path)
-        else:
-            fs, fs_path = None, self.path  # a plain path: no filesystem to resolve
-        if fs is None or storage.is_local(fs):
+        fs, fs_path = self._target()
+        if storage.is_local(fs):
             os.makedirs(os.path.dirname(fs_path) or ".", exist_ok=True)
             self._local, self.tmp = fs_path, f"{fs_path}.tmp-{uuid.uuid4().hex[:8]}"
             sink = self.tmp  # pyarrow's own file: faster than through a Python file object
@@ -80,16 +84,8 @@ class ParquetPart:
             os.replace(self.tmp, self._local)
 
     def _commit_empty(self) -> None:
-        data = empty_parquet(self.schema, self.compression)
-        if "://" in self.path:
-            fs, fs_path = url_to_fs(self.path)
-            storage.put(fs, fs_path, data)  # one upload, or a local temp file, fsync and rename
-            return
-        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
-        tmp = f"{self.path}.tmp-{uuid.uuid4().hex[:8]}"
-        with open(tmp, "wb") as f:  # as a written part: no fsync, the task's marker commits it
-            f.write(data)
-        os.replace(tmp, self.path)
+        # as a written part, no local fsync: the task's marker, fsynced after its outputs, commits it
+        storage.put(*self._target(), empty_parquet(self.schema, self.compression), sync=False)
 
     def abort(self) -> None:
         if self.writer is None:

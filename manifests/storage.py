@@ -62,15 +62,16 @@ def _tmp_name(path: str) -> str:
     return f"{path}.tmp-{uuid.uuid4().hex[:12]}"  # unique per writer: threads, processes and hosts alike
 
 
-def _local_write(path: str, data) -> str:
-    """Write ``data`` to a fresh temp file beside ``path``, fsynced; returns its name."""
+def _local_write(path: str, data, sync: bool = True) -> str:
+    """Write ``data`` to a fresh temp file beside ``path``, fsynced unless ``sync`` is False; returns its name."""
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     tmp = _tmp_name(path)
     try:
         with open(tmp, "wb") as f:
             f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+            if sync:
+                f.flush()
+                os.fsync(f.fileno())
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
@@ -78,10 +79,11 @@ def _local_write(path: str, data) -> str:
     return tmp
 
 
-def put(fs, path: str, data) -> None:
-    """Write ``data`` (bytes-like) at ``path``, replacing any older object whole; atomic for readers."""
+def put(fs, path: str, data, *, sync: bool = True) -> None:
+    """Write ``data`` (bytes-like) at ``path``, replacing any older object whole; atomic for readers.
+    ``sync=False`` skips the local fsync, for a file a later fsynced marker commits (a task's output)."""
     if is_local(fs):
-        tmp = _local_write(path, data)
+        tmp = _local_write(path, data, sync)
         try:
             os.replace(tmp, path)
         except BaseException:

@@ -97,8 +97,6 @@ def test_parquet_part_and_atomic_write(where):
 def test_an_empty_parquet_part_is_the_file_parquet_writes_for_no_rows(where, tmp_path):
     """A part that got no rows is written from cached bytes (no writer opened): the same bytes a
     ParquetWriter closes with no rows, a file with the schema, nothing before the commit."""
-    import pyarrow.parquet as pq
-
     fs, root = fsspec.core.url_to_fs(where)
     schema = pa.schema([("id", pa.string()), ("text", pa.string())])
     part = ParquetPart(f"{where}/removed/s/part-00003.parquet", schema)
