@@ -257,10 +257,30 @@ def test_the_scanner_sees_lazy_imports_code_in_strings_and_cycles(tmp_path):
     assert find_cycles({"a": ["b"], "b": [], "c": ["a", "b"]}) == []
 
 
+def _package_folders() -> list[pathlib.Path]:
+    """Every folder of the product that is a package: a part's or gristmill's, with an __init__.py."""
+    return sorted(init.parent for top in [*PARTS, "gristmill"] for init in (ROOT / top).rglob("__init__.py")
+                  if "__pycache__" not in init.parts)
+
+
+def test_pyproject_lists_every_package_folder():
+    """setuptools installs only the packages pyproject.toml names (the mapped folders rule out
+    discovery): a subpackage missing there is missing from every wheel (gristmill.pipeline.stages was)."""
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        listed = set(tomllib.load(f)["tool"]["setuptools"]["packages"])
+    on_disk = {module_name(folder / "__init__.py") for folder in _package_folders()}
+    assert listed == on_disk, f"missing from pyproject.toml: {sorted(on_disk - listed)}; not a folder: {sorted(listed - on_disk)}"
+
+
+def _every_module() -> list[str]:
+    """Each importable module of the product (launchers, which run a command when imported, excepted)."""
+    return sorted(module_name(f) for folder in _package_folders() for f in folder.glob("*.py") if f.stem != "__main__")
+
+
 @pytest.mark.slow
 def test_built_wheel_installs_only_the_gristmill_import_name(tmp_path):
     """From a fresh virtual environment outside the repository, with the built wheel installed:
-    `gristmill.loader` imports and none of the five generic names does."""
+    every module of the product imports from the wheel and none of the five generic names does."""
     wheels = tmp_path / "wheels"
     # Build from a copy: setuptools writes build/ and *.egg-info next to the sources it builds.
     src = tmp_path / "src"
@@ -277,12 +297,14 @@ def test_built_wheel_installs_only_the_gristmill_import_name(tmp_path):
     deps = next(p for p in sys.path if p.endswith("site-packages"))  # torch, numpy, ...: the wheel's dependencies
     python = env_dir / "bin" / "python"
     probe = ("import importlib, gristmill, gristmill.loader, gristmill.manifests, gristmill.cli\n"
+             "for module in %r:\n"
+             "    importlib.import_module(module)\n"
              "bad = []\n"
              "for name in ('pipeline', 'loader', 'trainer', 'manifests', 'audit'):\n"
              "    try:\n        importlib.import_module(name)\n        bad.append(name)\n"
              "    except ImportError:\n        pass\n"
              "assert gristmill.loader.__file__.startswith(%r), gristmill.loader.__file__\n"
-             "print('bare names importable:', bad)\n" % str(target))
+             "print('bare names importable:', bad)\n" % (_every_module(), str(target)))
     # A .pth-free PYTHONPATH: the dependencies' folder is a plain path entry, so the repo's
     # editable-install hook in it is never run and only the wheel provides `gristmill`.
     out = subprocess.run([str(python), "-c", probe], cwd=tmp_path, capture_output=True, text=True,
