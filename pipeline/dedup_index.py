@@ -201,7 +201,8 @@ def match(params: dict, threshold: float, exact: list[bytes], sk: np.ndarray, ha
 
 
 # -- tasks of the dedup_index stage (pipeline/stages/dedup_index.py) ----------------------------------
-INDEX_DIR = "dedup_index"  # inside the staging dir: published beside shards/ and doc_index.parquet
+STAGE = "dedup_index"
+INDEX_DIR = STAGE  # inside the staging dir: published beside shards/ and doc_index.parquet
 
 
 ROWS_PER_FILE = 1 << 18  # index rows per published file (~20 MB): the file count comes from the data; a

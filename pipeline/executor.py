@@ -280,19 +280,20 @@ class Executor:
                  f"work dir {self.wd.root}")
         timings: dict[str, dict] = {}
         inputs = {t["part"]: [f["uri"] for f in t["files"]] for t in self.tasks}
+        results: list[st.StageResult] = []
         try:
             with job_runner(self.job, self.address, self.wd, Progress(quiet=self.quiet), inputs) as runner:
-                ctx = st.Context(self.job, self.wd, runner, self.tasks, self.log)
+                ctx = st.Context(self.wd, runner, self.tasks, self.log)
                 for stage in self.stages:
                     t0, c0, r0 = time.perf_counter(), ctx.cpu_seconds(), runner.resumed_tasks
-                    ctx.results[stage.name] = stage.run(ctx)
+                    results.append(ctx.run(stage))  # and the survivors advanced past its verdicts
                     timings[stage.name] = {"seconds": time.perf_counter() - t0, "cpu_seconds": ctx.cpu_seconds() - c0,
                                            "resumed_parts": runner.resumed_tasks - r0}
         except KeyboardInterrupt:  # the workers (or Ray) are stopped by now (job_runner's exit)
             raise PrepareInterrupted(f"interrupted; every finished task is kept in {self.wd.root}: "
                                      "the same command resumes from there") from None
         timings["total"] = {"seconds": time.perf_counter() - t_all}
-        return self._publish([ctx.results[s.name] for s in self.stages], timings, t_all, runner.retries)
+        return self._publish(results, timings, t_all, runner.retries)
 
     def _publish(self, results: list[st.StageResult], timings: dict, t_all: float, retries: dict) -> RunResult:
         """The manifest from the stages' results (data only: no stage is named here), published;
