@@ -67,7 +67,7 @@ def job_from_file(path: str, corpus: str, out: str, num_cpus: int) -> dict:
     job = yaml.safe_load(text)
     job["work_dir"] = os.path.abspath(os.path.join(out, "work"))
     job["output"] = {**job["output"], "store": os.path.abspath(os.path.join(out, "store"))}
-    job["ray"] = {**(job.get("ray") or {}), "num_cpus": num_cpus}
+    job["runner"] = {**(job.get("runner") or {}), "num_cpus": num_cpus}
     return job
 
 

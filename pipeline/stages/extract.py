@@ -28,7 +28,7 @@ class Extract(Stage):
     name, names, section, config = extract.STAGE, (extract.STAGE, LANGUAGE), "extract", ExtractConfig
 
     def __init__(self, job):
-        self.extract, self.language, self.batch_rows = job.extract, job.language, job.ray.records_per_batch
+        self.extract, self.language, self.batch_rows = job.extract, job.language, job.partitioning.records_per_batch
         self.check_ids = needs_id_check(job)
         # each input entry's own minimum length and language threshold (per source)
         self.per_input = [{"min_chars": spec.min_chars, "language_threshold": spec.language_threshold} for spec in job.inputs]
