@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from gristmill.manifests import dedup_index as dx
+from gristmill.manifests.runs import run_starts
 
 from .config import FuzzyDedupConfig
 from .documents import norm_hash
@@ -116,9 +117,7 @@ def dedupe_pairs(i: np.ndarray, j: np.ndarray, exact: np.ndarray, near: np.ndarr
         return i.astype(np.int64), j.astype(np.int64), exact.astype(bool), near.astype(bool)
     o = np.lexsort((j, i))
     i, j, exact, near = i[o], j[o], np.asarray(exact, bool)[o], np.asarray(near, bool)[o]
-    start = np.ones(len(i), bool)
-    start[1:] = (i[1:] != i[:-1]) | (j[1:] != j[:-1])
-    s = np.flatnonzero(start)
+    s = np.flatnonzero(run_starts(i, j))
     return i[s], j[s], np.logical_or.reduceat(exact, s), np.logical_or.reduceat(near, s)
 
 

@@ -17,6 +17,7 @@ import contextlib
 import errno
 import glob as _glob
 import json
+import logging
 import os
 import posixpath
 import sys
@@ -35,6 +36,9 @@ from .config import PrepareConfig
 from .progress import Progress
 from .stats import build_report, check_balanced, export_jsonl, manifest_stats
 from .workdir import WorkDir
+
+
+logger = logging.getLogger(__name__)  # gristmill.pipeline.executor
 
 
 @dataclass
@@ -192,6 +196,7 @@ class Executor:
         self.stages = st.build(job)  # fails on a bad stage section before any work starts
 
     def log(self, msg: str) -> None:
+        logger.info("%s", msg)
         if not self.quiet:
             print(msg, file=sys.stderr, flush=True)
 

@@ -34,6 +34,7 @@ from gristmill.manifests.shards import atomic_write
 from .progress import Progress
 from .workdir import WorkDir
 
+logger = logging.getLogger(__name__)  # gristmill.pipeline.runner
 Measure = Callable[[dict], tuple[int, int]]
 MAX_BATCH = 64  # items per Ray task at most: a step of thousands of tiny tasks pays Ray's cost per batch
 
@@ -113,7 +114,7 @@ def run_one(fn: Callable[[dict], dict], item: dict, wd: WorkDir, step: str, sync
         try:
             stats = fn(item)
         except Exception as e:
-            logging.getLogger("gristmill.task").error("%s %s failed:\n%s", step, item["name"], traceback.format_exc())
+            logger.error("%s %s failed:\n%s", step, item["name"], traceback.format_exc())
             raise TaskFailed(item["name"], f"{type(e).__name__}: {e}", log) from None
     stats = {**stats, "_seconds": time.perf_counter() - t0, "_cpu_seconds": time.process_time() - c0}
     if commit:

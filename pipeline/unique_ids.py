@@ -26,6 +26,8 @@ import json
 import numpy as np
 import pyarrow as pa
 
+from gristmill.manifests.runs import run_starts
+
 from .documents import REMOVED_SCHEMA, bucket_range_tasks, removed_by_partition
 from .workdir import ParquetPart, WorkDir, read_parquet
 
@@ -64,8 +66,7 @@ def repeated(ids: pa.Table) -> pa.Table:
         return REMOVED_SCHEMA.empty_table()
     ids = ids.sort_by([("id", "ascending"), ("order", "ascending")])
     key = np.asarray(ids.column("id").to_pylist(), dtype=object)
-    start = np.ones(len(key), dtype=bool)
-    start[1:] = key[1:] != key[:-1]
+    start = run_starts(key)
     group = np.cumsum(start) - 1
     first = np.flatnonzero(start)
     size = np.diff(np.append(first, len(key)))[group]

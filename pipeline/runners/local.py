@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import pickle
 import signal
@@ -12,6 +13,8 @@ from typing import Callable, Iterator
 from ..progress import Progress
 from ..runner import Runner, TaskFailed, batches_of, run_batch
 from ..workdir import WorkDir
+
+logger = logging.getLogger(__name__)  # gristmill.pipeline.runners.local
 
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
@@ -148,6 +151,7 @@ class LocalRunner(Runner):
                     self.progress.tick(step)
                 if any(isinstance(f.exception(), BrokenProcessPool) for f in done):
                     done, _ = wait(pending)  # a worker died: every batch in flight went with the pool
+                    logger.info("%s: a worker died; a new pool runs the %d batches that were in flight again", step, len(done))
                     self.close()
                 retry = []
                 for f in sorted(done, key=pending.get):

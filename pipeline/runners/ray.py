@@ -5,6 +5,7 @@ at the end; a Ray already initialised in the process (a test session, a notebook
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from typing import Iterator
 
@@ -13,6 +14,9 @@ from gristmill.errors import GristmillError
 from ..progress import Progress
 from ..runner import Runner, TaskFailed, batches_of, run_batch
 from ..workdir import WorkDir
+
+
+logger = logging.getLogger(__name__)  # gristmill.pipeline.runners.ray
 
 
 class RayStartError(GristmillError):
@@ -87,6 +91,7 @@ def ray_runtime(cfg, address: str | None = None):
         return
     address = address or cfg.address
     join = address or os.environ.get("RAY_ADDRESS")
+    logger.info("%s", f"joining the Ray cluster at {join}" if join else "starting an embedded Ray")
     try:
         if join:
             ray.init(address=address, log_to_driver=False, configure_logging=False)
