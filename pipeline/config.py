@@ -128,7 +128,7 @@ class ExactDedupConfig(Section):
 
 
 class FuzzyDedupConfig(Section):
-    """The ``fuzzy_dedup`` stage (pipeline/fuzzy_dedup.py, docs/fuzzy-dedup.md)."""
+    """The ``fuzzy_dedup`` stage (pipeline/near_duplicates.py, docs/fuzzy-dedup.md)."""
 
     SECTION = "fuzzy_dedup"
     enabled: Bool = True

@@ -10,7 +10,7 @@ from gristmill.pipeline.documents import make_order, norm_hash, part_of, split_o
 from gristmill.pipeline.exact_dedup import find_exact_duplicates, keys_table, plan_tasks
 from gristmill.pipeline.executor import group_files
 from gristmill.pipeline.pack import pack_split
-from gristmill.pipeline.tokenize import TOKENS_SCHEMA, train_bpe
+from gristmill.pipeline.tokenization import TOKENS_SCHEMA, train_bpe
 from gristmill.pipeline.workdir import ParquetPart
 
 

@@ -41,8 +41,8 @@ def test_the_stage_sections_of_the_job_come_in_stage_order():
     assert sorted(sections, key=fields.index) == sections
 
 
-@pytest.mark.parametrize("module", ["extract", "unique_ids", "exact_dedup", "quality.task", "fuzzy_dedup",
-                                    "dedup_against", "decontam", "dedup_index", "pii", "tokenize"])
+@pytest.mark.parametrize("module", ["extract", "unique_ids", "exact_dedup", "quality.task", "near_duplicates",
+                                    "dedup_against", "decontam", "dedup_index", "pii", "tokenization"])
 def test_a_library_stage_name_is_a_stage_name(module):
     lib = importlib.import_module(f"gristmill.pipeline.{module}")
     assert lib.STAGE in [cls.name for cls in STAGES]

@@ -1,7 +1,7 @@
 """The stages of ``gristmill prepare``: the interface (``base``) and ``STAGES``, the one order.
 
 Each stage is a module here that owns its orchestration and its bookkeeping; the per-task
-algorithms are the part's libraries (``pipeline.extract``, ``pipeline.fuzzy_dedup``, ...).
+algorithms are the part's libraries (``pipeline.extract``, ``pipeline.near_duplicates``, ...).
 ``STAGES`` is the order they run in, each present when the job enables it (``Stage.from_job``):
 
     extract (+ language) -> unique_ids (jobs with an id_field) -> exact_dedup -> quality -> fuzzy_dedup

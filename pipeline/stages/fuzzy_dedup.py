@@ -1,11 +1,11 @@
-"""Fuzzy dedup's orchestration: the steps of ``pipeline.fuzzy_dedup`` (bands, candidates,
+"""Fuzzy dedup's orchestration: the steps of ``pipeline.near_duplicates`` (bands, candidates,
 members, verify, components, assign, removed) as tasks over the work dir, and its statistics."""
 from __future__ import annotations
 
 import functools
 
 from .. import connected_components as cc
-from .. import fuzzy_dedup as fd
+from .. import near_duplicates as fd
 from ..config import FuzzyDedupConfig
 from ..runner import Runner
 from ..stats import Counts, summed

@@ -12,7 +12,7 @@ from gristmill.manifests.builder import DOC_INDEX_FILE
 from .. import pack
 from ..config import PackConfig
 from ..stats import summed
-from ..tokenize import load_tokenizer
+from ..tokenization import load_tokenizer
 from .base import Context, Packed, Stage, StageResult
 from .tokenize import TokenCounts
 from .tokenizer import TokenizerFile

@@ -1,11 +1,11 @@
-"""Tokenize: a task per partition (``pipeline.tokenize.tokenize_partition``); its row of the
+"""Tokenize: a task per partition (``pipeline.tokenization.tokenize_partition``); its row of the
 stage table counts the documents kept (the accounting's ``kept``) and their tokens by split."""
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
 
-from .. import tokenize
+from .. import tokenization
 from ..config import SplitConfig, TokenizerConfig
 from ..pack import SPLITS
 from ..stats import Accounting, summed
@@ -25,11 +25,11 @@ class TokenCounts:
 
 
 def _task(item, tokenizer_path, cfg, split, survivors):
-    return tokenize.tokenize_partition(item["part"], tokenizer_path, cfg, split, survivors)
+    return tokenization.tokenize_partition(item["part"], tokenizer_path, cfg, split, survivors)
 
 
 class Tokenize(Stage):
-    name, section, config = tokenize.STAGE, "tokenizer", TokenizerConfig
+    name, section, config = tokenization.STAGE, "tokenizer", TokenizerConfig
 
     def __init__(self, cfg: TokenizerConfig, split: SplitConfig):
         self.cfg, self.split = cfg, split

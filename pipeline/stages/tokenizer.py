@@ -1,5 +1,5 @@
 """The job's tokenizer.json, or a byte-level BPE trained (in one task) on the first surviving
-documents in global order (``pipeline.tokenize.train_bpe``)."""
+documents in global order (``pipeline.tokenization.train_bpe``)."""
 from __future__ import annotations
 
 import functools
@@ -11,7 +11,7 @@ from gristmill.manifests.shards import atomic_write
 
 from ..config import TokenizerConfig
 from ..survivors import Survivors
-from ..tokenize import load_tokenizer, train_bpe
+from ..tokenization import load_tokenizer, train_bpe
 from .base import Context, Stage, StageResult
 
 
