@@ -20,7 +20,7 @@ import io
 import json
 import re
 import zlib
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 import fsspec
 from fsspec.spec import AbstractBufferedFile
@@ -221,6 +221,39 @@ def read_jsonl(uri: str, text_field: str, id_field: str | None, url_field: str |
             yield _damage(index, e, offset, f"records from {index} (byte {offset:,}) on are unreadable")
 
 
+class BadJson(NamedTuple):
+    """Why a line is not a JSON object: a quarantine reason and its detail."""
+
+    reason: str
+    detail: str
+
+
+def json_object(s: str) -> dict | BadJson:
+    """One JSON line as an object, or why it is not one (the one JSON-line parser of input and
+    eval files): ``malformed_json`` (not JSON, nested deeper than the parser's recursion limit,
+    not an object) or ``number_too_large`` (an integer of more digits than Python converts,
+    ``sys.get_int_max_str_digits()``: 4300 by default; a 5,000-digit id once ended the job)."""
+    try:
+        obj = json.loads(s)
+    except json.JSONDecodeError as e:
+        return BadJson("malformed_json", f"not valid JSON: {e}")
+    except RecursionError:  # [[[[...]]]] nested deeper than the JSON parser's recursion limit
+        return BadJson("malformed_json", "nested too deeply to parse")
+    except ValueError as e:  # int('9' * 5000): "Exceeds the limit (4300 digits) for integer string conversion"
+        return BadJson("number_too_large", f"a number too long to read: {str(e).split(';')[0]}")
+    if not isinstance(obj, dict):
+        return BadJson("malformed_json", f"expected a JSON object, got {type(obj).__name__}")
+    return obj
+
+
+def text_problem(value, what: str) -> tuple[str, str]:
+    """The reason and detail for a text value that is not a string: null or absent
+    (``missing_text_field``), or another type, e.g. a number, list or struct (``text_not_a_string``)."""
+    if value is None:
+        return "missing_text_field", f"{what} is missing or null"
+    return "text_not_a_string", f"{what} is not a string ({type(value).__name__})"
+
+
 def _jsonl_record(index: int, offset: int, line: bytes, text_field: str, id_field: str | None,
                   url_field: str | None = None) -> dict:
     def no(reason: str, detail: str) -> dict:
@@ -230,18 +263,12 @@ def _jsonl_record(index: int, offset: int, line: bytes, text_field: str, id_fiel
         s = line.decode("utf-8")
     except UnicodeDecodeError as e:
         return no("invalid_utf8", str(e))
-    try:
-        obj = json.loads(s)
-    except json.JSONDecodeError as e:
-        return no("malformed_json", str(e))
-    except RecursionError:  # [[[[...]]]] nested deeper than the JSON parser's recursion limit
-        return no("malformed_json", "nested too deeply to parse")
-    if not isinstance(obj, dict):
-        return no("malformed_json", f"expected a JSON object, got {type(obj).__name__}")
+    obj = json_object(s)
+    if isinstance(obj, BadJson):
+        return no(obj.reason, obj.detail)
     text = obj.get(text_field)
     if not isinstance(text, str):
-        what = "missing" if text is None else f"not a string ({type(text).__name__})"
-        return no("missing_text_field", f"field {text_field!r} is {what}")
+        return no(*text_problem(text, f"field {text_field!r}"))
     rec = {"position": index, "offset": offset, "text": text}
     if id_field is not None:
         if obj.get(id_field) is None:
@@ -301,7 +328,7 @@ def read_parquet(uri: str, text_field: str, id_field: str | None, batch_rows: in
                         if index >= first + rows:  # more rows than the footer claims
                             raise ValueError(f"row group {g} holds more rows than its footer's {rows:,}")
                         if not isinstance(text, str):
-                            yield bad(index, "missing_text_field", f"column {text_field!r} is null or not a string")
+                            yield bad(index, *text_problem(text, f"column {text_field!r}"))
                         elif len(text) > max_record_bytes // 4 and len(text.encode("utf-8", "surrogatepass")) > max_record_bytes:
                             yield _too_large(index, None, len(text.encode("utf-8", "surrogatepass")), max_record_bytes,
                                              f"row {index:,} of column {text_field!r}", text[:RAW_SNIPPET].encode("utf-8", "backslashreplace"))
