@@ -195,8 +195,8 @@ class EvalSetSpec(Section):
             fail(f"no split on a {self.format} file (it applies to text files)", repr(self.split), at=("split",))
         return self
 
-    def read_items(self) -> list[tuple[str, str]]:
-        return ngrams.read_eval_items(self.path, self.format, self.fields, self.id_field, self.split)
+    def read_items(self, max_record_bytes: int | None = None) -> list[tuple[str, str]]:
+        return ngrams.read_eval_items(self.path, self.format, self.fields, self.id_field, self.split, max_record_bytes)
 
 
 class DedupAgainstSpec(Section):

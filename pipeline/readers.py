@@ -158,6 +158,25 @@ class _Decompressed(io.RawIOBase):
         return n
 
 
+def special_file(p: str) -> str:
+    """What a path that is not a regular file is, in words (a FIFO never ends or never starts,
+    a device such as /dev/zero never ends): for the one-line refusals of input and eval files."""
+    import os
+    import stat
+
+    try:
+        mode = os.stat(p).st_mode
+    except OSError:
+        return "not a regular file"
+    return next((what for test, what in ((stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISCHR, "a character device"),
+                                         (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"),
+                                         (stat.S_ISDIR, "a directory")) if test(mode)),
+                "a special file")
+
+
+COMPRESSIONS = (".gz", ".zst")  # what open_stream decodes (by the name's suffix)
+
+
 def open_stream(f, uri: str):
     """Decompress by extension (.gz, .zst); other files are read as they are."""
     for ext, kind in ((".gz", "gz"), (".zst", "zst")):
@@ -181,20 +200,43 @@ def _too_large(position: int, offset: int | None, size: int | None, limit: int, 
                "limit to read it", raw, offset=offset, end=offset + size if size is not None and offset is not None else None)
 
 
-def bounded_lines(stream, limit: int) -> Iterator[tuple[bytes | None, int, bytes]]:
+LINE_PIECE = 1 << 20  # bytes of a line read at a time: a line over the limit is never joined whole
+
+
+def bounded_lines(stream, limit: int, read_past: bool = True) -> Iterator[tuple[bytes | None, int, bytes]]:
     """The lines of a byte stream as (line, length, first bytes); a line longer than ``limit``
     bytes (its newline included) comes as (None, its length, its first bytes), read past in
-    pieces: memory stays O(limit) however long the line (one 4 GiB line in a 4 MB gzip)."""
+    pieces: memory stays O(limit) however long the line (one 4 GiB line in a 4 MB gzip).
+    Without ``read_past`` (a reader for which such a line ends the file) it comes as soon as
+    the limit is passed, its length the bytes read so far, and the lines end there.
+
+    A line is read ``LINE_PIECE`` bytes at a time and joined only when it fits: one
+    ``readline(limit + 1)`` would hold the pieces and their join at once (2 x 64 MiB)."""
     while True:
-        line = stream.readline(limit + 1)
+        want = min(LINE_PIECE, limit + 1)
+        line = stream.readline(want)
         if not line:
             return
-        if len(line) <= limit:
-            yield line, len(line), b""
+        pieces, n = [line], len(line)
+        while n <= limit and len(line) == want and not line.endswith(b"\n"):  # a full piece: the line goes on
+            want = min(LINE_PIECE, limit + 1 - n)
+            line = stream.readline(want)
+            if not line:
+                break
+            pieces.append(line)
+            n += len(line)
+        if n <= limit:
+            line = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+            del pieces  # not held beside the joined line while the caller parses it
+            yield line, n, b""
             continue
-        head, n = line[:RAW_SNIPPET], len(line)
+        head = pieces[0][:RAW_SNIPPET]
+        del pieces
+        if not read_past:
+            yield None, n, head
+            return
         while not line.endswith(b"\n"):
-            line = stream.readline(1 << 20)
+            line = stream.readline(LINE_PIECE)
             if not line:
                 break
             n += len(line)

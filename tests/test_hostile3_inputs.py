@@ -30,6 +30,122 @@ def _one_line(e) -> str:
     return msg
 
 
+# -- 1. eval files: regular files only, bounded lines, the corpus readers' compressions ------------------
+@pytest.mark.parametrize("kind", ["fifo", "device", "device-link"])
+def test_an_eval_file_that_is_not_a_regular_file_is_one_line_not_a_hang(tmp_path, kind):
+    if kind == "fifo":
+        path = str(tmp_path / "pipe.jsonl")
+        os.mkfifo(path)
+    elif kind == "device":
+        path = "/dev/zero"
+    else:
+        path = str(tmp_path / "zero.jsonl")
+        os.symlink("/dev/zero", path)
+    # in a child with a timeout: before the fix a FIFO blocked forever and /dev/zero grew without end
+    code = textwrap.dedent(f"""
+        import resource, sys
+        from gristmill.pipeline.ngrams import EvalFileError, read_eval_items
+        try:
+            read_eval_items({path!r}, "jsonl")
+        except EvalFileError as e:
+            print("ERR", e)
+        """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       preexec_fn=lambda: __import__("resource").setrlimit(__import__("resource").RLIMIT_AS, (2 << 30, 2 << 30)))
+    assert r.returncode == 0 and r.stdout.startswith("ERR "), (r.stdout, r.stderr[-2000:])
+    what = "a named pipe (FIFO)" if kind == "fifo" else "a character device"
+    assert f"eval file {path}" in r.stdout and what in r.stdout and len(r.stdout.strip().splitlines()) == 1
+
+
+def test_audit_leak_on_a_fifo_is_one_line_exit_2(tmp_path):
+    from test_audit_leak import build_text_dataset
+
+    published, *_ = build_text_dataset(str(tmp_path / "data"))
+    ckpt = write_checkpoint_meta(str(tmp_path / "run"), published, step=2, global_batch=4, world_size=2)
+    fifo = str(tmp_path / "eval.jsonl")
+    os.mkfifo(fifo)
+    r = subprocess.run([sys.executable, "-m", "gristmill", "audit", "leak", ckpt, "--eval", fifo], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr[-2000:]
+    assert fifo in r.stderr and "named pipe" in r.stderr
+
+
+def _zeros_gz(path, n: int) -> str:
+    block = b"\0" * MiB
+    with gzip.open(path, "wb", compresslevel=1) as f:
+        for _ in range(n // MiB):
+            f.write(block)
+    return str(path)
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".txt"])
+def test_an_eval_line_over_max_record_bytes_is_one_line_error(tmp_path, suffix):
+    path = _zeros_gz(tmp_path / f"zeros{suffix}.gz", 8 * MiB)  # one 8 MiB line of NULs
+    with pytest.raises(EvalFileError) as e:
+        read_eval_items(path, max_record_bytes=MiB)
+    msg = _one_line(e)
+    assert f"eval file {path} line 1" in msg and "max_record_bytes" in msg
+
+
+def _peak_rss_mb(code: str) -> tuple[str, float]:
+    """Run ``code`` in a fresh interpreter; its stdout and its peak RSS (MB)."""
+    wrapped = code + "\nimport resource; print('RSS', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)"
+    r = subprocess.run([sys.executable, "-c", wrapped], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out, rss = r.stdout.rsplit("RSS ", 1)
+    return out, float(rss)
+
+
+@pytest.mark.parametrize("kind", ["gzip-bomb", "sparse"])
+def test_a_huge_eval_line_costs_bounded_memory_at_the_default_limit(tmp_path, kind):
+    if kind == "gzip-bomb":  # 160 MiB of zeros in ~160 KB (the report's 14 MB gzip decodes to 14 GB: same shape)
+        path = _zeros_gz(tmp_path / "bomb.jsonl.gz", 160 * MiB)
+    else:  # a 6 GB sparse file: no newline anywhere
+        path = str(tmp_path / "sparse.jsonl")
+        with open(path, "wb") as f:
+            f.truncate(6 << 30)
+    out, rss = _peak_rss_mb(textwrap.dedent(f"""
+        from gristmill.pipeline.ngrams import EvalFileError, read_eval_items
+        try:
+            read_eval_items({path!r})
+        except EvalFileError as e:
+            print("ERR", e)
+        """))
+    assert out.startswith("ERR ") and "max_record_bytes" in out, out
+    assert rss < 256, f"peak RSS {rss:.0f} MB"
+
+
+def test_eval_files_read_the_compressions_inputs_do(tmp_path):
+    lines = b"".join(json.dumps({"text": f"item {i} of the set"}).encode() + b"\n" for i in range(5))
+    (tmp_path / "e.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(lines))  # was: UnsupportedOperation
+    (tmp_path / "e.jsonl.gz").write_bytes(gzip.compress(lines))
+    (tmp_path / "e.txt.zst").write_bytes(zstandard.ZstdCompressor().compress(b"one\n\ntwo\n"))
+    want = [(str(i), f"item {i} of the set") for i in range(5)]
+    assert read_eval_items(str(tmp_path / "e.jsonl.zst")) == want == read_eval_items(str(tmp_path / "e.jsonl.gz"))
+    assert read_eval_items(str(tmp_path / "e.txt.zst")) == [("0", "one"), ("1", "two")]
+    (tmp_path / "cut.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(lines * 500)[:200])
+    with pytest.raises(EvalFileError) as e:
+        read_eval_items(str(tmp_path / "cut.jsonl.zst"))
+    assert "truncated" in _one_line(e) and "cut.jsonl.zst" in str(e.value)
+
+
+def test_a_parquet_eval_value_over_the_limit_is_one_line(tmp_path):
+    path = str(tmp_path / "e.parquet")
+    pq.write_table(pa.table({"text": ["short item", "x" * (2 * MiB)]}), path)
+    with pytest.raises(EvalFileError) as e:
+        read_eval_items(path, max_record_bytes=MiB)
+    assert "row 1" in _one_line(e) and "max_record_bytes" in str(e.value)
+    assert len(read_eval_items(path)) == 2
+
+
+def test_a_huge_integer_in_an_eval_file_is_one_line(tmp_path):
+    path = tmp_path / "e.jsonl"
+    path.write_text('{"text": "fine"}\n{"text": "x", "n": ' + "9" * 5000 + "}\n")
+    with pytest.raises(EvalFileError) as e:
+        read_eval_items(str(path))
+    assert f"eval file {path} line 2" in _one_line(e)
+
+
 # -- 2. a record no parser can hold is quarantined, not fatal -------------------------------------------
 def test_a_5000_digit_integer_is_quarantined_not_fatal(tmp_path):
     p = tmp_path / "in.jsonl"
