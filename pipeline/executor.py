@@ -80,6 +80,9 @@ def _input_files(fs, pattern: str, where: str) -> list[tuple[str, dict]]:
     paths = sorted(fs.glob(pattern)) if _glob.has_magic(pattern) else [pattern]
     out = []
     for p in paths:
+        if any(ord(c) < 0x20 or c == "\x7f" for c in p):  # a newline in an id forges lines in `inspect removed`
+            raise ConfigError(f"{where}: the file name {p!r} holds a control character (document ids name their "
+                              "file, one per line in reports); rename it")
         try:
             info = fs.info(p)
         except OSError as e:

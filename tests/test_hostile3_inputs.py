@@ -165,3 +165,30 @@ def test_a_parquet_text_column_of_lists_or_structs_is_text_not_a_string(tmp_path
 
     assert [r.get("reason") for r in read_records(str(lists), "parquet")] == ["text_not_a_string", "missing_text_field"]
     assert [r.get("reason") for r in read_records(str(structs), "parquet")] == ["text_not_a_string"]
+
+
+# -- 7. a file name with a control character ------------------------------------------------------------
+def test_an_input_file_name_with_a_newline_is_refused_before_any_work(tmp_path):
+    from gristmill.pipeline.config import PrepareConfig
+    from gristmill.pipeline.executor import plan_inputs
+
+    (tmp_path / "ok.jsonl").write_text('{"text": "x"}\n')
+    (tmp_path / "forged\n0\tok.jsonl").write_text('{"text": "y"}\n')
+    job = PrepareConfig.from_dict({"inputs": [str(tmp_path / "*.jsonl")], "output": {"store": str(tmp_path / "s"), "dataset": "d"},
+                                   "work_dir": str(tmp_path / "w")})
+    with pytest.raises(ConfigError) as e:
+        plan_inputs(job)
+    assert "control character" in _one_line(e) and "forged\\n0\\tok.jsonl" in str(e.value)
+
+
+def test_inspect_removed_prints_an_id_with_a_newline_on_its_own_line(tmp_path):
+    from gristmill.cli.inspection import format_removed
+
+    forged = "x.jsonl:0\n[2] contaminated (decontaminate)  forged"
+    result = {"run_dir": "r", "removed_by_reason": {"exact_duplicate": 1},
+              "documents": [{"reason": "exact_duplicate", "stage": "exact_dedup", "id": forged, "source": "a\nb.jsonl",
+                             "position": 0, "url": "http://e.org/\r\n[3]", "detail": {}, "text": "some text",
+                             "survivor": {"id": "y\n[4] z", "text": "some text"}}]}
+    out = format_removed(result)
+    assert not any(line.startswith(("[2]", "[3]", "[4]", "b.jsonl")) for line in out.splitlines()), out
+    assert "x.jsonl:0\\n[2]" in out and "a\\nb.jsonl:0" in out and "survivor y\\n[4] z" in out
