@@ -156,6 +156,19 @@ def test_a_5000_digit_integer_is_quarantined_not_fatal(tmp_path):
     assert "4300" in quarantine[0]["detail"] or "digits" in quarantine[0]["detail"]
 
 
+# -- 3. mix refuses what its readers refuse --------------------------------------------------------------
+def test_mix_refuses_a_token_budget_no_reader_accepts(tmp_path, capsys):
+    root = str(tmp_path)
+    build_dataset(root, dataset="web", seed=1)
+    job = tmp_path / "mix.yaml"
+    job.write_text(yaml.safe_dump({"name": "big", "store": os.path.join(root, "store"),
+                                   "components": [{"dataset": "web", "tokens": 10 ** 24}]}))
+    assert main(["mix", str(job)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "components[0].tokens" in err, err
+    assert not os.path.exists(os.path.join(root, "store", "big"))
+
+
 # -- 5. a Parquet text column that is a list or struct has its own reason --------------------------------
 def test_a_parquet_text_column_of_lists_or_structs_is_text_not_a_string(tmp_path):
     lists, structs = tmp_path / "l.parquet", tmp_path / "s.parquet"
