@@ -169,6 +169,23 @@ def test_mix_refuses_a_token_budget_no_reader_accepts(tmp_path, capsys):
     assert not os.path.exists(os.path.join(root, "store", "big"))
 
 
+# -- 4. manifest paths are plain relative paths ---------------------------------------------------------
+@pytest.mark.parametrize("suffix", ["::zz", "::blockcache", ":x"])
+def test_a_manifest_path_with_a_colon_is_refused_in_one_line(tmp_path, suffix, capsys):
+    from test_manifest_facts import forge
+
+    pub = build_dataset(str(tmp_path))
+
+    def edit(d):
+        d["shards"][0]["path"] += suffix
+
+    forge(pub, edit)
+    for cmd in (["manifest", "verify", pub.url], ["manifest", "show", pub.url]):
+        assert main(cmd) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "shards[0]" in err and suffix in err, err
+
+
 # -- 5. a Parquet text column that is a list or struct has its own reason --------------------------------
 def test_a_parquet_text_column_of_lists_or_structs_is_text_not_a_string(tmp_path):
     lists, structs = tmp_path / "l.parquet", tmp_path / "s.parquet"
