@@ -88,8 +88,10 @@ def test_an_eval_line_over_max_record_bytes_is_one_line_error(tmp_path, suffix):
 
 
 def _peak_rss_mb(code: str) -> tuple[str, float]:
-    """Run ``code`` in a fresh interpreter; its stdout and its peak RSS (MB)."""
-    wrapped = code + "\nimport resource; print('RSS', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)"
+    """Run ``code`` in a fresh interpreter; its stdout and its peak RSS (MB): VmHWM, the high-water mark
+    of its own memory (ru_maxrss would carry over the forking pytest's)."""
+    wrapped = code + ("\nprint('RSS', next(int(x.split()[1]) for x in open('/proc/self/status') "
+                      "if x.startswith('VmHWM:')) / 1024)")
     r = subprocess.run([sys.executable, "-c", wrapped], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
     out, rss = r.stdout.rsplit("RSS ", 1)
@@ -222,3 +224,28 @@ def test_inspect_removed_prints_an_id_with_a_newline_on_its_own_line(tmp_path):
     out = format_removed(result)
     assert not any(line.startswith(("[2]", "[3]", "[4]", "b.jsonl")) for line in out.splitlines()), out
     assert "x.jsonl:0\\n[2]" in out and "a\\nb.jsonl:0" in out and "survivor y\\n[4] z" in out
+
+
+# -- 8. a checkpoint's token count is checked -----------------------------------------------------------
+@pytest.mark.parametrize("tokens_seen", [-1, 5, "many"])
+def test_audit_seen_refuses_a_resealed_meta_with_a_wrong_token_count(toy_dataset, tmp_path, capsys, tokens_seen):
+    ckpt = write_checkpoint_meta(str(tmp_path / "run"), toy_dataset, step=2, tokens_seen=tokens_seen)
+    assert main(["audit", "seen", ckpt]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "tokens_seen" in err, err
+
+
+def test_a_negative_step_is_refused(toy_dataset, tmp_path):
+    from helpers import reseal_meta
+
+    from gristmill.trainer.meta import CheckpointError, read_meta
+
+    ckpt = write_checkpoint_meta(str(tmp_path / "run"), toy_dataset, step=1)
+
+    def edit(m):  # every count moved together: only the sign is wrong
+        m.update(step=-1, tokens_seen=-m["tokens_seen"])
+        m["loader"]["next_index"] = -m["loader"]["next_index"]
+
+    reseal_meta(ckpt, edit)
+    with pytest.raises(CheckpointError, match="step"):
+        read_meta(ckpt)
