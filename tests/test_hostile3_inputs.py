@@ -249,3 +249,23 @@ def test_a_negative_step_is_refused(toy_dataset, tmp_path):
     reseal_meta(ckpt, edit)
     with pytest.raises(CheckpointError, match="step"):
         read_meta(ckpt)
+
+
+# -- 9. a dedup index's doc_ids are sorted and unique ---------------------------------------------------
+@pytest.mark.parametrize("ids", [["d2", "d1", "d3"], ["d1", "d1", "d1"]])
+def test_a_dedup_index_with_unsorted_or_repeated_ids_is_refused(tmp_path, ids):
+    from gristmill.manifests import dedup_index as dx
+    from gristmill.manifests.errors import ManifestError
+    from gristmill.manifests.hashing import sha256_bytes
+    from gristmill.manifests.manifest import FileRef
+    from gristmill.pipeline import dedup_index as di
+    from gristmill.pipeline.config import FuzzyDedupConfig
+
+    params = di.index_params(FuzzyDedupConfig())
+    path = str(tmp_path / "part.parquet")
+    dx.write(path, di.index_rows(params, ids, ["some text here"] * 3))
+    with open(path, "rb") as f:
+        data = f.read()
+    with pytest.raises(ManifestError, match="doc_id") as e:
+        dx.read_checked(data, FileRef("dedup_index/part-00000.parquet", sha256_bytes(data), len(data), 3), "x")
+    _one_line(e)
