@@ -269,3 +269,36 @@ def test_a_dedup_index_with_unsorted_or_repeated_ids_is_refused(tmp_path, ids):
     with pytest.raises(ManifestError, match="doc_id") as e:
         dx.read_checked(data, FileRef("dedup_index/part-00000.parquet", sha256_bytes(data), len(data), 3), "x")
     _one_line(e)
+
+
+# -- 10. the accounting file goes through the work dir's storage -----------------------------------------
+def test_an_unbalanced_accounting_on_an_object_store_work_dir_is_the_accounting_error(tmp_path):
+    import fsspec
+
+    from gristmill.pipeline.stats import AccountingError, check_balanced
+    from gristmill.pipeline.workdir import WorkDir
+
+    wd = WorkDir("memory://hostile3/work")
+    accounting = {"balanced": False, "input": 3, "kept": 1, "removed": {"x": 1}, "quarantined": {}}
+    with pytest.raises(AccountingError) as e:
+        check_balanced(accounting, wd)
+    assert "accounting does not balance" in _one_line(e)
+    fs = fsspec.filesystem("memory")
+    with fs.open(wd.accounting_json.split("://", 1)[1]) as f:
+        assert json.load(f)["input"] == 3
+
+
+def test_an_accounting_file_that_cannot_be_written_still_reports_the_accounting_error(tmp_path, monkeypatch):
+    from gristmill.pipeline import stats
+    from gristmill.pipeline.stats import AccountingError, check_balanced
+    from gristmill.pipeline.workdir import WorkDir
+
+    def full_disk(*a, **k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(stats.storage, "put", full_disk)
+    wd = WorkDir(str(tmp_path / "w"))
+    accounting = {"balanced": False, "input": 3, "kept": 1, "removed": {"x": 1}, "quarantined": {}}
+    with pytest.raises(AccountingError) as e:
+        check_balanced(accounting, wd)
+    assert "accounting does not balance" in _one_line(e) and "failed too" in str(e.value)
