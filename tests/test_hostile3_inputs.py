@@ -199,6 +199,26 @@ def test_a_parquet_text_column_of_lists_or_structs_is_text_not_a_string(tmp_path
     assert [r.get("reason") for r in read_records(str(structs), "parquet")] == ["text_not_a_string"]
 
 
+# -- 6. pack.range_tokens cannot make one task per token ------------------------------------------------
+def test_pack_range_tokens_below_a_row_is_a_config_error(tmp_path):
+    from gristmill.pipeline.config import PrepareConfig
+
+    with pytest.raises(ConfigError) as e:
+        PrepareConfig.from_dict({"inputs": [str(tmp_path / "*.jsonl")], "output": {"store": str(tmp_path / "s"), "dataset": "d"},
+                                 "work_dir": str(tmp_path / "w"), "pack": {"seq_len": 128, "range_tokens": 1}})
+    assert "pack.range_tokens" in _one_line(e)
+
+
+def test_pack_plans_a_bounded_number_of_tasks(tmp_path):
+    from gristmill.pipeline import pack
+
+    assert pack.MAX_PACK_TASKS <= 1 << 18
+    with pytest.raises(ConfigError) as e:
+        pack.plan_ranges({"train": [(pack.MAX_PACK_TASKS + 1) * 2048], "validation": []}, 2048)
+    assert "pack.range_tokens" in _one_line(e)
+    assert len(pack.plan_ranges({"train": [10 ** 6], "validation": [10]}, 2048)) == 489 + 1
+
+
 # -- 7. a file name with a control character ------------------------------------------------------------
 def test_an_input_file_name_with_a_newline_is_refused_before_any_work(tmp_path):
     from gristmill.pipeline.config import PrepareConfig
