@@ -379,7 +379,10 @@ def read_eval_items(path: str, fmt: str | None = None, fields: Iterable[str] = (
         if item_id in seen:
             raise UsageError(f"eval file {path} {where}: item id {item_id!r} (field {id_field!r}) is not unique")
         seen.add(item_id)
-        text = "\n".join(_as_text(_field(rec, f, path, where)) for f in fields)
+        try:
+            text = "\n".join(_as_text(_field(rec, f, path, where)) for f in fields)
+        except RecursionError:  # str() of an object nested deeper than the interpreter recurses
+            raise _unreadable(path, where, RecursionError()) from None
         if len(text) > limit // 4 and len(text.encode("utf-8", "surrogatepass")) > limit:
             raise _too_long(path, where, limit)
         items.append((item_id, text))
@@ -393,11 +396,16 @@ def _field(rec: dict, name: str, path: str, where: str):
 
 
 def _as_text(value) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, (list, tuple)):
-        return "\n".join(_as_text(v) for v in value)
-    return value if isinstance(value, str) else str(value)
+    """A field's text: a string as it is, a list's elements (nested lists too) one per line, None
+    empty, anything else as ``str``. A loop, not recursion: a list nested 900 deep parses."""
+    parts, stack = [], [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, (list, tuple)) and v:
+            stack.extend(reversed(v))
+        else:
+            parts.append(v if isinstance(v, str) else "" if v is None or isinstance(v, (list, tuple)) else str(v))
+    return "\n".join(parts)
 
 
 class EvalFileError(UsageError):
@@ -407,7 +415,7 @@ class EvalFileError(UsageError):
 
 def _unreadable(path: str, where: str, e: BaseException) -> EvalFileError:
     what = "not valid UTF-8" if isinstance(e, UnicodeDecodeError) else \
-        "nested too deeply to parse" if isinstance(e, RecursionError) else f"{type(e).__name__}: {e}"
+        "nested too deeply to parse" if isinstance(e, RecursionError) else f"{type(e).__name__}: {' '.join(str(e).split())}"
     return EvalFileError(f"eval file {path}{' ' + where if where else ''}: {what}; fix or replace the file")
 
 

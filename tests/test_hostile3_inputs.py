@@ -2,6 +2,7 @@
 record no parser can hold, job values no reader accepts, manifest paths that are not plain paths,
 forged checkpoint counts and dedup indexes. Each is one line (exit 2) or one quarantine record."""
 import gzip
+import io
 import json
 import os
 import subprocess
@@ -322,3 +323,137 @@ def test_an_accounting_file_that_cannot_be_written_still_reports_the_accounting_
     with pytest.raises(AccountingError) as e:
         check_balanced(accounting, wd)
     assert "accounting does not balance" in _one_line(e) and "failed too" in str(e.value)
+
+
+# -- 11. fuzz: eval files and manifest paths -----------------------------------------------------------
+FUZZ_SEED = 33
+
+
+def _eval_fuzz_cases(rng):
+    """(name, bytes) eval files, each damaged or crafted in one way."""
+    good = b"".join(json.dumps({"text": f"item {i} of a question set", "id": i}).encode() + b"\n" for i in range(40))
+    text = b"".join(b"line %d of an eval text\n" % i for i in range(40))
+    for i in range(12):
+        yield f"random-{i}.jsonl", rng.bytes(int(rng.integers(0, 3000)))
+        yield f"random-{i}.txt", rng.bytes(int(rng.integers(0, 3000)))
+        yield f"random-{i}.jsonl.gz", rng.bytes(int(rng.integers(0, 3000)))
+        yield f"random-{i}.jsonl.zst", rng.bytes(int(rng.integers(0, 3000)))
+        yield f"random-{i}.parquet", b"PAR1" + rng.bytes(int(rng.integers(0, 3000))) + b"PAR1"
+    for cut in sorted(rng.integers(0, 400, 8).tolist()):
+        yield f"cut-{cut}.jsonl.gz", gzip.compress(good, mtime=0)[:cut]
+        yield f"cut-{cut}.jsonl.zst", zstandard.ZstdCompressor().compress(good)[:cut]
+        yield f"cut-{cut}.txt.gz", gzip.compress(text, mtime=0)[:cut]
+    buf = io.BytesIO()
+    pq.write_table(pa.table({"text": [f"item {i}" for i in range(50)]}), buf)
+    pqb = buf.getvalue()
+    for cut in sorted(rng.integers(0, len(pqb), 6).tolist()):
+        yield f"cut-{cut}.parquet", pqb[:cut]
+    for i in range(8):  # a flipped byte anywhere
+        for name, data in (("jsonl.gz", gzip.compress(good, mtime=0)), ("jsonl.zst", zstandard.ZstdCompressor().compress(good)),
+                           ("parquet", pqb)):
+            b = bytearray(data)
+            b[int(rng.integers(0, len(b)))] ^= 0xFF
+            yield f"flip-{i}.{name}", bytes(b)
+    yield "nul.jsonl", good[:100] + b"\0" * 5000 + b"\n" + good
+    yield "nul.txt", b"\0" * 3000
+    yield "nul-line.jsonl", b'{"text": "a\\u0000b"}\n'
+    yield "invalid-utf8.jsonl", good[:50] + b"\xff\xfe" + good[50:]
+    yield "invalid-utf8.txt", text[:70] + b"\xc3\x28" + text[70:]
+    yield "lone-surrogate.jsonl", b'{"text": "x \\ud800 y"}\n'
+    yield "huge-line.jsonl", b'{"text": "' + b"w " * 40_000 + b'"}\n'  # over the test's 64 KiB limit
+    yield "huge-line.txt", b"w" * 70_000
+    yield "huge-paragraph.txt", b"w\n" * 40_000
+    yield "deep-array.jsonl", b"[" * 100_000 + b"\n"
+    yield "deep-object.jsonl", b'{"text": ' + b'{"a": ' * 50_000 + b"1" + b"}" * 50_001 + b"\n"
+    yield "deep-list-text.jsonl", b'{"text": ' + b"[" * 900 + b'"x"' + b"]" * 900 + b"}\n"  # parses; joined recursively
+    yield "deep-dict-text.jsonl", b'{"text": ' + b'{"a": ' * 900 + b"1" + b"}" * 901 + b"\n"  # parses; str() recurses
+    yield "huge-int.jsonl", b'{"text": "x", "id": ' + b"1" * 5000 + b"}\n"
+    yield "huge-float.jsonl", b'{"text": "x", "n": 1e999999}\n'
+    yield "not-object.jsonl", b"[1, 2]\n\"s\"\nnull\n"
+    yield "empty.jsonl", b""
+    yield "empty.jsonl.gz", b""
+    yield "empty.parquet", b""
+
+
+def test_fuzzed_eval_files_are_items_or_one_line_errors(tmp_path):
+    rng = np.random.default_rng(FUZZ_SEED)
+    outcomes = {"items": 0, "error": 0}
+    for name, data in _eval_fuzz_cases(rng):
+        path = tmp_path / name
+        path.write_bytes(data)
+        try:
+            items = read_eval_items(str(path), max_record_bytes=64 << 10)
+        except GristmillError as e:
+            msg = _one_line(e)
+            assert str(path) in msg, (name, msg)
+            outcomes["error"] += 1
+        else:  # anything read is items of text
+            assert all(isinstance(i, str) and isinstance(t, str) for i, t in items), name
+            outcomes["items"] += 1
+    assert outcomes["error"] > 100 and outcomes["items"] > 3, outcomes
+
+
+def test_fuzzed_eval_files_cost_bounded_memory(tmp_path):
+    """The worst shapes at the default limit, in one child: its peak RSS (VmHWM)."""
+    cases = {"bomb.jsonl.zst": None, "bomb.txt.gz": None, "deep.jsonl": b"[" * (8 << 20) + b"\n",
+             "nuls.jsonl": b"\0" * (96 << 20)}
+    c = zstandard.ZstdCompressor().compressobj()
+    with open(tmp_path / "bomb.jsonl.zst", "wb") as f:
+        for _ in range(160):
+            f.write(c.compress(b"x" * MiB))
+        f.write(c.flush())
+    _zeros_gz(tmp_path / "bomb.txt.gz", 160 * MiB)
+    for name, data in cases.items():
+        if data is not None:
+            (tmp_path / name).write_bytes(data)
+    out, rss = _peak_rss_mb(textwrap.dedent(f"""
+        from gristmill.errors import GristmillError
+        from gristmill.pipeline.ngrams import read_eval_items
+        for name in {sorted(cases)!r}:
+            try:
+                read_eval_items({str(tmp_path)!r} + "/" + name)
+                print("ITEMS", name)
+            except GristmillError as e:
+                print("ERR", name, str(e).replace("\\n", " ")[:200])
+        """))
+    assert sorted(line.split()[1] for line in out.splitlines()) == sorted(cases), out
+    print(f"peak RSS {rss:.0f} MB")
+    assert rss < 256, f"peak RSS {rss:.0f} MB: {out}"
+
+
+PATH_PIECES = ["shards", "train-00000.arrow", "a", "..", ".", "", "::", ":", "s3://b/k", "file://", "/", "\\", "\x00",
+               "\n", "\t", "\x7f", "%2e%2e", "~", "C:", "memory://x", "blockcache::", "é", "\u202e", "x" * 300, "a b", "*", "?"]
+
+
+def test_fuzzed_manifest_shard_paths_are_plain_relative_paths_or_one_line_errors(tmp_path, capsys):
+    from test_manifest_facts import forge
+
+    from gristmill.manifests import ManifestError, load_manifest
+
+    pub = build_dataset(str(tmp_path))
+    original = pub.manifest.shards[0].path
+    rng = np.random.default_rng(FUZZ_SEED)
+    refused = 0
+    for i in range(60):
+        path = "".join(rng.choice(PATH_PIECES, int(rng.integers(1, 5))).tolist()) if i else original + "::zz"
+
+        def edit(d, path=path):
+            d["shards"][0]["path"] = path
+
+        forge(pub, edit)
+        try:
+            m = load_manifest(pub.url).manifest
+        except ManifestError as e:
+            _one_line(e)
+            refused += 1
+            assert main(["manifest", "verify", pub.url]) == 2
+            err = capsys.readouterr().err.strip()
+            assert len(err.splitlines()) == 1 and "shards[0]" in err, (path, err)
+            continue
+        p = m.shards[0].path  # accepted: a plain relative path inside the version directory
+        segs = p.split("/")
+        assert not p.startswith("/") and ":" not in p and "\\" not in p and not any(ord(c) < 0x20 or c == "\x7f" for c in p)
+        assert all(s not in ("", ".", "..") for s in segs), p
+        assert main(["manifest", "verify", pub.url]) in (0, 1)  # a missing file is a problem listed, not a crash
+        capsys.readouterr()
+    assert refused > 30
