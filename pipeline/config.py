@@ -295,7 +295,7 @@ class PackConfig(Section):
 
     @model_validator(mode="after")
     def _range_holds_a_row(self) -> "PackConfig":
-        if self.range_tokens < self.seq_len:
+        if "range_tokens" in self.model_fields_set and self.range_tokens < self.seq_len:  # a default stays valid
             fail(f"at least seq_len ({self.seq_len:,}) tokens: a pack task packs whole rows (default 64 Mi)",
                  f"{self.range_tokens:,}", at=("range_tokens",))
         return self
