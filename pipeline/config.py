@@ -195,8 +195,8 @@ class EvalSetSpec(Section):
             fail(f"no split on a {self.format} file (it applies to text files)", repr(self.split), at=("split",))
         return self
 
-    def read_items(self) -> list[tuple[str, str]]:
-        return ngrams.read_eval_items(self.path, self.format, self.fields, self.id_field, self.split)
+    def read_items(self, max_record_bytes: int | None = None) -> list[tuple[str, str]]:
+        return ngrams.read_eval_items(self.path, self.format, self.fields, self.id_field, self.split, max_record_bytes)
 
 
 class DedupAgainstSpec(Section):
@@ -289,8 +289,16 @@ class PackConfig(Section):
     seq_len: Annotated[Int, Field(ge=1, le=MAX_PACK_SEQ_LEN)] = 2048
     shard_bytes: PositiveInt = 64 << 20  # target uncompressed size of a shard
     # Tokens of document starts per pack task (pipeline/pack.py). Part of the output's identity:
-    # each range drops its last partial row, so changing it changes the shards.
+    # each range drops its last partial row, so changing it changes the shards. At least one row
+    # (seq_len): 1 made one task per token; pack.plan_ranges also caps the tasks per split.
     range_tokens: PositiveInt = 64 << 20
+
+    @model_validator(mode="after")
+    def _range_holds_a_row(self) -> "PackConfig":
+        if "range_tokens" in self.model_fields_set and self.range_tokens < self.seq_len:  # a default stays valid
+            fail(f"at least seq_len ({self.seq_len:,}) tokens: a pack task packs whole rows (default 64 Mi)",
+                 f"{self.range_tokens:,}", at=("range_tokens",))
+        return self
 
 
 class OutputConfig(Section):

@@ -32,6 +32,7 @@ from gristmill.manifests.shards import atomic_write
 from . import stages as st
 from .config import PrepareConfig
 from .progress import Progress
+from .readers import special_file
 from .runner import LocalRunner, RayRunner, Runner
 from .stats import build_report, check_balanced, export_jsonl, manifest_stats
 from .workdir import WorkDir
@@ -79,6 +80,9 @@ def _input_files(fs, pattern: str, where: str) -> list[tuple[str, dict]]:
     paths = sorted(fs.glob(pattern)) if _glob.has_magic(pattern) else [pattern]
     out = []
     for p in paths:
+        if any(ord(c) < 0x20 or c == "\x7f" for c in p):  # a newline in an id forges lines in `inspect removed`
+            raise ConfigError(f"{where}: the file name {p!r} holds a control character (document ids name their "
+                              "file, one per line in reports); rename it")
         try:
             info = fs.info(p)
         except OSError as e:
@@ -91,7 +95,7 @@ def _input_files(fs, pattern: str, where: str) -> list[tuple[str, dict]]:
             raise ConfigError(f"{where}: {p} (matched by {pattern!r}) is a directory, not an input file; "
                                  f"name the files in it, e.g. {posixpath.join(p, '*')!r}")
         if info.get("type") != "file":  # a FIFO, device or socket never ends (or never starts)
-            raise ConfigError(f"{where}: {p} (matched by {pattern!r}) is {_not_regular(p)}, not a regular file; "
+            raise ConfigError(f"{where}: {p} (matched by {pattern!r}) is {special_file(p)}, not a regular file; "
                               "copy its contents to a file and name that")
         try:
             p.encode()
@@ -102,19 +106,6 @@ def _input_files(fs, pattern: str, where: str) -> list[tuple[str, dict]]:
     if not out:
         raise ConfigError(f"{where}: no input file matches {pattern!r}")
     return out
-
-
-def _not_regular(p: str) -> str:
-    """What a matched path that is not a regular file is, in words."""
-    import stat
-
-    try:
-        mode = os.stat(p).st_mode
-    except OSError:
-        return "not a regular file"
-    return next((what for test, what in ((stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISCHR, "a character device"),
-                                         (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")) if test(mode)),
-                "a special file")
 
 
 def group_files(files: list[dict], limit: int) -> list[list[dict]]:

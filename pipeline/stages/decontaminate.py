@@ -23,7 +23,7 @@ class Decontaminate(Stage):
 
     def run(self, ctx: Context) -> StageResult:
         cfg, split = self.cfg, ctx.job.split
-        loaded = decontam.load_eval_sets(cfg)
+        loaded = decontam.load_eval_sets(cfg, ctx.job.extract.max_record_bytes)
         index = decontam.build_eval_index(cfg, loaded, ctx.wd)
         first = self._pass(ctx, self.name, decontam.eval_index_path(cfg, loaded, ctx.wd), "", None)
         detail = decontam.report(index, cfg, [r for r, _ in loaded], [f for s in first for f in s["found"]])
