@@ -93,6 +93,7 @@ import pickle
 import random
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -111,23 +112,40 @@ sys.path.insert(0, HERE)
 import bench_vs_datatrove as bvd  # noqa: E402  (its TreeRSS, lock, tokenizer trainer and datatrove driver)
 
 
-def timed_run(cmd: list[str], log: str, env: dict | None = None, lock: bool = True) -> dict:
-    """One process tree, timed, its memory sampled. ``lock=False``: the process takes the lock itself."""
-    with bvd.heavy_lock() if lock else contextlib.nullcontext(), open(log, "wb") as out:
+def timed_run(cmd: list[str], log: str, env: dict | None = None, lock: bool = True,
+              budget_s: float | None = None) -> dict:
+    """One process tree, timed, its memory sampled. ``lock=False``: the process takes the lock itself.
+    ``budget_s``: after that long the tree gets SIGINT (a prepare keeps every committed task and
+    stops; the same command resumes), SIGKILL 60 s later; the result then says ``interrupted``."""
+    with bvd.heavy_lock() if lock else contextlib.nullcontext(), open(log, "ab") as out:
         t0 = time.perf_counter()
         c0 = os.times()
-        p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+        p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env, start_new_session=True)
+        interrupted = False
         with bvd.TreeRSS(p.pid) as m:
-            rc = p.wait()
+            try:
+                rc = p.wait(timeout=budget_s)
+            except subprocess.TimeoutExpired:
+                interrupted = True
+                os.killpg(p.pid, signal.SIGINT)
+                try:
+                    rc = p.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    rc = p.wait()
         wall = time.perf_counter() - t0
         c1 = os.times()
-    if rc != 0:
+        if interrupted:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)  # a worker left behind
+    if rc != 0 and not interrupted:
         with open(log, "rb") as f:
             tail = f.read()[-3000:].decode(errors="replace")
         raise SystemExit(f"{' '.join(cmd)} exited {rc}; log {log}:\n{tail}")
     # children's user + sys: every waited-for descendant (pool workers, Ray's processes that exit)
     cpu = (c1.children_user - c0.children_user) + (c1.children_system - c0.children_system)
-    return {"wall_s": wall, "cpu_s": cpu, "peak_rss_mb": m.peak / 2**20, "peak_driver_rss_mb": m.peak_root / 2**20}
+    return {"wall_s": wall, "cpu_s": cpu, "peak_rss_mb": m.peak / 2**20, "peak_driver_rss_mb": m.peak_root / 2**20,
+            "interrupted": interrupted}
 
 
 def du(path: str) -> int:
@@ -513,7 +531,7 @@ def truth_scores(truth: dict, removed: dict[str, set]) -> dict:
 
 
 def run_gristmill(corpus: str, num_cpus: int, tag: str = "whole", nemo_inputs: str | None = None,
-                  nemo_mb: float | None = None) -> dict:
+                  nemo_mb: float | None = None, segment_s: float | None = None) -> dict:
     import yaml
 
     tok = ensure_tokenizer(corpus)
@@ -523,8 +541,17 @@ def run_gristmill(corpus: str, num_cpus: int, tag: str = "whole", nemo_inputs: s
     job = os.path.join(run_dir, "job.yaml")
     with open(job, "w") as f:
         yaml.safe_dump(gristmill_job(corpus, run_dir, tok, num_cpus, nemo_inputs), f, sort_keys=False)
-    res = timed_run([os.path.join(ROOT, ".venv", "bin", "python"), "-m", "gristmill", "prepare", job],
-                    os.path.join(run_dir, "prepare.log"))
+    cmd = [os.path.join(ROOT, ".venv", "bin", "python"), "-m", "gristmill", "prepare", job]
+    segments = []
+    while True:  # one hold of the lock per segment; the next resumes from the committed tasks
+        segments.append(timed_run(cmd, os.path.join(run_dir, "prepare.log"), budget_s=segment_s))
+        print(f"segment {len(segments)}: {segments[-1]['wall_s']:.1f} s, interrupted {segments[-1]['interrupted']}",
+              flush=True)
+        if not segments[-1]["interrupted"]:
+            break
+    res = {"wall_s": sum(x["wall_s"] for x in segments), "cpu_s": sum(x["cpu_s"] for x in segments),
+           "peak_rss_mb": max(x["peak_rss_mb"] for x in segments),
+           "peak_driver_rss_mb": max(x["peak_driver_rss_mb"] for x in segments), "segments": segments}
     (rp,) = glob.glob(os.path.join(run_dir, "work", "*", "report.json"))
     with open(rp) as f:
         report = json.load(f)
@@ -560,6 +587,11 @@ def print_gristmill(r: dict) -> None:
         f = lambda v, fmt: "-" if v is None else fmt.format(v)  # noqa: E731
         print(f"{s['stage']:24s} {s['mb_in']:8.1f} {s['core_s']:8.1f} {s['wall_s']:7.1f} {f(s['mb_per_core_s'], '{:9.2f}')} "
               f"{f(s['core_s_per_gb_in'], '{:12.0f}')} {s['core_s_per_gb_corpus']:16.0f} {f(s['peak_worker_rss_mb'], '{:13.0f}')}")
+    if len(r.get("segments", [])) > 1:
+        print(f"resumed in {len(r['segments'])} segments (one lock hold each): "
+              f"{', '.join(format(x['wall_s'], '.0f') for x in r['segments'])} s; "
+              "the stage walls above are the last segment's (its stages resumed the committed tasks), the "
+              "core-s every task's")
     stage_wall = sum(s["wall_s"] for s in r["stages"])
     slow = max(r["stages"], key=lambda s: s["wall_s"])
     print(f"whole: wall {r['wall_s']:.1f} s (report total {r['total_seconds']:.1f} s; stages' walls sum {stage_wall:.1f} s; "
@@ -784,6 +816,9 @@ def main() -> None:
     g.add_argument("--corpus", required=True)
     g.add_argument("--num-cpus", type=int, default=2)
     g.add_argument("--tag", default="whole")
+    g.add_argument("--segment-s", type=float,
+                   help="interrupt the prepare after this many seconds and resume it under a new hold of the lock, "
+                        "until it finishes (a run longer than one ~6-minute hold); wall = the segments' sum")
     p = sub.add_parser("peers")
     p.add_argument("--corpus", required=True)
     p.add_argument("--num-cpus", type=int, default=2)
@@ -801,7 +836,7 @@ def main() -> None:
     if a.cmd == "build":
         build(a.out, a.size_mb, a.seed, a.file_mb)
     elif a.cmd == "gristmill":
-        print_gristmill(run_gristmill(a.corpus, a.num_cpus, a.tag))
+        print_gristmill(run_gristmill(a.corpus, a.num_cpus, a.tag, segment_s=a.segment_s))
     elif a.cmd == "peers":
         os.makedirs(os.path.join(a.corpus, "results"), exist_ok=True)
         if not a.no_nemo:
