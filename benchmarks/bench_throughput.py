@@ -500,6 +500,30 @@ def rescore(corpus: str) -> None:
                 json.dump(res, f, indent=1)
 
 
+def rescore_datatrove(corpus: str) -> None:
+    """Both sides of results/datatrove.json against the truth again, from the runs' removal files."""
+    path = os.path.join(corpus, "results", "datatrove.json")
+    if not os.path.exists(path):
+        return
+    truth = load_truth(corpus)
+    with open(path) as f:
+        res = json.load(f)
+    (rp,) = glob.glob(os.path.join(corpus, "runs", "gristmill-dtjob", "work", "*", "report.json"))
+    with open(rp) as f:
+        gm = removed_by_reason(json.load(f))
+    res["gristmill"]["truth"] = truth_scores(truth, {"language": gm.get("language", set()) | gm.get("language_score", set()),
+                                                     "exact_duplicate": gm.get("exact_duplicate", set()),
+                                                     "near_duplicate": gm.get("near_duplicate", set())})
+    dt: dict[str, set] = {}
+    for name, reason in (("language", "language"), ("exact", "exact_duplicate"), ("minhash", "near_duplicate")):
+        for p in glob.glob(os.path.join(corpus, "runs", "datatrove", "excluded", name, "*.jsonl")):
+            with open(p) as f:
+                dt.setdefault(reason, set()).update(json.loads(line)["id"] for line in f)
+    res["datatrove"]["truth"] = truth_scores(truth, dt)
+    with open(path, "w") as f:
+        json.dump(res, f, indent=1)
+
+
 def truth_scores(truth: dict, removed: dict[str, set]) -> dict:
     lang = removed.get("language", set()) | removed.get("language_score", set())
     exact = removed.get("exact_duplicate", set())
@@ -621,18 +645,15 @@ def run_datatrove_side(corpus: str, dt_python: str, num_cpus: int) -> dict:
                     os.path.join(run_dir, "datatrove.log"), env=env, lock=False)
     with open(result) as f:
         r = json.load(f)
-    truth = load_truth(corpus)
-    dt_removed = {"language": set(r["removed"]["language"]), "exact_duplicate": set(r["removed"]["exact"]),
-                  "near_duplicate": set(r["removed"]["minhash"] if "minhash" in r["removed"] else r["removed"]["near"])}
-    gm_removed = {"language": gm["removed"]["language"], "exact_duplicate": gm["removed"]["exact"],
-                  "near_duplicate": gm["removed"]["near"]}
-    out = {"gristmill": {k: v for k, v in gm.items() if k != "removed"} | {"truth": truth_scores(truth, gm_removed)},
+    out = {"gristmill": {k: v for k, v in gm.items() if k != "removed"},
            "datatrove": {**res, "stages": r["stages"], "steps": r["steps"], "steps_sum_s": sum(r["steps"].values()),
-                         "kept": r["kept"], "tokens": r["tokens"], "truth": truth_scores(truth, dt_removed)},
+                         "kept": r["kept"], "tokens": r["tokens"]},
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "load_avg": os.getloadavg()}
     with open(os.path.join(corpus, "results", "datatrove.json"), "w") as f:
         json.dump(out, f, indent=1)
-    return out
+    rescore_datatrove(corpus)  # both tools' removals against the truth, from the runs' files
+    with open(os.path.join(corpus, "results", "datatrove.json")) as f:
+        return json.load(f)
 
 
 def print_datatrove(r: dict) -> None:
@@ -847,6 +868,7 @@ def main() -> None:
     else:
         if a.rescore:
             rescore(a.corpus)
+            rescore_datatrove(a.corpus)
         report(a.corpus)
 
 
