@@ -2,8 +2,9 @@
 
     .venv/bin/python benchmarks/bench_throughput.py build --size-mb 200 --out /tmp/gm-tp/200mb [--seed 32]
     .venv/bin/python benchmarks/bench_throughput.py gristmill --corpus /tmp/gm-tp/200mb [--num-cpus 2]
+    .venv/bin/python benchmarks/bench_throughput.py gristmill --corpus /tmp/gm-tp/2gb --segment-s 300 [--resume]
     .venv/bin/python benchmarks/bench_throughput.py peers --corpus /tmp/gm-tp/200mb [--no-datatrove] [--no-nemo]
-    .venv/bin/python benchmarks/bench_throughput.py report --corpus /tmp/gm-tp/200mb     # the tables again
+    .venv/bin/python benchmarks/bench_throughput.py report --corpus /tmp/gm-tp/200mb [--rescore]  # the tables again
 
 Start it without flock: it takes /tmp/gristmill-heavy.lock itself around each timed run (datatrove:
 around each of its pipeline steps, so no single hold passes ~6 minutes on the shared machine; the
