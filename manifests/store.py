@@ -7,6 +7,7 @@ overwritten, and concurrent publishers never share a number (manifests/storage.p
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import posixpath
@@ -20,7 +21,9 @@ from dataclasses import dataclass
 from fsspec.core import url_to_fs
 
 from . import storage
-from .errors import LatestPointerError, ManifestError, ManifestNotFoundError, VersionExistsError
+from gristmill.errors import os_error_text
+
+from .errors import LatestPointerError, ManifestError, ManifestNotFoundError, PublishError, VersionExistsError
 from .manifest import Manifest
 
 _VERSION_DIR = re.compile(r"^v(\d+)$")
@@ -114,7 +117,10 @@ class ManifestStore:
         for rel in files:
             if not src_fs.exists(posixpath.join(src_root, rel)):
                 raise ManifestError(f"cannot publish: pinned file {rel!r} is missing from {files_dir}")
-        version = self._claim(manifest.dataset, version)
+        try:
+            version = self._claim(manifest.dataset, version)
+        except OSError as e:
+            raise self._failed(join(self.root, manifest.dataset), e, "") from e
         base = posixpath.join(self._root_path, manifest.dataset)
         vdir = posixpath.join(base, f"v{version}")
         same_store = src_fs is self.fs and not storage.is_local(self.fs)
@@ -128,28 +134,65 @@ class ManifestStore:
                 while chunk := fi.read(8 << 20):
                     fo.write(chunk)
 
-        # Parallel copy: publishing is I/O (object stores answer each request slowly, not serially).
-        if files:
-            with ThreadPoolExecutor(max_workers=min(16, len(files))) as pool:
-                list(pool.map(copy, files))
         published = manifest.published(version)
-        if not _put_new_or_own(self.fs, posixpath.join(vdir, MANIFEST_FILE), published.to_json().encode()):
+        try:
+            # Parallel copy: publishing is I/O (object stores answer each request slowly, not serially).
+            if files:
+                with ThreadPoolExecutor(max_workers=min(16, len(files))) as pool:
+                    list(pool.map(copy, files))
+            committed = _put_new_or_own(self.fs, posixpath.join(vdir, MANIFEST_FILE), published.to_json().encode())
+        except BaseException as e:
+            self._release(vdir)  # nothing that looks like a version is left, and the number is free again
+            if isinstance(e, OSError):
+                raise self._failed(self.version_url(manifest.dataset, version), e, f" (v{version} was removed)") from e
+            raise
+        if not committed:
             raise VersionExistsError(f"{join(self.version_url(manifest.dataset, version), MANIFEST_FILE)} appeared while "
                                      f"this writer held the claim on v{version}: another writer ignores {CLAIM_FILE}")
         self._point_latest(manifest.dataset)
         return Published(published, self.version_url(manifest.dataset, version))
 
+    @staticmethod
+    def _failed(where: str, e: OSError, removed: str) -> PublishError:
+        return PublishError(f"cannot publish {where}: {os_error_text(e)}; nothing was published{removed}, and the same "
+                            "command publishes again")
+
+    def _release(self, vdir: str) -> None:
+        """Remove an uncommitted version directory this writer claimed: its files, then the claim
+        last (so no other writer takes the number while files of this one are still there). Best
+        effort: a store that fails here (the disk or the endpoint that failed the publish) keeps
+        a ``v<N>/`` without manifest.json, which no reader trusts and no writer reuses."""
+        claim = posixpath.join(vdir, CLAIM_FILE)
+        with contextlib.suppress(Exception):
+            storage.refresh(self.fs, vdir)
+            for p in self.fs.find(vdir):
+                if p != claim:
+                    self.fs.rm_file(p)
+            if storage.is_local(self.fs):  # empty folders, deepest first (an object store has none)
+                for d in sorted((d for d, _, _ in os.walk(vdir)), key=len, reverse=True)[:-1]:
+                    os.rmdir(d)
+            self.fs.rm_file(claim)
+            if storage.is_local(self.fs):
+                os.rmdir(vdir)
+
     def _claim(self, dataset: str, version: int | None) -> int:
         """Take a version number for one publish: ``version``, or the first after every number in
-        use (published, being published or abandoned: a directory without manifest.json is never
-        reused). Exactly one of any number of concurrent writers gets each number."""
+        use (published, being published, or left by a writer that died: a directory without
+        manifest.json is never reused; a publish that fails releases its number). Exactly one of
+        any number of concurrent writers gets each number."""
         base = posixpath.join(self._root_path, dataset)
         claim = json.dumps({"writer": uuid.uuid4().hex, "host": socket.gethostname(), "pid": os.getpid(),
                             "claimed_at": time.time()}).encode()
         while True:
             n = version if version is not None else max(self._taken(base), default=0) + 1
-            if _put_new_or_own(self.fs, posixpath.join(base, f"v{n}", CLAIM_FILE), claim):
-                return n
+            try:
+                if _put_new_or_own(self.fs, posixpath.join(base, f"v{n}", CLAIM_FILE), claim):
+                    return n
+            except OSError:
+                if storage.is_local(self.fs):  # the folder the claim was to go in, if it is empty
+                    with contextlib.suppress(OSError):
+                        os.rmdir(posixpath.join(base, f"v{n}"))
+                raise
             if version is not None:
                 raise VersionExistsError(f"{dataset} v{version} is already claimed by another publish (its "
                                          f"{CLAIM_FILE} exists); published versions are never overwritten")
