@@ -15,6 +15,7 @@ import errno
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -249,3 +250,27 @@ def test_manifest_show_and_audit_seen_with_the_endpoint_down_are_one_line(publis
     ckpt = write_checkpoint_meta(str(tmp_path / "run"), Published(published.manifest, s3_down + "/v1"), step=1)
     assert cli.main(["audit", "seen", ckpt]) == 2
     _one_line(capsys.readouterr().err, "gristmill audit: error: cannot reach the object store")
+
+
+# -- case 3: SIGTERM ---------------------------------------------------------------------------
+@pytest.mark.slow
+def test_sigterm_during_prepare_is_one_line_exit_143_and_nothing_is_published(tmp_path):
+    from helpers import demo_job_dict
+
+    from gristmill.pipeline.demo_corpus import write_demo_corpus
+
+    write_demo_corpus(str(tmp_path / "demo"))
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(demo_job_dict(tmp_path / "demo", tmp_path, ray={"runner": "local", "num_cpus": 1})))
+    proc = subprocess.Popen([sys.executable, "-m", "gristmill", "prepare", str(job)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 180  # a hang guard, not a timing assertion
+    while not list((tmp_path / "work").glob("*/_done/extract/*.json")):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=180)
+    assert proc.returncode == 143, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("gristmill: interrupted by SIGTERM") and "the same command resumes" in last, err[-3000:]
+    assert "Traceback" not in err and not (tmp_path / "store" / "demo").exists()
