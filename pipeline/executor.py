@@ -267,6 +267,10 @@ def _sigterm_stops_like_ctrl_c():
         signal.signal(signal.SIGTERM, old)
 
 
+class EmptyRunError(GristmillError):
+    """The run kept no document and ``output.allow_empty`` is not set: nothing is published."""
+
+
 class RayStartError(GristmillError):
     """Ray could not be started or joined; the message says which setting helps."""
 
@@ -327,6 +331,7 @@ class Executor:
         t0 = time.perf_counter()
         stats = manifest_stats(results)
         check_balanced(stats["accounting"], self.wd)  # never publish a run that lost records
+        self._refuse_empty(stats["accounting"], results)
         (packed,) = [r.dataset for r in results if r.dataset is not None]
         builder = DatasetBuilder(packed.staging, dataset=packed.dataset, seq_len=packed.seq_len,
                                  tokenizer_json=packed.tokenizer_json, vocab_size=packed.vocab_size, eos_id=packed.eos_id)
@@ -346,10 +351,28 @@ class Executor:
         self._write_outputs(report, [f for r in results for f in r.removed_files])
         return RunResult(published.manifest.sha256, published.url, published.manifest.version, report, self.wd.root)
 
+    def _refuse_empty(self, accounting: dict, results: list[st.StageResult]) -> None:
+        """A run that keeps no document publishes nothing unless ``output.allow_empty`` asks for an
+        empty version: an empty ``latest`` is almost always a filter, a field name or an input
+        glob gone wrong, and a trainer would only find out at its first batch."""
+        if accounting["kept"] or self.job.output.allow_empty:
+            return
+        self._write_records([f for r in results for f in r.removed_files])  # what became of every record
+        gone = {**{f"removed {k}": v for k, v in accounting["removed"].items()},
+                **{f"quarantined {k}": v for k, v in accounting["quarantined"].items()}}
+        why = ", ".join(f"{k} {v:,}" for k, v in sorted(gone.items(), key=lambda kv: -kv[1])) or "no input record"
+        raise EmptyRunError(f"the run kept no document of {accounting['input']:,} input records ({why}; see "
+                            f"{self.wd.quarantine_jsonl} and {self.wd.removed_jsonl}); nothing was published. Fix the "
+                            "inputs or filters, or set output.allow_empty: true to publish an empty version")
+
     def _write_outputs(self, report: dict, removed_files: list[tuple[str, str]]) -> None:
-        """report.json, plus the quarantine and removed records as JSONL for people to read (each
-        partition's file once: O(partitions) opens per stage)."""
+        """report.json, plus the quarantine and removed records as JSONL for people to read."""
         atomic_write(self.wd.report_json, (json.dumps(report, indent=1, sort_keys=True) + "\n").encode())
+        self._write_records(removed_files)
+
+    def _write_records(self, removed_files: list[tuple[str, str]]) -> None:
+        """The quarantine and removed records as JSONL for people to read (each partition's file
+        once: O(partitions) opens per stage)."""
         parts = [t["part"] for t in self.tasks]
         export_jsonl([self.wd.quarantine(p) for p in parts], self.wd.quarantine_jsonl)
         removed = [self.wd.removed(stage, p, prefix) for stage, prefix in removed_files for p in parts]

@@ -274,3 +274,19 @@ def test_sigterm_during_prepare_is_one_line_exit_143_and_nothing_is_published(tm
     last = err.strip().splitlines()[-1]
     assert last.startswith("gristmill: interrupted by SIGTERM") and "the same command resumes" in last, err[-3000:]
     assert "Traceback" not in err and not (tmp_path / "store" / "demo").exists()
+
+
+# -- case 4: a run that keeps nothing ---------------------------------------------------------------
+def test_a_run_that_keeps_nothing_publishes_nothing_unless_allowed(corpus, tmp_path, capsys):
+    from gristmill.manifests import load_manifest
+
+    store = str(tmp_path / "store")
+    job = _job(corpus, tmp_path)
+    assert cli.main(["prepare", "--quiet", job, "--set", "extract.min_chars=100000"]) == 2
+    _one_line(capsys.readouterr().err, "gristmill prepare: error: the run kept no document of 30 input records",
+              "quarantined empty 30", "output.allow_empty: true")
+    assert _versions(store) == []
+    assert cli.main(["prepare", "--quiet", job, "--set", "extract.min_chars=100000",
+                     "--set", "output.allow_empty=true"]) == 0  # asked for: the same run, resumed, publishes
+    capsys.readouterr()
+    assert load_manifest(os.path.join(store, "t")).manifest.stats["accounting"]["kept"] == 0
