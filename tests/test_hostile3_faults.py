@@ -290,3 +290,25 @@ def test_a_run_that_keeps_nothing_publishes_nothing_unless_allowed(corpus, tmp_p
                      "--set", "output.allow_empty=true"]) == 0  # asked for: the same run, resumed, publishes
     capsys.readouterr()
     assert load_manifest(os.path.join(store, "t")).manifest.stats["accounting"]["kept"] == 0
+
+
+# -- case 2: concurrent prepares on S3 ---------------------------------------------------------------
+@pytest.mark.slow
+def test_concurrent_prepares_on_s3_publish_once(corpus, tmp_path, s3, s3_server):
+    """Three prepares of one job at once, work dir and store on S3: one version (the store-level
+    race, with threads and processes, is tests/test_store_concurrency.py's)."""
+    from gristmill.manifests import ManifestStore, verify_published
+
+    job = yaml.safe_load(open(_job(corpus, tmp_path)))
+    job["output"]["store"], job["work_dir"] = f"{s3}/store", f"{s3}/work"
+    path = tmp_path / "s3-job.yaml"
+    path.write_text(yaml.safe_dump(job))
+    procs = [subprocess.Popen([sys.executable, "-m", "gristmill", "prepare", "--quiet", str(path)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, **s3_server.env}) for _ in range(3)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], [err[-3000:] for _, err in outs]
+    assert all("published t v1 " in out for out, _ in outs), outs
+    store = ManifestStore(f"{s3}/store")
+    assert store.versions("t") == [1] and store._taken(store._root_path + "/t") == [1]
+    assert verify_published(store.load("t")) == []
