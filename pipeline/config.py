@@ -305,6 +305,9 @@ class OutputConfig(Section):
     store: Annotated[ResolvedPath, Field(min_length=1)]  # fsspec root of the manifest store
     dataset: Str  # a name, never a path: it becomes one directory under the store
     report_html: bool = True  # write report.html (the data card, gristmill.report) beside report.json at the end
+    # A run that keeps no document is refused (nothing published, exit 2) unless this says an empty
+    # version is wanted (docs/pipeline.md "A run that keeps nothing").
+    allow_empty: bool = False
 
     @field_validator("dataset")
     @classmethod
@@ -386,6 +389,7 @@ class PrepareConfig(Section):
         d.pop("work_dir"), d.pop("ray")
         d["output"].pop("store")  # where a version is published is not part of its content
         d["output"].pop("report_html")  # the data card is drawn beside report.json, not into the version
+        d["output"].pop("allow_empty")  # a permission to publish, not a property of what is published
         return d
 
 

@@ -19,7 +19,9 @@ import glob as _glob
 import json
 import os
 import posixpath
+import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass
 
@@ -232,7 +234,41 @@ def embedded_ray_options(job: PrepareConfig) -> dict:
 
 
 class PrepareInterrupted(KeyboardInterrupt):
-    """Ctrl-C during a prepare, after Ray was shut down; its message says how to resume."""
+    """Ctrl-C or SIGTERM during a prepare, after the workers (or Ray) were stopped; its message says
+    how to resume, ``signum`` which signal stopped it (the command exits 128 + signum)."""
+
+    def __init__(self, message: str, signum: int = signal.SIGINT):
+        super().__init__(message)
+        self.signum = signum
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread where Ctrl-C raises KeyboardInterrupt."""
+
+    signum = signal.SIGTERM
+
+
+@contextlib.contextmanager
+def _sigterm_stops_like_ctrl_c():
+    """SIGTERM (`kill`, a scheduler's stop, a container's shutdown) stops a prepare the way Ctrl-C
+    does: workers stopped, finished tasks kept, one line saying the same command resumes. Only the
+    main thread can take signals; elsewhere SIGTERM keeps its default action."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise _Terminated()
+
+    old = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+class EmptyRunError(GristmillError):
+    """The run kept no document and ``output.allow_empty`` is not set: nothing is published."""
 
 
 class RayStartError(GristmillError):
@@ -272,18 +308,22 @@ class Executor:
         timings: dict[str, dict] = {}
         inputs = {t["part"]: [f["uri"] for f in t["files"]] for t in self.tasks}
         try:
-            with job_runner(self.job, self.address, self.wd, Progress(quiet=self.quiet), inputs) as runner:
-                ctx = st.Context(self.job, self.wd, runner, self.tasks, self.log)
-                for stage in self.stages:
-                    t0, c0, r0 = time.perf_counter(), ctx.cpu_seconds(), runner.resumed_tasks
-                    ctx.results[stage.name] = stage.run(ctx)
-                    timings[stage.name] = {"seconds": time.perf_counter() - t0, "cpu_seconds": ctx.cpu_seconds() - c0,
-                                           "resumed_parts": runner.resumed_tasks - r0}
-        except KeyboardInterrupt:  # the workers (or Ray) are stopped by now (job_runner's exit)
-            raise PrepareInterrupted(f"interrupted; every finished task is kept in {self.wd.root}: "
-                                     "the same command resumes from there") from None
-        timings["total"] = {"seconds": time.perf_counter() - t_all}
-        return self._publish([ctx.results[s.name] for s in self.stages], timings, t_all, runner.retries)
+            with _sigterm_stops_like_ctrl_c():
+                with job_runner(self.job, self.address, self.wd, Progress(quiet=self.quiet), inputs) as runner:
+                    ctx = st.Context(self.job, self.wd, runner, self.tasks, self.log)
+                    for stage in self.stages:
+                        t0, c0, r0 = time.perf_counter(), ctx.cpu_seconds(), runner.resumed_tasks
+                        ctx.results[stage.name] = stage.run(ctx)
+                        timings[stage.name] = {"seconds": time.perf_counter() - t0,
+                                               "cpu_seconds": ctx.cpu_seconds() - c0,
+                                               "resumed_parts": runner.resumed_tasks - r0}
+                timings["total"] = {"seconds": time.perf_counter() - t_all}
+                return self._publish([ctx.results[s.name] for s in self.stages], timings, t_all, runner.retries)
+        except KeyboardInterrupt as e:  # the workers (or Ray) are stopped by now (job_runner's exit); a publish
+            # stopped half way removed its version (ManifestStore.publish)
+            signum = getattr(e, "signum", signal.SIGINT)
+            raise PrepareInterrupted(f"interrupted by {signal.Signals(signum).name}; every finished task is kept in "
+                                     f"{self.wd.root}: the same command resumes from there", signum) from None
 
     def _publish(self, results: list[st.StageResult], timings: dict, t_all: float, retries: dict) -> RunResult:
         """The manifest from the stages' results (data only: no stage is named here), published;
@@ -291,6 +331,7 @@ class Executor:
         t0 = time.perf_counter()
         stats = manifest_stats(results)
         check_balanced(stats["accounting"], self.wd)  # never publish a run that lost records
+        self._refuse_empty(stats["accounting"], results)
         (packed,) = [r.dataset for r in results if r.dataset is not None]
         builder = DatasetBuilder(packed.staging, dataset=packed.dataset, seq_len=packed.seq_len,
                                  tokenizer_json=packed.tokenizer_json, vocab_size=packed.vocab_size, eos_id=packed.eos_id)
@@ -310,10 +351,28 @@ class Executor:
         self._write_outputs(report, [f for r in results for f in r.removed_files])
         return RunResult(published.manifest.sha256, published.url, published.manifest.version, report, self.wd.root)
 
+    def _refuse_empty(self, accounting: dict, results: list[st.StageResult]) -> None:
+        """A run that keeps no document publishes nothing unless ``output.allow_empty`` asks for an
+        empty version: an empty ``latest`` is almost always a filter, a field name or an input
+        glob gone wrong, and a trainer would only find out at its first batch."""
+        if accounting["kept"] or self.job.output.allow_empty:
+            return
+        self._write_records([f for r in results for f in r.removed_files])  # what became of every record
+        gone = {**{f"removed {k}": v for k, v in accounting["removed"].items()},
+                **{f"quarantined {k}": v for k, v in accounting["quarantined"].items()}}
+        why = ", ".join(f"{k} {v:,}" for k, v in sorted(gone.items(), key=lambda kv: -kv[1])) or "no input record"
+        raise EmptyRunError(f"the run kept no document of {accounting['input']:,} input records ({why}; see "
+                            f"{self.wd.quarantine_jsonl} and {self.wd.removed_jsonl}); nothing was published. Fix the "
+                            "inputs or filters, or set output.allow_empty: true to publish an empty version")
+
     def _write_outputs(self, report: dict, removed_files: list[tuple[str, str]]) -> None:
-        """report.json, plus the quarantine and removed records as JSONL for people to read (each
-        partition's file once: O(partitions) opens per stage)."""
+        """report.json, plus the quarantine and removed records as JSONL for people to read."""
         atomic_write(self.wd.report_json, (json.dumps(report, indent=1, sort_keys=True) + "\n").encode())
+        self._write_records(removed_files)
+
+    def _write_records(self, removed_files: list[tuple[str, str]]) -> None:
+        """The quarantine and removed records as JSONL for people to read (each partition's file
+        once: O(partitions) opens per stage)."""
         parts = [t["part"] for t in self.tasks]
         export_jsonl([self.wd.quarantine(p) for p in parts], self.wd.quarantine_jsonl)
         removed = [self.wd.removed(stage, p, prefix) for stage, prefix in removed_files for p in parts]
