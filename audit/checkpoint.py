@@ -23,6 +23,10 @@ class AuditError(GristmillError):
     """The checkpoint and the data do not fit together, or the question cannot be answered."""
 
 
+class CheckpointNotFoundError(AuditError, FileNotFoundError):
+    """No checkpoint where the command was pointed (a typo, a run without checkpoints yet)."""
+
+
 @dataclass(frozen=True)
 class Checkpoint:
     """Optimizer step n (1-based, as in step-<N>/, metrics.jsonl, samples.jsonl) consumed global
@@ -61,8 +65,9 @@ def find_checkpoint(path: str) -> str:
                  if (m := STEP_DIR.match(d)) and os.path.isfile(os.path.join(ckpts, d, META_FILE))]
         if steps:
             return os.path.join(ckpts, max(steps)[1])
-    raise FileNotFoundError(f"no checkpoint at {path}: expected a step-<N>/ directory holding {META_FILE}, "
-                            f"or a run directory with checkpoints/step-<N>/{META_FILE}")
+    raise CheckpointNotFoundError(f"no checkpoint at {path}{'' if os.path.exists(path) else ' (no such file or directory)'}: "
+                                  f"expected a step-<N>/ directory holding {META_FILE}, or a run directory with "
+                                  f"checkpoints/step-<N>/{META_FILE}; check the path")
 
 
 def read_checkpoint(path: str) -> Checkpoint:

@@ -98,10 +98,11 @@ TASKS, WORKERS = 2, 2
 
 # -- measuring ------------------------------------------------------------------------------------
 class TreeRSS:
-    """Peak of the summed RSS of a process and all its descendants, sampled from /proc."""
+    """Peak of the summed RSS of a process and all its descendants, sampled from /proc; ``peak_root``:
+    the process's own peak (the driver's, in bench_throughput.py)."""
 
     def __init__(self, pid: int, every: float = 0.2):
-        self.pid, self.every, self.peak, self._stop = pid, every, 0, threading.Event()
+        self.pid, self.every, self.peak, self.peak_root, self._stop = pid, every, 0, 0, threading.Event()
         self._page = os.sysconf("SC_PAGE_SIZE")
         self._t = threading.Thread(target=self._loop, daemon=True)
 
@@ -134,6 +135,7 @@ class TreeRSS:
             p = todo.pop()
             total += rss.get(p, 0)
             todo += children.get(p, [])
+        self.peak_root = max(self.peak_root, rss.get(self.pid, 0))
         return total
 
     def _loop(self):
@@ -411,10 +413,13 @@ def datatrove_main(argv: list[str]) -> None:
     steps: dict[str, float] = {}
 
     def run(stage: str, step: str, pipeline: list, tasks: int = TASKS, workers: int = WORKERS) -> None:
-        t0 = time.perf_counter()
-        LocalPipelineExecutor(pipeline=pipeline, tasks=tasks, workers=min(workers, tasks),
-                              logging_dir=os.path.join(logs, step)).run()
-        dt = time.perf_counter() - t0
+        # GM_BENCH_LOCK_PER_STEP (bench_throughput.py): the shared lock around each step, not the whole
+        # process, so no single hold is long; the wait is not timed
+        with heavy_lock() if os.environ.get("GM_BENCH_LOCK_PER_STEP") else contextlib.nullcontext():
+            t0 = time.perf_counter()
+            LocalPipelineExecutor(pipeline=pipeline, tasks=tasks, workers=min(workers, tasks),
+                                  logging_dir=os.path.join(logs, step)).run()
+            dt = time.perf_counter() - t0
         steps[step] = dt
         stages[stage] = stages.get(stage, 0.0) + dt
 

@@ -18,3 +18,25 @@ class UsageError(GristmillError, ValueError):
 
 class ConfigError(UsageError):
     """A job file (or `--set` override) that does not validate: `section.key: expected ..., got ...`."""
+
+
+# Errors of the machine, not of gristmill's code: a full or read-only disk is the operator's to
+# fix, so the CLI prints them as one line (exit 2) like a GristmillError.
+_DISK_FULL = {28: "ENOSPC", 122: "EDQUOT"}  # errno numbers (Linux); this module imports nothing
+_READ_ONLY = 30  # EROFS
+
+
+def is_disk_error(e: BaseException) -> bool:
+    """True for an OSError that says the disk is full (no space, quota) or read-only."""
+    return isinstance(e, OSError) and (e.errno in _DISK_FULL or e.errno == _READ_ONLY)
+
+
+def os_error_text(e: OSError, fix: str = "") -> str:
+    """One line for an OSError: the file it names, the system's words, and what to do about it
+    (``fix``, else the usual remedy for a full or read-only disk)."""
+    where = " -> ".join(str(f) for f in (e.filename, getattr(e, "filename2", None)) if f is not None)
+    if not fix:
+        fix = ("free space on that filesystem (or raise the quota), or point the command at another one"
+               if e.errno in _DISK_FULL else "that filesystem is read-only: choose a writable place"
+               if e.errno == _READ_ONLY else "check the path and its permissions")
+    return f"{where + ': ' if where else ''}{e.strerror or e}; {fix}"

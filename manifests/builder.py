@@ -80,10 +80,10 @@ class DatasetBuilder:
 
     def add_dedup_index(self, table: pa.Table) -> FileRef:
         """One dedup-index file (``manifests.dedup_index`` rows, e.g. one partition's), pinned in the
-        manifest in the order added."""
+        manifest in the order added; its rows sorted by doc_id, as verify requires."""
         rel = f"dedup_index/part-{len(self.dedup_index):05d}.parquet"
         path = os.path.join(self.dir, rel)
-        rows = dx.write(path, table)
+        rows = dx.write(path, table.sort_by("doc_id"))
         sha, size = sha256_file(path)
         self.dedup_index.append(FileRef(rel, sha, size, rows))
         return self.dedup_index[-1]

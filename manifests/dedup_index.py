@@ -210,6 +210,16 @@ def read_checked(data: bytes, ref, what: str) -> tuple[pa.Table, dict]:
         raise FactMismatchError(what, "rows", ref.rows, t.num_rows)
     if t.column("doc_id").null_count or t.column("exact").null_count:
         raise FactMismatchError(what, "doc_id/exact", "no nulls", "a null")
+    ids = t.column("doc_id").combine_chunks()
+    if len(ids) > 1:
+        import pyarrow.compute as pc
+
+        ordered = pc.less(ids.slice(0, len(ids) - 1), ids.slice(1))  # byte order, as the writer sorts
+        if not pc.all(ordered).as_py():
+            i = pc.index(ordered, False).as_py()
+            raise ManifestError(f"{what}: doc_id {ids[i].as_py()!r} (row {i}) is not followed by a greater one "
+                                f"({ids[i + 1].as_py()!r}): an index file's doc_ids are strictly increasing (sorted, "
+                                "each once)")
     return t, params
 
 
@@ -235,4 +245,16 @@ def read_published(published, storage_options: dict | None = None) -> tuple[pa.T
             raise FactMismatchError(url, "MinHash parameters", params, p)
         params = p
         tables.append(t.replace_schema_metadata(None))
-    return pa.concat_tables(tables), params
+    out = pa.concat_tables(tables)
+    check_unique_ids(out.column("doc_id"), published.url)
+    return out, params
+
+
+def check_unique_ids(ids, what: str) -> None:
+    """Each file's ids are strictly increasing (``read_checked``); across files, none twice."""
+    import pyarrow.compute as pc
+
+    if len(pc.unique(ids)) != len(ids):
+        counts = pc.value_counts(ids)
+        twice = counts.filter(pc.greater(counts.field("counts"), 1))[0]["values"].as_py()
+        raise ManifestError(f"{what}: the dedup index holds doc_id {twice!r} more than once (in two of its files)")

@@ -62,3 +62,7 @@ class VersionExistsError(ManifestError):
 
 class ManifestNotFoundError(ManifestError):
     pass
+
+
+class PublishError(ManifestError):
+    """A publish failed part way (a full disk, a store that refused a write); nothing was published."""

@@ -27,6 +27,7 @@ joins with ``doc_index.parquet`` on ``(shard, row)``) or as uncompressed Arrow s
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -36,6 +37,8 @@ import uuid
 
 import numpy as np
 import pyarrow as pa
+
+from gristmill.errors import os_error_text
 
 from .doc_index import read_published_doc_index
 from .errors import ManifestError
@@ -78,6 +81,37 @@ def span_tokens(rows: np.ndarray, row: np.ndarray, start: np.ndarray, length: np
     return flat[np.repeat(first - offsets, length) + np.arange(int(length.sum()))]
 
 
+def _check_output_dir(path: str) -> None:
+    """Refuse, before any work, an output directory that cannot be one: a file is in its place or
+    on the way to it (``out/x`` under a file ``out``)."""
+    while not os.path.isdir(path):
+        if os.path.lexists(path):
+            raise ExportError(f"{path} is a file, not a directory; choose another output path")
+        if os.path.dirname(path) == path:
+            return
+        path = os.path.dirname(path)
+
+
+@contextlib.contextmanager
+def _writing(out: str):
+    """An OSError while writing an export (a full disk, a path into /proc, a folder that cannot be
+    made) is one ExportError naming the file: the export stages its files and moves them in last,
+    so nothing that looks like output is left."""
+    try:
+        yield
+    except OSError as e:
+        raise ExportError(f"cannot write the export {out}: {os_error_text(e, fix='choose another output path')}; "
+                          "nothing was exported") from e
+
+
+@contextlib.contextmanager
+def _removed_after(folder: str):
+    try:
+        yield
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def _refuse_existing(paths: list[str], overwrite: bool) -> None:
     there = [p for p in paths if os.path.exists(p)]
     if there and not overwrite:
@@ -101,37 +135,45 @@ def export_megatron(url: str, out_prefix: str, *, split: str = "train", expected
     if lengths.max() > np.iinfo(np.int32).max:
         raise ExportError(f"a document of {int(lengths.max()):,} tokens exceeds Megatron's int32 sequence length")
     shard_col = spans.column("shard").to_numpy()
-    os.makedirs(os.path.dirname(os.path.abspath(out_prefix)), exist_ok=True)
-    tmp = f"{bin_path}.tmp-{uuid.uuid4().hex[:12]}"
-    digest = hashlib.sha256()
-    try:
-        with open(tmp, "wb") as f:  # streamed a shard at a time: memory bounded by one shard
-            for s in np.unique(shard_col).tolist():  # the index order is the manifest's shard order
-                sel = shard_col == s
-                rows = verified_rows(pub, m.shards[s])
-                part = span_tokens(rows, *(spans.column(k).to_numpy()[sel] for k in ("row", "start", "length")))
-                data = part.astype(dtype).tobytes()
-                digest.update(data)
-                f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        pointers = np.concatenate([[0], np.cumsum(lengths)[:-1]]) * np.dtype(dtype).itemsize
-        header = MEGATRON_MAGIC + struct.pack("<Q", MEGATRON_VERSION) + struct.pack("<B", code)
-        header += struct.pack("<Q", len(lengths)) + struct.pack("<Q", len(lengths) + 1)
-        if os.path.exists(record_path):
-            os.unlink(record_path)
-        atomic_write(idx_path, header + lengths.astype(np.int32).tobytes() + pointers.astype(np.int64).tobytes()
-                     + np.arange(len(lengths) + 1, dtype=np.int64).tobytes())
-        os.replace(tmp, bin_path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    record = {"format": "megatron-indexed-dataset", "manifest_sha256": m.sha256, "manifest_url": pub.url,
-              "dataset": m.dataset, "version": m.version, "split": split, "token_dtype": m.token_dtype,
-              "written_dtype": np.dtype(dtype).name, "megatron_dtype_code": code, "sequences": int(len(lengths)),
-              "tokens": int(lengths.sum()), "files": {os.path.basename(p): sha256_file(p)[0] for p in (bin_path, idx_path)},
-              "code_version": code_version()}
-    atomic_write(record_path, (json.dumps(record, indent=2, sort_keys=True) + "\n").encode())
+    _check_output_dir(os.path.dirname(os.path.abspath(out_prefix)))
+    with _writing(out_prefix):
+        os.makedirs(os.path.dirname(os.path.abspath(out_prefix)), exist_ok=True)
+        tmp = f"{bin_path}.tmp-{uuid.uuid4().hex[:12]}"
+        digest = hashlib.sha256()
+        try:
+            with open(tmp, "wb") as f:  # streamed a shard at a time: memory bounded by one shard
+                for s in np.unique(shard_col).tolist():  # the index order is the manifest's shard order
+                    sel = shard_col == s
+                    rows = verified_rows(pub, m.shards[s])
+                    part = span_tokens(rows, *(spans.column(k).to_numpy()[sel] for k in ("row", "start", "length")))
+                    data = part.astype(dtype).tobytes()
+                    digest.update(data)
+                    f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            pointers = np.concatenate([[0], np.cumsum(lengths)[:-1]]) * np.dtype(dtype).itemsize
+            header = MEGATRON_MAGIC + struct.pack("<Q", MEGATRON_VERSION) + struct.pack("<B", code)
+            header += struct.pack("<Q", len(lengths)) + struct.pack("<Q", len(lengths) + 1)
+            if os.path.exists(record_path):
+                os.unlink(record_path)
+            atomic_write(idx_path, header + lengths.astype(np.int32).tobytes() + pointers.astype(np.int64).tobytes()
+                         + np.arange(len(lengths) + 1, dtype=np.int64).tobytes())
+            os.replace(tmp, bin_path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        record = {"format": "megatron-indexed-dataset", "manifest_sha256": m.sha256, "manifest_url": pub.url,
+                  "dataset": m.dataset, "version": m.version, "split": split, "token_dtype": m.token_dtype,
+                  "written_dtype": np.dtype(dtype).name, "megatron_dtype_code": code, "sequences": int(len(lengths)),
+                  "tokens": int(lengths.sum()), "files": {os.path.basename(p): sha256_file(p)[0] for p in (bin_path, idx_path)},
+                  "code_version": code_version()}
+        try:
+            atomic_write(record_path, (json.dumps(record, indent=2, sort_keys=True) + "\n").encode())
+        except OSError:  # a .bin/.idx without its record is not an export: they go too
+            for p in (bin_path, idx_path):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(p)
+            raise
     return record
 
 
@@ -165,9 +207,10 @@ def export_view(url: str, out_dir: str, fmt: str = "parquet", *, splits: tuple[s
     rels = [os.path.splitext(s.path)[0] + VIEW_FORMATS[fmt] for _, s in chosen]
     _refuse_existing([os.path.join(out_dir, r) for r in rels + [VIEW_RECORD]], overwrite)
     out_dir = os.path.abspath(out_dir)
+    _check_output_dir(out_dir)
     stage = os.path.join(os.path.dirname(out_dir), f".{os.path.basename(out_dir)}.tmp-{uuid.uuid4().hex[:12]}")
     files = {}
-    try:
+    with _writing(out_dir), _removed_after(stage):
         # Every file is staged beside out_dir and only moved in once all of them verified and were written:
         # a shard that fails verification leaves nothing that looks like output.
         for (i, s), rel in zip(chosen, rels):
@@ -182,8 +225,6 @@ def export_view(url: str, out_dir: str, fmt: str = "parquet", *, splits: tuple[s
                   "files": files, "code_version": code_version()}
         atomic_write(os.path.join(stage, VIEW_RECORD), (json.dumps(record, indent=2, sort_keys=True) + "\n").encode())
         _move_in(stage, out_dir, rels)
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
     return record
 
 

@@ -31,13 +31,16 @@ MAX_VOCAB = 1 << 32
 
 def safe_relpath(path: str, what: str) -> str:
     """A path inside the dataset version directory, exactly as written: ``/``-separated segments, none
-    empty, ``.`` or ``..``, with no control character (NUL included) and no backslash; not absolute
-    and no URL or drive. Anything else is an UnsafePathError naming it (never normalised: the path
-    is hashed as written)."""
+    empty, ``.`` or ``..``, with no control character (NUL included), backslash or ``:``; not absolute
+    and no URL, fsspec chain (``::``) or drive. Anything else is an UnsafePathError naming it (never
+    normalised: the path is hashed as written)."""
     if not isinstance(path, str) or not path:
         raise UnsafePathError(f"{what}: path must be a non-empty string, got {path!r}")
     if path.startswith(("/", "\\")) or "://" in path or (len(path) > 1 and path[1] == ":"):
         raise UnsafePathError(f"{what}: path {path!r} is absolute; manifest paths are relative to the dataset version directory")
+    if ":" in path:  # fsspec reads 'a::b' as a chain of filesystems and 'x:y' as a protocol: never a plain name
+        raise UnsafePathError(f"{what}: path {path!r} holds ':'; a manifest path is a plain relative path, not an "
+                              "fsspec URL or chain")
     bad = next((c for c in path if ord(c) < 0x20 or c in "\x7f\\"), None)
     if bad is not None:
         raise UnsafePathError(f"{what}: path {path!r} holds {bad!r}; a manifest path has no control characters or "

@@ -27,6 +27,8 @@ from pydantic import AfterValidator, BeforeValidator, Field, ValidationInfo, mod
 from gristmill import config
 from gristmill.config import Float, NonEmptyStr, PositiveInt, ResolvedPath, Section, Str, fail
 
+from .manifest import MAX_TOTAL_ROWS
+
 PositiveFloat = Annotated[Float, Field(gt=0, allow_inf_nan=False)]
 
 
@@ -58,7 +60,8 @@ class ComponentConfig(Section):
     version: PositiveInt | None = None  # default: the latest
     sha256: Sha256 | None = None  # pin: refuse a component manifest with another hash
     weight: PositiveFloat | None = None
-    tokens: PositiveInt | None = None  # token budget (training tokens: seq_len per sample)
+    # token budget (training tokens: seq_len per sample), below the bound a mixture manifest's reader takes
+    tokens: Annotated[PositiveInt, Field(lt=MAX_TOTAL_ROWS)] | None = None
     exhausted: Literal["repeat", "stop"] = "repeat"
 
     @model_validator(mode="after")

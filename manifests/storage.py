@@ -159,7 +159,8 @@ class PendingObject:
 
     def abort(self) -> None:
         if is_local(self.fs):
-            self.file.close()
+            with contextlib.suppress(OSError):  # closing flushes: a full disk refuses that too
+                self.file.close()
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.target)
             return
@@ -179,10 +180,10 @@ def open_put(fs, path: str):
     pending = PendingObject(fs, path)
     try:
         yield pending
+        pending.commit()  # a commit that fails (a full disk refusing the last flush) aborts too
     except BaseException:
         pending.abort()
         raise
-    pending.commit()
 
 
 def get(fs, path: str) -> bytes:

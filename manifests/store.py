@@ -7,6 +7,7 @@ overwritten, and concurrent publishers never share a number (manifests/storage.p
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import posixpath
@@ -20,7 +21,9 @@ from dataclasses import dataclass
 from fsspec.core import url_to_fs
 
 from . import storage
-from .errors import LatestPointerError, ManifestError, ManifestNotFoundError, VersionExistsError
+from gristmill.errors import os_error_text
+
+from .errors import LatestPointerError, ManifestError, ManifestNotFoundError, PublishError, VersionExistsError
 from .manifest import Manifest
 
 _VERSION_DIR = re.compile(r"^v(\d+)$")
@@ -29,6 +32,8 @@ DATASET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 MANIFEST_FILE = "manifest.json"
 LATEST_FILE = "latest"
 CLAIM_FILE = ".claim"  # v<N>/.claim: the create-if-absent that gives one publish the number N
+_TWIN_WAIT_S = 600.0  # how long a publish waits for another host's publish of the same content to commit
+_CLAIM_GRACE_S = 2.0  # how long a local v<N>/ may stand without its .claim before it counts as abandoned
 
 
 def join(base: str, *parts: str) -> str:
@@ -114,7 +119,11 @@ class ManifestStore:
         for rel in files:
             if not src_fs.exists(posixpath.join(src_root, rel)):
                 raise ManifestError(f"cannot publish: pinned file {rel!r} is missing from {files_dir}")
-        version = self._claim(manifest.dataset, version)
+        explicit = version is not None
+        try:
+            version = self._claim(manifest.dataset, version, manifest.sha256)
+        except OSError as e:
+            raise self._failed(join(self.root, manifest.dataset), e, "") from e
         base = posixpath.join(self._root_path, manifest.dataset)
         vdir = posixpath.join(base, f"v{version}")
         same_store = src_fs is self.fs and not storage.is_local(self.fs)
@@ -128,28 +137,103 @@ class ManifestStore:
                 while chunk := fi.read(8 << 20):
                     fo.write(chunk)
 
-        # Parallel copy: publishing is I/O (object stores answer each request slowly, not serially).
-        if files:
-            with ThreadPoolExecutor(max_workers=min(16, len(files))) as pool:
-                list(pool.map(copy, files))
         published = manifest.published(version)
-        if not _put_new_or_own(self.fs, posixpath.join(vdir, MANIFEST_FILE), published.to_json().encode()):
+        try:
+            if not explicit and (twin := self._twin(manifest, version, existing[-1] if existing else 0)) is not None:
+                self._release(vdir)  # a concurrent publish of the same content committed it first
+                return twin
+            # Parallel copy: publishing is I/O (object stores answer each request slowly, not serially).
+            if files:
+                with ThreadPoolExecutor(max_workers=min(16, len(files))) as pool:
+                    list(pool.map(copy, files))
+            committed = _put_new_or_own(self.fs, posixpath.join(vdir, MANIFEST_FILE), published.to_json().encode())
+        except BaseException as e:
+            self._release(vdir)  # nothing that looks like a version is left, and the number is free again
+            if isinstance(e, OSError):
+                raise self._failed(self.version_url(manifest.dataset, version), e, f" (v{version} was removed)") from e
+            raise
+        if not committed:
             raise VersionExistsError(f"{join(self.version_url(manifest.dataset, version), MANIFEST_FILE)} appeared while "
                                      f"this writer held the claim on v{version}: another writer ignores {CLAIM_FILE}")
         self._point_latest(manifest.dataset)
         return Published(published, self.version_url(manifest.dataset, version))
 
-    def _claim(self, dataset: str, version: int | None) -> int:
+    @staticmethod
+    def _failed(where: str, e: OSError, removed: str) -> PublishError:
+        return PublishError(f"cannot publish {where}: {os_error_text(e)}; nothing was published{removed}, and the same "
+                            "command publishes again")
+
+    def _release(self, vdir: str) -> None:
+        """Remove an uncommitted version directory this writer claimed: its files, then the claim
+        last (so no other writer takes the number while files of this one are still there). Best
+        effort: a store that fails here (the disk or the endpoint that failed the publish) keeps
+        a ``v<N>/`` without manifest.json, which no reader trusts and no writer reuses."""
+        claim = posixpath.join(vdir, CLAIM_FILE)
+        with contextlib.suppress(Exception):
+            storage.refresh(self.fs, vdir)
+            for p in self.fs.find(vdir):
+                if p != claim:
+                    self.fs.rm_file(p)
+            if storage.is_local(self.fs):  # empty folders, deepest first (an object store has none)
+                for d in sorted((d for d, _, _ in os.walk(vdir)), key=len, reverse=True)[:-1]:
+                    os.rmdir(d)
+            self.fs.rm_file(claim)
+            if storage.is_local(self.fs):
+                os.rmdir(vdir)
+
+    def _twin(self, manifest: Manifest, version: int, seen: int) -> Published | None:
+        """The version a concurrent publisher of the same content (same manifest sha256) committed,
+        if one claimed a number below ``version`` since this writer looked (``seen``): the lowest
+        such claim publishes, the others wait for it and return its version, so N concurrent
+        prepares of the same data publish it once. Its claim vanishing (its publish failed and was
+        released) or its writer dying (same host) leaves this writer to publish."""
+        base = posixpath.join(self._root_path, manifest.dataset)
+        for n in sorted(n for n in self._taken(base) if seen < n < version):
+            vdir = posixpath.join(base, f"v{n}")
+            start = time.monotonic()
+            while True:
+                storage.refresh(self.fs, vdir)
+                if self.fs.exists(posixpath.join(vdir, MANIFEST_FILE)):
+                    other = _load_as(type(manifest), self.version_url(manifest.dataset, n), None, self.storage_options)
+                    if other.manifest.sha256 == manifest.sha256:
+                        return other
+                    break
+                try:
+                    claim = json.loads(storage.get(self.fs, posixpath.join(vdir, CLAIM_FILE)))
+                except FileNotFoundError:
+                    # A local v<N>/ folder appears before its claim is linked in: give it a moment.
+                    if self.fs.isdir(vdir) and time.monotonic() - start < _CLAIM_GRACE_S:
+                        time.sleep(0.05)
+                        continue
+                    break  # released (its publish failed), or never claimed
+                except ValueError:
+                    break  # not a claim of this protocol
+                deadline = start + _TWIN_WAIT_S
+                if (not isinstance(claim, dict) or claim.get("sha256") != manifest.sha256 or not _alive(claim)
+                        or time.monotonic() > deadline):
+                    break
+                time.sleep(0.2)
+        return None
+
+    def _claim(self, dataset: str, version: int | None, sha256: str) -> int:
         """Take a version number for one publish: ``version``, or the first after every number in
-        use (published, being published or abandoned: a directory without manifest.json is never
-        reused). Exactly one of any number of concurrent writers gets each number."""
+        use (published, being published, or left by a writer that died: a directory without
+        manifest.json is never reused; a publish that fails releases its number). Exactly one of
+        any number of concurrent writers gets each number. The claim records the manifest's sha256
+        (``_twin``)."""
         base = posixpath.join(self._root_path, dataset)
         claim = json.dumps({"writer": uuid.uuid4().hex, "host": socket.gethostname(), "pid": os.getpid(),
-                            "claimed_at": time.time()}).encode()
+                            "claimed_at": time.time(), "sha256": sha256}).encode()
         while True:
             n = version if version is not None else max(self._taken(base), default=0) + 1
-            if _put_new_or_own(self.fs, posixpath.join(base, f"v{n}", CLAIM_FILE), claim):
-                return n
+            try:
+                if _put_new_or_own(self.fs, posixpath.join(base, f"v{n}", CLAIM_FILE), claim):
+                    return n
+            except OSError:
+                if storage.is_local(self.fs):  # the folder the claim was to go in, if it is empty
+                    with contextlib.suppress(OSError):
+                        os.rmdir(posixpath.join(base, f"v{n}"))
+                raise
             if version is not None:
                 raise VersionExistsError(f"{dataset} v{version} is already claimed by another publish (its "
                                          f"{CLAIM_FILE} exists); published versions are never overwritten")
@@ -171,6 +255,20 @@ class ManifestStore:
             storage.put(self.fs, pointer, f"{newest}\n".encode())
             if self.versions(dataset)[-1] == newest and storage.get(self.fs, pointer) == f"{newest}\n".encode():
                 return
+
+
+def _alive(claim: dict) -> bool:
+    """Whether a claim's writer may still be publishing: a process of this host that is gone is
+    not; another host's writer is given ``_TWIN_WAIT_S``."""
+    if claim.get("host") != socket.gethostname():
+        return True
+    try:
+        os.kill(int(claim.get("pid", -1)), 0)
+    except (ProcessLookupError, ValueError, OverflowError):
+        return False
+    except PermissionError:
+        pass
+    return True
 
 
 def _put_new_or_own(fs, path: str, data: bytes) -> bool:

@@ -197,8 +197,8 @@ class EvalSetSpec(Section):
             fail(f"no split on a {self.format} file (it applies to text files)", repr(self.split), at=("split",))
         return self
 
-    def read_items(self) -> list[tuple[str, str]]:
-        return ngrams.read_eval_items(self.path, self.format, self.fields, self.id_field, self.split)
+    def read_items(self, max_record_bytes: int | None = None) -> list[tuple[str, str]]:
+        return ngrams.read_eval_items(self.path, self.format, self.fields, self.id_field, self.split, max_record_bytes)
 
 
 class DedupAgainstSpec(Section):
@@ -291,14 +291,25 @@ class PackConfig(Section):
     seq_len: Annotated[Int, Field(ge=1, le=MAX_PACK_SEQ_LEN)] = 2048
     shard_bytes: PositiveInt = 64 << 20  # target uncompressed size of a shard
     # Tokens of document starts per pack task (pipeline/pack.py). Part of the output's identity:
-    # each range drops its last partial row, so changing it changes the shards.
+    # each range drops its last partial row, so changing it changes the shards. At least one row
+    # (seq_len): 1 made one task per token; pack.plan_ranges also caps the tasks per split.
     range_tokens: PositiveInt = 64 << 20
+
+    @model_validator(mode="after")
+    def _range_holds_a_row(self) -> "PackConfig":
+        if "range_tokens" in self.model_fields_set and self.range_tokens < self.seq_len:  # a default stays valid
+            fail(f"at least seq_len ({self.seq_len:,}) tokens: a pack task packs whole rows (default 64 Mi)",
+                 f"{self.range_tokens:,}", at=("range_tokens",))
+        return self
 
 
 class OutputConfig(Section):
     store: Annotated[ResolvedPath, Field(min_length=1)]  # fsspec root of the manifest store
     dataset: Str  # a name, never a path: it becomes one directory under the store
     report_html: bool = True  # write report.html (the data card, gristmill.report) beside report.json at the end
+    # A run that keeps no document is refused (nothing published, exit 2) unless this says an empty
+    # version is wanted (docs/pipeline.md "A run that keeps nothing").
+    allow_empty: bool = False
 
     @field_validator("dataset")
     @classmethod
@@ -416,6 +427,7 @@ class PrepareConfig(Section):
         d.pop("work_dir"), d.pop("runner"), d.pop("partitioning")
         d["output"].pop("store")  # where a version is published is not part of its content
         d["output"].pop("report_html")  # the data card is drawn beside report.json, not into the version
+        d["output"].pop("allow_empty")  # a permission to publish, not a property of what is published
         return d
 
 

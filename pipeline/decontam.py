@@ -52,13 +52,15 @@ BATCH_SIZE = 512
 # Index: built once, cached in the work dir
 
 
-def load_eval_sets(cfg: DecontamConfig) -> list[tuple[dict, list[tuple[str, str]]]]:
+def load_eval_sets(cfg: DecontamConfig, max_record_bytes: int | None = None) -> list[tuple[dict, list[tuple[str, str]]]]:
     """Each eval file's record (``manifests.EvalSet`` fields: name, uri, sha256 of its bytes,
-    items) and its items, read once."""
+    items) and its items, read once, each line (row, paragraph) at most ``max_record_bytes``
+    (the job's ``extract.max_record_bytes``). Read before hashed: reading refuses what is not
+    a regular file (a FIFO's hash never ends)."""
     out = []
     for spec in cfg.eval_sets:
+        items = spec.read_items(max_record_bytes)
         sha, _ = sha256_file(spec.path)
-        items = spec.read_items()
         out.append(({"name": spec.name, "uri": spec.path, "sha256": sha, "items": len(items)}, items))
     return out
 

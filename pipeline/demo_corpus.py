@@ -327,7 +327,7 @@ def _forum(docs: list[str], truth: dict) -> bytes:
     bad = [(b'{"text": "this line is not valid json', "malformed_json"),
            (b'{"text": "invalid utf-8 here: \xff\xfe"}', "invalid_utf8"),
            (b'{"body": "the text field is missing"}', "missing_text_field"),
-           (b'{"text": 42}', "missing_text_field"),
+           (b'{"text": 42}', "text_not_a_string"),
            (b'{"text": "   \\n  "}', "empty"),
            (json.dumps({"text": "huge " * 30000}).encode(), "huge")]
     for i, t in enumerate(docs):

@@ -20,13 +20,15 @@ import json
 import logging
 import os
 import posixpath
+import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass
 
 from fsspec.core import url_to_fs
 
-from gristmill.errors import ConfigError
+from gristmill.errors import ConfigError, GristmillError
 from gristmill.manifests import DatasetBuilder, EvalSet, Input, ManifestStore, code_version, sha256_json
 from gristmill.manifests.shards import atomic_write
 
@@ -34,6 +36,7 @@ from . import runners
 from . import stages as st
 from .config import PrepareConfig
 from .progress import Progress
+from .readers import special_file
 from .stats import build_report, check_balanced, export_jsonl, manifest_stats
 from .workdir import WorkDir
 
@@ -83,6 +86,9 @@ def _input_files(fs, pattern: str, where: str) -> list[tuple[str, dict]]:
     paths = sorted(fs.glob(pattern)) if _glob.has_magic(pattern) else [pattern]
     out = []
     for p in paths:
+        if any(ord(c) < 0x20 or c == "\x7f" for c in p):  # a newline in an id forges lines in `inspect removed`
+            raise ConfigError(f"{where}: the file name {p!r} holds a control character (document ids name their "
+                              "file, one per line in reports); rename it")
         try:
             info = fs.info(p)
         except OSError as e:
@@ -95,7 +101,7 @@ def _input_files(fs, pattern: str, where: str) -> list[tuple[str, dict]]:
             raise ConfigError(f"{where}: {p} (matched by {pattern!r}) is a directory, not an input file; "
                                  f"name the files in it, e.g. {posixpath.join(p, '*')!r}")
         if info.get("type") != "file":  # a FIFO, device or socket never ends (or never starts)
-            raise ConfigError(f"{where}: {p} (matched by {pattern!r}) is {_not_regular(p)}, not a regular file; "
+            raise ConfigError(f"{where}: {p} (matched by {pattern!r}) is {special_file(p)}, not a regular file; "
                               "copy its contents to a file and name that")
         try:
             p.encode()
@@ -106,19 +112,6 @@ def _input_files(fs, pattern: str, where: str) -> list[tuple[str, dict]]:
     if not out:
         raise ConfigError(f"{where}: no input file matches {pattern!r}")
     return out
-
-
-def _not_regular(p: str) -> str:
-    """What a matched path that is not a regular file is, in words."""
-    import stat
-
-    try:
-        mode = os.stat(p).st_mode
-    except OSError:
-        return "not a regular file"
-    return next((what for test, what in ((stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISCHR, "a character device"),
-                                         (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")) if test(mode)),
-                "a special file")
 
 
 def group_files(files: list[dict], limit: int) -> list[list[dict]]:
@@ -182,7 +175,41 @@ def check_writable(store: str, dataset: str) -> None:
 
 
 class PrepareInterrupted(KeyboardInterrupt):
-    """Ctrl-C during a prepare, after Ray was shut down; its message says how to resume."""
+    """Ctrl-C or SIGTERM during a prepare, after the workers (or Ray) were stopped; its message says
+    how to resume, ``signum`` which signal stopped it (the command exits 128 + signum)."""
+
+    def __init__(self, message: str, signum: int = signal.SIGINT):
+        super().__init__(message)
+        self.signum = signum
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread where Ctrl-C raises KeyboardInterrupt."""
+
+    signum = signal.SIGTERM
+
+
+@contextlib.contextmanager
+def _sigterm_stops_like_ctrl_c():
+    """SIGTERM (`kill`, a scheduler's stop, a container's shutdown) stops a prepare the way Ctrl-C
+    does: workers stopped, finished tasks kept, one line saying the same command resumes. Only the
+    main thread can take signals; elsewhere SIGTERM keeps its default action."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise _Terminated()
+
+    old = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+class EmptyRunError(GristmillError):
+    """The run kept no document and ``output.allow_empty`` is not set: nothing is published."""
 
 
 # -- the run -----------------------------------------------------------------------------------
@@ -208,18 +235,22 @@ class Executor:
         inputs = {t["part"]: [f["uri"] for f in t["files"]] for t in self.tasks}
         results: list[st.StageResult] = []
         try:
-            with runners.start(self.job.runner, self.wd, Progress(quiet=self.quiet), inputs, self.address) as runner:
-                ctx = st.Context(self.wd, runner, self.tasks, self.log)
-                for stage in self.stages:
-                    t0, c0, r0 = time.perf_counter(), ctx.cpu_seconds(), runner.resumed_tasks
-                    results.append(ctx.run(stage))  # and the survivors advanced past its verdicts
-                    timings[stage.name] = {"seconds": time.perf_counter() - t0, "cpu_seconds": ctx.cpu_seconds() - c0,
-                                           "resumed_parts": runner.resumed_tasks - r0}
-        except KeyboardInterrupt:  # the workers (or Ray) are stopped by now (the runner's exit)
-            raise PrepareInterrupted(f"interrupted; every finished task is kept in {self.wd.root}: "
-                                     "the same command resumes from there") from None
-        timings["total"] = {"seconds": time.perf_counter() - t_all}
-        return self._publish(results, timings, t_all, runner.retries)
+            with _sigterm_stops_like_ctrl_c():
+                with runners.start(self.job.runner, self.wd, Progress(quiet=self.quiet), inputs, self.address) as runner:
+                    ctx = st.Context(self.wd, runner, self.tasks, self.log)
+                    for stage in self.stages:
+                        t0, c0, r0 = time.perf_counter(), ctx.cpu_seconds(), runner.resumed_tasks
+                        results.append(ctx.run(stage))  # and the survivors advanced past its verdicts
+                        timings[stage.name] = {"seconds": time.perf_counter() - t0,
+                                               "cpu_seconds": ctx.cpu_seconds() - c0,
+                                               "resumed_parts": runner.resumed_tasks - r0}
+                timings["total"] = {"seconds": time.perf_counter() - t_all}
+                return self._publish(results, timings, t_all, runner.retries)
+        except KeyboardInterrupt as e:  # the workers (or Ray) are stopped by now (the runner's exit); a publish
+            # stopped half way removed its version (ManifestStore.publish)
+            signum = getattr(e, "signum", signal.SIGINT)
+            raise PrepareInterrupted(f"interrupted by {signal.Signals(signum).name}; every finished task is kept in "
+                                     f"{self.wd.root}: the same command resumes from there", signum) from None
 
     def _publish(self, results: list[st.StageResult], timings: dict, t_all: float, retries: dict) -> RunResult:
         """The manifest from the stages' results (data only: no stage is named here), published;
@@ -227,6 +258,7 @@ class Executor:
         t0 = time.perf_counter()
         stats = manifest_stats(results)
         check_balanced(stats["accounting"], self.wd)  # never publish a run that lost records
+        self._refuse_empty(stats["accounting"], results)
         (packed,) = [r.dataset for r in results if r.dataset is not None]
         builder = DatasetBuilder(packed.staging, dataset=packed.dataset, seq_len=packed.seq_len,
                                  tokenizer_json=packed.tokenizer_json, vocab_size=packed.vocab_size, eos_id=packed.eos_id)
@@ -246,10 +278,28 @@ class Executor:
         self._write_outputs(report, [f for r in results for f in r.removed_files])
         return RunResult(published.manifest.sha256, published.url, published.manifest.version, report, self.wd.root)
 
+    def _refuse_empty(self, accounting: dict, results: list[st.StageResult]) -> None:
+        """A run that keeps no document publishes nothing unless ``output.allow_empty`` asks for an
+        empty version: an empty ``latest`` is almost always a filter, a field name or an input
+        glob gone wrong, and a trainer would only find out at its first batch."""
+        if accounting["kept"] or self.job.output.allow_empty:
+            return
+        self._write_records([f for r in results for f in r.removed_files])  # what became of every record
+        gone = {**{f"removed {k}": v for k, v in accounting["removed"].items()},
+                **{f"quarantined {k}": v for k, v in accounting["quarantined"].items()}}
+        why = ", ".join(f"{k} {v:,}" for k, v in sorted(gone.items(), key=lambda kv: -kv[1])) or "no input record"
+        raise EmptyRunError(f"the run kept no document of {accounting['input']:,} input records ({why}; see "
+                            f"{self.wd.quarantine_jsonl} and {self.wd.removed_jsonl}); nothing was published. Fix the "
+                            "inputs or filters, or set output.allow_empty: true to publish an empty version")
+
     def _write_outputs(self, report: dict, removed_files: list[tuple[str, str]]) -> None:
-        """report.json, plus the quarantine and removed records as JSONL for people to read (each
-        partition's file once: O(partitions) opens per stage)."""
+        """report.json, plus the quarantine and removed records as JSONL for people to read."""
         atomic_write(self.wd.report_json, (json.dumps(report, indent=1, sort_keys=True) + "\n").encode())
+        self._write_records(removed_files)
+
+    def _write_records(self, removed_files: list[tuple[str, str]]) -> None:
+        """The quarantine and removed records as JSONL for people to read (each partition's file
+        once: O(partitions) opens per stage)."""
         parts = [t["part"] for t in self.tasks]
         export_jsonl([self.wd.quarantine(p) for p in parts], self.wd.quarantine_jsonl)
         removed = [self.wd.removed(stage, p, prefix) for stage, prefix in removed_files for p in parts]

@@ -17,6 +17,7 @@ contributes itself, whole, as one gram of its own length. A document "contains" 
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import posixpath
@@ -323,7 +324,7 @@ def _item_grams(texts: list[str], n: int, min_item_words: int) -> tuple[np.ndarr
 
 FORMATS = ("jsonl", "parquet", "text")
 TEXT_SPLITS = ("auto", "line", "paragraph")
-_COMPRESSION_SUFFIXES = (".gz", ".zst", ".bz2", ".xz")
+_COMPRESSION_SUFFIXES = (".gz", ".zst", ".bz2", ".xz")  # stripped to tell the format; .gz/.zst are read
 _SUFFIX_FORMAT = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet",
                   ".txt": "text", ".text": "text", ".md": "text"}
 _BLANK_LINE = re.compile(r"\n[ \t\r]*\n")
@@ -340,10 +341,10 @@ def infer_format(path: str) -> str:
 
 
 def read_eval_items(path: str, fmt: str | None = None, fields: Iterable[str] = ("text",), id_field: str | None = None,
-                    split: str = "auto") -> list[tuple[str, str]]:
+                    split: str = "auto", max_record_bytes: int | None = None) -> list[tuple[str, str]]:
     """The items of an eval file as ``(item_id, text)``, in file order.
 
-    - JSONL (optionally .gz/.zst/...): one object per non-blank line; the item is its
+    - JSONL (optionally .gz/.zst, as input files): one object per non-blank line; the item is its
       ``fields`` joined by newlines (a list value, e.g. answer choices, joins its elements).
     - Parquet: the same, one row per item.
     - Plain text: ``split="line"`` one item per non-blank line, ``"paragraph"`` one per
@@ -351,24 +352,40 @@ def read_eval_items(path: str, fmt: str | None = None, fields: Iterable[str] = (
       line, lines otherwise.
 
     The item id is ``id_field``'s value, or the item's 0-based number in the file.
+
+    Read through the input readers' bounds (``pipeline.readers``): only a regular file is opened
+    (a FIFO or /dev/zero is refused before a byte is read), decompression is bounded per call,
+    and no line (JSONL, text), paragraph or item (Parquet) over ``max_record_bytes`` (default
+    ``extract.max_record_bytes``'s, 64 MiB) is held: each is one ``EvalFileError`` line naming
+    the file and where. Memory is that bound plus the items kept.
     """
+    from .readers import MAX_RECORD_BYTES
+
+    limit = max_record_bytes or MAX_RECORD_BYTES
     fmt = fmt or infer_format(path)
     fields = list(fields)
+    if fmt not in FORMATS:
+        raise UsageError(f"eval file {path}: unknown format {fmt!r}; expected one of {FORMATS}")
+    _check_eval_file(path)
     if fmt == "jsonl":
-        records = _read_jsonl(path)
+        records = _read_jsonl(path, limit)
     elif fmt == "parquet":
         records = _read_parquet(path, fields + ([id_field] if id_field else []))
-    elif fmt == "text":
-        return _read_text(path, split)
     else:
-        raise UsageError(f"eval file {path}: unknown format {fmt!r}; expected one of {FORMATS}")
+        return _read_text(path, split, limit)
     items, seen = [], set()
     for number, (where, rec) in enumerate(records):
         item_id = str(number) if id_field is None else str(_field(rec, id_field, path, where))
         if item_id in seen:
             raise UsageError(f"eval file {path} {where}: item id {item_id!r} (field {id_field!r}) is not unique")
         seen.add(item_id)
-        items.append((item_id, "\n".join(_as_text(_field(rec, f, path, where)) for f in fields)))
+        try:
+            text = "\n".join(_as_text(_field(rec, f, path, where)) for f in fields)
+        except RecursionError:  # str() of an object nested deeper than the interpreter recurses
+            raise _unreadable(path, where, RecursionError()) from None
+        if len(text) > limit // 4 and len(text.encode("utf-8", "surrogatepass")) > limit:
+            raise _too_long(path, where, limit)
+        items.append((item_id, text))
     return items
 
 
@@ -379,11 +396,16 @@ def _field(rec: dict, name: str, path: str, where: str):
 
 
 def _as_text(value) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, (list, tuple)):
-        return "\n".join(_as_text(v) for v in value)
-    return value if isinstance(value, str) else str(value)
+    """A field's text: a string as it is, a list's elements (nested lists too) one per line, None
+    empty, anything else as ``str``. A loop, not recursion: a list nested 900 deep parses."""
+    parts, stack = [], [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, (list, tuple)) and v:
+            stack.extend(reversed(v))
+        else:
+            parts.append(v if isinstance(v, str) else "" if v is None or isinstance(v, (list, tuple)) else str(v))
+    return "\n".join(parts)
 
 
 class EvalFileError(UsageError):
@@ -393,30 +415,75 @@ class EvalFileError(UsageError):
 
 def _unreadable(path: str, where: str, e: BaseException) -> EvalFileError:
     what = "not valid UTF-8" if isinstance(e, UnicodeDecodeError) else \
-        "nested too deeply to parse" if isinstance(e, RecursionError) else f"{type(e).__name__}: {e}"
+        "nested too deeply to parse" if isinstance(e, RecursionError) else f"{type(e).__name__}: {' '.join(str(e).split())}"
     return EvalFileError(f"eval file {path}{' ' + where if where else ''}: {what}; fix or replace the file")
 
 
-def _read_jsonl(path: str) -> list[tuple[str, dict]]:
+def _too_long(path: str, where: str, limit: int) -> EvalFileError:
+    return EvalFileError(f"eval file {path} {where}: longer than {limit:,} bytes (extract.max_record_bytes); "
+                         "split it into items, or raise the limit if it really is one item")
+
+
+def _check_eval_file(path: str) -> None:
+    """A regular file, in a compression the input readers decode: a FIFO would block forever and
+    /dev/zero never ends; a .bz2 would be read as its compressed bytes."""
+    from fsspec.core import url_to_fs
+
+    from .readers import COMPRESSIONS, special_file
+
+    other = next((s for s in _COMPRESSION_SUFFIXES if path.lower().endswith(s) and s not in COMPRESSIONS), None)
+    if other:
+        raise EvalFileError(f"eval file {path}: {other} is not a compression gristmill reads (it reads "
+                            f"{', '.join(COMPRESSIONS)}, as for input files); recompress it")
+    try:
+        fs, p = url_to_fs(path)
+        info = fs.info(p)
+    except OSError as e:
+        what = "no such file" if isinstance(e, FileNotFoundError) else f"cannot be read: {e.strerror or e}"
+        raise EvalFileError(f"eval file {path}: {what}") from None
+    if info.get("type") != "file":
+        what = special_file(p) if "://" not in path or path.startswith("file://") else "not a regular file"
+        raise EvalFileError(f"eval file {path} is {what}, not a regular file; copy its contents to a file and name that")
+
+
+@contextlib.contextmanager
+def _eval_stream(path: str):
+    """The eval file's bytes, decompressed by name as input files are (``readers.open_stream``)."""
     import fsspec
+
+    from .readers import open_stream
+
+    with fsspec.open(path, "rb") as f:
+        yield open_stream(f, path)
+
+
+def _eval_lines(path: str, limit: int) -> Iterable[tuple[int, bytes]]:
+    """(line number, line) of the file; a line over ``limit`` bytes is an EvalFileError, read no further."""
+    from .readers import bounded_lines
+
+    with _eval_stream(path) as stream:
+        for lineno, (line, _, _) in enumerate(bounded_lines(stream, limit, read_past=False), 1):
+            if line is None:
+                raise _too_long(path, f"line {lineno}", limit)
+            yield lineno, line
+
+
+def _read_jsonl(path: str, limit: int) -> list[tuple[str, dict]]:
+    from .readers import BadJson, json_object
 
     out, lineno = [], 0
     try:
-        with fsspec.open(path, "rb", compression="infer") as f:
-            for lineno, raw in enumerate(f, 1):
-                line = raw.decode("utf-8")
-                if not line.strip():
-                    continue
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise EvalFileError(f"eval file {path} line {lineno}: not valid JSON: {e}") from None
-                if not isinstance(rec, dict):
-                    raise EvalFileError(f"eval file {path} line {lineno}: expected a JSON object, got {type(rec).__name__}")
-                out.append((f"line {lineno}", rec))
-    except (UnicodeDecodeError, RecursionError, OSError, EOFError) as e:  # EOFError: a cut .gz
-        raise _unreadable(path, f"line {lineno + 1}" if not isinstance(e, (UnicodeDecodeError, RecursionError))
-                          else f"line {lineno}", e) from None
+        for lineno, raw in _eval_lines(path, limit):
+            line = raw.decode("utf-8")
+            if not line.strip():
+                continue
+            rec = json_object(line)
+            if isinstance(rec, BadJson):
+                raise EvalFileError(f"eval file {path} line {lineno}: {rec.detail}; fix or replace the file")
+            out.append((f"line {lineno}", rec))
+    except (UnicodeDecodeError, OSError) as e:  # OSError: a cut or corrupt .gz/.zst (readers.DamagedStream)
+        raise _unreadable(path, f"line {lineno + 1}" if not isinstance(e, UnicodeDecodeError) else f"line {lineno}",
+                          e) from None
     return out
 
 
@@ -441,29 +508,31 @@ def _read_parquet(path: str, columns: list[str]) -> list[tuple[str, dict]]:
     return [(f"row {i}", r) for i, r in enumerate(rows)]
 
 
-def _read_text(path: str, split: str) -> list[tuple[str, str]]:
-    import fsspec
-
+def _read_text(path: str, split: str, limit: int) -> list[tuple[str, str]]:
     if split not in TEXT_SPLITS:
         raise EvalFileError(f"eval file {path}: split must be one of {TEXT_SPLITS}, got {split!r}")
+    lines, lineno = [], 0
     try:
-        with fsspec.open(path, "rb", compression="infer") as f:
-            data = f.read()
-        text = data.decode("utf-8").replace("\r\n", "\n")
+        for lineno, raw in _eval_lines(path, limit):
+            lines.append(raw.decode("utf-8"))
     except UnicodeDecodeError as e:
-        line = data.count(b"\n", 0, e.start) + 1
-        raise _unreadable(path, f"line {line}", e) from None
-    except (OSError, EOFError) as e:
-        raise _unreadable(path, "", e) from None
+        raise _unreadable(path, f"line {lineno}", e) from None
+    except OSError as e:
+        raise _unreadable(path, f"line {lineno + 1}", e) from None
+    text = "".join(lines).replace("\r\n", "\n")
     if split == "auto":
         split = "paragraph" if _BLANK_LINE.search(text.strip()) else "line"
     blocks = _BLANK_LINE.split(text) if split == "paragraph" else text.split("\n")
-    return [(str(i), b.strip()) for i, b in enumerate(b for b in blocks if b.strip())]
+    items = [(str(i), b.strip()) for i, b in enumerate(b for b in blocks if b.strip())]
+    long = next((i for i, b in items if len(b) > limit // 4 and len(b.encode("utf-8", "surrogatepass")) > limit), None)
+    if long is not None:
+        raise _too_long(path, f"item {long} (a paragraph)", limit)
+    return items
 
 
 def index_from_file(path: str, name: str, n: int = DEFAULT_N, fmt: str | None = None,
                     fields: Iterable[str] = ("text",), id_field: str | None = None, split: str = "auto",
-                    min_item_words: int = 1) -> NgramIndex:
+                    min_item_words: int = 1, max_record_bytes: int | None = None) -> NgramIndex:
     """Build the index of one eval file (the audit's entry point)."""
-    items = read_eval_items(path, fmt, fields, id_field, split)
+    items = read_eval_items(path, fmt, fields, id_field, split, max_record_bytes)
     return build_index([(name, items)], n=n, min_item_words=min_item_words)

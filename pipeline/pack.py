@@ -19,7 +19,6 @@ after any resume.
 from __future__ import annotations
 
 import bisect
-import math
 from dataclasses import asdict
 
 import numpy as np
@@ -27,6 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from gristmill.errors import ConfigError
 from gristmill.manifests import DatasetBuilder, Shard, sha256_file
 from gristmill.manifests.doc_index import DOC_INDEX_SCHEMA, DocIndexWriter
 from gristmill.manifests.manifest import token_dtype_for
@@ -35,6 +35,9 @@ from gristmill.manifests.builder import write_pinned_shard
 from .workdir import WorkDir, iter_batches
 
 SPLITS = ("train", "validation")
+# Pack tasks per split at most: 2^18 ranges of the default 64 Mi tokens are 16 Ti tokens. A larger
+# corpus raises pack.range_tokens (the error says to what); one task per token planned forever.
+MAX_PACK_TASKS = 1 << 18
 
 _IDX = DOC_INDEX_SCHEMA.names
 
@@ -144,7 +147,12 @@ def plan_ranges(tokens_per_part: dict[str, list[int]], range_tokens: int) -> lis
         ends = (starts + np.asarray(counts, np.int64)).tolist() if counts else []
         starts_l = starts.tolist()
         total = int(sum(counts))
-        for k in range(math.ceil(total / range_tokens)):
+        tasks = -(-total // range_tokens)
+        if tasks > MAX_PACK_TASKS:
+            raise ConfigError(f"pack.range_tokens: {range_tokens:,} makes {tasks:,} pack tasks of the {split} split's "
+                              f"{total:,} tokens, more than {MAX_PACK_TASKS:,}; set it to at least "
+                              f"{-(-total // MAX_PACK_TASKS):,}")
+        for k in range(tasks):
             lo, hi = k * range_tokens, (k + 1) * range_tokens
             # the partitions overlapping [lo, hi) are a contiguous run: found by bisection, not a scan of all
             first, last = bisect.bisect_right(ends, lo), bisect.bisect_left(starts_l, hi)

@@ -20,7 +20,7 @@ import io
 import json
 import re
 import zlib
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 import fsspec
 from fsspec.spec import AbstractBufferedFile
@@ -158,6 +158,25 @@ class _Decompressed(io.RawIOBase):
         return n
 
 
+def special_file(p: str) -> str:
+    """What a path that is not a regular file is, in words (a FIFO never ends or never starts,
+    a device such as /dev/zero never ends): for the one-line refusals of input and eval files."""
+    import os
+    import stat
+
+    try:
+        mode = os.stat(p).st_mode
+    except OSError:
+        return "not a regular file"
+    return next((what for test, what in ((stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISCHR, "a character device"),
+                                         (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"),
+                                         (stat.S_ISDIR, "a directory")) if test(mode)),
+                "a special file")
+
+
+COMPRESSIONS = (".gz", ".zst")  # what open_stream decodes (by the name's suffix)
+
+
 def open_stream(f, uri: str):
     """Decompress by extension (.gz, .zst); other files are read as they are."""
     for ext, kind in ((".gz", "gz"), (".zst", "zst")):
@@ -181,20 +200,43 @@ def _too_large(position: int, offset: int | None, size: int | None, limit: int, 
                "limit to read it", raw, offset=offset, end=offset + size if size is not None and offset is not None else None)
 
 
-def bounded_lines(stream, limit: int) -> Iterator[tuple[bytes | None, int, bytes]]:
+LINE_PIECE = 1 << 20  # bytes of a line read at a time: a line over the limit is never joined whole
+
+
+def bounded_lines(stream, limit: int, read_past: bool = True) -> Iterator[tuple[bytes | None, int, bytes]]:
     """The lines of a byte stream as (line, length, first bytes); a line longer than ``limit``
     bytes (its newline included) comes as (None, its length, its first bytes), read past in
-    pieces: memory stays O(limit) however long the line (one 4 GiB line in a 4 MB gzip)."""
+    pieces: memory stays O(limit) however long the line (one 4 GiB line in a 4 MB gzip).
+    Without ``read_past`` (a reader for which such a line ends the file) it comes as soon as
+    the limit is passed, its length the bytes read so far, and the lines end there.
+
+    A line is read ``LINE_PIECE`` bytes at a time and joined only when it fits: one
+    ``readline(limit + 1)`` would hold the pieces and their join at once (2 x 64 MiB)."""
     while True:
-        line = stream.readline(limit + 1)
+        want = min(LINE_PIECE, limit + 1)
+        line = stream.readline(want)
         if not line:
             return
-        if len(line) <= limit:
-            yield line, len(line), b""
+        pieces, n = [line], len(line)
+        while n <= limit and len(line) == want and not line.endswith(b"\n"):  # a full piece: the line goes on
+            want = min(LINE_PIECE, limit + 1 - n)
+            line = stream.readline(want)
+            if not line:
+                break
+            pieces.append(line)
+            n += len(line)
+        if n <= limit:
+            line = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+            del pieces  # not held beside the joined line while the caller parses it
+            yield line, n, b""
             continue
-        head, n = line[:RAW_SNIPPET], len(line)
+        head = pieces[0][:RAW_SNIPPET]
+        del pieces
+        if not read_past:
+            yield None, n, head
+            return
         while not line.endswith(b"\n"):
-            line = stream.readline(1 << 20)
+            line = stream.readline(LINE_PIECE)
             if not line:
                 break
             n += len(line)
@@ -221,6 +263,39 @@ def read_jsonl(uri: str, text_field: str, id_field: str | None, url_field: str |
             yield _damage(index, e, offset, f"records from {index} (byte {offset:,}) on are unreadable")
 
 
+class BadJson(NamedTuple):
+    """Why a line is not a JSON object: a quarantine reason and its detail."""
+
+    reason: str
+    detail: str
+
+
+def json_object(s: str) -> dict | BadJson:
+    """One JSON line as an object, or why it is not one (the one JSON-line parser of input and
+    eval files): ``malformed_json`` (not JSON, nested deeper than the parser's recursion limit,
+    not an object) or ``number_too_large`` (an integer of more digits than Python converts,
+    ``sys.get_int_max_str_digits()``: 4300 by default; a 5,000-digit id once ended the job)."""
+    try:
+        obj = json.loads(s)
+    except json.JSONDecodeError as e:
+        return BadJson("malformed_json", f"not valid JSON: {e}")
+    except RecursionError:  # [[[[...]]]] nested deeper than the JSON parser's recursion limit
+        return BadJson("malformed_json", "nested too deeply to parse")
+    except ValueError as e:  # int('9' * 5000): "Exceeds the limit (4300 digits) for integer string conversion"
+        return BadJson("number_too_large", f"a number too long to read: {str(e).split(';')[0]}")
+    if not isinstance(obj, dict):
+        return BadJson("malformed_json", f"expected a JSON object, got {type(obj).__name__}")
+    return obj
+
+
+def text_problem(value, what: str) -> tuple[str, str]:
+    """The reason and detail for a text value that is not a string: null or absent
+    (``missing_text_field``), or another type, e.g. a number, list or struct (``text_not_a_string``)."""
+    if value is None:
+        return "missing_text_field", f"{what} is missing or null"
+    return "text_not_a_string", f"{what} is not a string ({type(value).__name__})"
+
+
 def _jsonl_record(index: int, offset: int, line: bytes, text_field: str, id_field: str | None,
                   url_field: str | None = None) -> dict:
     def no(reason: str, detail: str) -> dict:
@@ -230,18 +305,12 @@ def _jsonl_record(index: int, offset: int, line: bytes, text_field: str, id_fiel
         s = line.decode("utf-8")
     except UnicodeDecodeError as e:
         return no("invalid_utf8", str(e))
-    try:
-        obj = json.loads(s)
-    except json.JSONDecodeError as e:
-        return no("malformed_json", str(e))
-    except RecursionError:  # [[[[...]]]] nested deeper than the JSON parser's recursion limit
-        return no("malformed_json", "nested too deeply to parse")
-    if not isinstance(obj, dict):
-        return no("malformed_json", f"expected a JSON object, got {type(obj).__name__}")
+    obj = json_object(s)
+    if isinstance(obj, BadJson):
+        return no(obj.reason, obj.detail)
     text = obj.get(text_field)
     if not isinstance(text, str):
-        what = "missing" if text is None else f"not a string ({type(text).__name__})"
-        return no("missing_text_field", f"field {text_field!r} is {what}")
+        return no(*text_problem(text, f"field {text_field!r}"))
     rec = {"position": index, "offset": offset, "text": text}
     if id_field is not None:
         if obj.get(id_field) is None:
@@ -301,7 +370,7 @@ def read_parquet(uri: str, text_field: str, id_field: str | None, batch_rows: in
                         if index >= first + rows:  # more rows than the footer claims
                             raise ValueError(f"row group {g} holds more rows than its footer's {rows:,}")
                         if not isinstance(text, str):
-                            yield bad(index, "missing_text_field", f"column {text_field!r} is null or not a string")
+                            yield bad(index, *text_problem(text, f"column {text_field!r}"))
                         elif len(text) > max_record_bytes // 4 and len(text.encode("utf-8", "surrogatepass")) > max_record_bytes:
                             yield _too_large(index, None, len(text.encode("utf-8", "surrogatepass")), max_record_bytes,
                                              f"row {index:,} of column {text_field!r}", text[:RAW_SNIPPET].encode("utf-8", "backslashreplace"))

@@ -28,7 +28,7 @@ import traceback
 import warnings
 from typing import Callable, ClassVar, Iterator
 
-from gristmill.errors import GristmillError
+from gristmill.errors import GristmillError, is_disk_error, os_error_text
 from gristmill.manifests.shards import atomic_write
 
 from .progress import Progress
@@ -65,6 +65,18 @@ class _TaskLog(logging.FileHandler):
     def _open(self):
         os.makedirs(os.path.dirname(self.baseFilename), exist_ok=True)
         return super()._open()
+
+    def handleError(self, record) -> None:
+        """A log that cannot be written (a full or read-only work dir) is off for the rest of the
+        task, quietly: the task's own failure is the error to report, not a traceback per record
+        (logging's default printed dozens of "--- Logging error ---" before the one line)."""
+        self.setLevel(logging.CRITICAL + 1)
+
+    def close(self) -> None:
+        try:
+            super().close()  # flushes what is buffered: the full disk may refuse it here
+        except OSError:
+            self.setLevel(logging.CRITICAL + 1)
 
 
 @contextlib.contextmanager
@@ -115,7 +127,8 @@ def run_one(fn: Callable[[dict], dict], item: dict, wd: WorkDir, step: str, sync
             stats = fn(item)
         except Exception as e:
             logger.error("%s %s failed:\n%s", step, item["name"], traceback.format_exc())
-            raise TaskFailed(item["name"], f"{type(e).__name__}: {e}", log) from None
+            cause = os_error_text(e) if is_disk_error(e) else str(e)  # a full disk: say what to do about it
+            raise TaskFailed(item["name"], f"{type(e).__name__}: {cause}", log) from None
     stats = {**stats, "_seconds": time.perf_counter() - t0, "_cpu_seconds": time.process_time() - c0}
     if commit:
         wd.mark_done(step, item["name"], stats, sync=sync)

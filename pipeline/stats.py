@@ -128,12 +128,16 @@ def check_balanced(accounting: dict, wd) -> None:
     if accounting["balanced"]:
         return
     path = wd.accounting_json
-    with open(path, "w") as f:
-        json.dump(accounting, f, indent=1, sort_keys=True)
+    fs, fs_path = url_to_fs(path)  # the work dir's storage: a local disk or an object store (s3://)
+    try:
+        storage.put(fs, fs_path, (json.dumps(accounting, indent=1, sort_keys=True) + "\n").encode())
+        where = f"with {path}"
+    except OSError as e:  # the error to report is the accounting's, not this write's
+        where = f"(writing {path} failed too: {type(e).__name__}: {e}): {json.dumps(accounting, sort_keys=True)}"
     removed, quarantined = sum(accounting["removed"].values()), sum(accounting["quarantined"].values())
     raise AccountingError(f"the run's accounting does not balance: input {accounting['input']:,} records != kept "
                           f"{accounting['kept']:,} + removed {removed:,} + quarantined {quarantined:,}; nothing was "
-                          f"published (a gristmill bug: please report it with {path})")
+                          f"published (a gristmill bug: please report it {where})")
 
 def build_report(stats: dict, core_seconds: dict, peak_rss_mb: dict, timings: dict, published, wd) -> dict:
     """report.json: the manifest stats plus time, throughput and peak memory per stage.

@@ -30,6 +30,7 @@ SEED = 15
 VARIANTS = 45  # per base file and kind of damage family below; 6 base files
 REMAINDER = {"truncated", "corrupt_compression", "malformed_warc", "read_error"}  # the unreadable rest of a stream
 REASONS = REMAINDER | {"corrupt_parquet", "malformed_json", "invalid_utf8", "lone_surrogate", "missing_text_field",
+                       "text_not_a_string", "number_too_large",
                        "missing_id_field", "empty", "huge", "not_html", "invalid_html", "charset_mismatch"}
 WORDS = ("mill river grain stone wheel water miller flour sack cart road bridge village market bread oven "
          "winter summer harvest field barley rye wheat valley hill wind sail ledger clerk toll lock canal").split()
@@ -118,9 +119,9 @@ def mutations(name: str, data: bytes, rng: random.Random):
 
 def wrong_types(rng):
     """Files whose records have the wrong types: (name, bytes, format, {position: reason})."""
-    cases = [({"text": 42}, "missing_text_field"), ({"text": 3.5}, "missing_text_field"),
-             ({"text": [1, "a"]}, "missing_text_field"), ({"text": {"nested": "x"}}, "missing_text_field"),
-             ({"text": None}, "missing_text_field"), ({"text": True}, "missing_text_field"), ({"text": "  "}, "empty"),
+    cases = [({"text": 42}, "text_not_a_string"), ({"text": 3.5}, "text_not_a_string"),
+             ({"text": [1, "a"]}, "text_not_a_string"), ({"text": {"nested": "x"}}, "text_not_a_string"),
+             ({"text": None}, "missing_text_field"), ({"text": True}, "text_not_a_string"), ({"text": "  "}, "empty"),
              (42, "malformed_json"), (["a list"], "malformed_json"), ("a string", "malformed_json"), (None, "malformed_json")]
     recs, want = [], {}
     for i in range(60):
@@ -136,7 +137,7 @@ def wrong_types(rng):
                       ("struct", pa.array([{"a": i} for i in range(30)])), ("binary", pa.array([b"x"] * 30, pa.binary()))]:
         buf = io.BytesIO()
         pq.write_table(pa.table({"content": col}), buf)
-        yield f"types-{kind}.parquet", buf.getvalue(), "parquet", {i: "missing_text_field" for i in range(30)}
+        yield f"types-{kind}.parquet", buf.getvalue(), "parquet", {i: "text_not_a_string" for i in range(30)}
 
 
 # -- oracles --------------------------------------------------------------------------------

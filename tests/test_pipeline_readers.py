@@ -52,7 +52,7 @@ def test_bad_jsonl_records_are_reported_not_dropped(tmp_path):
     p.write_bytes(b'{"text": "ok"}\n{"text": "broken\n\n{"text": "bad \xff utf8"}\n{"body": "x"}\n[1, 2]\n{"text": 3}\n')
     recs = list(read_records(str(p), "jsonl"))
     assert [r.get("reason") for r in recs] == [None, "malformed_json", "invalid_utf8", "missing_text_field",
-                                               "malformed_json", "missing_text_field"]
+                                               "malformed_json", "text_not_a_string"]
     assert [r["position"] for r in recs] == [0, 1, 2, 3, 4, 5]  # the blank line is not a record
     assert "broken" in recs[1]["raw"]
 
@@ -245,10 +245,10 @@ def test_a_damaged_parquet_row_group_is_one_record_and_the_others_are_read(tmp_p
     assert (bad[0]["offset"], bad[0]["end"]) == (lo, hi)
 
 
-def test_parquet_text_of_the_wrong_type_is_missing_text_field_per_row(tmp_path):
+def test_parquet_text_of_the_wrong_type_is_text_not_a_string_per_row(tmp_path):
     p = tmp_path / "n.parquet"
-    pq.write_table(pa.table({"text": [[1, 2], [3]]}), p)
-    assert _reasons(read_records(str(p), "parquet")) == ["missing_text_field"] * 2
+    pq.write_table(pa.table({"text": [[1, 2], [3], None]}), p)
+    assert _reasons(read_records(str(p), "parquet")) == ["text_not_a_string"] * 2 + ["missing_text_field"]
 
 
 def _warc(n):

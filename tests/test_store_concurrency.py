@@ -59,13 +59,13 @@ def _check_store(store_url: str, staged: list, results: list) -> None:
 
 
 def _race_threads(store_url: str, staged: list) -> list:
-    barrier = threading.Barrier(PUBLISHERS)
-    results: list = [None] * PUBLISHERS
+    barrier = threading.Barrier(len(staged))
+    results: list = [None] * len(staged)
 
     def run(i):
         results[i] = _publish_one(store_url, staged[i], {}, barrier)
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(PUBLISHERS)]
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(staged))]
     for t in threads:
         t.start()
     for t in threads:
@@ -76,16 +76,16 @@ def _race_threads(store_url: str, staged: list) -> list:
 def _race_processes(store_url: str, staged: list, env: dict) -> list:
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(["gristmill.manifests", "s3fs"])
-    barrier, manager = ctx.Barrier(PUBLISHERS), ctx.Manager()
+    barrier, manager = ctx.Barrier(len(staged)), ctx.Manager()
     try:
-        results = manager.list([None] * PUBLISHERS)
+        results = manager.list([None] * len(staged))
         procs = [ctx.Process(target=_proc_main, args=(store_url, staged[i], env, barrier, results, i))
-                 for i in range(PUBLISHERS)]
+                 for i in range(len(staged))]
         for p in procs:
             p.start()
         for p in procs:
             p.join(180)
-        assert [p.exitcode for p in procs] == [0] * PUBLISHERS
+        assert [p.exitcode for p in procs] == [0] * len(staged)
         return list(results)
     finally:
         manager.shutdown()
@@ -106,6 +106,22 @@ def test_concurrent_publishers_s3(tmp_path, s3, s3_server, how):
     store = f"{s3}/store"
     results = _race_threads(store, staged) if how == "threads" else _race_processes(store, staged, s3_server.env)
     _check_store(store, staged, results)
+
+
+@pytest.mark.parametrize("where,how", [("local", "threads"), ("local", "processes"), ("s3", "threads"),
+                                       ("s3", "processes")])
+def test_concurrent_publishers_of_the_same_content_publish_it_once(tmp_path, request, where, how):
+    """Eight publishers of one manifest at once (two prepares of the same job, on one disk or one
+    bucket): one version, which every publisher is told it got; no second number is left claimed."""
+    (staged,) = _staged(str(tmp_path), 1)
+    store = str(tmp_path / "store") if where == "local" else f"{request.getfixturevalue('s3')}/store"
+    env = request.getfixturevalue("s3_server").env if where == "s3" else {}
+    results = (_race_threads if how == "threads" else lambda u, s: _race_processes(u, s, env))(store, [staged] * 8)
+    assert results == [(1, staged.manifest.sha256)] * 8
+    published = ManifestStore(store)
+    assert published.versions("race") == [1] and published.latest("race") == 1
+    assert published._taken(published._root_path + "/race") == [1]  # the losers released their claims
+    assert verify_published(published.load("race")) == []
 
 
 def test_s3_store_readers(tmp_path, s3):

@@ -75,6 +75,7 @@ def test_a_consistent_resealed_edit_of_the_global_batch_is_refused_by_the_dcp_co
     def edit(meta):  # every place global batch is recorded, kept consistent with step x B
         meta["global_batch"] = meta["job"]["data"]["global_batch"] = 16
         meta["loader"]["next_index"] = meta["step"] * 16
+        meta["tokens_seen"] = meta["step"] * 16 * meta["seq_len"]
 
     reseal_meta(ckpt, edit)
     assert read_checkpoint(ckpt).global_batch == 16

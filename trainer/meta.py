@@ -23,7 +23,7 @@ import re
 
 from gristmill.manifests import canonical_json, sha256_json
 from gristmill.manifests.errors import ManifestDecodeError
-from gristmill.manifests.manifest import parse_json
+from gristmill.manifests.manifest import MAX_SEQ_LEN, parse_json
 from gristmill.manifests.shards import atomic_write
 
 from .errors import CheckpointError  # noqa: F401  (raised here; trainer.errors is its home)
@@ -122,6 +122,9 @@ def validate(meta: dict, where: str) -> None:
         raise CheckpointError(f"{where}: step, global_batch, world_size, loader.next_index and loader.seed must be integers")
     if B <= 0 or W <= 0 or B % W:
         raise CheckpointError(f"{where}: global_batch {B} is not a positive multiple of world_size {W}")
+    if isinstance(step, bool) or step < 0:
+        raise CheckpointError(f"{where}: step {step!r} is negative: a checkpoint is saved after optimizer step 0 or later")
+    _check_tokens_seen(meta, where)
     if loader["next_index"] != step * B:
         raise CheckpointError(f"{where}: loader.next_index {loader['next_index']} is not step {step} x global_batch {B} "
                               f"= {step * B}; optimizer step n consumes samples [(n-1)*B, n*B)")
@@ -144,6 +147,24 @@ def validate(meta: dict, where: str) -> None:
         if key in job and job[key] != value:
             name = "global_batch" if key == "global_batch" else f"loader.{key}"
             raise CheckpointError(f"{where}: {name} {value!r} differs from the job config's data.{key} {job[key]!r}")
+
+
+def _check_tokens_seen(meta: dict, where: str) -> None:
+    """``tokens_seen`` (written by every trainer, optional in older metas) is a count the steps
+    account for: an integer >= 0, ``step x global_batch x seq_len`` while the data never changed
+    (every step then consumed one global batch of seq_len-token samples), and never more than
+    the steps could consume at the longest row a manifest holds."""
+    if "tokens_seen" not in meta:
+        return
+    tokens, step, B, seq_len = meta["tokens_seen"], meta["step"], meta["global_batch"], meta["seq_len"]
+    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or not 0 < seq_len <= MAX_SEQ_LEN:
+        raise CheckpointError(f"{where}: seq_len {seq_len!r} is not an integer in [1, {MAX_SEQ_LEN}]")
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
+        raise CheckpointError(f"{where}: tokens_seen {tokens!r} is not a count (an integer >= 0)")
+    same_data = not meta.get("manifest_changes")
+    if (same_data and tokens != step * B * seq_len) or tokens > step * B * MAX_SEQ_LEN or (tokens == 0) != (step == 0):
+        raise CheckpointError(f"{where}: tokens_seen {tokens:,} does not follow from step {step} x global_batch {B} "
+                              f"x seq_len {seq_len}" + ("" if same_data else " (nor any seq_len of the manifests used)"))
 
 
 def data_position(meta: dict) -> dict:

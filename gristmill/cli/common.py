@@ -1,6 +1,8 @@
 """What every command shares: the job-file options (``--set``, ``--print-config``, one
 implementation for prepare, train and mix) and the error contract (a ``GristmillError`` is one
-line and exit 2; its traceback too under ``-v``; anything else is a bug and keeps its traceback)."""
+line and exit 2; its traceback too under ``-v``; so is a failure of the machine: a full or
+read-only disk, an object store that does not answer; anything else is a bug and keeps its
+traceback)."""
 from __future__ import annotations
 
 import argparse
@@ -12,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gristmill import config
-from gristmill.errors import GristmillError
+from gristmill.errors import GristmillError, is_disk_error, os_error_text
 
 
 def add_job_arguments(p: argparse.ArgumentParser, what: str) -> None:
@@ -37,6 +39,21 @@ def load_job(args: argparse.Namespace, load: Callable[[str, list[str]], Any]) ->
 def setup_logging(verbose: bool) -> None:
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(asctime)s %(name)s: %(message)s",
                         datefmt="%H:%M:%S")
+    if not verbose:  # the object-store clients' notes ("Found credentials in environment variables") are -v's
+        for name in ("botocore", "aiobotocore", "s3fs"):
+            logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def environment_error(e: BaseException) -> str | None:
+    """One line for a failure of the machine rather than of gristmill (a full or read-only disk, an
+    object store that does not answer), or None: anything else is a bug and keeps its traceback."""
+    if is_disk_error(e):
+        return os_error_text(e)
+    boto = sys.modules.get("botocore.exceptions")  # loaded only if an object store was used
+    if boto is not None and isinstance(e, boto.ConnectionError):
+        return (f"cannot reach the object store ({e}); check that its endpoint (AWS_ENDPOINT_URL, the storage "
+                "options) is up and reachable from here, then run the same command again")
+    return None
 
 
 def run(args: argparse.Namespace, handler: Callable[[argparse.Namespace], int | None] | None = None) -> int:
@@ -44,12 +61,16 @@ def run(args: argparse.Namespace, handler: Callable[[argparse.Namespace], int | 
     setup_logging(getattr(args, "verbose", False))
     try:
         return int((handler or args.handler)(args) or 0)
-    except GristmillError as e:
-        # An error gristmill raised on purpose says what to do in one line; -v shows where.
-        if getattr(args, "verbose", False):
-            traceback.print_exc()
-        print(f"gristmill {args.command}: error: {e}", file=sys.stderr)
-        return 2
     except BrokenPipeError:  # `gristmill ... | head`: the reader left; not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except Exception as e:  # noqa: BLE001 - what is not ours to explain is re-raised below
+        # An error gristmill raised on purpose (or a full disk, an unreachable store) says what to
+        # do in one line; -v shows where. Anything else is a bug and keeps its traceback.
+        line = str(e) if isinstance(e, GristmillError) else environment_error(e)
+        if line is None:
+            raise
+        if getattr(args, "verbose", False):
+            traceback.print_exc()
+        print(f"gristmill {args.command}: error: {line}", file=sys.stderr)
+        return 2

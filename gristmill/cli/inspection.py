@@ -47,19 +47,25 @@ def format_removed(result: dict, width: int = 100, lines: int = 6) -> str:
     for n, d in enumerate(result["documents"], 1):
         where = f"{d['source']}:{d['position']}" if d["source"] else ""
         extra = {k: v for k, v in d["detail"].items() if k not in ("duplicate_of", "duplicate_of_order", "cluster")}
-        out.append(f"[{n}] {d['reason']} ({d['stage']})  {d['id']}  {where}  {d['url'] or ''}".rstrip()
+        out.append(_printable(f"[{n}] {d['reason']} ({d['stage']})  {d['id']}  {where}  {d['url'] or ''}".rstrip())
                    + (f"  {json.dumps(extra, sort_keys=True)}" if extra else ""))
         left = _wrap(d["text"], col, lines)
         if "survivor" in d:
             s = d["survivor"]
             right = _wrap(s["text"], col, lines)
-            out.append(f"    {'removed'.ljust(col)} | survivor {s['id']}")
+            out.append(f"    {'removed'.ljust(col)} | survivor {_printable(s['id'])}")
             for a, b in zip(left + [""] * (len(right) - len(left)), right + [""] * (len(left) - len(right))):
                 out.append(f"    {a.ljust(col)} | {b}".rstrip())
         else:
             out += [f"    {a}" for a in _wrap(d["text"], width - 4, lines)]
         out.append("")
     return "\n".join(out).rstrip() + "\n"
+
+
+def _printable(s: str) -> str:
+    """``s`` with its control (and other unprintable) characters escaped, ``\\n`` for a newline: an id,
+    URL or file name from the data cannot start a line of its own (a forged header)."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in s)
 
 
 def _wrap(text: str | None, width: int, lines: int) -> list[str]:

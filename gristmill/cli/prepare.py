@@ -27,9 +27,9 @@ def _prepare(args) -> int:
 
     try:
         result = prepare(job, address=args.address, quiet=args.quiet)
-    except PrepareInterrupted as e:  # Ctrl-C: Ray is down, finished tasks are kept; one line, not a traceback
+    except PrepareInterrupted as e:  # Ctrl-C or SIGTERM: workers are down, finished tasks are kept; one line
         print(f"gristmill: {e}", file=sys.stderr, flush=True)
-        return 130
+        return 128 + e.signum
     if job.output.report_html:
         write_data_card(result, quiet=args.quiet)
     print(format_table(result.report))

@@ -20,14 +20,17 @@ VALIDATION_PREFIX = "val-"  # removed/decontaminate/val-part-N: the validation p
 class Decontaminate(Stage):
     name, section, config, removes, rewrites = decontam.STAGE, "decontaminate", DecontamConfig, True, True
 
-    def __init__(self, cfg: DecontamConfig, split: SplitConfig):
+    def __init__(self, cfg: DecontamConfig, split: SplitConfig, max_record_bytes: int | None = None):
         self.cfg, self.split = cfg, split
+        self.max_record_bytes = max_record_bytes  # eval files are read within extract's record bound
         # the pass against the dataset's own validation split (its files: removed/decontaminate/val-part-N)
         self.against_validation = cfg.against_validation and split.validation_fraction > 0
 
     @classmethod
     def from_job(cls, job) -> "Decontaminate | None":
-        return cls(job.decontaminate, job.split) if job.decontaminate is not None and job.decontaminate.enabled else None
+        if job.decontaminate is None or not job.decontaminate.enabled:
+            return None
+        return cls(job.decontaminate, job.split, job.extract.max_record_bytes)
 
     def verdicts(self) -> tuple[Verdicts, ...]:
         both = Verdicts(removed=True, overrides=True)
@@ -35,7 +38,7 @@ class Decontaminate(Stage):
 
     def run(self, ctx: Context) -> StageResult:
         cfg, survivors = self.cfg, ctx.survivors
-        loaded = decontam.load_eval_sets(cfg)
+        loaded = decontam.load_eval_sets(cfg, self.max_record_bytes)
         index = decontam.build_eval_index(cfg, loaded, ctx.wd)
         first = self._pass(ctx, survivors, self.name, decontam.eval_index_path(cfg, loaded, ctx.wd), "", None)
         detail = decontam.report(index, cfg, [r for r, _ in loaded], [f for s in first for f in s["found"]])
