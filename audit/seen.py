@@ -17,6 +17,7 @@ import pyarrow.compute as pc
 
 from gristmill.manifests import Manifest, Published
 from gristmill.manifests.doc_index import read_published_doc_index, row_offsets  # noqa: F401  (row_offsets: audit's import point)
+from gristmill.manifests.runs import run_starts
 
 from .consumed import Consumed
 
@@ -45,18 +46,11 @@ class RowUse:
         return hit, pos
 
 
-def run_starts(sorted_values: np.ndarray) -> np.ndarray:
-    """Where each run of equal values starts in a sorted array."""
-    if len(sorted_values) == 0:
-        return np.zeros(0, np.int64)
-    return np.flatnonzero(np.concatenate([[True], sorted_values[1:] != sorted_values[:-1]]))
-
-
 def row_use(manifest: Manifest, used: Consumed) -> RowUse:
     keys = row_offsets(manifest)[used.shard] + used.row
     # One stable sort: equal keys stay in training order, so each run's ends are its first and last use.
     order = np.argsort(keys, kind="stable")
-    starts = run_starts(keys[order])
+    starts = np.flatnonzero(run_starts(keys[order]))
     ends = np.append(starts[1:], len(keys)) - 1
     return RowUse(key=keys[order][starts], times=ends - starts + 1, first_step=used.step[order[starts]],
                   last_step=used.step[order[ends]])
@@ -93,7 +87,7 @@ def seen_documents(spans: pa.Table) -> pa.Table:
         return DOC_SCHEMA.empty_table()
     codes = pc.dictionary_encode(spans.column("doc_id")).combine_chunks().indices.to_numpy()
     order = np.argsort(codes, kind="stable")
-    starts = run_starts(codes[order])
+    starts = np.flatnonzero(run_starts(codes[order]))
 
     def per_doc(ufunc, name, fill=0):
         return ufunc.reduceat(pc.fill_null(spans.column(name), fill).to_numpy().astype(np.int64)[order], starts)

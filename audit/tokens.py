@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from gristmill.manifests import HashMismatchError, Manifest, Published, join, sha256_bytes
+from gristmill.manifests.runs import run_starts
 from gristmill.manifests.shards import read_table, rows_from_table
 
 
@@ -74,7 +75,8 @@ def seen_pieces(manifest: Manifest, spans: pa.Table, offsets: np.ndarray, reader
     seen = spans.column("tokens_seen").to_numpy() > 0
     doc = pc.dictionary_encode(spans.column("doc_id")).combine_chunks().indices.to_numpy()
     # A piece starts at a seen span whose predecessor is another document's or was not seen.
-    boundary = np.concatenate([[True], (doc[1:] != doc[:-1]) | ~seen[:-1]])
+    boundary = run_starts(doc)
+    boundary[1:] |= ~seen[:-1]
     span_ids = np.flatnonzero(seen)
     piece_starts = np.flatnonzero(boundary[span_ids])
     piece_ends = np.append(piece_starts[1:], len(span_ids))

@@ -144,7 +144,7 @@ def stage_throughput(texts, evals, n, docs_per_part: int = 500):
     from gristmill.pipeline.decontam import (DecontamConfig, build_eval_index, decontaminate, eval_index_path,
                                              load_eval_sets, partition_task)
     from gristmill.pipeline.documents import make_order
-    from gristmill.pipeline.runner import RayRunner
+    from gristmill.pipeline.runners.ray import RayRunner
     from gristmill.pipeline.survivors import Survivors
     from gristmill.pipeline.workdir import ParquetPart, WorkDir, part_name
 

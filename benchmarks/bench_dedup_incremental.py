@@ -113,7 +113,7 @@ def job(inputs: str, run_dir: str, dataset: str, tokenizer: str | None, num_cpus
     d = {"inputs": [inputs], "output": {"store": os.path.join(run_dir, "store"), "dataset": dataset, "report_html": False},
          "work_dir": os.path.join(run_dir, "work"), "fuzzy_dedup": {}, "split": {"validation_fraction": 0.0},
          "tokenizer": {"path": tokenizer} if tokenizer else {"vocab_size": 4096},
-         "pack": {"seq_len": 2048}, "ray": {"num_cpus": num_cpus}}
+         "pack": {"seq_len": 2048}, "runner": {"num_cpus": num_cpus}}
     if against:
         d["dedup_against"] = against
     return d

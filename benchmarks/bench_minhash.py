@@ -185,8 +185,8 @@ def bench_stage(n_docs: int, scales: list[int], workers: list[int], docs_per_par
     import pyarrow.parquet as pq
     import ray
 
-    from gristmill.pipeline.fuzzy_dedup import FuzzyDedupConfig
-    from gristmill.pipeline.runner import RayRunner
+    from gristmill.pipeline.near_duplicates import FuzzyDedupConfig
+    from gristmill.pipeline.runners.ray import RayRunner
     from gristmill.pipeline.stages.fuzzy_dedup import find_near_duplicates
     from gristmill.pipeline.survivors import Survivors
     from gristmill.pipeline.workdir import WorkDir

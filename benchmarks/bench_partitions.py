@@ -6,13 +6,13 @@ Start it without flock: it takes /tmp/gristmill-heavy.lock itself around each ru
 
 The data: one fixed English corpus (tests/corpus_split.py; default 8,000 documents of 13 paragraphs
 of Python's documentation, ~26 MB of text, 5% exact and 5% near duplicates planted) written once as
-4,000 JSONL files of equal size. Partition count P is chosen with ``ray.partition_bytes = (4000 / P)
+4,000 JSONL files of equal size. Partition count P is chosen with ``partitioning.partition_bytes = (4000 / P)
 x file size``: every run reads the same files, so the document ids, the removals and the manifest
 are the same; only the tasks change. The job runs every per-partition step the issue names:
 extract + language ID, exact dedup, fuzzy dedup (0.8), decontamination against a small eval set and
 the 5% validation split, PII, tokenizer training, tokenize, pack.
 
-Each run is one fresh `gristmill prepare` process (embedded Ray, ``ray.num_cpus`` 2) with a fresh work
+Each run is one fresh `gristmill prepare` process (embedded Ray, ``runner.num_cpus`` 2) with a fresh work
 dir. Printed per P: partitions, tasks (completion markers), whole wall time (process start to exit)
 and its ratio to the first P, the wall time of every step (the progress line each step ends with),
 and orchestration per task two ways: the marginal wall time per added task against the first P
@@ -106,7 +106,7 @@ def job_dict(info: dict, run_dir: str, partitions: int, num_cpus: int) -> dict:
         "split": {"validation_fraction": 0.05},
         "tokenizer": {"vocab_size": 2048, "sample_bytes": 1_000_000},
         "pack": {"seq_len": 256, "shard_bytes": 4_000_000},
-        "ray": {"num_cpus": num_cpus, "partition_bytes": per * info["file_bytes"]},
+        "runner": {"num_cpus": num_cpus}, "partitioning": {"partition_bytes": per * info["file_bytes"]},
     }
 
 
@@ -211,7 +211,7 @@ def _commit() -> str:
 
 def print_scaling(info: dict, runs: list[dict], num_cpus: int) -> None:
     print(f"corpus: {info['docs']:,} documents, {info['text_bytes'] / 1e6:.1f} MB of text, {info['files']:,} files of "
-          f"{info['file_bytes']:,} B; ray.num_cpus {num_cpus}; {platform.node()} {os.cpu_count()} CPUs; "
+          f"{info['file_bytes']:,} B; runner.num_cpus {num_cpus}; {platform.node()} {os.cpu_count()} CPUs; "
           f"runs at {', '.join(sorted({r.get('utc', '?') + ' (' + r.get('commit', '?') + ')' for r in runs}))}")
     base = runs[0]
     print(f"{'P':>6}{'tasks':>8}{'wall s':>10}{'x P0':>7}{'ms/added task':>15}{'orch ms/task':>14}{'driver MB':>11}"

@@ -67,7 +67,7 @@ def job_from_file(path: str, corpus: str, out: str, num_cpus: int) -> dict:
     job = yaml.safe_load(text)
     job["work_dir"] = os.path.abspath(os.path.join(out, "work"))
     job["output"] = {**job["output"], "store": os.path.abspath(os.path.join(out, "store"))}
-    job["ray"] = {**(job.get("ray") or {}), "num_cpus": num_cpus}
+    job["runner"] = {**(job.get("runner") or {}), "num_cpus": num_cpus}
     return job
 
 
@@ -145,7 +145,7 @@ def tokenize_vs_raw(run_dir: str, root: str) -> dict:
     """The tokenize stage vs raw encode_batch on the same documents, batch size and threads."""
     from gristmill.pipeline.config import SplitConfig, TokenizerConfig
     from gristmill.pipeline.survivors import Survivors
-    from gristmill.pipeline.tokenize import load_tokenizer, tokenize_partition
+    from gristmill.pipeline.tokenization import load_tokenizer, tokenize_partition
     from gristmill.pipeline.workdir import WorkDir
 
     cfg = TokenizerConfig(batch_size=512)

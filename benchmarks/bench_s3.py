@@ -42,7 +42,7 @@ def job(corpus: str, inputs_root: str, out: str) -> dict:
     d = demo_job_dict(Path(corpus), Path(corpus), quality={}, fuzzy_dedup={"threshold": 0.8},
                       decontaminate={"eval_sets": [{"name": "demo_qa", "path": f"{inputs_root}/evals/demo_qa.jsonl",
                                                     "id_field": "id"}]},
-                      ray={"num_cpus": 2})
+                      runner={"num_cpus": 2})
     d["inputs"] = [json.loads(json.dumps(i).replace(corpus, inputs_root)) for i in d["inputs"]]
     d["output"]["store"], d["work_dir"] = f"{out}/store", f"{out}/work"
     return d

@@ -37,7 +37,7 @@ def job_for(root: str, num_cpus: int, full: bool) -> dict:
         "split": {"validation_fraction": 0.05},
         "tokenizer": {"vocab_size": 4096, "sample_bytes": 2_000_000},
         "pack": {"seq_len": 256, "shard_bytes": 1_000_000},
-        "ray": {"num_cpus": num_cpus},
+        "runner": {"num_cpus": num_cpus},
     }
     if full:
         job["fuzzy_dedup"] = {"threshold": 0.8}

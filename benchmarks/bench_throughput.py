@@ -44,7 +44,7 @@ decompressed are ~1.3x their text.
 **gristmill runs** (``gristmill``): one ``gristmill prepare`` of every stage (extract with HTML main
 content, language ``en`` >= 0.65, exact dedup, Gopher quality + repetition rules, MinHash fuzzy dedup
 0.8, decontamination against the eval set and the 1% validation split, PII, tokenize with a given
-tokenizer.json, pack, publish), ``ray.num_cpus`` workers on the local runner, a fresh work dir. Per
+tokenizer.json, pack, publish), ``runner.num_cpus`` workers on the local runner, a fresh work dir. Per
 stage, from report.json: core-seconds (summed task seconds), wall seconds, MB in; derived MB/s per
 core and core-seconds per GB of input text (each stage's rate per GB of *corpus* text too, so stages
 add up). Whole: wall (process start to exit), MB/s per core = corpus MB / (wall x CPUs), peak summed
@@ -456,7 +456,7 @@ def gristmill_job(corpus: str, run_dir: str, tokenizer: str, num_cpus: int, nemo
         "split": {"validation_fraction": 0.01, "seed": 0},
         "tokenizer": {"path": tokenizer, "eos_token": "<|endoftext|>"},
         "pack": {"seq_len": 2048},
-        "ray": {"num_cpus": num_cpus, "runner": "local"},
+        "runner": {"num_cpus": num_cpus, "kind": "local"},
     }
 
 

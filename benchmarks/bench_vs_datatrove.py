@@ -25,7 +25,7 @@ Per scale (``gristmill demo-corpus DIR --scale N``):
   files that are not valid UTF-8 are dropped; a compressed file that does not decompress to its end
   (the demo's truncated 04/05 files) is left out whole, and so is WARC. File names stay the same, so
   document ids (``<file>:<position>``) match the demo corpus's truth files.
-* one tokenizer.json, trained once with gristmill's own trainer (``pipeline.tokenize.train_bpe``,
+* one tokenizer.json, trained once with gristmill's own trainer (``pipeline.tokenization.train_bpe``,
   vocab 4096, the first 2 MB of the scale-1 clean corpus) and given to both tools by path.
 * runs interleaved: gristmill, datatrove, gristmill, datatrove (``--runs`` pairs), each in a fresh
   process tree whose summed RSS is sampled from /proc every 0.2 s (peak = max over samples of the sum
@@ -38,9 +38,9 @@ gristmill's normalised text (``pipeline.text.normalize``, loaded by file path in
 order); MinHash on 5-word shingles, threshold 0.8: datatrove 14 bands x 9 rows (126 hashes), gristmill
 its own choice (no ``bands``/``rows`` in its job: with exact verification 21 x 6, ``pipeline/lsh.py``;
 ``--gm-bands-rows 14 9`` gives it datatrove's banding); tokenize with the
-same tokenizer.json. No decontamination for either. gristmill: ``ray.num_cpus`` 2, no validation
+same tokenizer.json. No decontamination for either. gristmill: ``runner.num_cpus`` 2, no validation
 split, its pack + publish stages (datatrove's equivalent is the tokenizer merger); ``--runners`` the
-task runners it runs with (``ray.runner``; default ``local``, the worker pool a prepare without a
+task runners it runs with (``runner.kind``; default ``local``, the worker pool a prepare without a
 cluster uses; ``ray`` an embedded Ray), one run of each per pair, in that order, the first one
 compared with datatrove (every runner's ratios are printed too). datatrove: one
 ``LocalPipelineExecutor`` per pipeline step, tasks=2 and workers=2 (MinHash buckets: 14 tasks, one per
@@ -257,7 +257,7 @@ def train_tokenizer(clean: str, out_path: str) -> None:
     import pyarrow.parquet as pq
 
     from gristmill.pipeline.config import TokenizerConfig
-    from gristmill.pipeline.tokenize import train_bpe
+    from gristmill.pipeline.tokenization import train_bpe
 
     texts, size = [], 0
     for path in sorted(glob.glob(os.path.join(clean, "*"))):
@@ -295,7 +295,7 @@ def gristmill_job(clean: str, run_dir: str, tokenizer: str, num_cpus: int, seed:
         "split": {"validation_fraction": 0.0},
         "tokenizer": {"path": tokenizer, "eos_token": EOS},
         "pack": {"seq_len": 2048},
-        "ray": {"num_cpus": num_cpus, "runner": runner},
+        "runner": {"num_cpus": num_cpus, "kind": runner},
     }
 
 
@@ -697,7 +697,7 @@ def main() -> None:
     ap.add_argument("--dt-python", default="/work/bench-venv-datatrove/bin/python")
     ap.add_argument("--num-cpus", type=int, default=2)
     ap.add_argument("--runners", nargs="+", choices=("local", "ray"), default=["local"],
-                    help="gristmill's task runners (ray.runner), each run once per pair; the first is compared in full")
+                    help="gristmill's task runners (runner.kind), each run once per pair; the first is compared in full")
     ap.add_argument("--recall-seeds", type=int, default=0, metavar="N",
                     help="instead of the timed comparison: planted near-duplicate recall of both tools over "
                          "MinHash permutation seeds 1..N, on one scale")

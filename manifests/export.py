@@ -44,6 +44,7 @@ from .doc_index import read_published_doc_index
 from .errors import ManifestError
 from .hashing import sha256_file
 from .provenance import code_version
+from .runs import run_starts
 from .shards import atomic_write
 from .store import Published, load_manifest
 from .verify import verified_rows
@@ -67,8 +68,7 @@ def document_spans(published: Published, split: str) -> tuple[pa.Table, np.ndarr
     in_split = np.array([s.split == split for s in m.shards], dtype=bool)
     spans = spans.filter(pa.array(in_split[spans.column("shard").to_numpy()]))
     ids = spans.column("doc_id").combine_chunks().dictionary_encode().indices.to_numpy()
-    new = np.ones(len(ids), dtype=bool)
-    new[1:] = (ids[1:] != ids[:-1]) | (spans.column("start").to_numpy()[1:] != 0)
+    new = run_starts(ids) | (spans.column("start").to_numpy() != 0)  # a new document, or a document's next span
     return spans.drop_columns(["doc_id"]), np.cumsum(new) - 1
 
 

@@ -22,6 +22,8 @@ from gristmill.manifests.store import DATASET_NAME
 from . import ngrams
 from .lsh import MISS_RATE, LSHParams, make_params, optimal_params, recall_params
 from .quality.config import QualityConfig, merge
+from .runners import AUTO_OPTIONS, RUNNERS
+from .runners import KINDS as RUNNER_KINDS
 
 Format = Literal["jsonl", "parquet", "text", "warc"]
 FORMATS = Format.__args__
@@ -126,7 +128,7 @@ class ExactDedupConfig(Section):
 
 
 class FuzzyDedupConfig(Section):
-    """The ``fuzzy_dedup`` stage (pipeline/fuzzy_dedup.py, docs/fuzzy-dedup.md)."""
+    """The ``fuzzy_dedup`` stage (pipeline/near_duplicates.py, docs/fuzzy-dedup.md)."""
 
     SECTION = "fuzzy_dedup"
     enabled: Bool = True
@@ -318,23 +320,47 @@ class OutputConfig(Section):
         return v
 
 
-class RayConfig(Section):
-    # Parallelism only: none of these change the output (see docs/pipeline.md, determinism).
-    # Who runs the tasks: "local" a pool of worker processes on this machine, "ray" Ray tasks (the
-    # cluster of --address / RAY_ADDRESS, else an embedded Ray), "auto" Ray when a cluster is named,
-    # else local.
-    runner: Literal["auto", "local", "ray"] = "auto"
+class RunnerConfig(Section):
+    """Who runs the tasks (``pipeline.runners``): ``kind`` one of the registered runners, or
+    ``auto``: Ray when a cluster is named (``--address``, ``address``, RAY_ADDRESS), else ``local``.
+    Parallelism only: nothing here changes the output (docs/pipeline.md, determinism). A key the
+    chosen runner does not read is refused (``local``: num_cpus, concurrency, max_retries)."""
+
+    kind: Literal[RUNNER_KINDS] = "auto"
+    address: Str | None = None  # ray: a cluster to join (--address overrides it); null: RAY_ADDRESS, else embedded
     num_cpus: PositiveInt | None = None  # workers on this machine (local runner, embedded Ray); None = its CPUs
-    concurrency: PositiveInt | None = None  # parallel partition tasks; None = one per CPU
-    records_per_batch: PositiveInt = 1024  # rows per batch inside a partition task
-    # Consecutive small input files share a partition (one task) up to this many input bytes,
-    # so a corpus of many small files does not pay a task's fixed cost per file; a larger file
-    # is a partition of its own. The document sequence, hence the output, does not depend on it.
-    partition_bytes: PositiveInt = 1 << 20
+    concurrency: PositiveInt | None = None  # batches of tasks in flight; None = two per worker or cluster CPU
     # A task whose worker or node dies (OOM killer, a preempted node) is run again up to this
     # many times; an exception a task raises is not retried (a deterministic bug fails at once).
     max_retries: NonNegativeInt = 3
     object_store_mb: PositiveInt = 128  # embedded local Ray only: its object store (tasks pass a few KB)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _kind_alone(cls, d: Any) -> Any:
+        return {"kind": d} if isinstance(d, str) else d
+
+    @model_validator(mode="after")
+    def _options_of_the_kind(self) -> "RunnerConfig":
+        reads = AUTO_OPTIONS if self.kind == "auto" else RUNNERS[self.kind].options
+        for key in self.model_fields_set - {"kind"} - set(reads):
+            fail(f"only the keys runner kind {self.kind} reads ({', '.join(reads) or 'none'})", f"{key}", at=(key,))
+        return self
+
+
+class PartitioningConfig(Section):
+    # Parallelism only, like runner: (the output does not depend on either). Consecutive small
+    # input files share a partition (one task) up to this many input bytes, so a corpus of many
+    # small files does not pay a task's fixed cost per file; a larger file is a partition of its own.
+    partition_bytes: PositiveInt = 1 << 20
+    records_per_batch: PositiveInt = 1024  # documents per language-ID/write batch inside a task
+
+
+# The ray: section of earlier versions, split into runner: and partitioning: (a job naming it is
+# refused with the new keys, never half-read).
+MOVED_RAY_KEYS = {"runner": "runner.kind", "num_cpus": "runner.num_cpus", "concurrency": "runner.concurrency",
+                  "max_retries": "runner.max_retries", "object_store_mb": "runner.object_store_mb",
+                  "partition_bytes": "partitioning.partition_bytes", "records_per_batch": "partitioning.records_per_batch"}
 
 
 class PrepareConfig(Section):
@@ -354,7 +380,19 @@ class PrepareConfig(Section):
     split: SplitConfig = SplitConfig()
     tokenizer: TokenizerConfig = TokenizerConfig()
     pack: PackConfig = PackConfig()
-    ray: RayConfig = RayConfig()
+    partitioning: PartitioningConfig = PartitioningConfig()
+    runner: RunnerConfig = RunnerConfig()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_ray_section(cls, d: Any) -> Any:
+        if isinstance(d, dict) and "ray" in d:
+            keys = d["ray"] if isinstance(d["ray"], dict) else {}
+            moved = ", ".join(f"ray.{k} -> {MOVED_RAY_KEYS[k]}" for k in keys if k in MOVED_RAY_KEYS)
+            fail("runner: and partitioning: sections (ray: was split in two)",
+                 f"a ray: section; move its keys: {moved or ', '.join(f'ray.{k} -> {v}' for k, v in MOVED_RAY_KEYS.items())}",
+                 at=("ray",))
+        return d
 
     @field_validator("inputs", mode="before")
     @classmethod
@@ -386,7 +424,7 @@ class PrepareConfig(Section):
     def content_dict(self) -> dict:
         """What determines the output: all but the work dir, the store root, the data card and parallelism."""
         d = self.to_dict()
-        d.pop("work_dir"), d.pop("ray")
+        d.pop("work_dir"), d.pop("runner"), d.pop("partitioning")
         d["output"].pop("store")  # where a version is published is not part of its content
         d["output"].pop("report_html")  # the data card is drawn beside report.json, not into the version
         d["output"].pop("allow_empty")  # a permission to publish, not a property of what is published

@@ -22,14 +22,11 @@ import math
 import numpy as np
 import pyarrow as pa
 
+from gristmill.manifests.runs import run_starts
+
 from .workdir import ParquetPart, read_parquet
 
 _MAX_ROUNDS = 100
-
-
-def _group_starts(keys: np.ndarray) -> np.ndarray:
-    """Start index of each run of equal values in sorted ``keys``."""
-    return np.flatnonzero(np.diff(keys, prepend=keys[:1] - 1)) if len(keys) else np.zeros(0, dtype=np.int64)
 
 
 def _sorted_unique_edges(u: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -38,8 +35,7 @@ def _sorted_unique_edges(u: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.n
         return u, v
     order = np.lexsort((v, u))
     u, v = u[order], v[order]
-    keep = np.ones(len(u), dtype=bool)
-    keep[1:] = (u[1:] != u[:-1]) | (v[1:] != v[:-1])
+    keep = run_starts(u, v)
     return u[keep], v[keep]
 
 
@@ -55,7 +51,7 @@ def large_star(batch: dict) -> dict:
     u, v = _sorted_unique_edges(batch["u"], batch["v"])
     if len(u) == 0:
         return _canonical(u, v)
-    starts = _group_starts(u)
+    starts = np.flatnonzero(run_starts(u))
     m = np.minimum(np.minimum.reduceat(v, starts), u[starts])  # smallest neighbour or self
     m_row = np.repeat(m, np.diff(np.append(starts, len(u))))
     larger = v > u
@@ -67,7 +63,7 @@ def small_star(batch: dict) -> dict:
     u, v = _sorted_unique_edges(batch["u"], batch["v"])
     if len(u) == 0:
         return _canonical(u, v)
-    starts = _group_starts(u)
+    starts = np.flatnonzero(run_starts(u))
     m = np.minimum.reduceat(v, starts)  # v < u always here, so the smallest of N(u) and u
     m_row = np.repeat(m, np.diff(np.append(starts, len(u))))
     return _canonical(np.concatenate([v, u[starts]]), np.concatenate([m_row, m]))

@@ -38,7 +38,7 @@ from gristmill.manifests import dedup_index as dx
 
 from . import dedup_index as di
 from .documents import PART_SHIFT, REMOVED_SCHEMA, to_removed_rows
-from .fuzzy_dedup import plan_bucket_ranges
+from .near_duplicates import plan_bucket_ranges
 from .runner import Runner
 from .stats import Counts
 from .survivors import Survivors

@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from gristmill.manifests import dedup_index as dx
+from gristmill.manifests.runs import run_starts
 
 from .config import FuzzyDedupConfig
 from .documents import norm_hash
@@ -116,9 +117,7 @@ def dedupe_pairs(i: np.ndarray, j: np.ndarray, exact: np.ndarray, near: np.ndarr
         return i.astype(np.int64), j.astype(np.int64), exact.astype(bool), near.astype(bool)
     o = np.lexsort((j, i))
     i, j, exact, near = i[o], j[o], np.asarray(exact, bool)[o], np.asarray(near, bool)[o]
-    start = np.ones(len(i), bool)
-    start[1:] = (i[1:] != i[:-1]) | (j[1:] != j[:-1])
-    s = np.flatnonzero(start)
+    s = np.flatnonzero(run_starts(i, j))
     return i[s], j[s], np.logical_or.reduceat(exact, s), np.logical_or.reduceat(near, s)
 
 
@@ -201,7 +200,8 @@ def match(params: dict, threshold: float, exact: list[bytes], sk: np.ndarray, ha
 
 
 # -- tasks of the dedup_index stage (pipeline/stages/dedup_index.py) ----------------------------------
-INDEX_DIR = "dedup_index"  # inside the staging dir: published beside shards/ and doc_index.parquet
+STAGE = "dedup_index"
+INDEX_DIR = STAGE  # inside the staging dir: published beside shards/ and doc_index.parquet
 
 
 ROWS_PER_FILE = 1 << 18  # index rows per published file (~20 MB): the file count comes from the data; a

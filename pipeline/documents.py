@@ -34,12 +34,9 @@ DOC_SCHEMA = pa.schema([
     ("url", pa.string()),  # provenance: a WARC record's WARC-Target-URI, a jsonl/parquet record's url field; else null
 ])
 
-# Every stage's name in the order ``pipeline.stages.build`` runs them (``language`` is extract's
-# filter, whose removals go under their own name): the one order of removed/<stage>, of
-# ``inspect removed`` and of the report's stages when report.json is not at hand.
+# The order of the stages (of removed/<stage>, of ``inspect removed``, of the report's stages when
+# report.json is not at hand) is ``pipeline.stages.STAGE_ORDER``, derived from ``STAGES``.
 LANGUAGE = "language"  # extract's language filter: its removals are removed/language/part-N
-STAGE_ORDER = ("extract", "language", "exact_dedup", "quality", "fuzzy_dedup", "dedup_against", "decontaminate",
-               "dedup_index", "pii", "tokenizer", "tokenize", "pack")
 
 # A removed document: its row plus why. `detail` is JSON with the stage's detail columns.
 # `text`: the language filter's removals carry their text (docs/ holds only the documents it

@@ -18,6 +18,8 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
+from gristmill.manifests.runs import run_starts
+
 from .documents import REMOVED_SCHEMA, bucket_range_tasks, removed_by_partition, to_removed_rows
 from .workdir import ParquetPart, WorkDir, read_parquet
 
@@ -49,8 +51,7 @@ def find_exact_duplicates(keys: pa.Table) -> pa.Table:
         return REMOVED.empty_table()
     keys = keys.sort_by([("norm_hash", "ascending"), ("order", "ascending")])
     h = np.asarray(keys.column("norm_hash").to_pylist(), dtype=object)
-    first = np.ones(len(h), dtype=bool)
-    first[1:] = h[1:] != h[:-1]
+    first = run_starts(h)
     survivor = np.maximum.accumulate(np.where(first, np.arange(len(h)), 0))  # index of each group's first row
     dup = ~first
     ids = keys.column("id").to_numpy(zero_copy_only=False)

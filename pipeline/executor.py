@@ -4,7 +4,7 @@ The executor knows one interface (``pipeline.stages.Stage``): it builds the list
 job enables (``stages.build``), runs each one and publishes from what they return as data
 (``StageResult``: stage-table rows, accounting, inputs, eval sets, the packed dataset); it
 never names a stage. Every stage is tasks over files run by a ``pipeline.runner.Runner`` (a
-pool of local processes, or Ray tasks on a cluster: ``job_runner`` chooses): a task per
+pool of local processes, or Ray tasks on a cluster: the job's ``runner:``, ``pipeline.runners``): a task per
 partition, per hash range or per range of partitions, each committed with a marker, so a
 rerun after ``kill -9`` skips every finished task of every stage. The driver holds
 O(partitions): removed rows, overrides and statistics stay in files and task markers.
@@ -17,6 +17,7 @@ import contextlib
 import errno
 import glob as _glob
 import json
+import logging
 import os
 import posixpath
 import signal
@@ -31,13 +32,16 @@ from gristmill.errors import ConfigError, GristmillError
 from gristmill.manifests import DatasetBuilder, EvalSet, Input, ManifestStore, code_version, sha256_json
 from gristmill.manifests.shards import atomic_write
 
+from . import runners
 from . import stages as st
 from .config import PrepareConfig
 from .progress import Progress
 from .readers import special_file
-from .runner import LocalRunner, RayRunner, Runner
 from .stats import build_report, check_balanced, export_jsonl, manifest_stats
 from .workdir import WorkDir
+
+
+logger = logging.getLogger(__name__)  # gristmill.pipeline.executor
 
 
 @dataclass
@@ -54,7 +58,7 @@ def plan_inputs(job: PrepareConfig) -> list[dict]:
     """Expand every input path/glob into files in sorted URI order and group them into partitions.
 
     A partition (one task, one set of stage outputs) is a run of consecutive files: small files
-    share one up to ``ray.partition_bytes``, a larger file is a partition of its own. Records are
+    share one up to ``partitioning.partition_bytes``, a larger file is a partition of its own. Records are
     numbered in file order inside a partition, so the global document sequence is the same for
     any grouping; only the bookkeeping (tasks, markers) changes with it.
     """
@@ -71,7 +75,7 @@ def plan_inputs(job: PrepareConfig) -> list[dict]:
     uris = sorted(found)
     common = posixpath.commonpath([u.split("://")[-1] for u in uris]) if len(uris) > 1 else posixpath.dirname(uris[0].split("://")[-1])
     files = [{**found[u], "rel": posixpath.relpath(u.split("://")[-1], common) if common else u} for u in uris]
-    return [{"part": part, "files": group} for part, group in enumerate(group_files(files, job.ray.partition_bytes))]
+    return [{"part": part, "files": group} for part, group in enumerate(group_files(files, job.partitioning.partition_bytes))]
 
 
 def _input_files(fs, pattern: str, where: str) -> list[tuple[str, dict]]:
@@ -134,59 +138,6 @@ def run_key(job: PrepareConfig, tasks: list[dict]) -> str:
     return sha256_json({"job": job.content_dict(), "inputs": ids})[:16]
 
 
-# -- the runner ----------------------------------------------------------------------------------
-def runner_kind(job: PrepareConfig, address: str | None) -> str:
-    """``ray.runner`` resolved: "ray" when it says so or (auto) when a cluster is named by
-    ``--address`` or RAY_ADDRESS (set by `ray job submit`), else "local"."""
-    join = address or os.environ.get("RAY_ADDRESS")
-    if job.ray.runner == "local" and join:
-        named = f"--address {address}" if address else f"RAY_ADDRESS={join}"
-        raise ConfigError(f"ray.runner: local runs on this machine only, but a Ray cluster is named ({named}); "
-                          "set ray.runner: auto to run on the cluster, or drop the address")
-    return "ray" if job.ray.runner == "ray" or join else "local"
-
-
-@contextlib.contextmanager
-def job_runner(job: PrepareConfig, address: str | None, wd: WorkDir, progress: Progress,
-               inputs: dict[int, list[str]]):
-    """The prepare's runner (``runner_kind``), stopped with its workers (or its Ray) at the end."""
-    opts = {"max_in_flight": job.ray.concurrency, "max_retries": job.ray.max_retries, "inputs": inputs}
-    if runner_kind(job, address) == "local":
-        runner: Runner = LocalRunner(wd, progress, num_workers=job.ray.num_cpus, **opts)
-        try:
-            yield runner
-        finally:
-            runner.close()
-        return
-    with ray_runtime(job, address) as ray:
-        yield RayRunner(ray, wd, progress, **opts)
-
-
-# -- Ray ---------------------------------------------------------------------------------------
-@contextlib.contextmanager
-def ray_runtime(job: PrepareConfig, address: str | None):
-    """Embedded local Ray by default; ``address`` (or RAY_ADDRESS, set by `ray job submit`) joins a cluster."""
-    import ray
-
-    if ray.is_initialized():  # e.g. the test session's Ray
-        yield ray
-        return
-    join = address or os.environ.get("RAY_ADDRESS")
-    try:
-        if join:
-            ray.init(address=address, log_to_driver=False, configure_logging=False)
-        else:
-            ray.init(**embedded_ray_options(job))
-    except Exception as e:  # Ray raises plain Exception/TimeoutError/ConnectionError: the environment, not the job
-        with contextlib.suppress(Exception):
-            ray.shutdown()  # stop whatever half-started processes it left
-        raise RayStartError(_ray_start_advice(e, join, job.ray.num_cpus)) from e
-    try:
-        yield ray
-    finally:
-        ray.shutdown()
-
-
 def check_writable(store: str, dataset: str) -> None:
     """The output store must take a write where the version will go, checked
     before any work (an unwritable store was once found only after the whole pipeline ran). A
@@ -221,16 +172,6 @@ def check_writable(store: str, dataset: str) -> None:
     except Exception as e:  # noqa: BLE001 - any backend's refusal is the same finding
         raise ConfigError(f"{where}: cannot write there ({type(e).__name__}: {e}); fix its credentials or "
                           "permissions, or choose another store (checked before any work)") from None
-
-
-def embedded_ray_options(job: PrepareConfig) -> dict:
-    """A local Ray with only the processes a prepare needs: no dashboard (nor its agent's HTTP
-    server), a small object store (tasks pass items and stats of a few KB, never data), task
-    events off, and no worker started before the first task asks for one."""
-    return {"num_cpus": job.ray.num_cpus, "include_dashboard": False, "log_to_driver": False, "configure_logging": False,
-            "object_store_memory": job.ray.object_store_mb << 20,
-            "_system_config": {"task_events_report_interval_ms": 0, "enable_worker_prestart": False,
-                               "prestart_worker_first_driver": False, "enable_metrics_collection": False}}
 
 
 class PrepareInterrupted(KeyboardInterrupt):
@@ -271,33 +212,18 @@ class EmptyRunError(GristmillError):
     """The run kept no document and ``output.allow_empty`` is not set: nothing is published."""
 
 
-class RayStartError(GristmillError):
-    """Ray could not be started or joined; the message says which setting helps."""
-
-
-def _ray_start_advice(e: Exception, join: str | None, num_cpus: int | None) -> str:
-    first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-    cause = f"{type(e).__name__}{': ' + first if first else ''}"
-    if join:
-        return (f"cannot join the Ray cluster at {join} ({cause}); check that it is up and runs the same Ray and "
-                "Python versions (`ray status` on the head), or drop --address / RAY_ADDRESS for an embedded Ray")
-    cpus = f"ray.num_cpus: {num_cpus} is set; lower it" if num_cpus else "set ray.num_cpus in the job (e.g. 2)"
-    return (f"the embedded Ray did not start ({cause}). On a busy machine give its processes more time: "
-            f"RAY_raylet_start_wait_time_s=120 RAY_worker_register_timeout_seconds=120 in the environment; "
-            f"{cpus} to start fewer workers; or join a running cluster with --address")
-
-
 # -- the run -----------------------------------------------------------------------------------
 class Executor:
     def __init__(self, job: PrepareConfig, *, address: str | None = None, quiet: bool = False):
         self.job, self.address, self.quiet = job, address, quiet
-        runner_kind(job, address)  # a local runner with a cluster named is an error before any work
+        runners.resolve(job.runner, address)  # a local runner with a cluster named is an error before any work
         self.tasks = plan_inputs(job)
         check_writable(job.output.store, job.output.dataset)  # before any work, not at publish
         self.wd = WorkDir.of_run(job.work_dir, run_key(job, self.tasks))
         self.stages = st.build(job)  # fails on a bad stage section before any work starts
 
     def log(self, msg: str) -> None:
+        logger.info("%s", msg)
         if not self.quiet:
             print(msg, file=sys.stderr, flush=True)
 
@@ -307,19 +233,20 @@ class Executor:
                  f"work dir {self.wd.root}")
         timings: dict[str, dict] = {}
         inputs = {t["part"]: [f["uri"] for f in t["files"]] for t in self.tasks}
+        results: list[st.StageResult] = []
         try:
             with _sigterm_stops_like_ctrl_c():
-                with job_runner(self.job, self.address, self.wd, Progress(quiet=self.quiet), inputs) as runner:
-                    ctx = st.Context(self.job, self.wd, runner, self.tasks, self.log)
+                with runners.start(self.job.runner, self.wd, Progress(quiet=self.quiet), inputs, self.address) as runner:
+                    ctx = st.Context(self.wd, runner, self.tasks, self.log)
                     for stage in self.stages:
                         t0, c0, r0 = time.perf_counter(), ctx.cpu_seconds(), runner.resumed_tasks
-                        ctx.results[stage.name] = stage.run(ctx)
+                        results.append(ctx.run(stage))  # and the survivors advanced past its verdicts
                         timings[stage.name] = {"seconds": time.perf_counter() - t0,
                                                "cpu_seconds": ctx.cpu_seconds() - c0,
                                                "resumed_parts": runner.resumed_tasks - r0}
                 timings["total"] = {"seconds": time.perf_counter() - t_all}
-                return self._publish([ctx.results[s.name] for s in self.stages], timings, t_all, runner.retries)
-        except KeyboardInterrupt as e:  # the workers (or Ray) are stopped by now (job_runner's exit); a publish
+                return self._publish(results, timings, t_all, runner.retries)
+        except KeyboardInterrupt as e:  # the workers (or Ray) are stopped by now (the runner's exit); a publish
             # stopped half way removed its version (ManifestStore.publish)
             signum = getattr(e, "signum", signal.SIGINT)
             raise PrepareInterrupted(f"interrupted by {signal.Signals(signum).name}; every finished task is kept in "

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gristmill.manifests.runs import run_starts
+
 _GRID = 1025  # Simpson points per integral (odd): exact enough for smooth polynomials of degree <= 256
 
 
@@ -148,8 +150,7 @@ def bucket_pairs(band: np.ndarray, key: np.ndarray, order: np.ndarray,
     idx = np.lexsort((order, key, band))
     band, key, order = band[idx], key[idx], order[idx]
     n = len(order)
-    new = np.ones(n, dtype=bool)
-    new[1:] = (band[1:] != band[:-1]) | (key[1:] != key[:-1])
+    new = run_starts(band, key)
     first = np.maximum.accumulate(np.where(new, np.arange(n), 0))
     pos = np.arange(n) - first  # position inside the bucket
     his, los = [], []

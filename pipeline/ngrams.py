@@ -32,6 +32,7 @@ from .text import words
 # project); re-exported here because callers and tests use them as ngrams.<name>.
 from .wordhash import WordHashes, fold, mix64, word_char_table, word_hashes  # noqa: F401
 from gristmill.errors import UsageError
+from gristmill.manifests.runs import run_starts
 
 DEFAULT_N = 13
 
@@ -289,8 +290,7 @@ def build_index(eval_sets: Iterable[tuple[str, Iterable[tuple[str, str]]]], n: i
     hashes, owners = np.concatenate(hash_parts), np.concatenate(owner_parts)
     order = np.lexsort((owners, hashes))  # by hash, then item: a deterministic owner order
     hashes, owners = hashes[order], owners[order]
-    distinct = np.ones(len(hashes), bool)  # one entry per (gram, item): repeats in an item count once
-    distinct[1:] = (hashes[1:] != hashes[:-1]) | (owners[1:] != owners[:-1])
+    distinct = run_starts(hashes, owners)  # one entry per (gram, item): repeats in an item count once
     hashes, owners = hashes[distinct], owners[distinct]
     unique, first = np.unique(hashes, return_index=True)
     return NgramIndex(n=n, set_names=set_names, set_first=np.asarray(set_first, np.int64), item_ids=item_ids,

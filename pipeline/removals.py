@@ -13,7 +13,7 @@ import json
 
 from gristmill.errors import UsageError
 
-from .documents import STAGE_ORDER, part_of
+from .documents import part_of
 from .workdir import WorkDir, open_parquet, read_parquet
 
 
@@ -29,6 +29,8 @@ def find_runs(path: str) -> list[WorkDir]:
 
 def _removed_files(run: WorkDir, stage: str | None) -> list[str]:
     # pipeline order; a stage not listed (a newer one) follows them, by name
+    from .stages import STAGE_ORDER  # the stages' modules import their libraries: only when needed
+
     stages = sorted(run.removal_stages(), key=lambda s: (STAGE_ORDER.index(s) if s in STAGE_ORDER else len(STAGE_ORDER), s))
     if stage is not None:
         if stage not in stages:

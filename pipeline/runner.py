@@ -8,12 +8,13 @@ and returns JSON-able stats; the runner commits those stats as the task's marker
 ``kill -9`` redoes only unfinished tasks inside every step. Task lists are defined by the data
 (partitions, bucket ranges), never by the number of workers, so results never depend on it.
 
-Three runners behind one interface (``Runner.run``), the same batches, markers and outputs:
-``LocalRunner`` (a pool of worker processes on this machine: ``prepare`` without a cluster),
-``RayRunner`` (plain Ray tasks with ``num_cpus=1``: at most one worker process per CPU, none of
-Ray Data's operator actors: ``prepare`` on a Ray cluster, or an embedded Ray with
-``ray.runner: ray``), and ``SerialRunner`` (in this process, in item order) for unit tests of a
-stage and small tools. The executor chooses (``ray.runner``); stages only see ``Runner``.
+Every runner is a ``Runner`` (here: the commit protocol every runner shares, ``run_one`` and
+``run_batch``, and ``SerialRunner``, in this process, in item order, for unit tests of a stage and
+small tools); the others are one module each in ``pipeline.runners`` (``local``: a pool of worker
+processes on this machine; ``ray``: plain Ray tasks with ``num_cpus=1``), registered by their
+``kind`` in ``pipeline.runners.RUNNERS``. A runner class owns its start-up and shutdown
+(``Runner.start(cfg, ...)``, a context manager over the job's ``runner:`` section); the same
+batches, markers and outputs on each (tests/test_runner_conformance.py). Stages only see ``Runner``.
 """
 from __future__ import annotations
 
@@ -21,14 +22,11 @@ import contextlib
 import io
 import logging
 import os
-import pickle
-import signal
 import socket
-import sys
 import time
 import traceback
 import warnings
-from typing import Callable
+from typing import Callable, ClassVar, Iterator
 
 from gristmill.errors import GristmillError, is_disk_error, os_error_text
 from gristmill.manifests.shards import atomic_write
@@ -36,6 +34,7 @@ from gristmill.manifests.shards import atomic_write
 from .progress import Progress
 from .workdir import WorkDir
 
+logger = logging.getLogger(__name__)  # gristmill.pipeline.runner
 Measure = Callable[[dict], tuple[int, int]]
 MAX_BATCH = 64  # items per Ray task at most: a step of thousands of tiny tasks pays Ray's cost per batch
 
@@ -127,7 +126,7 @@ def run_one(fn: Callable[[dict], dict], item: dict, wd: WorkDir, step: str, sync
         try:
             stats = fn(item)
         except Exception as e:
-            logging.getLogger("gristmill.task").error("%s %s failed:\n%s", step, item["name"], traceback.format_exc())
+            logger.error("%s %s failed:\n%s", step, item["name"], traceback.format_exc())
             cause = os_error_text(e) if is_disk_error(e) else str(e)  # a full disk: say what to do about it
             raise TaskFailed(item["name"], f"{type(e).__name__}: {cause}", log) from None
     stats = {**stats, "_seconds": time.perf_counter() - t0, "_cpu_seconds": time.process_time() - c0}
@@ -170,7 +169,28 @@ def _run_items(fn: Callable[[dict], dict], items: list[dict], wd: WorkDir, step:
 
 
 class Runner:
-    """Runs a step's unfinished tasks; counts what ran (CPU seconds), what was resumed and retried."""
+    """Runs a step's unfinished tasks; counts what ran (CPU seconds), what was resumed and retried.
+
+    A runner kind declares ``kind`` (its ``runner.kind`` in the job), ``options`` (the other keys
+    of the ``runner:`` section it reads; any other key set in the job is refused) and
+    ``retries_lost_workers`` (a batch whose worker dies is run again, up to ``runner.max_retries``),
+    and owns its start-up and shutdown in ``start``."""
+
+    kind: ClassVar[str]
+    options: ClassVar[tuple[str, ...]] = ()
+    retries_lost_workers: ClassVar[bool] = False
+
+    @classmethod
+    @contextlib.contextmanager
+    def start(cls, cfg, wd: WorkDir, progress: Progress | None = None,
+              inputs: dict[int, list[str]] | None = None) -> Iterator["Runner"]:
+        """The runner for the job's ``runner:`` section ``cfg`` (``pipeline.config.RunnerConfig``),
+        stopped with whatever it started when the block ends."""
+        runner = cls(wd, progress, inputs)
+        try:
+            yield runner
+        finally:
+            runner.close()
 
     def __init__(self, wd: WorkDir, progress: Progress | None = None, inputs: dict[int, list[str]] | None = None):
         self.wd, self.progress = wd, progress
@@ -239,7 +259,7 @@ class Runner:
         first = next((it for it in batch if self.wd.done(step, it["name"]) is None), batch[0])
         why = str(e).strip().splitlines()[0] if str(e).strip() else ""
         return self.error(step, first, f"its worker died in each of its {attempts} attempt{'s' * (attempts > 1)} "
-                                       f"(ray.max_retries: {retries}; {type(e).__name__}{': ' + why if why else ''})",
+                                       f"(runner.max_retries: {retries}; {type(e).__name__}{': ' + why if why else ''})",
                           self.wd.log(step, first["name"]))
 
 
@@ -251,198 +271,9 @@ def batches_of(todo: list[dict], limit: int) -> list[list[dict]]:
 
 
 class SerialRunner(Runner):
-    """Every task in this process, one after another, as one batch (no Ray)."""
+    """Every task in this process, one after another, as one batch (no Ray, no worker to lose)."""
+
+    kind = "serial"
 
     def _execute(self, step, todo, fn):
         yield from zip(todo, _run_items(fn, todo, self.wd, step))
-
-
-class RayRunner(Runner):
-    """Ray tasks over batches of items (at most MAX_BATCH, several batches per CPU so the load
-    spreads), at most ``max_in_flight`` batches at once (default twice the cluster's CPUs). A
-    batch whose worker or node dies is retried by Ray up to ``max_retries`` times; an exception
-    an item raises is not retried."""
-
-    def __init__(self, ray, wd: WorkDir, progress: Progress | None = None, *, max_in_flight: int | None = None,
-                 max_retries: int = 3, inputs: dict[int, list[str]] | None = None):
-        super().__init__(wd, progress, inputs)
-        self.ray, self.max_in_flight, self.max_retries = ray, max_in_flight, max_retries
-
-    def _execute(self, step, todo, fn):
-        ray = self.ray
-        cpus = max(1, int(ray.available_resources().get("CPU", 1)))
-        limit = self.max_in_flight or cpus * 2
-        batches = batches_of(todo, limit)
-        # SPREAD: tasks go to every node of a cluster, not first to fill the driver's node (Ray's
-        # default), so a cluster's CPUs and local disks all work; on one machine it changes nothing.
-        remote = ray.remote(num_cpus=1, max_retries=self.max_retries, retry_exceptions=False,
-                            scheduling_strategy="SPREAD")(run_batch)
-        fn_ref = ray.put(fn)
-        pending: dict = {}
-        queue = iter(batches)
-        while True:
-            while len(pending) < limit and (b := next(queue, None)) is not None:
-                pending[remote.remote(fn_ref, b, self.wd, step)] = b
-            if not pending:
-                return
-            ready, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
-            for ref in ready:
-                batch = pending.pop(ref)
-                try:
-                    out = ray.get(ref)
-                except ray.exceptions.RayTaskError as e:
-                    cause = getattr(e, "cause", None)
-                    if isinstance(cause, TaskFailed):
-                        raise cause from None
-                    raise self.error(step, batch[0], f"{type(cause or e).__name__}: {cause or e}", None) from None
-                except ray.exceptions.RayError as e:  # a worker or node lost more than max_retries times
-                    raise self._lost_error(step, batch, self.max_retries + 1, self.max_retries, e) from None
-                yield from zip(batch, out)
-            if not ready and self.progress is not None:
-                self.progress.tick(step)
-
-
-# -- the local pool ----------------------------------------------------------------------------
-_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
-
-
-def _cpu_count() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-def _worker_init(driver: int) -> None:
-    """A pool worker's start. It ignores SIGINT: Ctrl-C reaches the whole foreground process group,
-    and it is the driver's to handle (it kills the pool and says how to resume). On Linux it asks
-    the kernel to SIGKILL it the moment its parent, the driver, dies (prctl(PR_SET_PDEATHSIG)
-    through ctypes), so a ``kill -9`` of ``gristmill prepare`` leaves no worker writing in the
-    work dir. The parent is the driver's thread that started the worker (the one running the
-    runner: spawn starts workers from ``submit``)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != driver:  # the driver died before the prctl took effect
-            os._exit(1)
-
-
-def _dumps(fn: Callable[[dict], dict]) -> bytes:
-    """The step function for the workers: by reference with pickle where it can be (a module's
-    function or a partial of one: every stage's), else by value with cloudpickle (a closure, a
-    lambda). cloudpickle is Ray's copy, imported only then: importing it imports Ray (~60 MB in
-    every process that loads the function)."""
-    try:
-        return pickle.dumps(fn, protocol=pickle.HIGHEST_PROTOCOL)
-    except (pickle.PicklingError, AttributeError, TypeError):
-        from ray import cloudpickle
-
-        return cloudpickle.dumps(fn)
-
-
-_loaded: tuple[bytes, Callable] | None = None  # in a worker: the step function it unpickled last
-
-
-def _local_batch(payload: bytes, items: list[dict], wd: WorkDir, step: str) -> list[dict]:
-    global _loaded
-    if _loaded is None or _loaded[0] != payload:
-        _loaded = (payload, pickle.loads(payload))
-    return run_batch(_loaded[1], items, wd, step)
-
-
-class LocalRunner(Runner):
-    """Batches (as RayRunner's) on a pool of ``num_workers`` processes on this machine, at most
-    ``max_in_flight`` batches at once (default twice the workers), results as they finish.
-
-    The pool (``concurrent.futures.ProcessPoolExecutor``) is started on the first step and kept
-    for the whole run. Its workers are *spawned*, not forked: the driver has threads (pyarrow's,
-    fsspec's) that a fork would copy mid-state, and a spawned worker is the driver's own child,
-    which its PR_SET_PDEATHSIG needs (a forkserver would put a server process between them).
-    A worker that dies (kill -9, the OOM killer) breaks the pool: the pool is started again and
-    every batch that was in flight runs again (its finished items are skipped by their markers;
-    each new attempt is counted by ``record_attempt`` as under Ray), each batch at most
-    ``max_retries`` times more; an exception an item raises is not retried. An error or Ctrl-C
-    in the driver kills the workers at once."""
-
-    def __init__(self, wd: WorkDir, progress: Progress | None = None, *, num_workers: int | None = None,
-                 max_in_flight: int | None = None, max_retries: int = 3, inputs: dict[int, list[str]] | None = None):
-        super().__init__(wd, progress, inputs)
-        self.num_workers = num_workers or _cpu_count()
-        self.max_in_flight, self.max_retries = max_in_flight, max_retries
-        self._pool = None
-
-    def _start(self):
-        if self._pool is None:
-            import multiprocessing
-            from concurrent.futures import ProcessPoolExecutor
-
-            self._pool = ProcessPoolExecutor(self.num_workers, mp_context=multiprocessing.get_context("spawn"),
-                                             initializer=_worker_init, initargs=(os.getpid(),))
-        return self._pool
-
-    def close(self) -> None:
-        """Stop the (idle) workers; the next step would start a new pool."""
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True)
-
-    def _kill(self) -> None:
-        """Kill the workers mid-task (their unfinished tasks have no marker: a rerun redoes them)."""
-        pool, self._pool = self._pool, None
-        if pool is None:
-            return
-        pool.shutdown(wait=False, cancel_futures=True)
-        if hasattr(pool, "kill_workers"):  # Python 3.14
-            pool.kill_workers()
-        else:
-            for p in list((getattr(pool, "_processes", None) or {}).values()):
-                with contextlib.suppress(OSError, ValueError):
-                    p.kill()
-        pool.shutdown(wait=True)
-
-    def _execute(self, step, todo, fn):
-        from collections import deque
-        from concurrent.futures import FIRST_COMPLETED, wait
-        from concurrent.futures.process import BrokenProcessPool
-
-        limit = self.max_in_flight or self.num_workers * 2
-        batches = batches_of(todo, limit)
-        payload = _dumps(fn)
-        lost = [0] * len(batches)  # per batch: attempts lost with a dead worker
-        queue, pending = deque(range(len(batches))), {}
-        try:
-            while queue or pending:
-                pool = self._start()
-                while len(pending) < limit and queue:
-                    try:
-                        f = pool.submit(_local_batch, payload, batches[queue[0]], self.wd, step)
-                    except BrokenProcessPool:  # a worker died while idle (between steps): nothing lost
-                        self.close()
-                        pool = self._start()
-                        continue
-                    pending[f] = queue.popleft()
-                done, _ = wait(pending, timeout=1.0, return_when=FIRST_COMPLETED)
-                if not done and self.progress is not None:
-                    self.progress.tick(step)
-                if any(isinstance(f.exception(), BrokenProcessPool) for f in done):
-                    done, _ = wait(pending)  # a worker died: every batch in flight went with the pool
-                    self.close()
-                retry = []
-                for f in sorted(done, key=pending.get):
-                    i = pending.pop(f)
-                    try:
-                        out = f.result()
-                    except BrokenProcessPool as e:
-                        lost[i] += 1
-                        if lost[i] > self.max_retries:
-                            raise self._lost_error(step, batches[i], lost[i], self.max_retries, e) from None
-                        retry.append(i)
-                        continue
-                    except TaskFailed:
-                        raise
-                    except Exception as e:  # noqa: BLE001 - e.g. a result or an argument that does not pickle
-                        raise self.error(step, batches[i][0], f"{type(e).__name__}: {e}", None) from None
-                    yield from zip(batches[i], out)
-                queue.extendleft(reversed(retry))
-        except BaseException:  # an item's error, Ctrl-C, the caller closing the generator
-            self._kill()
-            raise

@@ -8,6 +8,7 @@ The accounting identity every run checks (and the report prints)::
 """
 from __future__ import annotations
 
+import difflib
 import json
 import os
 from dataclasses import dataclass, field
@@ -19,6 +20,10 @@ from fsspec.core import url_to_fs
 from gristmill.manifests import storage
 
 from gristmill.errors import GristmillError
+
+
+FLOW_KEYS = ("documents_in", "bytes_in", "removed", "removed_bytes")  # Counts' fields in a task's stats
+NOT_FLOW_KEYS = ("documents_out", "bytes_out")  # the rows' own fields, close to a flow field's name by design
 
 
 @dataclass
@@ -33,6 +38,13 @@ class Counts:
 
     @classmethod
     def of_task(cls, stats: dict) -> "Counts":
+        """A task's flow counts (absent fields count zero). A key that is nearly a flow field's name
+        is refused: a misspelt ``removed_byte`` would otherwise count zero without a word."""
+        for key in stats:
+            if key not in FLOW_KEYS and key not in NOT_FLOW_KEYS and difflib.get_close_matches(key, FLOW_KEYS, 1, 0.8):
+                raise ValueError(f"a task's stats hold {key!r}, close to the flow field "
+                                 f"{difflib.get_close_matches(key, FLOW_KEYS, 1, 0.8)[0]!r} but not it (flow fields: "
+                                 f"{', '.join(FLOW_KEYS)}): a misspelt field would count zero")
         return cls(int(stats.get("documents_in", 0)), int(stats.get("bytes_in", 0)), dict(stats.get("removed", {})),
                    int(stats.get("removed_bytes", 0)))
 

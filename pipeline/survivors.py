@@ -8,7 +8,9 @@ So a task reads one file per earlier stage, never one per partition: the work of
 with the data, not with the square of the partition count.
 
 ``Survivors`` is a small value in the stage context: the work dir and which stages' files to
-apply, in order (later overrides win). ``after(...)`` gives the value for the next stage.
+apply, in order (later overrides win). ``after(...)`` gives the value for the next stage;
+``applying(stage, verdicts)`` does it from a stage's declared ``Verdicts`` (what the executor calls
+after every stage, ``pipeline.stages.Context.run``).
 """
 from __future__ import annotations
 
@@ -17,6 +19,20 @@ from dataclasses import dataclass, replace
 import pyarrow as pa
 
 from .workdir import WorkDir, iter_batches, read_parquet
+
+
+@dataclass(frozen=True)
+class Verdicts:
+    """Per-partition files a stage writes: ``removed/<stage>/<prefix>part-N`` (``removed``) and
+    ``overrides/<stage>/<prefix>part-N`` (``overrides``). ``stage`` None: the stage's own name.
+    ``applied=False``: written for the record only, not applied to later stages' documents
+    (extract's language removals: ``docs/`` holds only the documents it kept)."""
+
+    removed: bool = False
+    overrides: bool = False
+    prefix: str = ""
+    stage: str | None = None
+    applied: bool = True
 
 
 @dataclass(frozen=True)
@@ -29,6 +45,14 @@ class Survivors:
         """These survivors less what ``stage`` removed (``removed``), with the texts it rewrote (``overrides``)."""
         return replace(self, removed=self.removed + (((stage, prefix),) if removed else ()),
                        overrides=self.overrides + (((stage, prefix),) if overrides else ()))
+
+    def applying(self, stage: str, verdicts) -> "Survivors":
+        """These survivors past every applied one of ``verdicts`` (``Verdicts``) of ``stage``, in order."""
+        out = self
+        for v in verdicts:
+            if v.applied:
+                out = out.after(v.stage or stage, removed=v.removed, overrides=v.overrides, prefix=v.prefix)
+        return out
 
     def removed_files(self, part: int) -> list[str]:
         return [self.wd.removed(s, part, prefix) for s, prefix in self.removed]

@@ -26,6 +26,8 @@ import json
 import numpy as np
 import pyarrow as pa
 
+from gristmill.manifests.runs import run_starts
+
 from .documents import REMOVED_SCHEMA, bucket_range_tasks, removed_by_partition
 from .workdir import ParquetPart, WorkDir, read_parquet
 
@@ -33,6 +35,11 @@ STAGE = "unique_ids"
 REASON = "duplicate_id"
 BUCKETS = 1 << 16  # id buckets (a 16-bit hash of the id), as exact dedup's keys: tasks take ranges of them
 KEYS_PER_TASK = 2_000_000  # as exact dedup's: about 160 MB of ids per task at most
+
+
+def needs_id_check(job) -> bool:
+    """Ids come from the data (some input of the job, a PrepareConfig, has an id_field): check they are unique."""
+    return any(spec.id_field is not None for spec in job.inputs)
 ID_SCHEMA = pa.schema([("bucket", pa.int32()), ("id", pa.string()), ("order", pa.int64()), ("part", pa.int32()),
                        ("bytes", pa.int64()), ("kept", pa.bool_()), ("source", pa.string()), ("position", pa.int64())])
 
@@ -59,8 +66,7 @@ def repeated(ids: pa.Table) -> pa.Table:
         return REMOVED_SCHEMA.empty_table()
     ids = ids.sort_by([("id", "ascending"), ("order", "ascending")])
     key = np.asarray(ids.column("id").to_pylist(), dtype=object)
-    start = np.ones(len(key), dtype=bool)
-    start[1:] = key[1:] != key[:-1]
+    start = run_starts(key)
     group = np.cumsum(start) - 1
     first = np.flatnonzero(start)
     size = np.diff(np.append(first, len(key)))[group]

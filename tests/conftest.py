@@ -7,7 +7,7 @@ sys.path.insert(0, os.path.dirname(__file__))  # tests/helpers.py
 
 # The files whose tests start a Ray (the session's, or a cluster of their own): one xdist worker
 # runs them all, one after another; two Rays at once on two cores starve each other.
-RAY_FILES = {"test_deploy_ray.py", "test_local_runner.py", "test_runner.py"}
+RAY_FILES = {"test_deploy_ray.py", "test_local_runner.py", "test_runner.py", "test_runner_conformance.py"}
 # The groups of a minute or more in `make test` (pytest --durations), heaviest first: they start
 # first, so neither worker is left alone with one of them at the end (a missing one costs only time).
 HEAVY_FIRST = ["test_partition_scaling.py", "ray", "test_kill_anywhere.py", "test_trainer.py", "test_pipeline_s3.py"]

@@ -6,7 +6,7 @@ documentation (``pipeline.demo_corpus.stdlib_paragraphs``) drawn with a fixed-se
 exact duplicates (a copy of an earlier document, some with changed case and spacing) and near
 duplicates (a copy with one word in ``NEAR_EVERY`` replaced: word-5-gram Jaccard ~0.88, above
 fuzzy dedup's 0.8). Every file holds ``docs // files`` documents and is padded (an extra JSON
-field on its last line, which the reader ignores) to the same byte size, so ``ray.partition_bytes
+field on its last line, which the reader ignores) to the same byte size, so ``partitioning.partition_bytes
 = k * file_bytes`` groups the files into exactly ``files / k`` partitions: the inputs, the document
 ids and hence the manifest stay the same, only the partitioning changes.
 """

@@ -43,7 +43,15 @@ def write(path, text):
     # out of bounds, open and closed intervals
     ("fuzzy_dedup: {threshold: 1.5}\n", "fuzzy_dedup.threshold: expected a number in (0, 1), got 1.5"),
     ("tokenizer: {vocab_size: 100}\n", "tokenizer.vocab_size: expected an integer in [259, 1048576], got 100"),
-    ("ray: {num_cpus: 0}\n", "ray.num_cpus: expected an integer >= 1 or null, got 0"),
+    ("runner: {num_cpus: 0}\n", "runner.num_cpus: expected an integer >= 1 or null, got 0"),
+    # the runner's kinds come from the registry; a key the kind does not read is refused
+    ("runner: {kind: cluster}\n", "runner.kind: expected one of auto, serial, local, ray, got 'cluster'"),
+    ("runner: {kind: local, address: 'ray://head:10001'}\n",
+     "runner.address: expected only the keys runner kind local reads (num_cpus, concurrency, max_retries), got address"),
+    # the ray: section of earlier versions: one line naming the new keys
+    ("ray: {num_cpus: 2, partition_bytes: 1}\n",
+     "ray: expected runner: and partitioning: sections (ray: was split in two), got a ray: section; move its keys: "
+     "ray.num_cpus -> runner.num_cpus, ray.partition_bytes -> partitioning.partition_bytes"),
     # a bool that is a string
     ("extract: {html_main_content: 'yes'}\n", "extract.html_main_content: expected true or false, got 'yes'"),
     # an unknown key, nested and at the top
@@ -51,7 +59,7 @@ def write(path, text):
      "decontaminate.polcy: expected one of the keys enabled, eval_sets, n, policy, margin, min_matches, min_item_words, "
      "against_validation, validation_min_matches, validation_max_doc_freq, got unknown key 'polcy'; did you mean 'policy'?"),
     ("langauge: {}\n", "langauge: expected one of the keys inputs, output, work_dir, extract, language, exact_dedup, "
-                       "quality, fuzzy_dedup, dedup_against, decontaminate, pii, split, tokenizer, pack, ray, got unknown key 'langauge'; did you mean 'language'?"),
+                       "quality, fuzzy_dedup, dedup_against, decontaminate, pii, split, tokenizer, pack, partitioning, runner, got unknown key 'langauge'; did you mean 'language'?"),
     # an index two lists deep
     ("decontaminate:\n  eval_sets:\n    - {name: qa, path: evals/qa.jsonl}\n    - {name: qa, path: evals/qa.jsonl}\n",
      "decontaminate.eval_sets[1].name: expected eval set names to be unique, got 'qa' again"),
@@ -193,7 +201,8 @@ def test_sections_are_typed_and_null_means_defaults(prepare_dir):
     assert job.extract.max_chars == 1_000_000 and job.fuzzy_dedup.enabled and job.decontaminate is None
     assert job.inputs[0].path == str(prepare_dir / "in" / "a.jsonl") and job.work_dir == str(prepare_dir / "work")
     content = job.content_dict()
-    assert "work_dir" not in content and "ray" not in content and "store" not in content["output"]
+    assert "work_dir" not in content and "runner" not in content and "partitioning" not in content
+    assert "store" not in content["output"]
     assert "report_html" not in content["output"]  # the data card is drawn beside the run, not into the version
     assert content["fuzzy_dedup"]["threshold"] == 0.8  # every default written out, so the manifest records it
     with pytest.raises(ConfigError, match=r"^inputs: expected a non-empty list of mappings \(required\), got nothing; "):

@@ -378,8 +378,8 @@ def _validation_stage_run(tmp_path, docs_files, eval_path, work="work", stats=No
                                "decontaminate": {"eval_sets": [{"name": "e", "path": eval_path}], **section}})
     (stage,) = [s for s in stages.build(job) if s.name == "decontaminate"]
     wd = WorkDir(str(tmp_path / work))
-    ctx = stages.Context(job, wd, SerialRunner(wd), [{"part": p} for p in range(len(docs_files))])
-    out = stage.run(ctx)
+    ctx = stages.Context(wd, SerialRunner(wd), [{"part": p} for p in range(len(docs_files))])
+    out = ctx.run(stage)
     if stats is not None:
         stats.update({"removed": out.flow.removed, "removed_bytes": out.flow.removed_bytes, "detail": out.detail})
     return sorted(i for p in range(len(docs_files)) for t in ctx.survivors.docs(p, ["id"], 100)

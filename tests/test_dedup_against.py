@@ -74,7 +74,7 @@ def _job(inputs, out, dataset, **over):
          "output": {"store": str(out / "store"), "dataset": dataset, "report_html": False},
          "work_dir": str(out / "work"), "language": {"enabled": False}, "fuzzy_dedup": {},
          "split": {"validation_fraction": 0.0}, "tokenizer": {"vocab_size": 300, "sample_bytes": 200_000},
-         "pack": {"seq_len": 64}, "ray": {"num_cpus": 2}}
+         "pack": {"seq_len": 64}, "runner": {"num_cpus": 2}}
     d.update(over)
     return d
 

@@ -221,12 +221,9 @@ def _index_files(tmp, texts, parts, monkeypatch):
         pq.write_table(pa.table({"id": [f"d{i:03d}" for i, _ in chunk], "order": pa.array([(p << 32) | k for k in range(len(chunk))], pa.int64()),
                                  "text": [t for _, t in chunk], "norm_hash": [norm_hash(t) for _, t in chunk]}), wd.docs(p))
 
-    class Job:
-        fuzzy_dedup = FuzzyDedupConfig()
-
-    ctx = Context(job=Job(), wd=wd, runner=SerialRunner(wd), partitions=[{"part": p} for p in range(parts)],
+    ctx = Context(wd=wd, runner=SerialRunner(wd), partitions=[{"part": p} for p in range(parts)],
                   survivors=Survivors(wd))
-    res = DedupIndex().run(ctx)
+    res = ctx.run(DedupIndex(FuzzyDedupConfig()))
     return res.dedup_index, {f.path: pq.read_table(os.path.join(wd.staging, f.path)) for f in res.dedup_index}
 
 

@@ -114,7 +114,7 @@ def fault_job(corpus: str, out: str) -> str:
         "split": {"validation_fraction": 0.05},
         "tokenizer": {"vocab_size": 512, "sample_bytes": 300_000},
         "pack": {"seq_len": 128, "shard_bytes": 200_000},
-        "ray": {"partition_bytes": 1},  # a partition per file
+        "partitioning": {"partition_bytes": 1},  # a partition per file
     }
     path = os.path.join(out, "job.yaml")
     os.makedirs(out, exist_ok=True)

@@ -140,7 +140,7 @@ def _job(corpus, out, **output) -> str:
            "output": {"store": str(out / "store"), "dataset": "t", "report_html": False, **output},
            "work_dir": str(out / "work"), "language": {"enabled": False}, "split": {"validation_fraction": 0.0},
            "tokenizer": {"vocab_size": 300, "sample_bytes": 200_000}, "pack": {"seq_len": 32},
-           "ray": {"runner": "local", "num_cpus": 1}}
+           "runner": {"kind": "local", "num_cpus": 1}}
     path = out / f"job-{uuid.uuid4().hex[:6]}.yaml"
     path.write_text(yaml.safe_dump(job))
     return str(path)
@@ -261,7 +261,7 @@ def test_sigterm_during_prepare_is_one_line_exit_143_and_nothing_is_published(tm
 
     write_demo_corpus(str(tmp_path / "demo"))
     job = tmp_path / "job.yaml"
-    job.write_text(yaml.safe_dump(demo_job_dict(tmp_path / "demo", tmp_path, ray={"runner": "local", "num_cpus": 1})))
+    job.write_text(yaml.safe_dump(demo_job_dict(tmp_path / "demo", tmp_path, runner={"kind": "local", "num_cpus": 1})))
     proc = subprocess.Popen([sys.executable, "-m", "gristmill", "prepare", str(job)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 180  # a hang guard, not a timing assertion

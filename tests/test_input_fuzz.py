@@ -367,5 +367,5 @@ def test_prepare_finishes_on_a_corpus_of_damaged_files_keeps_the_good_records_an
     assert {"1-surrogate.jsonl:0", "1-cut.jsonl.gz:0", "2-damaged-page.parquet:0", "2-damaged-page.parquet:199",
             "3-malformed.warc.gz:0", "3-flipped.warc.gz:0"} <= seen
     # and damaged inputs do not make the output depend on the partitioning
-    other = _prepare(corpus, tmp_path / "b", ray={"partition_bytes": 1})
+    other = _prepare(corpus, tmp_path / "b", partitioning={"partition_bytes": 1})
     assert other.report["accounting"] == acc and other.manifest_sha256 == result.manifest_sha256

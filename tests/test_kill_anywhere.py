@@ -48,7 +48,7 @@ def _job(corpus, out) -> dict:
     return demo_job_dict(
         corpus, out, quality={}, fuzzy_dedup={"threshold": 0.8},
         decontaminate={"eval_sets": [{"name": "demo_qa", "path": str(corpus / "evals" / "demo_qa.jsonl"), "id_field": "id"}]},
-        ray={"num_cpus": 2, "partition_bytes": 1})  # a partition per file: many tasks per step to land between
+        runner={"num_cpus": 2}, partitioning={"partition_bytes": 1})  # a partition per file: many tasks per step to land between
 
 
 def _cmd(job_path):

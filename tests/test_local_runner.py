@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from gristmill.pipeline.runner import LocalRunner, TaskError
+from gristmill.pipeline.runner import TaskError
+from gristmill.pipeline.runners.local import LocalRunner
 from gristmill.pipeline.workdir import WorkDir
 
 
@@ -97,7 +98,7 @@ def test_a_worker_killed_mid_task_is_retried_and_counted(tmp_path):
     os.remove(flags / "t3")
     runner = LocalRunner(wd, num_workers=1, max_retries=0)
     with pytest.raises(TaskError, match=r"^step2: task t3 failed: its worker died in each of its 1 attempt "
-                                        r"\(ray.max_retries: 0; BrokenProcessPool"):
+                                        r"\(runner.max_retries: 0; BrokenProcessPool"):
         runner.run("step2", items, functools.partial(_dies_once, flags=str(flags)))
     runner.close()
 
@@ -149,7 +150,7 @@ def test_an_items_exception_is_one_task_error_not_retried(tmp_path):
 
 DRIVER = textwrap.dedent("""
     import os, sys, time
-    from gristmill.pipeline.runner import LocalRunner
+    from gristmill.pipeline.runners.local import LocalRunner
     from gristmill.pipeline.workdir import WorkDir
 
     def task(item):
@@ -183,27 +184,29 @@ def test_the_workers_die_with_the_driver(tmp_path):
     assert not (seen / "late").exists()
 
 
-def test_the_runner_follows_ray_runner_and_the_cluster_address(monkeypatch):
+def test_the_runner_follows_runner_kind_and_the_cluster_address(monkeypatch):
     from pathlib import Path
 
     from helpers import demo_job_dict
 
     from gristmill.errors import ConfigError
     from gristmill.pipeline.config import PrepareConfig
-    from gristmill.pipeline.executor import runner_kind
+    from gristmill.pipeline.runners import resolve
 
-    def job(runner):
-        return PrepareConfig.from_dict(demo_job_dict(Path("/in"), Path("/out"), ray={"runner": runner}))
+    def job(kind, **more):
+        return PrepareConfig.from_dict(demo_job_dict(Path("/in"), Path("/out"), runner={"kind": kind, **more})).runner
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    assert [runner_kind(job(r), None) for r in ("auto", "local", "ray")] == ["local", "local", "ray"]
-    assert runner_kind(job("auto"), "ray://head:10001") == "ray"
+    assert [resolve(job(r)).kind for r in ("auto", "local", "ray", "serial")] == ["local", "local", "ray", "serial"]
+    assert resolve(job("auto"), "ray://head:10001").kind == "ray"  # --address
+    assert resolve(job("auto", address="ray://a:1"), "ray://b:2").address == "ray://b:2"  # --address overrides the job's
+    assert resolve(job("ray", address="ray://a:1")).address == "ray://a:1"
     monkeypatch.setenv("RAY_ADDRESS", "http://head:8265")  # what `ray job submit` sets
-    assert runner_kind(job("auto"), None) == "ray"
-    with pytest.raises(ConfigError, match=r"^ray.runner: local runs on this machine only, but a Ray cluster is named "
-                                          r"\(RAY_ADDRESS=http://head:8265\); set ray.runner: auto"):
-        runner_kind(job("local"), None)
-    with pytest.raises(ConfigError, match=r"^ray.runner: expected one of auto, local, ray, got 'cluster'$"):
+    assert resolve(job("auto")).kind == "ray"
+    with pytest.raises(ConfigError, match=r"^runner.kind: local runs on this machine only, but a Ray cluster is named "
+                                          r"\(RAY_ADDRESS=http://head:8265\); set runner.kind: auto"):
+        resolve(job("local"))
+    with pytest.raises(ConfigError, match=r"^runner.kind: expected one of auto, serial, local, ray, got 'cluster'$"):
         job("cluster")
 
 
@@ -218,6 +221,6 @@ def test_local_and_embedded_ray_give_the_same_manifest(tmp_path, ray_session):
     write_demo_corpus(str(tmp_path / "demo"))
     hashes = {}
     for runner in ("local", "ray"):  # a partition per file: many tasks per step, several batches in flight
-        job = demo_job_dict(tmp_path / "demo", tmp_path / runner, ray={"runner": runner, "num_cpus": 2, "partition_bytes": 1})
+        job = demo_job_dict(tmp_path / "demo", tmp_path / runner, runner={"kind": runner, "num_cpus": 2}, partitioning={"partition_bytes": 1})
         hashes[runner] = prepare(PrepareConfig.from_dict(job), quiet=True).manifest_sha256
     assert hashes["local"] == hashes["ray"]

@@ -1,6 +1,6 @@
 """Partitioning changes the bookkeeping, never the result (issue 23): one fixed corpus of 4,000
 equal-sized JSONL files (tests/corpus_split.py: planted exact and near duplicates) grouped into
-8, 250, 1,000 and 4,000 partitions with ``ray.partition_bytes``. Every grouping must publish the
+8, 250, 1,000 and 4,000 partitions with ``partitioning.partition_bytes``. Every grouping must publish the
 same manifest (hash), remove the same documents for the same reasons and balance the same
 accounting; only the run key (the work dir's name) and the task counts change.
 
@@ -40,7 +40,7 @@ def _job(root, info, partitions: int, out) -> str:
         "split": {"validation_fraction": 0.05},
         "tokenizer": {"vocab_size": 400, "sample_bytes": 200_000},
         "pack": {"seq_len": 64, "shard_bytes": 100_000},
-        "ray": {"partition_bytes": FILES // partitions * info["file_bytes"]},
+        "partitioning": {"partition_bytes": FILES // partitions * info["file_bytes"]},
     }
     path = out / "job.yaml"
     path.write_text(yaml.safe_dump(job))

@@ -92,7 +92,7 @@ def test_published_dataset_is_valid_and_splits_are_disjoint(first_run):
 def test_same_hash_whatever_the_parallelism_batch_sizes_and_partitioning(corpus, first_run, tmp_path):
     result, _ = first_run
     # partition_bytes=1: one partition per file (27) instead of the default grouping (1 here)
-    other = _prepare(corpus, tmp_path, ray={"concurrency": 1, "records_per_batch": 7, "partition_bytes": 1})
+    other = _prepare(corpus, tmp_path, runner={"concurrency": 1}, partitioning={"records_per_batch": 7, "partition_bytes": 1})
     assert len(glob.glob(os.path.join(other.run_dir, "docs", "*.parquet"))) == 27
     assert len(glob.glob(os.path.join(result.run_dir, "docs", "*.parquet"))) < 27
     assert other.manifest_sha256 == result.manifest_sha256

@@ -326,7 +326,7 @@ def test_embedded_ray_failing_to_start_is_one_actionable_error(tmp_path, monkeyp
     import ray
 
     from gristmill.errors import GristmillError
-    from gristmill.pipeline.executor import ray_runtime
+    from gristmill.pipeline.runners.ray import ray_runtime
 
     def fail(**kw):
         raise Exception("The current node timed out during startup. This could happen because some of the raylet "
@@ -339,11 +339,11 @@ def test_embedded_ray_failing_to_start_is_one_actionable_error(tmp_path, monkeyp
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     job = PrepareConfig.from_dict(_job(tmp_path))
     with pytest.raises(GristmillError) as e:
-        with ray_runtime(job, None):
+        with ray_runtime(job.runner):
             pass
     msg = str(e.value)
     assert "embedded Ray did not start" in msg and "timed out during startup" in msg and "\n" not in msg
-    assert "RAY_raylet_start_wait_time_s" in msg and "ray.num_cpus" in msg and shutdowns
+    assert "RAY_raylet_start_wait_time_s" in msg and "runner.num_cpus" in msg and shutdowns
     with pytest.raises(GristmillError, match="cannot join the Ray cluster at ray://head:10001"):
-        with ray_runtime(job, "ray://head:10001"):
+        with ray_runtime(job.runner, "ray://head:10001"):
             pass

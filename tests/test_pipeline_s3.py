@@ -32,7 +32,7 @@ def _job(corpus, inputs_root: str, out: str) -> dict:
     d = demo_job_dict(corpus, corpus, quality={}, fuzzy_dedup={"threshold": 0.8},
                       decontaminate={"eval_sets": [{"name": "demo_qa", "path": f"{inputs_root}/evals/demo_qa.jsonl",
                                                     "id_field": "id"}]},
-                      ray={"num_cpus": 2, "partition_bytes": 300_000})  # ~4 partitions: every step has parallel tasks, and
+                      runner={"num_cpus": 2}, partitioning={"partition_bytes": 300_000})  # ~4 partitions: every step has parallel tasks, and
     # each S3 request to the single-threaded local server costs milliseconds (27 partitions took ~2 minutes)
     d["inputs"] = [json.loads(json.dumps(i).replace(str(corpus), inputs_root)) for i in d["inputs"]]
     d["output"]["store"], d["work_dir"] = f"{out}/store", f"{out}/work"

@@ -10,7 +10,7 @@ from gristmill.pipeline.documents import make_order, norm_hash, part_of, split_o
 from gristmill.pipeline.exact_dedup import find_exact_duplicates, keys_table, plan_tasks
 from gristmill.pipeline.executor import group_files
 from gristmill.pipeline.pack import pack_split
-from gristmill.pipeline.tokenize import TOKENS_SCHEMA, train_bpe
+from gristmill.pipeline.tokenization import TOKENS_SCHEMA, train_bpe
 from gristmill.pipeline.workdir import ParquetPart
 
 
@@ -235,3 +235,11 @@ def test_survivors_apply_each_stage_file_of_the_partition(tmp_path):
     assert got == [{"id": "a", "text": "A"}, {"id": "c", "text": "c1"}]
     later = s.after("s2", overrides=True)  # a later stage's text wins
     assert [r["text"] for t in later.docs(3, ["id", "text"], 10) for r in t.to_pylist()] == ["A", "c2"]
+
+
+def test_a_misspelt_flow_field_is_refused_not_counted_zero():
+    from gristmill.pipeline.stats import Counts
+
+    assert Counts.of_task({"removed": {"dup": 2}, "removed_bytes": 9, "pairs": 3, "documents_out": 1}).removed_bytes == 9
+    with pytest.raises(ValueError, match="'removed_byte', close to the flow field 'removed_bytes'"):
+        Counts.of_tasks([{"removed": {"dup": 2}, "removed_byte": 9}])

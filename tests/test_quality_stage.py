@@ -120,6 +120,6 @@ def test_per_source_settings_keep_short_fortunes_the_job_default_removes(run):
 def test_same_hash_whatever_the_parallelism(run, corpus, tmp_path):
     from gristmill.pipeline.executor import prepare
 
-    other = prepare(_job(corpus, tmp_path, ray={"concurrency": 1, "records_per_batch": 3, "partition_bytes": 1}), quiet=True)
+    other = prepare(_job(corpus, tmp_path, runner={"concurrency": 1}, partitioning={"records_per_batch": 3, "partition_bytes": 1}), quiet=True)
     assert other.run_dir != run.run_dir and other.report["stats"]["quality"]["documents_in"] > 0
     assert other.manifest_sha256 == run.manifest_sha256

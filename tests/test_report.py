@@ -165,10 +165,10 @@ def test_histograms_add_up_file_by_file():
 def test_the_fallback_stage_order_is_the_one_the_pipeline_runs(tmp_path):
     from gristmill.pipeline import stages
     from gristmill.pipeline.config import PrepareConfig
-    from gristmill.pipeline.documents import STAGE_ORDER
+    from gristmill.pipeline.stages import STAGE_ORDER
     from gristmill.report.dataset import stage_order
 
-    job = PrepareConfig.from_dict({"inputs": ["unused.jsonl"], "output": {"store": str(tmp_path / "s"), "dataset": "d"},
+    job = PrepareConfig.from_dict({"inputs": [{"path": "unused.jsonl", "id_field": "id"}], "output": {"store": str(tmp_path / "s"), "dataset": "d"},
                                "work_dir": str(tmp_path / "w"), "quality": {}, "fuzzy_dedup": {}, "decontaminate": {},
                                "pii": {}, "dedup_against": [str(tmp_path / "s" / "old" / "v1")]})
     assert [s.name for s in stages.build(job)] == [n for n in STAGE_ORDER if n != "language"]  # language: extract's filter

@@ -5,7 +5,8 @@ import warnings
 
 import pytest
 
-from gristmill.pipeline.runner import RayRunner, SerialRunner, TaskError
+from gristmill.pipeline.runner import SerialRunner, TaskError
+from gristmill.pipeline.runners.ray import RayRunner
 from gristmill.pipeline.workdir import WorkDir
 
 
@@ -55,7 +56,7 @@ def test_ray_retries_a_task_whose_worker_died_and_counts_it(ray_session, tmp_pat
     out = runner.run("step", items, functools.partial(_dies_once, flag_dir=str(tmp_path / "flags")))
     assert [s["documents_in"] for s in out] == list(range(6))
     assert runner.retries == {"step": 1}
-    with pytest.raises(TaskError, match=r"^step2: task t3 failed: its worker died in each of its 1 attempt \(ray.max_retries: 0; "):
+    with pytest.raises(TaskError, match=r"^step2: task t3 failed: its worker died in each of its 1 attempt \(runner.max_retries: 0; "):
         os.remove(tmp_path / "flags" / "t3")
         RayRunner(ray_session, wd, max_retries=0).run("step2", items, functools.partial(
             _dies_once, flag_dir=str(tmp_path / "flags")))

@@ -77,7 +77,7 @@ def test_repeated_ids_keep_none_of_their_documents_whatever_the_partitioning(tmp
             "output": {"store": str(tmp_path / f"store-{partition_bytes}"), "dataset": "d"},
             "work_dir": str(tmp_path / "work"), "language": {"enabled": False}, "split": {"validation_fraction": 0.0},
             "tokenizer": {"vocab_size": 300, "sample_bytes": 100_000}, "pack": {"seq_len": 16, "shard_bytes": 4096},
-            "ray": {"partition_bytes": partition_bytes}})
+            "partitioning": {"partition_bytes": partition_bytes}})
         result = prepare(job, quiet=True)
         m = load_manifest(result.url).manifest
         acc = m.stats["accounting"]

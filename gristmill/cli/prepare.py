@@ -9,8 +9,9 @@ from .common import add_job_arguments, load_job
 def register(sub) -> None:
     p = sub.add_parser("prepare", help="raw corpora -> a published, content-hashed token dataset (Ray tasks over files)")
     add_job_arguments(p, "job YAML file (see docs/pipeline.md)")
-    p.add_argument("--address", help="Ray cluster address to run on (default: RAY_ADDRESS under `ray job submit`, "
-                                     "else worker processes on this machine; see ray.runner)")
+    p.add_argument("--address", help="Ray cluster address to run on: the ray runner, overriding runner.address "
+                                     "(default: RAY_ADDRESS under `ray job submit`, else worker processes on this "
+                                     "machine; see runner.kind)")
     p.add_argument("--quiet", action="store_true", help="no per-stage progress lines")
     p.set_defaults(handler=_prepare)
 

@@ -1,16 +1,22 @@
-"""The stages of ``gristmill prepare``: the interface (``base``) and the fixed order.
+"""The stages of ``gristmill prepare``: the interface (``base``) and ``STAGES``, the one order.
 
 Each stage is a module here that owns its orchestration and its bookkeeping; the per-task
-algorithms are the part's libraries (``pipeline.extract``, ``pipeline.fuzzy_dedup``, ...).
-``build(job)`` is the order, each stage present when the job enables it:
+algorithms are the part's libraries (``pipeline.extract``, ``pipeline.near_duplicates``, ...).
+``STAGES`` is the order they run in, each present when the job enables it (``Stage.from_job``):
 
-    extract (+ language) -> unique_ids (jobs with an id_field) -> exact_dedup -> quality -> fuzzy_dedup -> dedup_against -> decontaminate -> dedup_index
-    -> pii -> tokenizer -> tokenize -> pack
+    extract (+ language) -> unique_ids (jobs with an id_field) -> exact_dedup -> quality -> fuzzy_dedup
+    -> dedup_against -> decontaminate -> dedup_index -> pii -> tokenizer -> tokenize -> pack
 
 (``dedup_index`` writes the version's dedup index from the documents left after every removal, with
-their texts as fuzzy dedup compares them, before PII redaction rewrites them.)
+their texts as fuzzy dedup compares them, before PII redaction rewrites them.) Everything else that
+needs the order derives it from ``STAGES``: ``build(job)``, ``STAGE_ORDER`` (removed/<stage>,
+``inspect removed``, the data card's fallback order) and the survivors each stage leaves
+(``Context.run``, from its ``removes``/``rewrites``). tests/test_stage_registry.py checks that
+every stage's section is a field of the job of the declared type, that the libraries' ``STAGE``
+names are stage names and that the report's stage sections name stages.
 
-A new stage: a module here with a ``Stage`` subclass, and its place in ``build``.
+A new stage: a module here with a ``Stage`` subclass (name, section and config, removes/rewrites,
+``run``), and its line in ``STAGES`` (docs/architecture.md has a worked example).
 """
 from __future__ import annotations
 
@@ -27,30 +33,30 @@ from .pii import Pii
 from .quality import Quality
 from .tokenize import Tokenize
 from .tokenizer import Tokenizer
-from .unique_ids import UniqueIds, needs_id_check
+from .unique_ids import UniqueIds
 
-__all__ = ["Context", "Packed", "Stage", "StageResult", "build"]
+__all__ = ["STAGES", "STAGE_ORDER", "Context", "Packed", "Stage", "StageResult", "build"]
+
+STAGES: tuple[type[Stage], ...] = (
+    Extract,
+    UniqueIds,
+    ExactDedup,
+    Quality,
+    FuzzyDedup,
+    DedupAgainst,
+    Decontaminate,
+    DedupIndex,  # every version publishes its dedup index
+    Pii,
+    Tokenizer,
+    Tokenize,
+    Pack,
+)
+
+# Every name a stage's rows and files go under, in the order the stages run (``language`` is
+# extract's filter, whose removals go under their own name).
+STAGE_ORDER: tuple[str, ...] = tuple(n for cls in STAGES for n in cls.names)
 
 
 def build(job: PrepareConfig) -> list[Stage]:
     """The stages this job runs, in order (every section was validated with the job)."""
-    stages: list[Stage] = [Extract()]
-    if needs_id_check(job):
-        stages.append(UniqueIds())
-    if job.exact_dedup.enabled:
-        stages.append(ExactDedup())
-    if job.quality is not None and job.quality.enabled:
-        stages.append(Quality(job))
-    def on(section) -> bool:  # optional typed sections: absent or enabled: false skips
-        return section is not None and section.enabled
-
-    if on(job.fuzzy_dedup):
-        stages.append(FuzzyDedup(job.fuzzy_dedup))
-    if job.dedup_against:
-        stages.append(DedupAgainst())
-    if on(job.decontaminate):
-        stages.append(Decontaminate(job.decontaminate))
-    stages.append(DedupIndex())  # every version publishes its dedup index
-    if on(job.pii):
-        stages.append(Pii(job.pii))
-    return stages + [Tokenizer(), Tokenize(), Pack()]
+    return [stage for cls in STAGES if (stage := cls.from_job(job)) is not None]

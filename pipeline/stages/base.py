@@ -1,24 +1,35 @@
 """The one interface between the executor and a stage: ``Stage``, its ``Context`` and its ``StageResult``.
 
-A stage has a ``name``, the job ``section`` that configures it, a ``kind`` (``map``: a task per
-partition; ``global``: tasks over hash ranges or ranges of partitions, planned from the data),
-``removes`` (whether it takes documents out of the run) and ``run(ctx)``, which runs its tasks
-through ``ctx.runner`` and returns a ``StageResult``: plain data (counts, rows of the manifest's
-stage table, the dataset it packed), never a live object. A stage that removes or rewrites
-documents writes them by partition (``removed/<name>/part-N.parquet``,
-``overrides/<name>/part-N.parquet``) and hands the next stages ``ctx.survivors.after(...)``.
+A stage class declares what it is; the executor reads the declarations and never names a stage:
+
+- ``name``: its name in the report, the manifest's ``stats.stages`` and ``removed/<name>/``;
+  ``names``: every name its rows and files go under, in order (extract's ``("extract", "language")``);
+- ``section`` and ``config``: its key in the job (a ``PrepareConfig`` field) and that section's type;
+- ``removes`` / ``rewrites``: whether it takes documents out of the run (``removed/<name>/part-N``)
+  or rewrites their texts (``overrides/<name>/part-N``). From these (``verdicts()``) the executor
+  advances ``ctx.survivors`` after the stage ran (``Context.run``): no stage does it by hand;
+- ``from_job(job) -> Stage | None``: the one way in. It reads the job once and keeps what the stage
+  needs; ``None`` when the job does not run the stage (its section absent or ``enabled: false``).
+  ``run(ctx)`` reads only the stage itself and ``ctx`` (the work dir, the runner, the partitions,
+  the survivors and the typed artifacts of earlier stages), never the job.
+
+``run(ctx)`` runs its tasks through ``ctx.runner`` and returns a ``StageResult``: plain data
+(counts, rows of the manifest's stage table, the dataset it packed) and, for later stages, one
+typed ``artifact`` (a small frozen dataclass, e.g. ``tokenizer.TokenizerFile``) that they look up by
+its type: ``ctx.artifact(TokenizerFile)``.
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal
+from typing import Any, Callable, ClassVar, TypeVar
 
-from ..config import PrepareConfig
 from ..runner import Runner
 from ..stats import Accounting, Counts
-from ..survivors import Survivors
+from ..survivors import Survivors, Verdicts
 from ..workdir import WorkDir, part_name
+
+A = TypeVar("A")
 
 
 @dataclass(frozen=True)
@@ -54,34 +65,58 @@ class StageResult:
     inputs: list[dict] = field(default_factory=list)  # manifests.Input fields of the files read
     eval_sets: list[dict] = field(default_factory=list)  # manifests.EvalSet fields checked against
     dataset: Packed | None = None
-    removed_files: tuple[tuple[str, str], ...] = ()  # (stage, prefix) of its removed/<stage>/<prefix>part-N: removed.jsonl
     core_seconds: dict[str, float] = field(default_factory=dict)  # report.json: summed task seconds by row
     peak_rss_mb: dict[str, float] = field(default_factory=dict)  # report.json: a worker's peak by row
-    data: Any = None  # what later stages read (``ctx.results[name].data``)
+    artifact: Any = None  # what later stages read, a frozen dataclass: ``ctx.artifact(type)``
     dedup_index: tuple = ()  # manifests.FileRef of the version's dedup index files it wrote into ``staging``
     dedup_against: tuple = ()  # manifests.PinnedVersion of the earlier versions it deduplicated against
+    removed_files: tuple[tuple[str, str], ...] = ()  # set by Context.run from the stage's verdicts: removed.jsonl
 
 
 @dataclass
 class Context:
-    """What a stage may use: the job, the work dir, the runner, the partitions, the documents
-    still in the run and what ran before."""
+    """What a stage may use: the work dir, the runner, the partitions, the documents still in the
+    run and the artifacts of the stages before it."""
 
-    job: PrepareConfig
     wd: WorkDir
     runner: Runner
     partitions: list[dict]
     log: Callable[[str], None] = lambda msg: None
     survivors: Survivors | None = None
-    results: dict[str, StageResult] = field(default_factory=dict)  # stage name -> its result
+    artifacts: dict[type, Any] = field(default_factory=dict)  # artifact type -> the one earlier stage's artifact
 
     def __post_init__(self):
         if self.survivors is None:
             self.survivors = Survivors(self.wd)
 
+    def run(self, stage: "Stage") -> StageResult:
+        """``stage.run(self)``, then what every stage's run implies, from its declarations: its
+        artifact kept for the stages after it, the survivors advanced past its verdicts, and its
+        removal files named for removed.jsonl."""
+        result = stage.run(self)
+        if result.artifact is not None:
+            kind = type(result.artifact)
+            if kind in self.artifacts:
+                raise RuntimeError(f"stage {stage.name}: a {kind.__name__} was already handed on by an earlier stage")
+            self.artifacts[kind] = result.artifact
+        verdicts = stage.verdicts()
+        self.survivors = self.survivors.applying(stage.name, verdicts)
+        result.removed_files = tuple((v.stage or stage.name, v.prefix) for v in verdicts if v.removed)
+        return result
+
+    def artifact(self, kind: type[A]) -> A:
+        """The artifact of type ``kind`` an earlier stage handed on (a missing one is a bug of the stage order)."""
+        try:
+            return self.artifacts[kind]
+        except KeyError:
+            raise RuntimeError(f"no earlier stage handed on a {kind.__name__}") from None
+
     def cpu_seconds(self) -> float:
         """The driver's CPU time plus that of every task run so far (resumed ones as recorded)."""
         return time.process_time() + self.runner.task_cpu_seconds
+
+    def part_numbers(self) -> list[int]:
+        return [t["part"] for t in self.partitions]
 
     def per_partition(self, **extra) -> list[dict]:
         """One task item per partition: ``name`` (``part-N``), ``part`` and ``extra``."""
@@ -89,10 +124,34 @@ class Context:
 
 
 class Stage:
-    name: str
-    section: str | None = None  # the job section that configures it
-    kind: Literal["map", "global"] = "map"
-    removes = False  # takes documents out of the run (each one counted in the accounting as `removed`)
+    """A stage of ``prepare``; see the module's docstring for what each declaration means."""
+
+    name: ClassVar[str]
+    names: ClassVar[tuple[str, ...]] = ()  # every name its rows and files go under; () = (name,)
+    section: ClassVar[str | None] = None  # its key in the job: a PrepareConfig field
+    config: ClassVar[type | None] = None  # that section's type (tests/test_stage_registry.py checks both)
+    removes: ClassVar[bool] = False  # takes documents out of the run: removed/<name>/part-N (counted as `removed`)
+    rewrites: ClassVar[bool] = False  # rewrites texts: overrides/<name>/part-N (later stages read the new texts)
+
+    def __init_subclass__(cls, **kw):
+        super().__init_subclass__(**kw)
+        if "name" in cls.__dict__ and not cls.__dict__.get("names"):
+            cls.names = (cls.name,)
+
+    @classmethod
+    def from_job(cls, job) -> "Stage | None":
+        """The stage as this job runs it, or None when the job does not run it. The default: the
+        job's ``section`` is the stage's only input; absent, empty or ``enabled: false`` is off."""
+        if cls.section is None:
+            return cls()
+        cfg = getattr(job, cls.section)
+        if cfg is None or cfg == () or getattr(cfg, "enabled", True) is False:
+            return None
+        return cls(cfg)
+
+    def verdicts(self) -> tuple[Verdicts, ...]:
+        """The per-partition files it writes that later stages apply (from ``removes``/``rewrites``)."""
+        return (Verdicts(removed=self.removes, overrides=self.rewrites),) if self.removes or self.rewrites else ()
 
     def run(self, ctx: Context) -> StageResult:
         raise NotImplementedError

@@ -18,18 +18,26 @@ from gristmill.manifests.manifest import PinnedVersion
 
 from .. import dedup_against as da
 from .. import dedup_index as di
-from ..config import FuzzyDedupConfig
+from ..config import DedupAgainstSpec, FuzzyDedupConfig
 from .base import Context, Stage, StageResult
 
 
 class DedupAgainst(Stage):
-    name, section, kind, removes = "dedup_against", "dedup_against", "global", True
+    name, section, config, removes = da.STAGE, "dedup_against", tuple[DedupAgainstSpec, ...], True
+
+    def __init__(self, versions: tuple[DedupAgainstSpec, ...], fuzzy: FuzzyDedupConfig):
+        self.versions, self.fuzzy = versions, fuzzy
+
+    @classmethod
+    def from_job(cls, job) -> "DedupAgainst | None":
+        # matched with fuzzy dedup's settings (its defaults when the job has no fuzzy_dedup section)
+        return cls(job.dedup_against, job.fuzzy_dedup or FuzzyDedupConfig()) if job.dedup_against else None
 
     def run(self, ctx: Context) -> StageResult:
-        cfg = ctx.job.fuzzy_dedup or FuzzyDedupConfig()
+        cfg = self.fuzzy
         params = di.index_params(cfg)
         pins, files = [], []
-        for spec in ctx.job.dedup_against:
+        for spec in self.versions:
             pub = load_manifest(spec.url, expected_sha256=spec.sha256)
             m = pub.manifest
             label = f"{m.dataset} v{m.version}"
@@ -39,9 +47,8 @@ class DedupAgainst(Stage):
             files += [{"url": join(pub.url, ref.path), "path": ref.path, "sha256": ref.sha256, "bytes": ref.bytes,
                        "rows": ref.rows, "label": f"{label} ({spec.url})", "version": label, "version_url": pub.url,
                        "version_sha256": m.sha256} for ref in m.dedup_index]
-        flow, detail = da.dedup_against(ctx.runner, ctx.survivors, [t["part"] for t in ctx.partitions], params,
+        flow, detail = da.dedup_against(ctx.runner, ctx.survivors, ctx.part_numbers(), params,
                                         cfg.threshold, files, cfg.batch_size)
-        ctx.survivors = ctx.survivors.after(self.name, removed=True)
         detail = {"versions": [{"url": p.url, "dataset": p.dataset, "version": p.version, "sha256": p.sha256} for p in pins],
                   **detail}
-        return StageResult(self.name, flow=flow, detail=detail, removed_files=((self.name, ""),), dedup_against=tuple(pins))
+        return StageResult(self.name, flow=flow, detail=detail, dedup_against=tuple(pins))

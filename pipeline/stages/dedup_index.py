@@ -17,10 +17,17 @@ from .base import Context, Stage, StageResult
 
 
 class DedupIndex(Stage):
-    name, kind = "dedup_index", "map"
+    name = di.STAGE  # no section of its own: every version publishes its dedup index
+
+    def __init__(self, fuzzy: FuzzyDedupConfig | None = None):
+        self.fuzzy = fuzzy or FuzzyDedupConfig()  # a version without fuzzy dedup still indexes its documents
+
+    @classmethod
+    def from_job(cls, job) -> "DedupIndex":
+        return cls(job.fuzzy_dedup)
 
     def run(self, ctx: Context) -> StageResult:
-        cfg = ctx.job.fuzzy_dedup or FuzzyDedupConfig()  # a version without fuzzy dedup still indexes its documents
+        cfg = self.fuzzy
         params = di.index_params(cfg)
         parts = ctx.per_partition()
         rows = ctx.runner.run(self.name, parts, functools.partial(

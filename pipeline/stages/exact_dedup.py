@@ -6,20 +6,24 @@ from __future__ import annotations
 import functools
 
 from .. import exact_dedup
+from ..config import ExactDedupConfig
 from ..stats import Counts
 from .base import Context, Stage, StageResult
+from .extract import Extracted
+from .unique_ids import RepeatedIds
 
 
 class ExactDedup(Stage):
-    name, section, kind, removes = "exact_dedup", "exact_dedup", "global", True
+    name, section, config, removes = exact_dedup.STAGE, "exact_dedup", ExactDedupConfig, True
+
+    def __init__(self, cfg: ExactDedupConfig):
+        self.cfg = cfg
 
     def run(self, ctx: Context) -> StageResult:
-        parts = [t["part"] for t in ctx.partitions]
-        items = exact_dedup.plan_tasks(ctx.results["extract"].data["documents"])
-        repeated = ctx.results["unique_ids"].data["tasks"] if "unique_ids" in ctx.results else ()
-        ctx.runner.run(self.name, items, functools.partial(exact_dedup.dedup_task, wd=ctx.wd, parts=parts,
-                                                           exclude_tasks=repeated))
+        items = exact_dedup.plan_tasks(ctx.artifact(Extracted).documents)
+        repeated = ctx.artifacts.get(RepeatedIds)  # a job without id_field has no repeated ids
+        ctx.runner.run(self.name, items, functools.partial(exact_dedup.dedup_task, wd=ctx.wd, parts=ctx.part_numbers(),
+                                                           exclude_tasks=repeated.tasks if repeated else ()))
         stats = ctx.runner.run(f"{self.name}.removed", ctx.per_partition(), functools.partial(
             exact_dedup.removed_task, wd=ctx.wd, tasks=[it["name"] for it in items]))
-        ctx.survivors = ctx.survivors.after(self.name, removed=True)
-        return StageResult(self.name, flow=Counts.of_tasks(stats), removed_files=((self.name, ""),))
+        return StageResult(self.name, flow=Counts.of_tasks(stats))

@@ -4,24 +4,47 @@ stage table (``extract``, ``language``) start the document flow."""
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
+from .. import extract
+from ..config import ExtractConfig
 from ..documents import LANGUAGE
-from ..extract import extract_partition
 from ..stats import Accounting, summed
+from ..survivors import Verdicts
+from ..unique_ids import needs_id_check
 from .base import Context, Stage, StageResult
-from .unique_ids import needs_id_check
+
+
+@dataclass(frozen=True)
+class Extracted:
+    """What extract hands on: the documents it kept (exact dedup's keys) and the records it read
+    (unique ids' ids)."""
+
+    documents: int
+    records: int
 
 
 class Extract(Stage):
-    name, section, kind = "extract", "extract", "map"
+    name, names, section, config = extract.STAGE, (extract.STAGE, LANGUAGE), "extract", ExtractConfig
+
+    def __init__(self, job):
+        self.extract, self.language, self.batch_rows = job.extract, job.language, job.partitioning.records_per_batch
+        self.check_ids = needs_id_check(job)
+        # each input entry's own minimum length and language threshold (per source)
+        self.per_input = [{"min_chars": spec.min_chars, "language_threshold": spec.language_threshold} for spec in job.inputs]
+
+    @classmethod
+    def from_job(cls, job) -> "Extract":
+        return cls(job)  # always runs
+
+    def verdicts(self) -> tuple[Verdicts, ...]:
+        # the language filter's removals: written for the record; docs/ holds only what it kept
+        return (Verdicts(removed=True, stage=LANGUAGE, applied=False),)
 
     def run(self, ctx: Context) -> StageResult:
-        job = ctx.job
-        fn = functools.partial(extract_partition, extract=job.extract, language=job.language, wd=ctx.wd,
-                               batch_rows=job.ray.records_per_batch)
-        # each file with its input entry's own minimum length and language threshold (per source)
-        items = [{**it, "check_ids": needs_id_check(job), "files": [{**f, "min_chars": job.inputs[f["input"]].min_chars,
-                                   "language_threshold": job.inputs[f["input"]].language_threshold} for f in t["files"]]}
+        fn = functools.partial(extract.extract_partition, extract=self.extract, language=self.language, wd=ctx.wd,
+                               batch_rows=self.batch_rows)
+        items = [{**it, "check_ids": self.check_ids, "files": [{**f, **self.per_input[f["input"]]} for f in t["files"]]}
                  for it, t in zip(ctx.per_partition(), ctx.partitions)]
         stats = ctx.runner.run(self.name, items, fn,
                                measure=lambda s: (s["extract"]["records"], sum(f["bytes"] for f in s["inputs"])))
@@ -30,13 +53,13 @@ class Extract(Stage):
                     ("documents_in", "bytes_in", "documents_out", "bytes_out", "removed", "languages", "seconds"))
         inputs = [f for s in stats for f in s["inputs"]]
         bytes_in = sum(f["bytes"] for f in inputs)
-        rows = {"extract": {"documents_in": ex["records"], "documents_out": ex["documents"], "bytes_in": bytes_in,
+        rows = {self.name: {"documents_in": ex["records"], "documents_out": ex["documents"], "bytes_in": bytes_in,
                             "bytes_out": ex["bytes_out"], "quarantined": ex["quarantined"]},
-                "language": {k: lg[k] for k in ("documents_in", "bytes_in", "documents_out", "bytes_out", "removed",
-                                                 "languages")}}
+                LANGUAGE: {k: lg[k] for k in ("documents_in", "bytes_in", "documents_out", "bytes_out", "removed",
+                                              "languages")}}
         return StageResult(
             self.name, rows=rows, flow_start=(lg["documents_out"], lg["bytes_out"]), inputs=inputs,
             accounting=Accounting(input=ex["records"], removed=lg["removed"], quarantined=ex["quarantined"]),
-            core_seconds={"extract": ex["seconds"], "language": lg["seconds"]},
-            peak_rss_mb={"extract": max((s.get("peak_rss_mb", 0) for s in stats), default=0)},
-            removed_files=((LANGUAGE, ""),), data={"documents": lg["documents_out"], "records": lg["documents_in"]})
+            core_seconds={self.name: ex["seconds"], LANGUAGE: lg["seconds"]},
+            peak_rss_mb={self.name: max((s.get("peak_rss_mb", 0) for s in stats), default=0)},
+            artifact=Extracted(documents=lg["documents_out"], records=lg["documents_in"]))

@@ -1,11 +1,11 @@
-"""Fuzzy dedup's orchestration: the steps of ``pipeline.fuzzy_dedup`` (bands, candidates,
+"""Fuzzy dedup's orchestration: the steps of ``pipeline.near_duplicates`` (bands, candidates,
 members, verify, components, assign, removed) as tasks over the work dir, and its statistics."""
 from __future__ import annotations
 
 import functools
 
 from .. import connected_components as cc
-from .. import fuzzy_dedup as fd
+from .. import near_duplicates as fd
 from ..config import FuzzyDedupConfig
 from ..runner import Runner
 from ..stats import Counts, summed
@@ -15,15 +15,14 @@ from .base import Context, Stage, StageResult
 
 
 class FuzzyDedup(Stage):
-    name, section, kind, removes = "fuzzy_dedup", "fuzzy_dedup", "global", True
+    name, section, config, removes = fd.STAGE, "fuzzy_dedup", FuzzyDedupConfig, True
 
     def __init__(self, cfg: FuzzyDedupConfig):
         self.cfg = cfg
 
     def run(self, ctx: Context) -> StageResult:
-        flow, detail = find_near_duplicates(ctx.runner, ctx.survivors, [t["part"] for t in ctx.partitions], self.cfg)
-        ctx.survivors = ctx.survivors.after(self.name, removed=True)
-        return StageResult(self.name, flow=flow, detail=detail, removed_files=((self.name, ""),))
+        flow, detail = find_near_duplicates(ctx.runner, ctx.survivors, ctx.part_numbers(), self.cfg)
+        return StageResult(self.name, flow=flow, detail=detail)
 
 
 def find_near_duplicates(runner: Runner, survivors: Survivors, parts: list[int], cfg: FuzzyDedupConfig

@@ -10,23 +10,33 @@ from gristmill.manifests import FileRef, Shard
 from gristmill.manifests.builder import DOC_INDEX_FILE
 
 from .. import pack
+from ..config import PackConfig
 from ..stats import summed
-from ..tokenize import load_tokenizer
+from ..tokenization import load_tokenizer
 from .base import Context, Packed, Stage, StageResult
+from .tokenize import TokenCounts
+from .tokenizer import TokenizerFile
 
 
 class Pack(Stage):
-    name, section, kind = "pack", "pack", "global"
+    name, section, config = "pack", "pack", PackConfig
+
+    def __init__(self, cfg: PackConfig, eos_token: str, dataset: str):
+        self.cfg, self.eos_token, self.dataset = cfg, eos_token, dataset
+
+    @classmethod
+    def from_job(cls, job) -> "Pack":
+        return cls(job.pack, job.tokenizer.eos_token, job.output.dataset)
 
     def run(self, ctx: Context) -> StageResult:
-        job, wd = ctx.job, ctx.wd
-        tok_path = ctx.results["tokenizer"].data["path"]
-        _, vocab, eos_id = load_tokenizer(tok_path, job.tokenizer.eos_token)
+        cfg, wd = self.cfg, ctx.wd
+        tok_path = ctx.artifact(TokenizerFile).path
+        _, vocab, eos_id = load_tokenizer(tok_path, self.eos_token)
         if wd.local:  # an object store has no directories to make
             os.makedirs(wd.staged("shards"), exist_ok=True)
-        items = pack.plan_ranges(ctx.results["tokenize"].data["tokens"], job.pack.range_tokens)  # train, then validation
+        items = pack.plan_ranges(ctx.artifact(TokenCounts).by_split(), cfg.range_tokens)  # train, then validation
         out = ctx.runner.run(self.name, items, functools.partial(
-            pack.pack_range_task, wd=wd, seq_len=job.pack.seq_len, shard_bytes=job.pack.shard_bytes, vocab_size=vocab))
+            pack.pack_range_task, wd=wd, seq_len=cfg.seq_len, shard_bytes=cfg.shard_bytes, vocab_size=vocab))
         shards, slices = [], []
         for o in out:  # manifest order: the items' order
             slices.append((o["index"], len(shards)))
@@ -37,6 +47,6 @@ class Pack(Stage):
         row["tokens_out"] = row["tokens_in"] - sum(row[s]["tokens_dropped_tail"] for s in pack.SPLITS)
         (merged,) = ctx.runner.run(f"{self.name}.doc_index", [{"name": "merge"}], functools.partial(
             pack.merge_doc_index, slices=slices, out_path=wd.staged(DOC_INDEX_FILE)))
-        packed = Packed(wd.staging, job.output.dataset, job.pack.seq_len, tok_path, vocab, eos_id, tuple(shards),
+        packed = Packed(wd.staging, self.dataset, cfg.seq_len, tok_path, vocab, eos_id, tuple(shards),
                         FileRef(DOC_INDEX_FILE, merged["sha256"], merged["bytes"], merged["rows"]))
         return StageResult(self.name, rows={self.name: row}, dataset=packed)

@@ -6,20 +6,20 @@ from __future__ import annotations
 import functools
 
 from .. import pii
+from ..config import PiiConfig
 from ..stats import Counts
 from .base import Context, Stage, StageResult
 
 
 class Pii(Stage):
-    name, section, kind, removes = "pii", "pii", "map", False
+    name, section, config, rewrites = pii.STAGE, "pii", PiiConfig, True  # removes nothing
 
-    def __init__(self, cfg):
+    def __init__(self, cfg: PiiConfig):
         self.cfg = cfg
 
     def run(self, ctx: Context) -> StageResult:
         stats = ctx.runner.run(self.name, ctx.per_partition(),
                                functools.partial(pii.pii_task, cfg=self.cfg, survivors=ctx.survivors))
-        ctx.survivors = ctx.survivors.after(self.name, overrides=True)
         counts = {k: sum(s["replacements"][k] for s in stats) for k in pii.KINDS}
         kinds = [k for k, on in zip(pii.KINDS, (self.cfg.emails, self.cfg.ips, self.cfg.phones)) if on]
         return StageResult(self.name, flow=Counts(), detail={

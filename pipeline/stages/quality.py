@@ -7,18 +7,23 @@ import functools
 from .. import quality as quality_rules
 from ..config import PrepareConfig
 from ..quality import classifier as quality_classifier
-from ..quality.task import partition_task
+from ..quality.config import QualityConfig
+from ..quality.task import STAGE, partition_task
 from ..stats import Counts
 from .base import Context, Stage, StageResult
 
 
 class Quality(Stage):
-    name, section, kind, removes = "quality", "quality", "map", True
+    name, section, config, removes, rewrites = STAGE, "quality", QualityConfig, True, True  # rewrites: C4's dropped lines
 
     def __init__(self, job: PrepareConfig):
-        self.configs = [job.quality_for(i) for i in range(len(job.inputs))]
+        self.configs = [job.quality_for(i) for i in range(len(job.inputs))]  # each input's own settings
         for cfg in {c.classifier for c in self.configs if c.classifier is not None}:
             quality_classifier.check_label(cfg)  # a wrong model or label fails now, not in a worker
+
+    @classmethod
+    def from_job(cls, job: PrepareConfig) -> "Quality | None":
+        return cls(job) if job.quality is not None and job.quality.enabled else None
 
     def run(self, ctx: Context) -> StageResult:
         names = list(dict.fromkeys(m for c in self.configs for m in quality_rules.metric_names(c)))
@@ -26,6 +31,5 @@ class Quality(Stage):
                  for it, t in zip(ctx.per_partition(), ctx.partitions)]
         stats = ctx.runner.run(self.name, items, functools.partial(
             partition_task, configs=[c.to_dict() for c in self.configs], names=names, survivors=ctx.survivors))
-        ctx.survivors = ctx.survivors.after(self.name, removed=True, overrides=True)
-        return StageResult(self.name, flow=Counts.of_tasks(stats), removed_files=((self.name, ""),),
+        return StageResult(self.name, flow=Counts.of_tasks(stats),
                            detail={"metrics": names, "texts_shortened": sum(s["texts_shortened"] for s in stats)})

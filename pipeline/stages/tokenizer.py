@@ -1,15 +1,17 @@
 """The job's tokenizer.json, or a byte-level BPE trained (in one task) on the first surviving
-documents in global order (``pipeline.tokenize.train_bpe``)."""
+documents in global order (``pipeline.tokenization.train_bpe``)."""
 from __future__ import annotations
 
 import functools
 import os
 import tempfile
+from dataclasses import dataclass
 
 from gristmill.manifests.shards import atomic_write
 
+from ..config import TokenizerConfig
 from ..survivors import Survivors
-from ..tokenize import load_tokenizer, train_bpe
+from ..tokenization import load_tokenizer, train_bpe
 from .base import Context, Stage, StageResult
 
 
@@ -33,15 +35,25 @@ def train_task(item: dict, cfg, survivors: Survivors, parts: list[int]) -> dict:
     return {"documents": len(sample)}
 
 
+@dataclass(frozen=True)
+class TokenizerFile:
+    """What the tokenizer stage hands on: the tokenizer.json that tokenize and pack use."""
+
+    path: str
+
+
 class Tokenizer(Stage):
-    name, section, kind = "tokenizer", "tokenizer", "global"
+    name, section, config = "tokenizer", "tokenizer", TokenizerConfig
+
+    def __init__(self, cfg: TokenizerConfig):
+        self.cfg = cfg
 
     def run(self, ctx: Context) -> StageResult:
-        cfg = ctx.job.tokenizer
+        cfg = self.cfg
         if cfg.path:
             load_tokenizer(cfg.path, cfg.eos_token)  # fail now, not in a worker, if it is unusable
-            return StageResult(self.name, data={"path": cfg.path})
+            return StageResult(self.name, artifact=TokenizerFile(cfg.path))
         ctx.log(f"[tokenizer] training byte-level BPE (vocab {cfg.vocab_size}) on up to {cfg.sample_bytes:,} bytes")
         ctx.runner.run(self.name, [{"name": "train", "out": ctx.wd.tokenizer_json}], functools.partial(
-            train_task, cfg=cfg, survivors=ctx.survivors, parts=[t["part"] for t in ctx.partitions]))
-        return StageResult(self.name, data={"path": ctx.wd.tokenizer_json})
+            train_task, cfg=cfg, survivors=ctx.survivors, parts=ctx.part_numbers()))
+        return StageResult(self.name, artifact=TokenizerFile(ctx.wd.tokenizer_json))

@@ -5,27 +5,33 @@ record carries keeps none of them (docs/pipeline.md, "Document ids")."""
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 from .. import unique_ids
-from ..config import PrepareConfig
 from ..stats import Counts
+from ..unique_ids import needs_id_check
 from .base import Context, Stage, StageResult
+from .extract import Extracted
 
 
-def needs_id_check(job: PrepareConfig) -> bool:
-    """Ids come from the data (some input has an id_field): check they are unique."""
-    return any(spec.id_field is not None for spec in job.inputs)
+@dataclass(frozen=True)
+class RepeatedIds:
+    """What unique ids hands on: its bucket-range tasks, whose files name the repeated ids (exact
+    dedup leaves those documents to it)."""
+
+    tasks: tuple[str, ...]
 
 
 class UniqueIds(Stage):
-    name, section, kind, removes = "unique_ids", None, "global", True
+    name, removes = unique_ids.STAGE, True  # no section of its own: on when an input has an id_field
+
+    @classmethod
+    def from_job(cls, job) -> "UniqueIds | None":
+        return cls() if needs_id_check(job) else None
 
     def run(self, ctx: Context) -> StageResult:
-        parts = [t["part"] for t in ctx.partitions]
-        items = unique_ids.plan_tasks(ctx.results["extract"].data["records"])
-        ctx.runner.run(self.name, items, functools.partial(unique_ids.check_task, wd=ctx.wd, parts=parts))
+        items = unique_ids.plan_tasks(ctx.artifact(Extracted).records)
+        ctx.runner.run(self.name, items, functools.partial(unique_ids.check_task, wd=ctx.wd, parts=ctx.part_numbers()))
         stats = ctx.runner.run(f"{self.name}.removed", ctx.per_partition(), functools.partial(
             unique_ids.removed_task, wd=ctx.wd, tasks=[it["name"] for it in items]))
-        ctx.survivors = ctx.survivors.after(self.name, removed=True)
-        return StageResult(self.name, flow=Counts.of_tasks(stats), removed_files=((self.name, ""),),
-                           data={"tasks": tuple(it["name"] for it in items)})
+        return StageResult(self.name, flow=Counts.of_tasks(stats), artifact=RepeatedIds(tuple(it["name"] for it in items)))
