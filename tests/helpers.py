@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import warnings
 
 from gristmill.manifests.synthetic import build_synthetic, write_tokenizer  # noqa: F401  (re-exported for tests)
@@ -134,3 +135,62 @@ def demo_job_dict(corpus, out, **over) -> dict:
     }
     d.update(over)
     return d
+
+
+class ServeProcess:
+    """``gristmill serve`` in its own process on 127.0.0.1 and a free port (``--listen HOST:0``); ``url`` is
+    its endpoint once it printed its listening line. ``args``: the command's arguments after the URLs;
+    ``env``: extra environment (e.g. ``GRISTMILL_SERVE_TOKEN``). ``kill()`` is kill -9; ``stop()`` SIGTERM."""
+
+    def __init__(self, *urls: str, args: tuple[str, ...] = (), env: dict | None = None, listen: str = "127.0.0.1:0",
+                 timeout_s: float = 60.0):
+        import re
+        import subprocess
+        import sys
+
+        self.proc = subprocess.Popen([sys.executable, "-m", "gristmill", "serve", *urls, "--listen", listen, *args],
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+        self.lines: list[str] = []
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if not line:  # exited before listening
+                self.proc.wait(timeout=10)
+                self.url = None
+                return
+            self.lines.append(line)
+            found = re.search(r"listening on (grpc(?:\+tls)?://\S+)", line)
+            if found:
+                self.url = found.group(1)
+                return
+        self.kill()
+        raise TimeoutError(f"gristmill serve did not start in {timeout_s} s: {''.join(self.lines)[-2000:]}")
+
+    @property
+    def port(self) -> int:
+        return int(self.url.rsplit(":", 1)[1])
+
+    def output(self) -> str:
+        """What it printed (after it exited)."""
+        rest = self.proc.stdout.read() if self.proc.poll() is not None else ""
+        return "".join(self.lines) + (rest or "")
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=10)
+
+    def stop(self) -> str:
+        """SIGTERM; returns everything it printed."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        out, _ = self.proc.communicate(timeout=20)
+        self.lines.append(out or "")
+        return "".join(self.lines)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.kill()

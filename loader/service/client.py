@@ -21,6 +21,7 @@ import collections
 import json
 import logging
 import os
+import re
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -108,7 +109,7 @@ def served_data(name_or_sha: str, source: Source) -> Published | PublishedMixtur
             try:
                 reply = json.loads(endpoints.action(url, "manifest", body))
             except flight.FlightError as e:
-                errors.append(f"{url}: {one_line(e)}")
+                errors.append(f"{url}: {reason(e, url)}")
                 continue
             m = _Either.from_json(reply["manifest"], expected_sha256=expected, source=f"{url} manifest")
             pub = Published(m, f"{url}#{m.sha256}")
@@ -157,11 +158,11 @@ class ServiceBatches:
                 return batches
             except (flight.FlightError, pa.ArrowException, ReplyMismatch, OSError) as e:
                 if _refused(e):  # the same request is refused everywhere: a client error, not a failure
-                    raise ServiceError(f"gristmill serve at {url}: {one_line(e)}") from e
-                errors.append(f"{url}: {one_line(e)}")
+                    raise ServiceError(f"gristmill serve at {url}: {reason(e, url)}") from e
+                errors.append(f"{url}: {reason(e, url)}")
                 self.stats["retries"] += 1
                 log.warning("steps %d..%d from %s failed (%s); retrying on another endpoint", req.start_step,
-                            req.start_step + req.steps - 1, url, one_line(e))
+                            req.start_step + req.steps - 1, url, reason(e, url))
                 if (attempt + 1) % len(urls) == 0:
                     time.sleep(min(src.backoff_s * 2 ** ((attempt + 1) // len(urls) - 1), 10.0))
         raise ServiceError(f"steps {req.start_step}..{req.start_step + req.steps - 1} failed on every endpoint "
@@ -262,3 +263,11 @@ def _refused(e: Exception) -> bool:
     """A refusal every endpoint would repeat: authentication, permission, a bad request."""
     return isinstance(e, (flight.FlightUnauthenticatedError, flight.FlightUnauthorizedError)) or (
         isinstance(e, flight.FlightServerError) and "bad request" in str(e))
+
+
+def reason(e: Exception, url: str) -> str:
+    """A Flight error in one short line: gRPC's debug context dropped, a plain client to a TLS server named."""
+    text = re.sub(r"^Flight returned \w+ error, with message: ", "", one_line(e)).split(". gRPC client debug context")[0]
+    if url.startswith(("grpc://", "grpc+tcp://")) and "Socket closed" in text:
+        text += " (a TLS server? use grpc+tls:// and service_tls_root)"
+    return text
