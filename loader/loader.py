@@ -96,12 +96,8 @@ class Loader:
         cache_limit_bytes, prefetch = caching.limit_bytes, threads.prefetch
         self.sampling, self.source, self.caching, self.threads, self.batches = sampling, source, caching, threads, batches
         self.storage_options = dict(storage_options or {})
-        if isinstance(data, str) and source.service and "/" not in data and ":" not in data:
-            from .service.client import served_data  # a name or hash only the service can resolve
-
-            self.published = served_data(data, source)
-        elif isinstance(data, str):
-            self.published = _load_with_retries(data, expected_sha256, self.storage_options, retries, backoff_s)
+        if isinstance(data, str):
+            self.published = open_data(data, source)
         else:  # a Published dataset or mixture (a mixture's components are loaded here if they are not yet)
             self.published = load_data(data, **self.storage_options)
         if expected_sha256 is not None and self.published.manifest.sha256 != expected_sha256:
@@ -393,6 +389,18 @@ class _Inline:
 def _check(ok: bool, message: str) -> None:
     if not ok:
         raise UsageError(message)
+
+
+def open_data(data: str, source: Source = Source()) -> Published | PublishedMixture:
+    """The dataset version or mixture ``data`` names: a URL read from its store (with ``source``'s
+    retries), or, with ``source.service`` set, a bare name or manifest sha256 that the service resolves
+    (loader/service/client.py ``served_data``: the client needs no store access; every hash is checked)."""
+    if source.service and "/" not in data and ":" not in data:
+        from .service.client import served_data
+
+        return served_data(data, source)
+    return _load_with_retries(data, source.expected_sha256, dict(source.storage_options or {}), source.retries,
+                              source.backoff_s)
 
 
 def _load_with_retries(url: str, expected_sha256, storage_options: dict, retries: int,

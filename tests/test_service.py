@@ -208,3 +208,21 @@ def test_a_version_published_after_the_start_and_an_unknown_hash(data, tmp_path)
                               caching=Caching(dir=str(tmp_path / "ref"))))), first_batch(late.url, srv.url))
         out = srv.stop()
     assert "SIGTERM, shutting down" in out
+
+
+def test_the_trainer_reads_through_the_service_by_manifest_hash(data, two_servers, tmp_path):
+    """data.service: the job names the data by hash only; training, validation and checkpoints run."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sha = Loader(data["toy"], caching=Caching(dir=str(tmp_path / "c"))).manifest.sha256
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "gristmill", "train", os.path.join(root, "configs", "train-tiny.yaml"),
+           "--set", f"data.manifest={sha}", "--set", f"data.service=[{two_servers[0].url}, {two_servers[1].url}]",
+           "--set", f"run.dir={run_dir}", "--set", "run.steps=2", "--set", "eval.every=2", "--set", "run.tensorboard=false",
+           "--set", "data.global_batch=4", "--set", "run.log_samples=true"]
+    out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "val_loss" in out.stderr + out.stdout
+    with Loader(data["toy"], Sampling(global_batch=4), caching=Caching(dir=str(tmp_path / "c"))) as ref:
+        want = [b["indices"].tolist() for b in take(ref, 2)]
+    logged = [json.loads(line) for line in open(run_dir / "samples.jsonl")]
+    assert [x["indices"] for x in logged] == want, logged
