@@ -39,7 +39,8 @@ MAX_TICKET_BYTES = 4096  # a request's JSON is ~300 bytes
 MAX_GLOBAL_BATCH = 1 << 24  # as trainer/config.py's MAX_BATCH
 MAX_STEPS = 1024  # steps per request
 MAX_ROWS = 1 << 20  # rows per request (steps * global_batch / world_size): bounds one stream's work
-MAX_START_STEP = 1 << 40  # start_step * global_batch stays far inside int64
+MAX_START_STEP = 1 << 40
+MAX_INDEX = 1 << 62  # the global indices a request covers stay inside int64
 MAX_WINDOW_SHARDS = 1 << 16
 MAX_SEED = 1 << 63
 SPLIT = re.compile(r"[A-Za-z0-9_.-]{1,64}")
@@ -87,6 +88,8 @@ class Request:
         _check(0 <= self.start_step <= MAX_START_STEP, f"start_step: expected 0..{MAX_START_STEP}")
         _check(1 <= self.steps <= MAX_STEPS, f"steps: expected 1..{MAX_STEPS} per request")
         _check(self.steps * self.local_batch <= MAX_ROWS, f"steps * local batch: more than {MAX_ROWS} rows in one request")
+        _check((self.start_step + self.steps) * self.global_batch <= MAX_INDEX,
+               f"(start_step + steps) * global_batch: past global index 2^62")
 
     @property
     def local_batch(self) -> int:
