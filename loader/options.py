@@ -56,6 +56,8 @@ class Source:
     service_token: str | None = None  # bearer token; default: service_token_file, else $GRISTMILL_SERVE_TOKEN
     service_token_file: str | None = None
     service_tls_root: str | None = None  # PEM file of the CA that signed the servers' certificates (grpc+tls)
+    service_tls_cert: str | None = None  # PEM certificate and key of this client, for a server with mutual TLS
+    service_tls_key: str | None = None
     service_timeout_s: float = 60.0  # deadline of one request (a range of steps) before it is retried elsewhere
 
     def __post_init__(self):

@@ -171,6 +171,14 @@ def test_tokens_and_tls(data, tmp_path):
             first_batch(data["toy"], tls, service_tls_root=cert)
         with pytest.raises(ServiceError, match="wrong bearer token"):
             first_batch(data["toy"], tls, service_tls_root=cert, service_token="guess")
+        # mutual TLS: the server asks for a client certificate its --tls-client-ca signed
+        with ServeProcess(data["store"], args=("--token-file", str(token), "--tls-cert", cert, "--tls-key", key,
+                                               "--tls-client-ca", cert, "--cache-dir", str(tmp_path / "c"))) as mtls:
+            url = mtls.url.replace("127.0.0.1", "localhost")
+            same(want, first_batch(data["toy"], url, service_tls_root=cert, service_token_file=str(token),
+                                   service_tls_cert=cert, service_tls_key=key))
+            with pytest.raises(ServiceError):  # no client certificate
+                first_batch(data["toy"], url, service_tls_root=cert, service_token_file=str(token))
         with pytest.raises(ServiceError) as plain:  # a plain-text client against the TLS server
             first_batch(data["toy"], f"grpc://localhost:{srv.port}", service_token="s3cret-token")
         assert "\n" not in str(plain.value) and f"grpc://localhost:{srv.port}" in str(plain.value)

@@ -45,6 +45,8 @@ class DataConfig(Section):
     service: list[NonEmptyStr] = []
     service_token_file: Str | None = None  # bearer token file (else $GRISTMILL_SERVE_TOKEN); never in the job file
     service_tls_root: Str | None = None  # PEM CA of the servers' certificates (grpc+tls://)
+    service_tls_cert: Str | None = None  # PEM certificate and key of this client (servers with mutual TLS)
+    service_tls_key: Str | None = None
 
 
 class ModelConfig(Section):

@@ -71,18 +71,16 @@ class Endpoints:
         token = resolve_token(source)
         headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
         self.options = flight.FlightCallOptions(timeout=source.service_timeout_s, headers=headers)
-        self.tls_root = None
-        if source.service_tls_root:
-            with open(source.service_tls_root, "rb") as f:
-                self.tls_root = f.read()
+        self.tls = {key: _read(path) for key, path in (("tls_root_certs", source.service_tls_root),
+                                                        ("cert_chain", source.service_tls_cert),
+                                                        ("private_key", source.service_tls_key)) if path}
         self._clients: dict[str, flight.FlightClient] = {}
         self._lock = threading.Lock()
 
     def client(self, url: str) -> flight.FlightClient:
         with self._lock:
             if url not in self._clients:
-                kw = {"tls_root_certs": self.tls_root} if self.tls_root and url.startswith("grpc+tls") else {}
-                self._clients[url] = flight.FlightClient(url, **kw)
+                self._clients[url] = flight.FlightClient(url, **(self.tls if url.startswith("grpc+tls") else {}))
             return self._clients[url]
 
     def action(self, url: str, name: str, body: dict) -> bytes:
@@ -94,6 +92,11 @@ class Endpoints:
             for c in self._clients.values():
                 c.close()
             self._clients.clear()
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
 
 
 def served_data(name_or_sha: str, source: Source) -> Published | PublishedMixture:
@@ -134,7 +137,8 @@ class ServiceBatches:
         self.endpoints = Endpoints(loader.source)
         self.range_steps = loader.prefetch
         self.pool = ThreadPoolExecutor(RANGES_IN_FLIGHT, thread_name_prefix="gristmill-service")
-        self.stats = collections.Counter()  # bytes, requests, retries
+        self.stats = collections.Counter()  # bytes, requests, retries (updated under stats_lock)
+        self.stats_lock = threading.Lock()
 
     def request(self, start_step: int, steps: int) -> Request:
         ld = self.ld
@@ -153,14 +157,17 @@ class ServiceBatches:
         for attempt in range(src.retries * len(urls)):
             url = urls[(k + attempt) % len(urls)]
             try:
-                batches = self._get(url, req)
-                self.stats["requests"] += 1
+                batches, nbytes = self._get(url, req)
+                with self.stats_lock:
+                    self.stats["requests"] += 1
+                    self.stats["bytes"] += nbytes
                 return batches
             except (flight.FlightError, pa.ArrowException, ReplyMismatch, OSError) as e:
                 if _refused(e):  # the same request is refused everywhere: a client error, not a failure
                     raise ServiceError(f"gristmill serve at {url}: {reason(e, url)}") from e
                 errors.append(f"{url}: {reason(e, url)}")
-                self.stats["retries"] += 1
+                with self.stats_lock:
+                    self.stats["retries"] += 1
                 log.warning("steps %d..%d from %s failed (%s); retrying on another endpoint", req.start_step,
                             req.start_step + req.steps - 1, url, reason(e, url))
                 if (attempt + 1) % len(urls) == 0:
@@ -168,20 +175,22 @@ class ServiceBatches:
         raise ServiceError(f"steps {req.start_step}..{req.start_step + req.steps - 1} failed on every endpoint "
                            f"({src.retries} rounds): {errors[-1]}")
 
-    def _get(self, url: str, req: Request) -> list[dict]:
+    def _get(self, url: str, req: Request) -> tuple[list[dict], int]:
+        """The checked batches of one reply and its bytes."""
         reader = self.endpoints.client(url).do_get(flight.Ticket(req.encode()), self.endpoints.options)
         meta = reader.schema.metadata or {}
         if meta.get(META_SHA) != req.manifest_sha256.encode() or meta.get(META_REQUEST) != req.encode():
             raise ReplyMismatch(f"reply for manifest {meta.get(META_SHA, b'?')[:64].decode(errors='replace')}, "
                                 f"not the request's {req.manifest_sha256}")
-        out = []
+        out, nbytes = [], 0
         for step in range(req.start_step, req.start_step + req.steps):
             try:
                 chunk = reader.read_chunk()
             except StopIteration:
                 raise ReplyMismatch(f"stream ended at step {step}, before step {req.start_step + req.steps - 1}") from None
             out.append(self._batch(req, step, chunk))
-        return out
+            nbytes += chunk.data.nbytes
+        return out, nbytes
 
     def _batch(self, req: Request, step: int, chunk) -> dict:
         """A reply's record batch as the in-process Loader's batch dict, checked against the request."""
@@ -205,7 +214,6 @@ class ServiceBatches:
             buf = np.empty(stored.shape, ld._buf_dtype)
             buf[...] = stored
             tokens = torch.from_numpy(buf)
-        self.stats["bytes"] += rb.nbytes
         batch = {"tokens": tokens, "input_ids": tokens[:, :-1], "labels": tokens[:, 1:],
                  "indices": torch.from_numpy(indices.copy()), "step": step}
         if req.documents:
