@@ -183,14 +183,22 @@ class ServiceBatches:
             raise ReplyMismatch(f"reply for manifest {meta.get(META_SHA, b'?')[:64].decode(errors='replace')}, "
                                 f"not the request's {req.manifest_sha256}")
         out, nbytes = [], 0
-        for step in range(req.start_step, req.start_step + req.steps):
-            try:
-                chunk = reader.read_chunk()
+        try:
+            for step in range(req.start_step, req.start_step + req.steps):
+                try:
+                    chunk = reader.read_chunk()
+                except StopIteration:
+                    raise ReplyMismatch(f"stream ended at step {step}, before step {req.start_step + req.steps - 1}") from None
+                out.append(self._batch(req, step, chunk))
+                nbytes += chunk.data.nbytes
+            try:  # the end of the stream: the server has finished (and freed) it
+                reader.read_chunk()
             except StopIteration:
-                raise ReplyMismatch(f"stream ended at step {step}, before step {req.start_step + req.steps - 1}") from None
-            out.append(self._batch(req, step, chunk))
-            nbytes += chunk.data.nbytes
-        return out, nbytes
+                return out, nbytes
+            raise ReplyMismatch(f"more than the {req.steps} steps asked for")
+        except BaseException:
+            reader.cancel()  # the server frees the stream now, not when this reader is collected
+            raise
 
     def _batch(self, req: Request, step: int, chunk) -> dict:
         """A reply's record batch as the in-process Loader's batch dict, checked against the request."""
