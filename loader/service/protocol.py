@@ -105,19 +105,26 @@ class Request:
     @classmethod
     def decode(cls, data: bytes) -> "Request":
         """The request a ticket holds, checked; anything else is one ``ProtocolError`` line."""
-        if len(data) > MAX_TICKET_BYTES:
-            _fail(f"ticket of {len(data)} bytes; at most {MAX_TICKET_BYTES}")
-        try:
-            d = json.loads(data.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError):
-            _fail("ticket is not a JSON request (UTF-8 JSON object of the request fields)")
-        if not isinstance(d, dict):
-            _fail(f"ticket is JSON {type(d).__name__}, not an object of the request fields")
+        d = json_object(data, "ticket")
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - known)
         _check(not unknown, f"unknown field {', '.join(repr(k[:32]) for k in unknown[:3])}; fields: {', '.join(sorted(known))}")
         _check("manifest_sha256" in d, "manifest_sha256: missing")
         return cls(**d)
+
+
+def json_object(data: bytes, what: str) -> dict:
+    """The JSON object ``data`` holds (at most MAX_TICKET_BYTES; deep nesting is refused by the parser's
+    recursion bound), else a one-line ``ProtocolError`` naming ``what`` (a ticket, an action body)."""
+    if len(data) > MAX_TICKET_BYTES:
+        _fail(f"{what} of {len(data)} bytes; at most {MAX_TICKET_BYTES}")
+    try:
+        d = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        _fail(f"{what} is not a JSON request (a UTF-8 JSON object of the fields)")
+    if not isinstance(d, dict):
+        _fail(f"{what} is JSON {type(d).__name__}, not an object of the fields")
+    return d
 
 
 def _check(ok, message: str) -> None:

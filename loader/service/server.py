@@ -38,7 +38,7 @@ from gristmill.errors import GristmillError, UsageError
 from ..loader import Loader
 from ..options import Batches, Caching, Sampling, Threads
 from .catalog import Catalog
-from .protocol import META_REQUEST, META_SHA, SHA256, ProtocolError, Request, one_line
+from .protocol import META_REQUEST, META_SHA, SHA256, ProtocolError, Request, json_object, one_line
 
 log = logging.getLogger(__name__)
 
@@ -265,13 +265,13 @@ class GristmillServer(flight.FlightServerBase):
                 ("manifest", 'the manifest JSON of {"sha256": ...} or {"name": ...} (a mixture: with its components)')]
 
     def _manifest(self, body: bytes) -> bytes:
+        usage = 'bad request: the manifest action takes {"sha256": HEX} or {"name": NAME}'
         try:
-            ask = json.loads(body[:4096].decode()) if len(body) <= 4096 else None
-        except (UnicodeDecodeError, ValueError):
-            ask = None
-        if not isinstance(ask, dict) or len(ask) != 1 or not isinstance(next(iter(ask.values())), str) \
-                or next(iter(ask)) not in ("sha256", "name"):
-            raise flight.FlightServerError('bad request: the manifest action takes {"sha256": HEX} or {"name": NAME}')
+            ask = json_object(body, "the manifest action's body")
+        except ProtocolError:
+            raise flight.FlightServerError(usage) from None
+        if len(ask) != 1 or next(iter(ask)) not in ("sha256", "name") or not isinstance(next(iter(ask.values())), str):
+            raise flight.FlightServerError(usage)
         try:
             sha = ask["sha256"] if "sha256" in ask else self.catalog.latest_sha(ask["name"])
             if not SHA256.fullmatch(sha):
