@@ -200,8 +200,9 @@ def test_a_token_from_the_environment_and_no_token_beyond_loopback(data, tmp_pat
 
 def test_a_version_published_after_the_start_and_an_unknown_hash(data, tmp_path):
     root = tmp_path / "late"
-    build_dataset(str(root))
-    with ServeProcess(str(root / "store"), args=("--cache-dir", str(tmp_path / "c"), "--rescan-interval-s", "0")) as srv:
+    early = build_dataset(str(root))
+    with ServeProcess(str(root / "store"), args=("--cache-dir", str(tmp_path / "c"), "--rescan-interval-s", "0",
+                                                  "--max-open", "1")) as srv:  # one entry open: each switch evicts
         late = build_dataset(str(root), seed=7)  # toy v2, another hash
         with Loader(late.url, Sampling(global_batch=B, seed=3), caching=Caching(dir=str(tmp_path / "ref"))) as ref:
             same(next(iter(ref)), first_batch(late.url, srv.url))
@@ -212,8 +213,11 @@ def test_a_version_published_after_the_start_and_an_unknown_hash(data, tmp_path)
             client.do_get(flight.Ticket(b"\xff\x00garbage")).read_all()
         with pytest.raises(flight.FlightServerError, match="unknown manifest"):
             client.do_get(flight.Ticket(json.dumps({"manifest_sha256": "1" * 64}).encode())).read_all()
-        same(next(iter(Loader(late.url, Sampling(global_batch=B, seed=3),
-                              caching=Caching(dir=str(tmp_path / "ref"))))), first_batch(late.url, srv.url))
+        for pub in (early, late, early):  # the server keeps serving, evicting and reopening its one entry
+            with Loader(pub.url, Sampling(global_batch=B, seed=3), caching=Caching(dir=str(tmp_path / "ref"))) as ref:
+                same(next(iter(ref)), first_batch(pub.url, srv.url))
+        stats = json.loads(next(iter(client.do_action(flight.Action("stats", b"")))).body.to_pybytes())
+        assert stats["loaders_opened"] == 4 and stats["active_streams"] == 0, stats
         out = srv.stop()
     assert "SIGTERM, shutting down" in out
 

@@ -189,34 +189,39 @@ class GristmillServer(flight.FlightServerBase):
 
     # -- the loaders ------------------------------------------------------------------------------
     def _acquire(self, req: Request) -> _Entry:
+        """The open entry for the request's (manifest, sampling) key, one more user counted; built on a miss."""
         key = (req.manifest_sha256, req.split, req.seed, req.order, req.window_shards, req.documents)
+        entry = self._use(key)
+        if entry is not None:
+            return entry
+        with self._build_lock:  # one build at a time (it reads manifests and document indexes), so one per key
+            entry = self._use(key)
+            if entry is not None:
+                return entry
+            pub = self.catalog.load(req.manifest_sha256)
+            entry = _Entry(Loader(pub, Sampling(split=req.split, seed=req.seed, order=req.order,
+                                                window_shards=req.window_shards, global_batch=1),
+                                  caching=Caching(dir=self.cfg.cache_dir, limit_bytes=self.cfg.cache_limit_bytes),
+                                  threads=Threads(prefetch=1, workers=0, fetch_workers=1),
+                                  batches=Batches(token_dtype=None, pin_memory=False, documents=req.documents)))
+            self.stats.add(loaders_opened=1)
+            with self._entries_lock:
+                entry.users += 1
+                self._entries[key] = entry
+                while len(self._entries) > self.cfg.max_open:
+                    _, old = self._entries.popitem(last=False)
+                    old.evicted = True
+                    if not old.users:
+                        old.loader.close()
+            return entry
+
+    def _use(self, key: tuple) -> _Entry | None:
         with self._entries_lock:
             entry = self._entries.get(key)
             if entry is not None:
                 self._entries.move_to_end(key)
                 entry.users += 1
                 self.stats.add(loaders_reused=1)
-                return entry
-        with self._build_lock:  # one build at a time: a build reads manifests and document indexes
-            with self._entries_lock:
-                entry = self._entries.get(key)
-            if entry is None:
-                pub = self.catalog.load(req.manifest_sha256)
-                entry = _Entry(Loader(pub, Sampling(split=req.split, seed=req.seed, order=req.order,
-                                                    window_shards=req.window_shards, global_batch=1),
-                                      caching=Caching(dir=self.cfg.cache_dir, limit_bytes=self.cfg.cache_limit_bytes),
-                                      threads=Threads(prefetch=1, workers=0, fetch_workers=1),
-                                      batches=Batches(token_dtype=None, pin_memory=False, documents=req.documents)))
-                self.stats.add(loaders_opened=1)
-        with self._entries_lock:
-            entry = self._entries.setdefault(key, entry)
-            self._entries.move_to_end(key)
-            entry.users += 1
-            while len(self._entries) > self.cfg.max_open:
-                _, old = self._entries.popitem(last=False)
-                old.evicted = True
-                if not old.users:
-                    old.loader.close()
             return entry
 
     def _release(self, entry: _Entry) -> None:
