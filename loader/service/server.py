@@ -20,6 +20,7 @@ beyond the loopback interface without a token is refused at start.
 from __future__ import annotations
 
 import collections
+import ctypes
 import hmac
 import ipaddress
 import json
@@ -43,6 +44,7 @@ from .protocol import META_REQUEST, META_SHA, SHA256, ProtocolError, Request, js
 log = logging.getLogger(__name__)
 
 LATENCIES_KEPT = 4096  # per-step assembly latencies the stats' percentiles are computed over
+TRIM_AFTER_BYTES = 16 << 20  # a stream that sent this much returns the freed heap to the system when it ends
 
 
 @dataclass(frozen=True)
@@ -336,6 +338,8 @@ class _Stream:
         self.done = True
         self.server.slots.give(self.client)
         self.server._release(self.entry)
+        if self.bytes >= TRIM_AFTER_BYTES:
+            release_free_heap()
         req = self.req
         log.info("%s: %s split=%s rank=%d/%d steps %d..%d: %d of %d steps, %d bytes in %.3f s, %s", self.client,
                  req.manifest_sha256[:12], req.split, req.rank, req.world_size, req.start_step,
@@ -344,6 +348,15 @@ class _Stream:
 
     def __del__(self):  # gRPC dropped the stream (a client gone mid-stream) before it ended
         self.finish("dropped by the client")
+
+
+def release_free_heap() -> None:
+    """glibc keeps freed memory of large transient arrays (a big request's plan and buffer) in its heap;
+    hand it back, so a server's RSS after a large request is what it holds, not its high-water mark."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
 
 
 def to_record_batch(batch: dict, schema: pa.Schema) -> pa.RecordBatch:
