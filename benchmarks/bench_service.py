@@ -3,7 +3,9 @@
 1. Throughput, warm cache, seq_len 2048, one server process: sequences served per server
    CPU-second (``/proc/<pid>/stat`` utime + stime over the timed requests) against the in-process
    Loader's sequences per CPU-second of its own process (``os.times``) on the same data, order
-   and batch. Target: >= 0.5x.
+   and batch. Target: >= 0.5x. Beside it, why: the server's request path run here without gRPC
+   (as built, and planning a request's steps in one call), and Arrow Flight alone (a minimal
+   server streaming pre-built batches of the same shape).
 2. Load: R client ranks as separate processes (forked from a preloaded fork server, so 128
    of them start in seconds), each a Loader with ``Source(service=...)`` and a simulated 200 ms
    step, on one server: input wait as a fraction of step time (target <= 1% at 32 ranks), the
@@ -245,6 +247,47 @@ def server_path(store: str, work: str, batch: int, range_steps: int, steps: int)
                 out[f"{name}_seq_per_cpu_s"] = best
     finally:
         srv.shutdown()
+    return out
+
+
+def _floor_server() -> None:
+    """``bench_service.py _floor_server``: a minimal Flight server streaming one pre-built record batch of
+    ``rows`` x (seq_len + 1) uint16 ``steps`` times per request (no assembly, no checks)."""
+    import pyarrow as pa
+
+    class Floor(flight.FlightServerBase):
+        def do_get(self, context, ticket):
+            rows, steps = json.loads(ticket.ticket)
+            tokens = np.random.default_rng(0).integers(1, 32000, (rows, SEQ_LEN + 1), dtype=np.uint16)
+            values = pa.Array.from_buffers(pa.uint16(), tokens.size, [None, pa.py_buffer(tokens)])
+            rb = pa.RecordBatch.from_arrays([pa.FixedSizeListArray.from_arrays(values, SEQ_LEN + 1),
+                                             pa.array(np.arange(rows))], ["tokens", "indices"])
+            return flight.GeneratorStream(rb.schema, ((rb, pa.py_buffer(b'{"step": %d}' % i)) for i in range(steps)))
+    server = Floor("grpc://127.0.0.1:0")
+    print(server.port, flush=True)
+    server.serve()
+
+
+def flight_floor(shapes=((32, 4), (32, 64), (8, 4)), seqs: int = 32768) -> dict:
+    """Arrow Flight's own cost here: server CPU a sequence for (rows, steps a request), read to the end."""
+    proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "_floor_server"], stdout=subprocess.PIPE,
+                            text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    out = {}
+    try:
+        c = flight.FlightClient(f"grpc://127.0.0.1:{int(proc.stdout.readline())}")
+        with heavy_lock("flight floor"):
+            for rows, steps in shapes:
+                best = 0.0
+                for _ in range(2):
+                    c0 = cpu_s(proc.pid)
+                    for _ in range(seqs // (rows * steps)):
+                        c.do_get(flight.Ticket(json.dumps([rows, steps]).encode())).read_all()
+                    best = max(best, seqs / (cpu_s(proc.pid) - c0))
+                out[f"rows_{rows}_steps_{steps}_seq_per_cpu_s"] = best
+        c.close()
+    finally:
+        proc.kill()
+        proc.wait()
     return out
 
 
@@ -521,6 +564,8 @@ def main() -> int:
               f"{out['throughput']['inproc_seq_per_cpu_s']:,.0f}: ratio {out['throughput']['ratio']:.2f}", flush=True)
         out["server_path"] = server_path(store, a.work, a.batch, 4, a.throughput_steps // 2)
         print("server path without gRPC: " + json.dumps(out["server_path"]), flush=True)
+        out["flight_floor"] = flight_floor()
+        print("Flight alone: " + json.dumps(out["flight_floor"]), flush=True)
     if "failover" in a.parts:
         out["failover"] = failover(pub.url, store, a.work, 16, a.local_batch, a.failover_steps, kill_after_s=2.0)
         print("failover: " + json.dumps(out["failover"]), flush=True)
@@ -538,4 +583,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    if sys.argv[1:2] == ["_floor_server"]:
+        _floor_server()
+    else:
+        sys.exit(main())
