@@ -33,18 +33,16 @@ import json
 import multiprocessing as mp
 import os
 import platform
-import re
 import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [ROOT]  # this checkout's packages
+sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]  # this checkout's packages; the tests' ServeProcess
 
 import pyarrow.flight as flight  # noqa: E402
 import torch  # noqa: E402
@@ -53,6 +51,7 @@ from gristmill.loader import Batches, Caching, Loader, Sampling, Threads  # noqa
 from gristmill.loader.service import client as service_client  # noqa: E402
 from gristmill.loader.options import Source  # noqa: E402
 from gristmill.manifests.synthetic import build_synthetic, even_shards  # noqa: E402
+from helpers import ServeProcess  # noqa: E402
 
 LOCK = "/tmp/gristmill-heavy.lock"
 SEQ_LEN, SHARD_ROWS, ORDER = 2048, 512, "window"
@@ -86,32 +85,14 @@ def rss_mb(pid: int) -> float:
         return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
 
 
-class Server:
-    """``python -m gristmill serve`` on 127.0.0.1 and a free port; its output drained to a log."""
+class Server(ServeProcess):
+    """``python -m gristmill serve`` on 127.0.0.1 and a free port (the tests' ``ServeProcess``: its output
+    drained by a thread), every line written to ``log``."""
 
     def __init__(self, store: str, cache: str, log: str, *args: str):
-        self.log = open(log, "w")
-        self.proc = subprocess.Popen([sys.executable, "-m", "gristmill", "serve", store, "--listen", "127.0.0.1:0",
-                                      "--cache-dir", cache, *args], cwd=ROOT, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-        deadline = time.monotonic() + 120
-        self.url = None
-        while time.monotonic() < deadline and self.url is None:
-            line = self.proc.stdout.readline()
-            if not line:
-                raise SystemExit(f"gristmill serve exited: see {log}")
-            self.log.write(line)
-            m = re.search(r"listening on (grpc://\S+)", line)
-            self.url = m.group(1) if m else None
+        super().__init__(store, args=("--cache-dir", cache, *args), log=log, cwd=ROOT, timeout_s=120)
         if self.url is None:
-            self.kill()
-            raise SystemExit(f"gristmill serve did not start in 120 s: see {log}")
-        self._drain = threading.Thread(target=lambda: [self.log.write(x) for x in self.proc.stdout], daemon=True)
-        self._drain.start()
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
+            raise SystemExit(f"gristmill serve exited: see {log}")
 
     def stats(self) -> dict:
         c = flight.FlightClient(self.url)
@@ -120,26 +101,8 @@ class Server:
         finally:
             c.close()
 
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(timeout=30)
-        self._drain_join()
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=30)
-        self._drain_join()
-
-    def _drain_join(self):
-        if hasattr(self, "_drain"):
-            self._drain.join(timeout=10)
-        self.log.close()
+    def stop(self, timeout_s: float = 30.0) -> str:
+        return super().stop(timeout_s)
 
 
 def pct(values, q) -> float:

@@ -114,9 +114,6 @@ def served(tmp_path_factory):
     srv = ServeProcess(str(root / "data" / "store"), args=("--cache-dir", str(root / "serve-cache")),
                        env={"GRISTMILL_SERVE_TOKEN": TOKEN})
     assert srv.url, f"gristmill serve did not start: {srv.output()[-2000:]}"
-    # The server logs a line per stream: drain its output, or it blocks once the pipe is full.
-    drain = threading.Thread(target=lambda: [srv.lines.append(line) for line in srv.proc.stdout], daemon=True)
-    drain.start()
     guard = Guard(srv.url, pub.url, reference).start()
     try:
         guard.check_after(time.monotonic(), timeout_s=60)  # warm: a Loader open on the server, the guard reading
