@@ -62,6 +62,9 @@ class _Step:
             start, indices, entries, row_entries, offsets)
 
 
+PLAN_ROWS = 1 << 14  # rows Loader.rows_at_many plans in one call (~48 bytes of plan a row)
+
+
 def plan_steps(order: Order, starts: np.ndarray, offset: int, size: int, entry_of_shard: np.ndarray,
                row_bytes: int) -> list[_Step]:
     """Locate the rows of many steps in one vectorised call; ``entry_of_shard`` maps a shard's
@@ -280,10 +283,28 @@ class Loader:
     def rows_at(self, start: int, size: int) -> tuple[dict, dict]:
         """The batch of global indices ``[start, start + size)``, fetched and assembled in the calling
         thread: rank ``r``'s share of step ``s`` for any (global batch ``B``, world size ``W``) is
-        ``rows_at(s*B + r*B/W, B/W)``. What ``gristmill serve`` answers with (loader/service/server.py);
-        thread-safe, and independent of this loader's own sampling's batch, rank and position."""
-        step = plan_steps(self.order, np.array([start], dtype=np.int64), 0, size, self._entry_of_shard,
-                          self._row_like.shape[1] * self._row_like.itemsize)[0]
+        ``rows_at(s*B + r*B/W, B/W)``. Thread-safe, and independent of this loader's own sampling's
+        batch, rank and position."""
+        return next(self.rows_at_many([start], size))
+
+    def rows_at_many(self, starts, size: int):
+        """``rows_at(start, size)`` for each of ``starts`` in turn, as a generator: the rows of all of
+        them located in one vectorised ``plan_steps`` call, each batch fetched and assembled when it is
+        asked for (one in memory at a time). What ``gristmill serve`` answers a request with
+        (loader/service/server.py). The plan is made ``PLAN_ROWS`` rows at a time (whole steps), so a
+        request of 2^20 rows holds ~1 MB of plan, not ~50 MB."""
+        starts = np.asarray(starts, dtype=np.int64).reshape(-1)
+        chunk = max(1, PLAN_ROWS // max(size, 1))
+        for a in range(0, starts.size, chunk):
+            plan = plan_steps(self.order, starts[a:a + chunk], 0, size, self._entry_of_shard,
+                              self._row_like.shape[1] * self._row_like.itemsize)
+            for k in range(len(plan)):
+                step, plan[k] = plan[k], None  # each step's plan is freed once it is assembled
+                yield self._assemble(step, self._ensure(step))
+            del plan
+
+    def _ensure(self, step: _Step) -> list[tuple[Future, bool]]:
+        """Pin a step's entries and fetch its shards in this thread (one ensure at a time)."""
         fetches = []
         try:
             with self._ensure_lock:  # one ensure of a shard at a time (the pipeline's in-flight table, for callers)
@@ -294,7 +315,7 @@ class Loader:
         except BaseException:
             self.cache.unpin_ids(step.entries)
             raise
-        return self._assemble(step, fetches)
+        return fetches
 
     def _assemble(self, step: _Step, fetches: list[tuple[Future, bool]]) -> tuple[dict, dict]:
         shape = (step.indices.size, self._row_like.shape[1])

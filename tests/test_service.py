@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import json
+import re
 import os
 import subprocess
 import sys
@@ -218,8 +219,14 @@ def test_a_version_published_after_the_start_and_an_unknown_hash(data, tmp_path)
                 same(next(iter(ref)), first_batch(pub.url, srv.url))
         stats = json.loads(next(iter(client.do_action(flight.Action("stats", b"")))).body.to_pybytes())
         assert stats["loaders_opened"] == 4 and stats["active_streams"] == 0, stats
+        assert stats["refused_bad_request"] == 1 and stats["refused_unknown"] == 1, stats
         out = srv.stop()
     assert "SIGTERM, shutting down" in out
+    # one line a client session (this host, two manifests), not a line a stream; refusals rate-limited per host
+    assert out.count("session start: ") == 2 and out.count("session end: ") == 2, out
+    assert not re.search(r"\d+ of \d+ steps", out), out  # the per-stream lines are DEBUG
+    assert out.count(" (bad_request): ") + out.count(" (unknown): ") == 1, out
+    assert "bad request: ticket is not a JSON request" in out, out
 
 
 def test_the_trainer_reads_through_the_service_by_manifest_hash(data, two_servers, tmp_path):

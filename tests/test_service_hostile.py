@@ -117,7 +117,9 @@ def served(tmp_path_factory):
     guard = Guard(srv.url, pub.url, reference).start()
     try:
         guard.check_after(time.monotonic(), timeout_s=60)  # warm: a Loader open on the server, the guard reading
-        yield types.SimpleNamespace(url=srv.url, pid=srv.proc.pid, sha=pub.manifest.sha256, guard=guard, srv=srv)
+        yield types.SimpleNamespace(url=srv.url, pid=srv.proc.pid, sha=pub.manifest.sha256, guard=guard, srv=srv,
+                                    store=str(root / "data" / "store"), data_url=pub.url, manifest=pub.manifest,
+                                    reference=reference)
         guard.check_after(time.monotonic())
     finally:
         guard.stop()
@@ -474,3 +476,66 @@ def test_a_request_at_the_row_bound_is_served_and_its_memory_returned(served):
         c.close()
     assert grown < 2 * 44, f"RSS grew {grown:.1f} MB after one 44 MB request"
     served.guard.check_after(time.monotonic())
+
+
+def test_a_reply_over_the_byte_bound_is_refused_before_any_work(served, tmp_path):
+    """A server with ``--max-reply-bytes`` of 5 steps of the good client's rows: 6 steps is a one-line
+    ``bad request`` naming the bound and the fix, no slot kept; 5 steps are served. A Loader asking
+    more steps a request than that server allows fails at once (not retried); one asking fewer reads
+    the in-process batches, bit for bit."""
+    from gristmill.loader import Loader
+    from gristmill.loader.options import Batches, Sampling, Source
+    from gristmill.loader.service.client import ServiceError
+    from gristmill.loader.service.protocol import step_bytes
+
+    local = GOOD["global_batch"] // GOOD["world_size"]
+    bound = 5 * step_bytes(served.manifest, local, False)
+    with ServeProcess(served.store, args=("--cache-dir", str(tmp_path / "c"), "--max-reply-bytes", str(bound)),
+                      env={"GRISTMILL_SERVE_TOKEN": TOKEN}) as small:
+        assert small.url, small.output()
+        c = flight.FlightClient(small.url)
+        try:
+            for _ in range(3):
+                text = refused(lambda: get_all(c, ticket(served, **GOOD, steps=6)), "--max-reply-bytes")
+                assert "bad request" in text and f"bound of {bound} bytes" in text and "fewer steps" in text, text
+            assert get_all(c, ticket(served, **GOOD, steps=5)).num_rows == 5 * local
+            st = json.loads(action(c, "stats", b"")[0])
+            assert st["refused"] == 3 and st["requests"] == 1 and st["active_streams"] == 0, st
+        finally:
+            c.close()
+
+        def read(steps_per_request: int) -> list[dict]:
+            src = Source(service=(small.url,), service_token=TOKEN, service_steps_per_request=steps_per_request,
+                         retries=3, backoff_s=0.05)
+            with Loader(served.data_url, Sampling(**GOOD), source=src, batches=Batches(pin_memory=False)) as ld:
+                return [b for _, b in zip(range(GOOD_STEPS), ld)]
+
+        t = time.monotonic()
+        with pytest.raises(ServiceError, match="--max-reply-bytes") as info:
+            read(16)
+        assert time.monotonic() - t < 10 and "\n" not in str(info.value)
+        for i, batch in enumerate(read(5)):
+            want = served.reference[i]
+            assert torch.equal(batch["indices"], want["indices"]) and torch.equal(batch["tokens"], want["tokens"]), i
+    served.guard.check_after(time.monotonic())
+
+
+def test_the_client_never_asks_more_than_the_default_reply_bound():
+    """``service_steps_per_request`` is lowered to what fits the default byte bound and the row bound."""
+    from gristmill.loader.service.client import range_steps
+    from gristmill.loader.service.protocol import DEFAULT_MAX_REPLY_BYTES, MAX_ROWS, step_bytes
+
+    def ld(seq_len, global_batch, world_size=1, steps=16, documents=False, dtype="uint32"):
+        m = types.SimpleNamespace(seq_len=seq_len, row_tokens=seq_len + 1, token_dtype=dtype)
+        return types.SimpleNamespace(manifest=m, global_batch=global_batch, world_size=world_size,
+                                     batches=types.SimpleNamespace(documents=documents),
+                                     source=types.SimpleNamespace(service_steps_per_request=steps))
+
+    assert range_steps(ld(2048, 64)) == 16  # 16 x 64 rows x 8 KB: 8.4 MB
+    for case in (ld(2048, 4096), ld(2048, 4096, documents=True), ld(8192, 1024, steps=1024), ld(16, 1 << 20),
+                 ld(1 << 20, 256)):
+        n = range_steps(case)
+        local = case.global_batch // case.world_size
+        assert n >= 1 and n * local <= MAX_ROWS
+        assert n == 1 or n * step_bytes(case.manifest, local, case.batches.documents) <= DEFAULT_MAX_REPLY_BYTES
+    assert range_steps(ld(2048, 4096)) == 7  # 4096 rows x 8,204 bytes: 33.6 MB a step, 7 in 256 MiB

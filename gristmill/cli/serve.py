@@ -21,6 +21,8 @@ def register(sub) -> None:
     p.add_argument("--max-open", type=int, default=16, help="(manifest, sampling) entries kept open (LRU)")
     p.add_argument("--max-streams", type=int, default=64, help="streams served at once")
     p.add_argument("--max-streams-per-client", type=int, default=8, help="streams at once per client host")
+    p.add_argument("--max-reply-bytes", type=int, default=256 << 20,
+                   help="one request's reply at most this many bytes (default 256 MiB); a larger one is refused")
     p.add_argument("--rescan-interval-s", type=float, default=2.0,
                    help="an unknown manifest hash rescans the stores at most this often")
     p.set_defaults(handler=_serve)
@@ -52,7 +54,7 @@ def _serve(args) -> int:
                       tls_cert=_read(args.tls_cert), tls_key=_read(args.tls_key), tls_client_ca=_read(args.tls_client_ca),
                       cache_dir=args.cache_dir, cache_limit_bytes=args.cache_limit_bytes, max_open=args.max_open,
                       max_streams=args.max_streams, max_streams_per_client=args.max_streams_per_client,
-                      rescan_interval_s=args.rescan_interval_s)
+                      rescan_interval_s=args.rescan_interval_s, max_reply_bytes=args.max_reply_bytes)
     server = GristmillServer(cfg)
     stop = threading.Event()
     received: list[int] = []

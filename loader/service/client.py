@@ -3,7 +3,8 @@
 
 :class:`ServiceBatches` is what the Loader delegates to: ``pipeline(start)`` returns an object
 with the Loader's pipeline interface (``next() -> (batch, metrics)``, ``close()``). It asks for
-ranges of ``threads.prefetch`` steps, two ranges in flight; range ``k`` goes first to endpoint
+ranges of ``Source.service_steps_per_request`` steps (at most what the protocol's row bound and a
+server's default reply bound allow), two ranges in flight; range ``k`` goes first to endpoint
 ``k mod n`` (a deterministic spread) and, on any error, deadline (``Source.service_timeout_s``)
 or a reply that does not check out, the whole range is asked again of the next endpoint (up to
 ``Source.retries`` rounds over all endpoints, with backoff). A range's batches are handed over
@@ -37,7 +38,8 @@ from gristmill.manifests.mixture import PublishedMixture, _Either, check_compone
 
 from ..documents import segments_to_batch
 from ..options import Source
-from .protocol import META_REQUEST, META_SHA, SHA256, Request, one_line
+from .protocol import (DEFAULT_MAX_REPLY_BYTES, MAX_ROWS, MAX_STEPS, META_REQUEST, META_SHA, SHA256, Request, one_line,
+                       step_bytes)
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +137,7 @@ class ServiceBatches:
     def __init__(self, loader):
         self.ld = loader
         self.endpoints = Endpoints(loader.source)
-        self.range_steps = loader.prefetch
+        self.range_steps = range_steps(loader)
         self.pool = ThreadPoolExecutor(RANGES_IN_FLIGHT, thread_name_prefix="gristmill-service")
         self.stats = collections.Counter()  # bytes, requests, retries (updated under stats_lock)
         self.stats_lock = threading.Lock()
@@ -273,6 +275,15 @@ class _ServicePipeline:
             fut.cancel()
         self.ranges.clear()
         self.ready.clear()
+
+
+def range_steps(ld) -> int:
+    """Steps a request: ``Source.service_steps_per_request``, lowered so a request stays within the protocol's
+    row bound and a server's default reply bound (``DEFAULT_MAX_REPLY_BYTES``); at least 1."""
+    local = ld.global_batch // ld.world_size
+    fit = min(MAX_STEPS, MAX_ROWS // local,
+              DEFAULT_MAX_REPLY_BYTES // step_bytes(ld.manifest, local, bool(ld.batches.documents)))
+    return max(1, min(ld.source.service_steps_per_request, fit))
 
 
 def _refused(e: Exception) -> bool:

@@ -31,6 +31,8 @@ import json
 import re
 from dataclasses import asdict, dataclass, fields
 
+import numpy as np
+
 from gristmill.errors import UsageError
 
 from ..order import ORDERS
@@ -39,6 +41,7 @@ MAX_TICKET_BYTES = 4096  # a request's JSON is ~300 bytes
 MAX_GLOBAL_BATCH = 1 << 24  # as trainer/config.py's MAX_BATCH
 MAX_STEPS = 1024  # steps per request
 MAX_ROWS = 1 << 20  # rows per request (steps * global_batch / world_size): bounds one stream's work
+DEFAULT_MAX_REPLY_BYTES = 256 << 20  # a server's default bound on one reply's bytes (ServeConfig.max_reply_bytes)
 MAX_START_STEP = 1 << 40
 MAX_INDEX = 1 << 62  # the global indices a request covers stay inside int64
 MAX_WINDOW_SHARDS = 1 << 16
@@ -140,3 +143,14 @@ def one_line(e: BaseException) -> str:
     """An error's first line (a one-line message for a Flight error or a log line)."""
     text = str(e).strip().splitlines()
     return text[0] if text else type(e).__name__
+
+
+def step_bytes(manifest, local_batch: int, documents: bool) -> int:
+    """The bytes of one reply record batch: tokens as stored, int64 indices, int32 position ids with documents."""
+    row = manifest.row_tokens * np.dtype(manifest.token_dtype).itemsize + 8 + (4 * manifest.seq_len if documents else 0)
+    return local_batch * row
+
+
+def reply_bytes(manifest, req: "Request") -> int:
+    """The bytes of ``req``'s whole reply (the server's ``max_reply_bytes`` bounds it)."""
+    return req.steps * step_bytes(manifest, req.local_batch, req.documents)

@@ -5,13 +5,21 @@ keeps no per-client state and any replica answers any request. Per (manifest, sp
 order, window_shards, documents) it keeps one :class:`~gristmill.loader.Loader` (its order, its
 document boundaries and its view of the node-local ``ShardCache``, verified downloads and
 eviction included) in an LRU of ``max_open`` entries, and answers rank ``r``'s step ``s`` with
-``Loader.rows_at`` (the one assembly of a step), in the shards' own token dtype.
+``Loader.rows_at_many`` (the one assembly of a step; a request's steps planned in one vectorised
+call, each record batch assembled when gRPC asks for it), in the shards' own token dtype.
 
 Bounds: at most ``max_streams`` streams at once, ``max_streams_per_client`` per client host;
 a stream past either is refused at once (``FlightUnavailableError``: the client retries, on
-another endpoint first). A request is checked before any work; every refusal is one line and
+another endpoint first). A request whose reply would exceed ``max_reply_bytes`` is refused once its
+manifest is known (``bad request``: ask fewer steps a request). A request is checked before any work; every refusal is one line and
 the server keeps serving the others. A client that disconnects mid-stream frees its slot when
 gRPC drops the stream.
+
+Logging: one INFO line when a client session (client host, manifest, split, rank/world) is first
+seen and one when it has been idle ``session_idle_s`` or the server stops, with its totals
+(streams, steps, bytes, errors); one DEBUG line per stream. Refusals (bad request, unknown
+manifest, authentication, busy) are counted in ``stats`` by kind and logged at WARNING, at most one
+line per client host per ``refusal_log_interval_s`` (the lines left out are counted in the next).
 
 Security (:class:`ServeConfig`): a bearer token checked by server middleware on every call
 (constant-time compare); TLS from certificate and key files, optionally mutual TLS; listening
@@ -36,10 +44,11 @@ import pyarrow.flight as flight
 
 from gristmill.errors import GristmillError, UsageError
 
-from ..loader import Loader
+from ..loader import PLAN_ROWS, Loader
 from ..options import Batches, Caching, Sampling, Threads
 from .catalog import Catalog
-from .protocol import META_REQUEST, META_SHA, SHA256, ProtocolError, Request, json_object, one_line
+from .protocol import (DEFAULT_MAX_REPLY_BYTES, META_REQUEST, META_SHA, SHA256, ProtocolError, Request, json_object,
+                       one_line, reply_bytes)
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +74,9 @@ class ServeConfig:
     max_streams: int = 64  # streams served at once
     max_streams_per_client: int = 8  # streams at once per client host
     rescan_interval_s: float = 2.0  # an unknown hash rescans the stores at most this often
+    max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES  # one request's reply (all its steps) at most this many bytes
+    session_idle_s: float = 60.0  # a client session idle this long is logged as ended, with its totals
+    refusal_log_interval_s: float = 10.0  # at most one refusal line per client host this often
 
     def __post_init__(self):
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -76,6 +88,8 @@ class ServeConfig:
                              f"the data; give --token-file or $GRISTMILL_SERVE_TOKEN, or listen on 127.0.0.1")
         if self.max_open < 1 or self.max_streams < 1 or self.max_streams_per_client < 1:
             raise UsageError("max_open, max_streams and max_streams_per_client must be >= 1")
+        if self.max_reply_bytes < 1:
+            raise UsageError(f"max_reply_bytes must be >= 1, got {self.max_reply_bytes}")
 
     @property
     def location(self) -> str:
@@ -98,18 +112,23 @@ def is_loopback(host: str) -> bool:
 class _BearerAuth(flight.ServerMiddlewareFactory):
     """Every call must carry ``authorization: Bearer <token>``."""
 
-    def __init__(self, token: str):
+    def __init__(self, token: str, on_refusal=None):
         self.token = token.encode()
+        self.on_refusal = on_refusal or (lambda client, kind, message: None)
 
     def start_call(self, info, headers):
         values = headers.get("authorization") or headers.get("Authorization") or []
         got = values[0] if values else ""
         got = got.encode() if isinstance(got, str) else bytes(got)
         if not got:
-            raise flight.FlightUnauthenticatedError("gristmill serve: no bearer token (give the client service_token, "
-                                                    "service_token_file or $GRISTMILL_SERVE_TOKEN)")
-        if not (got.startswith(b"Bearer ") and hmac.compare_digest(got[7:], self.token)):
-            raise flight.FlightUnauthenticatedError("gristmill serve: wrong bearer token")
+            message = ("gristmill serve: no bearer token (give the client service_token, service_token_file or "
+                       "$GRISTMILL_SERVE_TOKEN)")
+        elif not (got.startswith(b"Bearer ") and hmac.compare_digest(got[7:], self.token)):
+            message = "gristmill serve: wrong bearer token"
+        else:
+            return None
+        self.on_refusal("an unauthenticated client", "auth", message)  # the middleware is not told the peer
+        raise flight.FlightUnauthenticatedError(message)
         return None
 
 
@@ -132,6 +151,91 @@ class _Stats:
             return {"clients": len(self.clients), **{k: int(v) for k, v in sorted(self.counts.items())},
                     "active_streams": active, "step_latency_p50_s": float(np.percentile(lat, 50)),
                     "step_latency_p99_s": float(np.percentile(lat, 99))}
+
+
+class _Refusals:
+    """Every refusal counted in the stats (``refused`` and ``refused_<kind>``); one WARNING line per client
+    host per ``interval_s`` at most, the next one saying how many were left out."""
+
+    def __init__(self, stats: _Stats, interval_s: float):
+        self.stats, self.interval_s = stats, interval_s
+        self.lock = threading.Lock()
+        self.last: dict[str, float] = {}
+        self.left_out = collections.Counter()
+
+    def __call__(self, client: str, kind: str, message: str) -> None:
+        self.stats.add(refused=1, **{f"refused_{kind}": 1})
+        now = time.monotonic()
+        with self.lock:
+            if now - self.last.get(client, -float("inf")) < self.interval_s:
+                self.left_out[client] += 1
+                return
+            if len(self.last) > 10_000:  # many hosts: forget the quiet ones
+                self.last = {c: t for c, t in self.last.items() if now - t < self.interval_s}
+            self.last[client] = now
+            more = self.left_out.pop(client, 0)
+        log.warning("refused %s (%s): %s%s", client, kind, message[:300],
+                    f" (and {more} more refusals of this host not logged)" if more else "")
+
+
+class _Sessions:
+    """One INFO line when a session (client host, manifest, split, rank, world size) is first seen, one when it
+    has been idle ``idle_s`` (or the server stops) with its totals; swept by a daemon thread."""
+
+    def __init__(self, idle_s: float):
+        self.idle_s = idle_s
+        self.lock = threading.Lock()
+        self.open: dict[tuple, dict] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="gristmill-serve-sessions", daemon=True)
+        self._thread.start()
+
+    def start(self, key: tuple) -> None:
+        now = time.monotonic()
+        with self.lock:
+            s = self.open.get(key)
+            new = s is None
+            if new:
+                s = self.open[key] = {"streams": 0, "steps": 0, "bytes": 0, "errors": 0, "active": 0, "t0": now}
+            s["streams"] += 1
+            s["active"] += 1
+            s["last"] = now
+        if new:
+            log.info("session start: %s", _session_name(key))
+
+    def end(self, key: tuple, steps: int, nbytes: int, failed: bool) -> None:
+        with self.lock:
+            s = self.open.get(key)
+            if s is None:  # ended at shutdown while this stream was still open
+                return
+            s["steps"] += steps
+            s["bytes"] += nbytes
+            s["errors"] += failed
+            s["active"] -= 1
+            s["last"] = time.monotonic()
+
+    def sweep(self, everything: bool = False) -> None:
+        now = time.monotonic()
+        with self.lock:
+            keys = [k for k, s in self.open.items() if everything or (not s["active"] and now - s["last"] >= self.idle_s)]
+            ended = [(k, self.open.pop(k)) for k in keys]
+        for k, s in ended:
+            log.info("session end: %s: %d streams, %d steps, %d bytes, %d errors in %.1f s%s", _session_name(k),
+                     s["streams"], s["steps"], s["bytes"], s["errors"], s["last"] - s["t0"],
+                     "" if everything else f" (idle {self.idle_s:g} s)")
+
+    def _run(self) -> None:
+        while not self._stop.wait(min(self.idle_s / 2, 5.0)):
+            self.sweep()
+
+    def close(self) -> None:
+        self._stop.set()
+        self.sweep(everything=True)
+
+
+def _session_name(key: tuple) -> str:
+    client, sha, split, rank, world = key
+    return f"{client} {sha[:12]} split={split} rank={rank}/{world}"
 
 
 class _Slots:
@@ -177,6 +281,8 @@ class GristmillServer(flight.FlightServerBase):
         self.catalog = Catalog(list(cfg.urls), storage_options=cfg.storage_options,
                                rescan_interval_s=cfg.rescan_interval_s)
         self.stats = _Stats()
+        self.refusals = _Refusals(self.stats, cfg.refusal_log_interval_s)
+        self.sessions = _Sessions(cfg.session_idle_s)
         self.slots = _Slots(cfg.max_streams, cfg.max_streams_per_client)
         self._entries: collections.OrderedDict[tuple, _Entry] = collections.OrderedDict()
         self._entries_lock = threading.Lock()
@@ -186,7 +292,7 @@ class GristmillServer(flight.FlightServerBase):
             tls = {"tls_certificates": [(cfg.tls_cert, cfg.tls_key)]}
             if cfg.tls_client_ca:
                 tls.update(verify_client=True, root_certificates=cfg.tls_client_ca)
-        middleware = {"auth": _BearerAuth(cfg.token)} if cfg.token else None
+        middleware = {"auth": _BearerAuth(cfg.token, self.refusals)} if cfg.token else None
         super().__init__(cfg.location, middleware=middleware, **tls)
 
     # -- the loaders ------------------------------------------------------------------------------
@@ -239,24 +345,44 @@ class GristmillServer(flight.FlightServerBase):
         try:
             req = Request.decode(ticket.ticket)
         except ProtocolError as e:
-            self.stats.add(refused=1)
+            self.refusals(client, "bad_request", str(e))
             raise flight.FlightServerError(str(e)) from None
-        self.slots.take(client)
+        try:
+            self.slots.take(client)
+        except flight.FlightUnavailableError as e:
+            self.refusals(client, "busy", str(e))
+            raise
         try:
             entry = self._acquire(req)
         except GristmillError as e:
             self.slots.give(client)
-            self.stats.add(refused=1)
-            raise flight.FlightServerError(f"{type(e).__name__}: {one_line(e)}") from None
+            message = f"{type(e).__name__}: {one_line(e)}"
+            self.refusals(client, "unknown" if "unknown manifest" in message else "error", message)
+            raise flight.FlightServerError(message) from None
         except BaseException as e:
             self.slots.give(client)
             log.exception("opening %s for %s failed", req.manifest_sha256, client)
             raise flight.FlightServerError(f"internal error: {one_line(e)}") from None
+        size = reply_bytes(entry.loader.manifest, req)
+        if size > self.cfg.max_reply_bytes:
+            self.slots.give(client)
+            self._release(entry)
+            message = (f"bad request: the reply would be {size} bytes ({req.steps} steps of {req.local_batch} rows), "
+                       f"over the server's bound of {self.cfg.max_reply_bytes} bytes a request (--max-reply-bytes); "
+                       f"ask fewer steps per request (Source.service_steps_per_request)")
+            self.refusals(client, "bad_request", message)
+            raise flight.FlightServerError(message)
         with self.stats.lock:
             self.stats.clients.add(client)
         self.stats.add(requests=1)
         stream = _Stream(self, entry, req, client)
+        self.sessions.start(stream.session)
         return flight.GeneratorStream(stream.schema, stream)
+
+    def shutdown(self):
+        """Stop serving; every open session's totals are logged."""
+        super().shutdown()
+        self.sessions.close()
 
     def do_action(self, context, action):
         kind = action.type
@@ -301,6 +427,8 @@ class _Stream:
         if req.documents:
             fields.append(("position_ids", pa.list_(pa.int32(), m.seq_len)))
         self.schema = pa.schema(fields, metadata={META_SHA: req.manifest_sha256.encode(), META_REQUEST: req.encode()})
+        self.session = (client, req.manifest_sha256, req.split, req.rank, req.world_size)
+        self.batches = None  # Loader.rows_at_many over the request's steps, made on the first step (in gRPC's thread)
 
     def __iter__(self):
         return self
@@ -312,7 +440,10 @@ class _Stream:
             raise StopIteration
         t = time.perf_counter()
         try:
-            batch, metrics = self.entry.loader.rows_at(req.first_index(self.step), req.local_batch)
+            if self.batches is None:
+                starts = [req.first_index(s) for s in range(req.start_step, req.start_step + req.steps)]
+                self.batches = self.entry.loader.rows_at_many(starts, req.local_batch)
+            batch, metrics = next(self.batches)
         except GristmillError as e:
             self.finish(f"failed: {one_line(e)}")
             raise flight.FlightServerError(f"{type(e).__name__}: {one_line(e)}") from None
@@ -332,16 +463,18 @@ class _Stream:
         return rb, pa.py_buffer(meta)
 
     def finish(self, how: str) -> None:
-        """Free the slot and the entry, once, and log the session's one line."""
+        """Free the slot and the entry, once; add the stream to its session; one DEBUG line."""
         if self.done:
             return
         self.done = True
+        self.batches = None  # the rest of the plan
         self.server.slots.give(self.client)
         self.server._release(self.entry)
-        if self.bytes >= TRIM_AFTER_BYTES:
-            release_free_heap()
+        if self.bytes >= TRIM_AFTER_BYTES or (how != "done" and self.req.steps * self.req.local_batch >= PLAN_ROWS):
+            release_free_heap()  # a large stream, or a long one cut short: its plan and buffers go back too
         req = self.req
-        log.info("%s: %s split=%s rank=%d/%d steps %d..%d: %d of %d steps, %d bytes in %.3f s, %s", self.client,
+        self.server.sessions.end(self.session, self.step - req.start_step, self.bytes, how != "done")
+        log.debug("%s: %s split=%s rank=%d/%d steps %d..%d: %d of %d steps, %d bytes in %.3f s, %s", self.client,
                  req.manifest_sha256[:12], req.split, req.rank, req.world_size, req.start_step,
                  req.start_step + req.steps - 1, self.step - req.start_step, req.steps, self.bytes,
                  time.perf_counter() - self.t0, how)
