@@ -160,9 +160,8 @@ def throughput(data_url: str, store: str, work: str, steps: int, batch: int) -> 
 
 def server_path(store: str, work: str, batch: int, range_steps: int, steps: int) -> dict:
     """Why the server costs what it does: its request path run in this process without gRPC (the same
-    ``_Stream`` the server iterates, over the same warm cache), as built (one ``plan_steps`` per step,
-    ``Loader.rows_at``) and planning a request's steps in one vectorised call (as the Loader's
-    pipeline plans 256 steps at a time). Sequences per CPU-second, best of 3 each."""
+    ``_Stream`` the server iterates, over the same warm cache: as built, ``Loader.rows_at_many``) and
+    the same by hand (one ``plan_steps`` a request, each step assembled; ``one_plan_per_request``). Sequences per CPU-second, best of 3 each."""
     from concurrent.futures import Future
 
     from gristmill.loader.loader import plan_steps
@@ -525,7 +524,8 @@ def main() -> int:
         out["throughput"] = throughput(pub.url, store, a.work, a.throughput_steps, a.batch)
         print(f"throughput: server {out['throughput']['server_seq_per_cpu_s']:,.0f} seq/CPU-s, in-process "
               f"{out['throughput']['inproc_seq_per_cpu_s']:,.0f}: ratio {out['throughput']['ratio']:.2f}", flush=True)
-        out["server_path"] = server_path(store, a.work, a.batch, 4, a.throughput_steps // 2)
+        out["server_path"] = server_path(store, a.work, a.batch, Source().service_steps_per_request,
+                                         a.throughput_steps // 2)
         print("server path without gRPC: " + json.dumps(out["server_path"]), flush=True)
         out["flight_floor"] = flight_floor()
         print("Flight alone: " + json.dumps(out["flight_floor"]), flush=True)
