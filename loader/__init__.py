@@ -11,7 +11,7 @@ import importlib
 # Lazy: the audit imports only `loader.order` and should not pay for torch.
 _EXPORTS = {
     "CacheError": "errors", "CacheFullError": "errors", "ShardFetchError": "errors", "CacheTooSmallError": "errors",
-    "ShardCache": "cache", "Loader": "loader", "DocumentBoundaries": "documents",
+    "ShardCache": "cache", "Loader": "loader", "open_data": "loader", "DocumentBoundaries": "documents",
     "Batches": "options", "Caching": "options", "Sampling": "options", "Source": "options", "Threads": "options",
     "MixtureBoundaries": "documents",
     "GristmillDataset": "torch_dataset",
@@ -27,4 +27,4 @@ def __getattr__(name):
 
 __all__ = ["ORDERS", "Batches", "CacheError", "CacheFullError", "Caching", "CacheTooSmallError", "DocumentBoundaries", "GristmillDataset", "Loader",
            "MixtureBoundaries", "Order", "Sampling", "ShardCache", "ShardFetchError",
-           "Source", "Threads", "sample_at", "samples_at"]
+           "Source", "Threads", "open_data", "sample_at", "samples_at"]

@@ -5,6 +5,11 @@ the CPU free) consumes a manifest through a simulated remote store (``gmsim://``
 request, bandwidth) twice: first with an empty cache (cold), then again with the cache the
 first pass filled (warm). Per pass it reports the input wait per step (p50, p95, max after the
 first batch, and as a fraction of step time), time to first batch, tokens/s, bytes fetched.
+
+With ``service`` (:func:`served_passes`) the same trainer reads its batches from ``gristmill
+serve`` endpoints instead (``Source.service``): two passes over the same steps, ``first`` and
+``again`` (the second finds the servers' caches as the first left them); bytes served and the
+client's retries replace bytes fetched and cache hits.
 """
 from __future__ import annotations
 
@@ -36,6 +41,8 @@ class PassResult:
     bytes_fetched: int
     cache_hits: int
     cache_misses: int
+    bytes_served: int = 0  # through `gristmill serve` (Source.service)
+    service_retries: int = 0
 
 
 def run_pass(name: str, url: str, *, steps: int, step_s: float, storage_options: dict | None = None,
@@ -43,7 +50,7 @@ def run_pass(name: str, url: str, *, steps: int, step_s: float, storage_options:
     """One simulated training run of ``steps`` steps; ``loader_kw`` go to :class:`Loader`."""
     t_start = time.perf_counter()
     waits, step_times = [], []
-    fetched = hits = misses = 0
+    fetched = hits = misses = served = retries = 0
     ttfb = float("nan")  # stays so if the dataset ends before the first batch
     with Loader(url, **sections(storage_options=storage_options or {}, **loader_kw)) as ld:
         it = iter(ld)
@@ -56,6 +63,7 @@ def run_pass(name: str, url: str, *, steps: int, step_s: float, storage_options:
             if s == 0:
                 ttfb = time.perf_counter() - t_start
             m = ld.last_metrics
+            served, retries = m.get("service_bytes", served), m.get("service_retries", retries)  # cumulative
             waits.append(m["input_wait_s"])
             fetched, hits, misses = fetched + m["bytes_downloaded"], hits + m["cache_hits"], misses + m["cache_misses"]
             time.sleep(step_s)  # the trainer's compute: the CPU is free for the loader's threads
@@ -70,7 +78,7 @@ def run_pass(name: str, url: str, *, steps: int, step_s: float, storage_options:
         wait_max_ms=round(float(after.max()) * 1e3, 3),
         wait_fraction=round(float(after.sum() / max(sum(step_times[1:]), 1e-12)), 5),
         tokens_per_s=round(tokens / wall, 1), samples_per_s=round(samples / wall, 1),
-        bytes_fetched=fetched, cache_hits=hits, cache_misses=misses,
+        bytes_fetched=fetched, cache_hits=hits, cache_misses=misses, bytes_served=served, service_retries=retries,
     )
 
 
@@ -94,6 +102,13 @@ def cold_and_warm(url: str, *, steps: int, step_s: float, latency_s: float, band
         shutil.rmtree(cache_dir, ignore_errors=True)
 
 
+def served_passes(url: str, service: tuple[str, ...], *, steps: int, step_s: float, **loader_kw) -> list[PassResult]:
+    """Two passes of the same steps through ``gristmill serve`` at ``service`` (``first``, then ``again``):
+    ``url`` is the dataset as the trainer names it (a URL, or a name or sha256 the service resolves)."""
+    return [run_pass(name, url, steps=steps, step_s=step_s, service=tuple(service), **loader_kw)
+            for name in ("first", "again")]
+
+
 COLUMNS = [("pass", "name", "{}"), ("steps", "steps", "{}"), ("first batch s", "time_to_first_batch_s", "{:.3f}"),
            ("wait p50 ms", "wait_p50_ms", "{:.2f}"), ("wait p95 ms", "wait_p95_ms", "{:.2f}"),
            ("wait max ms", "wait_max_ms", "{:.2f}"), ("wait/step", "wait_fraction", "{:.2%}"),
@@ -101,12 +116,16 @@ COLUMNS = [("pass", "name", "{}"), ("steps", "steps", "{}"), ("first batch s", "
            ("hits", "cache_hits", "{}"), ("misses", "cache_misses", "{}")]
 
 
+SERVED_COLUMNS = COLUMNS[:-3] + [("MB served", "bytes_served", "{}"), ("retries", "service_retries", "{}")]
+
+
 def table(results: list[PassResult]) -> str:
     def cell(r, key, fmt):
         v = getattr(r, key)
-        return f"{v / 1e6:,.1f}" if key == "bytes_fetched" else fmt.format(v)
-    rows = [[h for h, _, _ in COLUMNS]] + [[cell(r, k, f) for _, k, f in COLUMNS] for r in results]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
+        return f"{v / 1e6:,.1f}" if key.startswith("bytes_") else fmt.format(v)
+    columns = SERVED_COLUMNS if any(r.bytes_served for r in results) else COLUMNS
+    rows = [[h for h, _, _ in columns]] + [[cell(r, k, f) for _, k, f in columns] for r in results]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(columns))]
     lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)

@@ -21,6 +21,7 @@ import collections
 import logging
 import numbers
 import os
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -61,6 +62,9 @@ class _Step:
             start, indices, entries, row_entries, offsets)
 
 
+PLAN_ROWS = 1 << 14  # rows Loader.rows_at_many plans in one call (~48 bytes of plan a row)
+
+
 def plan_steps(order: Order, starts: np.ndarray, offset: int, size: int, entry_of_shard: np.ndarray,
                row_bytes: int) -> list[_Step]:
     """Locate the rows of many steps in one vectorised call; ``entry_of_shard`` maps a shard's
@@ -96,7 +100,7 @@ class Loader:
         self.sampling, self.source, self.caching, self.threads, self.batches = sampling, source, caching, threads, batches
         self.storage_options = dict(storage_options or {})
         if isinstance(data, str):
-            self.published = _load_with_retries(data, expected_sha256, self.storage_options, retries, backoff_s)
+            self.published = open_data(data, source)
         else:  # a Published dataset or mixture (a mixture's components are loaded here if they are not yet)
             self.published = load_data(data, **self.storage_options)
         if expected_sha256 is not None and self.published.manifest.sha256 != expected_sha256:
@@ -130,6 +134,16 @@ class Loader:
         self._row_like = np.empty((0, self.manifest.row_tokens), stored)  # tells the gather kernel the shards' dtype
         self._buf_dtype = torch.empty(0, dtype=t).numpy().dtype
         self._steps_since_check = 0
+        self.next_index = int(sampling.start_index)
+        self.last_metrics: dict = {}
+        self._generation = 0  # bumped by load_state_dict: a running iterator restarts from the new index
+        self._live: set = set()  # iterators started and not finished
+        if source.service:  # the batches come from `gristmill serve` (loader/service/client.py): no cache here
+            from .service.client import ServiceBatches
+
+            self.remote, self.cache, self.documents = ServiceBatches(self), None, None
+            return
+        self.remote = None
         self.cache_dir = caching.dir or default_cache_dir()
         self.cache_limit_bytes = cache_limit_bytes
         if cache_limit_bytes is not None:
@@ -148,16 +162,13 @@ class Loader:
                                 mapped_limit_bytes=caching.mapped_limit_bytes)
         self._entry_of_shard = self.cache.ids(self.shards)
         self._shard_of_entry = {int(e): s for e, s in zip(self._entry_of_shard, self.shards)}
-        self.next_index = int(sampling.start_index)
         # documents=True: each batch also carries the rows' document boundaries (loader/documents.py;
         # a mixture's from each row's own component).
         self.documents = document_boundaries(self.published, self.storage_options) if batches.documents else None
-        self.last_metrics: dict = {}
-        self._generation = 0  # bumped by load_state_dict: a running iterator restarts from the new index
         self._plans: dict[int, _Step] = {}
         self._fetch_pool: ThreadPoolExecutor | None = None
         self._assemble_pool: ThreadPoolExecutor | None = None
-        self._live: set[_Pipeline] = set()  # iterators started and not finished
+        self._ensure_lock = threading.Lock()
 
     # -- state ---------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -209,7 +220,8 @@ class Loader:
     # -- iteration -----------------------------------------------------------------------------
     def __iter__(self):
         while True:
-            generation, pipeline = self._generation, _Pipeline(self, self.next_index)
+            generation = self._generation
+            pipeline = _Pipeline(self, self.next_index) if self.remote is None else self.remote.pipeline(self.next_index)
             self._live.add(pipeline)
             try:
                 while generation == self._generation:
@@ -229,10 +241,12 @@ class Loader:
 
     @property
     def page_releases(self) -> int:
-        return self.cache.page_releases
+        return 0 if self.cache is None else self.cache.page_releases
 
     def _bound_mapped_pages(self) -> None:
         """Every MAPPED_CHECK_STEPS steps, the cache releases its mapped pages past the limit."""
+        if self.cache is None:  # served: no shard is mapped here
+            return
         self._steps_since_check += 1
         if self._steps_since_check >= MAPPED_CHECK_STEPS:
             self._steps_since_check = 0
@@ -250,6 +264,9 @@ class Loader:
         for pipeline in list(self._live):
             pipeline.close()
         self._live.clear()
+        if self.remote is not None:
+            self.remote.close()
+            return
         for pool in (self._fetch_pool, self._assemble_pool):
             if pool is not None:
                 pool.shutdown(wait=True, cancel_futures=True)
@@ -263,8 +280,45 @@ class Loader:
         self.close()
 
     # -- assembly (runs in a worker thread) --------------------------------------------------
+    def rows_at(self, start: int, size: int) -> tuple[dict, dict]:
+        """The batch of global indices ``[start, start + size)``, fetched and assembled in the calling
+        thread: rank ``r``'s share of step ``s`` for any (global batch ``B``, world size ``W``) is
+        ``rows_at(s*B + r*B/W, B/W)``. Thread-safe, and independent of this loader's own sampling's
+        batch, rank and position."""
+        return next(self.rows_at_many([start], size))
+
+    def rows_at_many(self, starts, size: int):
+        """``rows_at(start, size)`` for each of ``starts`` in turn, as a generator: the rows of all of
+        them located in one vectorised ``plan_steps`` call, each batch fetched and assembled when it is
+        asked for (one in memory at a time). What ``gristmill serve`` answers a request with
+        (loader/service/server.py). The plan is made ``PLAN_ROWS`` rows at a time (whole steps), so a
+        request of 2^20 rows holds ~1 MB of plan, not ~50 MB."""
+        starts = np.asarray(starts, dtype=np.int64).reshape(-1)
+        chunk = max(1, PLAN_ROWS // max(size, 1))
+        for a in range(0, starts.size, chunk):
+            plan = plan_steps(self.order, starts[a:a + chunk], 0, size, self._entry_of_shard,
+                              self._row_like.shape[1] * self._row_like.itemsize)
+            for k in range(len(plan)):
+                step, plan[k] = plan[k], None  # each step's plan is freed once it is assembled
+                yield self._assemble(step, self._ensure(step))
+            del plan
+
+    def _ensure(self, step: _Step) -> list[tuple[Future, bool]]:
+        """Pin a step's entries and fetch its shards in this thread (one ensure at a time)."""
+        fetches = []
+        try:
+            with self._ensure_lock:  # one ensure of a shard at a time (the pipeline's in-flight table, for callers)
+                for entry in self.cache.pin_ids(step.entries).tolist():
+                    done: Future = Future()
+                    done.set_result(self.cache.ensure(self._shard_of_entry[entry]))
+                    fetches.append((done, True))
+        except BaseException:
+            self.cache.unpin_ids(step.entries)
+            raise
+        return fetches
+
     def _assemble(self, step: _Step, fetches: list[tuple[Future, bool]]) -> tuple[dict, dict]:
-        shape = (self.local_batch, self._row_like.shape[1])
+        shape = (step.indices.size, self._row_like.shape[1])
         if self.pin_memory:
             tokens = torch.empty(shape, dtype=self.token_dtype, pin_memory=True)
             buf = tokens.numpy()
@@ -356,6 +410,18 @@ class _Inline:
 def _check(ok: bool, message: str) -> None:
     if not ok:
         raise UsageError(message)
+
+
+def open_data(data: str, source: Source = Source()) -> Published | PublishedMixture:
+    """The dataset version or mixture ``data`` names: a URL read from its store (with ``source``'s
+    retries), or, with ``source.service`` set, a bare name or manifest sha256 that the service resolves
+    (loader/service/client.py ``served_data``: the client needs no store access; every hash is checked)."""
+    if source.service and "/" not in data and ":" not in data:
+        from .service.client import served_data
+
+        return served_data(data, source)
+    return _load_with_retries(data, source.expected_sha256, dict(source.storage_options or {}), source.retries,
+                              source.backoff_s)
 
 
 def _load_with_retries(url: str, expected_sha256, storage_options: dict, retries: int,

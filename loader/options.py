@@ -48,8 +48,30 @@ class Source:
 
     expected_sha256: str | None = None  # refuse a manifest with another hash
     storage_options: dict = field(default_factory=dict)  # fsspec options of the store
-    retries: int = 5  # per manifest load and shard fetch
+    retries: int = 5  # per manifest load and shard fetch (served: per step range, over the endpoints)
     backoff_s: float = 0.2  # doubled after each failed try
+    # `gristmill serve` endpoints (docs/service.md): when set, batches come from the service, not from
+    # a local cache; grpc://host:port or grpc+tls://host:port, tried in turn on a failure
+    service: tuple[str, ...] = ()
+    service_token: str | None = None  # bearer token; default: service_token_file, else $GRISTMILL_SERVE_TOKEN
+    service_token_file: str | None = None
+    service_tls_root: str | None = None  # PEM file of the CA that signed the servers' certificates (grpc+tls)
+    service_tls_cert: str | None = None  # PEM certificate and key of this client, for a server with mutual TLS
+    service_tls_key: str | None = None
+    service_timeout_s: float = 60.0  # deadline of one request (a range of steps) before it is retried elsewhere
+    # steps asked for in one request (two requests in flight; threads.prefetch does not apply to a served
+    # loader); lowered to what fits the protocol's row bound and a server's default reply bound (256 MiB)
+    service_steps_per_request: int = 16
+
+    def __post_init__(self):
+        if isinstance(self.service, str):  # one endpoint given as a string
+            object.__setattr__(self, "service", (self.service,))
+        object.__setattr__(self, "service", tuple(self.service))
+        bad = [u for u in self.service if not isinstance(u, str) or not u.startswith(("grpc://", "grpc+tcp://", "grpc+tls://"))]
+        check(not bad, f"service: expected grpc://HOST:PORT or grpc+tls://HOST:PORT endpoints, got {bad[0]!r}" if bad else "")
+        check(self.service_timeout_s > 0, f"service_timeout_s must be > 0, got {self.service_timeout_s}")
+        check(isinstance(self.service_steps_per_request, int) and 1 <= self.service_steps_per_request <= 1024,
+              f"service_steps_per_request must be 1..1024, got {self.service_steps_per_request!r}")
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import warnings
 
 from gristmill.manifests.synthetic import build_synthetic, write_tokenizer  # noqa: F401  (re-exported for tests)
@@ -134,3 +135,114 @@ def demo_job_dict(corpus, out, **over) -> dict:
     }
     d.update(over)
     return d
+
+
+class ServeProcess:
+    """``gristmill serve`` in its own process on 127.0.0.1 and a free port (``--listen HOST:0``); ``url`` is
+    its endpoint once it printed its listening line. ``args``: the command's arguments after the URLs;
+    ``env``: extra environment (e.g. ``GRISTMILL_SERVE_TOKEN``); ``log``: a file every line is also written
+    to. ``kill()`` is kill -9; ``stop()`` SIGTERM.
+
+    A daemon thread drains the server's output from the start (it logs as it serves: an undrained 64 KB
+    pipe would block it) into a bounded buffer: the first ``HEAD_LINES`` lines and the last
+    ``TAIL_LINES``, which ``output()`` and ``stop()`` return (the shutdown message is always in the tail)."""
+
+    HEAD_LINES, TAIL_LINES = 200, 2000
+
+    def __init__(self, *urls: str, args: tuple[str, ...] = (), env: dict | None = None, listen: str = "127.0.0.1:0",
+                 timeout_s: float = 60.0, log: str | None = None, cwd: str | None = None):
+        import collections
+        import queue
+        import re
+        import subprocess
+        import sys
+        import threading
+
+        self.proc = subprocess.Popen([sys.executable, "-m", "gristmill", "serve", *urls, "--listen", listen, *args],
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd,
+                                     env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+        self.head: list[str] = []
+        self.tail: collections.deque[str] = collections.deque(maxlen=self.TAIL_LINES)
+        self.dropped = 0  # lines between the head and the tail that were not kept
+        self._lock = threading.Lock()
+        self._log = open(log, "w") if log else None
+        self._first: queue.Queue[str | None] = queue.Queue()  # lines until the listening one, for __init__
+        self._drain = threading.Thread(target=self._read, name="serve-output", daemon=True)
+        self._drain.start()
+        self.url = None
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                line = self._first.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                self.kill()
+                raise TimeoutError(f"gristmill serve did not start in {timeout_s} s: {self.output()[-2000:]}") from None
+            if line is None:  # exited before listening
+                self.proc.wait(timeout=10)
+                return
+            found = re.search(r"listening on (grpc(?:\+tls)?://\S+)", line)
+            if found:
+                self.url = found.group(1)
+                return
+
+    def _read(self) -> None:
+        listening = False
+        for line in self.proc.stdout:
+            with self._lock:
+                if len(self.head) < self.HEAD_LINES:
+                    self.head.append(line)
+                else:
+                    if len(self.tail) == self.tail.maxlen:
+                        self.dropped += 1
+                    self.tail.append(line)
+                if self._log:
+                    self._log.write(line)
+            if not listening:
+                self._first.put(line)
+                listening = "listening on" in line
+        if not listening:
+            self._first.put(None)
+        with self._lock:
+            if self._log:
+                self._log.close()
+
+    @property
+    def port(self) -> int:
+        return int(self.url.rsplit(":", 1)[1])
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def output(self) -> str:
+        """What it printed so far (complete once it exited), bounded: head, a gap marker, tail."""
+        if self.proc.poll() is not None:
+            self._drain.join(timeout=10)
+        with self._lock:
+            gap = [f"[... {self.dropped} lines not kept ...]\n"] if self.dropped else []
+            return "".join(self.head + gap + list(self.tail))
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=10)
+        self._drain.join(timeout=10)
+
+    def stop(self, timeout_s: float = 20.0) -> str:
+        """SIGTERM (kill -9 if it does not exit in ``timeout_s``); returns what it printed (``output()``)."""
+        import subprocess
+
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        return self.output()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.kill()

@@ -117,7 +117,7 @@ def test_deploy_has_every_artifact():
     names = {rel(p) for p in glob.glob(os.path.join(DEPLOY, "**", "*"), recursive=True) if os.path.isfile(p)}
     for want in ("deploy/Dockerfile.pipeline", "deploy/Dockerfile.trainer", "deploy/kuberay/rayjob-prepare.yaml",
                  "deploy/kuberay/raycluster.yaml", "deploy/ray/cluster.yaml", "deploy/slurm/prepare.sbatch",
-                 "deploy/slurm/train.sbatch", "deploy/k8s/train-job.yaml"):
+                 "deploy/slurm/train.sbatch", "deploy/k8s/train-job.yaml", "deploy/k8s/gristmill-serve.yaml"):
         assert want in names, f"{want} is missing"
 
 
@@ -172,6 +172,8 @@ def test_every_gristmill_command_parses_with_the_cli():
 
 def check_job_file(where: str, args) -> None:
     """The job file a command names loads with its part's own parser (train: with the --set overrides)."""
+    if not hasattr(args, "job"):  # a command without a job file (serve): checked by its own test
+        return
     path = os.path.join(REPO, args.job) if not os.path.isabs(args.job) else args.job
     if "$" in args.job or args.job.startswith("/jobs/") or args.job.startswith("/shared/"):
         return  # supplied at run time (a ConfigMap, the shared filesystem): checked below or by the operator
@@ -259,3 +261,49 @@ def test_ray_cluster_launcher_config_passes_rays_own_validation():
     validate_config(full)  # Ray's JSON schema: unknown or misspelled keys fail here
     assert full["head_node_type"] in full["available_node_types"]
     assert "--num-cpus=0" in " ".join(full["head_start_ray_commands"]), "the head should run no data tasks"
+
+
+def test_serve_deployment_wires_token_cache_port_and_probe():
+    """deploy/k8s/gristmill-serve.yaml: a Secret, a Service and a Deployment whose `gristmill serve`
+    listens beyond loopback with the Secret's token file, keeps its cache on a node-local volume (its
+    only state: no claim), is probed on the port it listens on, and starts as the server would."""
+    from gristmill.cli import build_parser
+    from gristmill.loader.service.server import ServeConfig
+
+    docs = {d["kind"]: d for d in yaml_docs(os.path.join(DEPLOY, "k8s", "gristmill-serve.yaml"))}
+    assert set(docs) == {"Secret", "Service", "Deployment"}
+    secret, service, deployment = docs["Secret"], docs["Service"], docs["Deployment"]
+    pod = deployment["spec"]["template"]
+    assert deployment["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items(), "the Service selects no server pod"
+    (container,) = pod["spec"]["containers"]
+    variables = env_defaults(deployment)
+    (argv,) = [a for text in container["args"] for a in gristmill_commands(text, variables)]
+    args = build_parser().parse_args(argv)
+    assert args.command == "serve"
+    host, _, port = args.listen.rpartition(":")
+
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    (svc_port,) = service["spec"]["ports"]
+    assert ports[svc_port["targetPort"]] == int(port), "the Service's targetPort is not the port the server listens on"
+    probe = container["readinessProbe"]
+    probed = probe.get("tcpSocket", probe.get("grpc", {})).get("port")
+    assert probed in (int(port), svc_port["targetPort"]), "the readiness probe does not check the serving port"
+
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    mounts = {m["mountPath"]: volumes[m["name"]] for m in container["volumeMounts"]}
+    assert not any("persistentVolumeClaim" in v for v in volumes.values()), "the server's only state is its cache"
+    token_dir, token_key = os.path.split(args.token_file)
+    assert mounts[token_dir].get("secret", {}).get("secretName") == secret["metadata"]["name"], \
+        f"--token-file {args.token_file} is not in the mounted Secret"
+    assert token_key in secret.get("stringData", {}) or token_key in secret.get("data", {})
+    cache = mounts.get(args.cache_dir)
+    assert cache is not None and ("emptyDir" in cache or "hostPath" in cache), "--cache-dir is not a node-local volume"
+
+    # Beyond loopback a token is mandatory (ServeConfig refuses to start without one): with it, the
+    # flags build the server's config.
+    cfg = ServeConfig(tuple(args.urls), host=host, port=int(port), token="a-token", cache_dir=args.cache_dir,
+                      max_streams=args.max_streams, max_streams_per_client=args.max_streams_per_client)
+    assert cfg.location == f"grpc://{host}:{port}"
+    with pytest.raises(Exception, match="without a token"):
+        ServeConfig(tuple(args.urls), host=host, port=int(port))

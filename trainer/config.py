@@ -40,6 +40,13 @@ class DataConfig(Section):
     micro_batch: Annotated[Int, Field(ge=0, le=MAX_BATCH)] = 0  # sequences per rank per forward; 0 = the whole local batch
     cache_dir: Str | None = None
     prefetch: NonNegativeInt = 4
+    # `gristmill serve` endpoints (docs/service.md): batches come from the service, not a local cache;
+    # with them, manifest may also be a dataset/mixture name or a manifest sha256 the service resolves
+    service: list[NonEmptyStr] = []
+    service_token_file: Str | None = None  # bearer token file (else $GRISTMILL_SERVE_TOKEN); never in the job file
+    service_tls_root: Str | None = None  # PEM CA of the servers' certificates (grpc+tls://)
+    service_tls_cert: Str | None = None  # PEM certificate and key of this client (servers with mutual TLS)
+    service_tls_key: Str | None = None
 
 
 class ModelConfig(Section):

@@ -13,13 +13,12 @@ import logging
 import math
 import os
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import torch
 
-from gristmill.loader import Batches, Caching, Loader, Sampling, Source, Threads
+from gristmill.loader import Batches, Caching, Loader, Sampling, Source, Threads, open_data
 from gristmill.manifests import code_version
-from gristmill.manifests.mixture import load_data
 
 from .budget import available_bytes, check_fits, memory_budget
 from .checkpoint import Checkpointer, committed, library_versions, set_rng_state
@@ -60,7 +59,11 @@ class Trainer:
         os.makedirs(self.run_dir, exist_ok=True)
 
         # Data: the manifest pins vocabulary, sequence length and the content hash the checkpoint records.
-        self.pub = load_data(cfg.data.manifest, expected_sha256=cfg.data.expected_sha256)  # a dataset or a mixture
+        # the loader's source: the store, or `gristmill serve` endpoints (data.service)
+        self.source = Source(expected_sha256=cfg.data.expected_sha256, service=tuple(cfg.data.service),
+                             service_token_file=cfg.data.service_token_file, service_tls_root=cfg.data.service_tls_root,
+                             service_tls_cert=cfg.data.service_tls_cert, service_tls_key=cfg.data.service_tls_key)
+        self.pub = open_data(cfg.data.manifest, self.source)  # a dataset or a mixture
         self.manifest = self.pub.manifest
         self.seq_len, self.global_batch = self.manifest.seq_len, cfg.data.global_batch
         _, self.n_micro = local_batch_sizes(cfg, d.world_size)
@@ -104,7 +107,8 @@ class Trainer:
         self.metrics = MetricsLog(self.run_dir, enabled=self.rank0, tensorboard=cfg.run.tensorboard)
         self.loader = Loader(self.pub, Sampling(split="train", seed=cfg.data.seed, global_batch=self.global_batch,
                                                 rank=d.rank, world_size=d.world_size, order=cfg.data.order),
-                             source=Source(expected_sha256=self.manifest.sha256), caching=Caching(dir=cfg.data.cache_dir),
+                             source=replace(self.source, expected_sha256=self.manifest.sha256),
+                             caching=Caching(dir=cfg.data.cache_dir),
                              threads=Threads(prefetch=cfg.data.prefetch),
                              batches=Batches(token_dtype=None, documents=cfg.model.document_mask))  # position ids: document mask
         self.train_state = TrainState()
@@ -219,7 +223,7 @@ class Trainer:
         return ok
 
     def evaluate(self, step: int) -> None:
-        val = evaluate(self.model, self.cfg, self.pub, self.dist)
+        val = evaluate(self.model, self.cfg, self.pub, self.dist, self.loader.source)
         self.metrics.write({"kind": "eval", "step": step, "val_loss": val})
         if self.rank0:
             log.info("step %6d  val_loss %.4f", step, val)

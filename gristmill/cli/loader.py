@@ -1,4 +1,4 @@
-"""``gristmill loader bench``: input wait of a simulated trainer, cold and warm cache."""
+"""``gristmill loader bench``: input wait of a simulated trainer, cold and warm cache, or through ``gristmill serve``."""
 from __future__ import annotations
 
 import argparse
@@ -7,10 +7,12 @@ import argparse
 def register(sub) -> None:
     p = sub.add_parser("loader", help="the training data loader")
     lsub = p.add_subparsers(dest="loader_command", required=True, metavar="ACTION")
-    b = lsub.add_parser("bench", help="input wait of a simulated trainer reading through a simulated remote store",
+    b = lsub.add_parser("bench", help="input wait of a simulated trainer reading through a simulated remote store "
+                                      "(or from `gristmill serve` endpoints: --service)",
                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     b.add_argument("url", nargs="?",
-                   help="dataset version or mixture (gristmill mix): <root>/<name>[/v<N>] (any fsspec URL)")
+                   help="dataset version or mixture (gristmill mix): <root>/<name>[/v<N>] (any fsspec URL); "
+                        "with --service also a name or sha256 the service resolves")
     b.add_argument("--synthetic", action="store_true", help="build a throwaway random-token dataset instead of a URL")
     b.add_argument("--sequences", type=int, default=4096, help="--synthetic: sequences in the dataset")
     b.add_argument("--seq-len", type=int, default=2048, help="--synthetic: tokens per sequence")
@@ -29,6 +31,12 @@ def register(sub) -> None:
     b.add_argument("--cache-dir", help="put the bench's temporary cache under this directory (e.g. the NVMe); "
                                        "removed afterwards, an existing cache is never touched")
     b.add_argument("--cache-limit-bytes", type=int)
+    b.add_argument("--service", nargs="+", metavar="URL",
+                   help="read the batches from these `gristmill serve` endpoints (grpc://HOST:PORT, grpc+tls://...) "
+                        "instead of a simulated store: two passes, first and again (the servers' caches as the "
+                        "first left them); the store and cache flags do not apply")
+    b.add_argument("--service-token-file", metavar="F", help="--service: bearer token file (else $GRISTMILL_SERVE_TOKEN)")
+    b.add_argument("--service-tls-root", metavar="F", help="--service: PEM CA of the servers' certificates (grpc+tls)")
     b.add_argument("--json", metavar="PATH", help="also write the results as JSON here ('-' for stdout only)")
     b.set_defaults(handler=_bench)
 
@@ -38,11 +46,13 @@ def _bench(args) -> int:
     import tempfile
 
     from gristmill.errors import UsageError
-    from gristmill.loader.bench import cold_and_warm, table, to_json
+    from gristmill.loader.bench import cold_and_warm, served_passes, table, to_json
     from gristmill.manifests.synthetic import build_synthetic, even_shards
 
     if bool(args.url) == bool(args.synthetic):
         raise UsageError("give either a dataset URL or --synthetic")
+    if args.service and args.synthetic:
+        raise UsageError("--service reads a dataset the servers publish: give its URL, name or sha256, not --synthetic")
     tmp = None
     try:
         url = args.url
@@ -51,12 +61,17 @@ def _bench(args) -> int:
             url = build_synthetic(tmp, seq_len=args.seq_len, shard_rows=even_shards(args.sequences, args.shard_rows),
                                   val_rows=(), vocab_size=32000, tokens="random", seed=args.seed).url
         config = {k: v for k, v in vars(args).items() if k not in ("handler", "command", "loader_command", "verbose")}
-        results = cold_and_warm(
-            url, steps=args.steps, step_s=args.step_ms / 1e3, latency_s=args.latency_ms / 1e3,
-            bandwidth_bps=args.bandwidth_mbps * 1e6 or None, cache_dir=args.cache_dir, order=args.order,
-            window_shards=args.window_shards, global_batch=args.global_batch, prefetch=args.prefetch,
-            workers=args.workers, fetch_workers=args.fetch_workers, seed=args.seed,
-            cache_limit_bytes=args.cache_limit_bytes)
+        sampling = dict(order=args.order, window_shards=args.window_shards, global_batch=args.global_batch,
+                        prefetch=args.prefetch, seed=args.seed)
+        if args.service:
+            results = served_passes(url, tuple(args.service), steps=args.steps, step_s=args.step_ms / 1e3,
+                                    service_token_file=args.service_token_file,
+                                    service_tls_root=args.service_tls_root, **sampling)
+        else:
+            results = cold_and_warm(
+                url, steps=args.steps, step_s=args.step_ms / 1e3, latency_s=args.latency_ms / 1e3,
+                bandwidth_bps=args.bandwidth_mbps * 1e6 or None, cache_dir=args.cache_dir, workers=args.workers,
+                fetch_workers=args.fetch_workers, cache_limit_bytes=args.cache_limit_bytes, **sampling)
         if args.json != "-":
             print(table(results))
         if args.json:

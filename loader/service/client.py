@@ -1,0 +1,300 @@
+"""The client side of ``gristmill serve``: the batches of a :class:`~gristmill.loader.Loader` whose
+``Source.service`` names endpoints, fetched instead of assembled from a local cache.
+
+:class:`ServiceBatches` is what the Loader delegates to: ``pipeline(start)`` returns an object
+with the Loader's pipeline interface (``next() -> (batch, metrics)``, ``close()``). It asks for
+ranges of ``Source.service_steps_per_request`` steps (at most what the protocol's row bound and a
+server's default reply bound allow), two ranges in flight; range ``k`` goes first to endpoint
+``k mod n`` (a deterministic spread) and, on any error, deadline (``Source.service_timeout_s``)
+or a reply that does not check out, the whole range is asked again of the next endpoint (up to
+``Source.retries`` rounds over all endpoints, with backoff). A range's batches are handed over
+only once the whole range has arrived and been checked (manifest hash, request echo, step of
+each record batch, every row's global index), so no sample is lost, duplicated or reordered.
+
+The batches are the in-process Loader's, bit for bit: ``tokens`` in ``token_dtype`` (widened
+from the shards' dtype here), ``input_ids`` / ``labels`` views, ``indices``, ``step`` and with
+``documents`` ``position_ids``, ``cu_seqlens``, ``max_seqlen`` (from ``position_ids == 0`` by
+``loader.documents.segments_to_batch``, as in-process).
+"""
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import os
+import re
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.flight as flight
+import torch
+
+from gristmill.errors import UsageError
+from gristmill.manifests import Published
+from gristmill.manifests.mixture import PublishedMixture, _Either, check_component, MixtureManifest
+
+from ..documents import segments_to_batch
+from ..options import Source
+from .protocol import (DEFAULT_MAX_REPLY_BYTES, MAX_ROWS, MAX_STEPS, META_REQUEST, META_SHA, SHA256, Request, one_line,
+                       step_bytes)
+
+log = logging.getLogger(__name__)
+
+TOKEN_ENV = "GRISTMILL_SERVE_TOKEN"
+RANGES_IN_FLIGHT = 2
+
+
+class ServiceError(UsageError):
+    """The service could not serve a request on any endpoint, or refused it (one line)."""
+
+
+class ReplyMismatch(Exception):
+    """A reply that is not the answer to the request (another manifest, step or row): retried elsewhere."""
+
+
+def resolve_token(source: Source) -> str | None:
+    """The bearer token: ``service_token``, else the first line of ``service_token_file``, else $GRISTMILL_SERVE_TOKEN."""
+    if source.service_token:
+        return source.service_token
+    if source.service_token_file:
+        with open(source.service_token_file) as f:
+            return f.read().strip() or None
+    return os.environ.get(TOKEN_ENV) or None
+
+
+class Endpoints:
+    """One Flight client per endpoint (created on first use; gRPC reconnects by itself) and the call options."""
+
+    def __init__(self, source: Source):
+        self.urls = tuple(source.service)
+        token = resolve_token(source)
+        headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
+        self.options = flight.FlightCallOptions(timeout=source.service_timeout_s, headers=headers)
+        self.tls = {key: _read(path) for key, path in (("tls_root_certs", source.service_tls_root),
+                                                        ("cert_chain", source.service_tls_cert),
+                                                        ("private_key", source.service_tls_key)) if path}
+        self._clients: dict[str, flight.FlightClient] = {}
+        self._lock = threading.Lock()
+
+    def client(self, url: str) -> flight.FlightClient:
+        with self._lock:
+            if url not in self._clients:
+                self._clients[url] = flight.FlightClient(url, **(self.tls if url.startswith("grpc+tls") else {}))
+            return self._clients[url]
+
+    def action(self, url: str, name: str, body: dict) -> bytes:
+        results = list(self.client(url).do_action(flight.Action(name, json.dumps(body).encode()), self.options))
+        return results[0].body.to_pybytes()
+
+    def close(self) -> None:
+        with self._lock:
+            for c in self._clients.values():
+                c.close()
+            self._clients.clear()
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def served_data(name_or_sha: str, source: Source) -> Published | PublishedMixture:
+    """The manifest (and a mixture's components) from the service, for a client that cannot read the
+    store: ``name_or_sha`` is a manifest sha256 or a dataset/mixture name (its latest version). Every
+    manifest is hash-checked here, a mixture's components against the hashes it pins."""
+    endpoints = Endpoints(source)
+    body = {"sha256": name_or_sha} if SHA256.fullmatch(name_or_sha) else {"name": name_or_sha}
+    expected = body.get("sha256", source.expected_sha256)
+    errors = []
+    try:
+        for url in endpoints.urls:
+            try:
+                reply = json.loads(endpoints.action(url, "manifest", body))
+            except flight.FlightError as e:
+                errors.append(f"{url}: {reason(e, url)}")
+                continue
+            m = _Either.from_json(reply["manifest"], expected_sha256=expected, source=f"{url} manifest")
+            pub = Published(m, f"{url}#{m.sha256}")
+            if not isinstance(m, MixtureManifest):
+                return pub
+            comps = []
+            for c, text in zip(m.components, reply["components"], strict=True):
+                cm = _Either.from_json(text, expected_sha256=c.sha256, source=f"{url} component {c.name}")
+                check_component(m, c, cm)
+                comps.append(Published(cm, f"{url}#{cm.sha256}"))
+            return PublishedMixture(m, pub.url, tuple(comps))
+    finally:
+        endpoints.close()
+    raise ServiceError(f"no endpoint gave the manifest of {name_or_sha!r}: {'; '.join(errors)}")
+
+
+class ServiceBatches:
+    """A Loader's batches from ``gristmill serve`` (the Loader's ``remote``); see the module docstring."""
+
+    def __init__(self, loader):
+        self.ld = loader
+        self.endpoints = Endpoints(loader.source)
+        self.range_steps = range_steps(loader)
+        self.pool = ThreadPoolExecutor(RANGES_IN_FLIGHT, thread_name_prefix="gristmill-service")
+        self.stats = collections.Counter()  # bytes, requests, retries (updated under stats_lock)
+        self.stats_lock = threading.Lock()
+
+    def request(self, start_step: int, steps: int) -> Request:
+        ld = self.ld
+        return Request(manifest_sha256=ld.manifest.sha256, split=ld.split, seed=ld.seed, order=ld.order_name,
+                       window_shards=ld.window_shards, global_batch=ld.global_batch, rank=ld.rank,
+                       world_size=ld.world_size, start_step=start_step, steps=steps,
+                       documents=bool(ld.batches.documents))
+
+    def pipeline(self, start: int) -> "_ServicePipeline":
+        return _ServicePipeline(self, start)
+
+    # -- one range, with failover (runs in a pool thread) ------------------------------------------
+    def fetch(self, req: Request, k: int) -> list[dict]:
+        """The batches of ``req``, trying the endpoints in turn from ``k mod n``."""
+        urls, src, errors = self.endpoints.urls, self.ld.source, []
+        for attempt in range(src.retries * len(urls)):
+            url = urls[(k + attempt) % len(urls)]
+            try:
+                batches, nbytes = self._get(url, req)
+                with self.stats_lock:
+                    self.stats["requests"] += 1
+                    self.stats["bytes"] += nbytes
+                return batches
+            except (flight.FlightError, pa.ArrowException, ReplyMismatch, OSError) as e:
+                if _refused(e):  # the same request is refused everywhere: a client error, not a failure
+                    raise ServiceError(f"gristmill serve at {url}: {reason(e, url)}") from e
+                errors.append(f"{url}: {reason(e, url)}")
+                with self.stats_lock:
+                    self.stats["retries"] += 1
+                log.warning("steps %d..%d from %s failed (%s); retrying on another endpoint", req.start_step,
+                            req.start_step + req.steps - 1, url, reason(e, url))
+                if (attempt + 1) % len(urls) == 0:
+                    time.sleep(min(src.backoff_s * 2 ** ((attempt + 1) // len(urls) - 1), 10.0))
+        raise ServiceError(f"steps {req.start_step}..{req.start_step + req.steps - 1} failed on every endpoint "
+                           f"({src.retries} rounds): {errors[-1]}")
+
+    def _get(self, url: str, req: Request) -> tuple[list[dict], int]:
+        """The checked batches of one reply and its bytes."""
+        reader = self.endpoints.client(url).do_get(flight.Ticket(req.encode()), self.endpoints.options)
+        meta = reader.schema.metadata or {}
+        if meta.get(META_SHA) != req.manifest_sha256.encode() or meta.get(META_REQUEST) != req.encode():
+            raise ReplyMismatch(f"reply for manifest {meta.get(META_SHA, b'?')[:64].decode(errors='replace')}, "
+                                f"not the request's {req.manifest_sha256}")
+        out, nbytes = [], 0
+        try:
+            for step in range(req.start_step, req.start_step + req.steps):
+                try:
+                    chunk = reader.read_chunk()
+                except StopIteration:
+                    raise ReplyMismatch(f"stream ended at step {step}, before step {req.start_step + req.steps - 1}") from None
+                out.append(self._batch(req, step, chunk))
+                nbytes += chunk.data.nbytes
+            try:  # the end of the stream: the server has finished (and freed) it
+                reader.read_chunk()
+            except StopIteration:
+                return out, nbytes
+            raise ReplyMismatch(f"more than the {req.steps} steps asked for")
+        except BaseException:
+            reader.cancel()  # the server frees the stream now, not when this reader is collected
+            raise
+
+    def _batch(self, req: Request, step: int, chunk) -> dict:
+        """A reply's record batch as the in-process Loader's batch dict, checked against the request."""
+        ld, rb = self.ld, chunk.data
+        got = json.loads(chunk.app_metadata.to_pybytes()) if chunk.app_metadata is not None else {}
+        if got.get("step") != step or rb.num_rows != req.local_batch:
+            raise ReplyMismatch(f"got step {got.get('step')!r} with {rb.num_rows} rows, expected step {step} with "
+                                f"{req.local_batch}")
+        indices = rb.column("indices").to_numpy()
+        first = req.first_index(step)
+        if not np.array_equal(indices, np.arange(first, first + req.local_batch, dtype=np.int64)):
+            raise ReplyMismatch(f"step {step}: the rows' global indices are not {first}..{first + req.local_batch - 1}")
+        row_tokens = ld.manifest.row_tokens
+        stored = rb.column("tokens").values.to_numpy().reshape(rb.num_rows, row_tokens)  # zero-copy view
+        if stored.dtype != np.dtype(ld.manifest.token_dtype):
+            raise ReplyMismatch(f"tokens of dtype {stored.dtype}, the manifest's are {ld.manifest.token_dtype}")
+        if ld.pin_memory:
+            tokens = torch.empty(stored.shape, dtype=ld.token_dtype, pin_memory=True)
+            tokens.numpy()[...] = stored
+        else:
+            buf = np.empty(stored.shape, ld._buf_dtype)
+            buf[...] = stored
+            tokens = torch.from_numpy(buf)
+        batch = {"tokens": tokens, "input_ids": tokens[:, :-1], "labels": tokens[:, 1:],
+                 "indices": torch.from_numpy(indices.copy()), "step": step}
+        if req.documents:
+            pos = rb.column("position_ids").values.to_numpy().reshape(rb.num_rows, row_tokens - 1)
+            batch.update(segments_to_batch(pos == 0))
+        return batch
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+        self.endpoints.close()
+
+
+class _ServicePipeline:
+    """Ranges of steps in flight for one pass of iteration, consumed in step order (the Loader's pipeline interface)."""
+
+    def __init__(self, remote: ServiceBatches, start: int):
+        ld = remote.ld
+        if start % ld.global_batch:  # a served step is a whole step: an elastic resume lands on step boundaries
+            raise UsageError(f"served batches start on a step boundary: next_index {start} is not a multiple of "
+                             f"global_batch {ld.global_batch}")
+        self.remote, self.ld = remote, ld
+        self.next_step = start // ld.global_batch
+        self.ranges: collections.deque[Future] = collections.deque()
+        self.ready: collections.deque[dict] = collections.deque()
+        self._fill()
+
+    def _fill(self) -> None:
+        ld, r = self.ld, self.remote
+        while len(self.ranges) < RANGES_IN_FLIGHT:
+            steps = r.range_steps
+            if ld.stop_index is not None:
+                steps = min(steps, (ld.stop_index - self.next_step * ld.global_batch) // ld.global_batch)
+                if steps <= 0:
+                    return
+            req = r.request(self.next_step, steps)
+            self.ranges.append(r.pool.submit(r.fetch, req, self.next_step // r.range_steps))
+            self.next_step += steps
+
+    def next(self) -> tuple[dict, dict]:
+        if not self.ready:
+            self.ready.extend(self.ranges.popleft().result())
+            self._fill()
+        batch = self.ready.popleft()
+        return batch, {"step": batch["step"], "cache_hits": 0, "cache_misses": 0, "bytes_downloaded": 0,
+                       "service_bytes": self.remote.stats["bytes"], "service_retries": self.remote.stats["retries"]}
+
+    def close(self) -> None:
+        for fut in self.ranges:
+            fut.cancel()
+        self.ranges.clear()
+        self.ready.clear()
+
+
+def range_steps(ld) -> int:
+    """Steps a request: ``Source.service_steps_per_request``, lowered so a request stays within the protocol's
+    row bound and a server's default reply bound (``DEFAULT_MAX_REPLY_BYTES``); at least 1."""
+    local = ld.global_batch // ld.world_size
+    fit = min(MAX_STEPS, MAX_ROWS // local,
+              DEFAULT_MAX_REPLY_BYTES // step_bytes(ld.manifest, local, bool(ld.batches.documents)))
+    return max(1, min(ld.source.service_steps_per_request, fit))
+
+
+def _refused(e: Exception) -> bool:
+    """A refusal every endpoint would repeat: authentication, permission, a bad request."""
+    return isinstance(e, (flight.FlightUnauthenticatedError, flight.FlightUnauthorizedError)) or (
+        isinstance(e, flight.FlightServerError) and "bad request" in str(e))
+
+
+def reason(e: Exception, url: str) -> str:
+    """A Flight error in one short line: gRPC's debug context dropped, a plain client to a TLS server named."""
+    text = re.sub(r"^Flight returned \w+ error, with message: ", "", one_line(e)).split(". gRPC client debug context")[0]
+    if url.startswith(("grpc://", "grpc+tcp://")) and "Socket closed" in text:
+        text += " (a TLS server? use grpc+tls:// and service_tls_root)"
+    return text

@@ -1,0 +1,247 @@
+"""`gristmill serve` (issue 31): batches over Arrow Flight equal the in-process Loader's bit for bit
+(a dataset, a mixture with documents, two endpoints, 4 ranks), survive the kill -9 of a server,
+refuse missing or wrong tokens, serve over TLS, and find a version published after the start.
+Servers run in their own processes (helpers.ServeProcess)."""
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import json
+import re
+import os
+import subprocess
+import sys
+
+import pyarrow.flight as flight
+import pytest
+import torch
+import yaml
+
+from helpers import ServeProcess, build_dataset
+from gristmill.cli import main
+from gristmill.loader import Batches, Caching, Loader, Sampling, Source
+from gristmill.loader.service.client import ServiceError
+from gristmill.manifests.synthetic import build_synthetic
+
+B, W = 8, 4
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """A dataset ("toy") and a mixture ("blend", of two datasets with several documents a row) in one store."""
+    root = tmp_path_factory.mktemp("serve")
+    toy = build_dataset(str(root))
+    for name, seed in (("web", 1), ("code", 2)):
+        build_synthetic(str(root), dataset=name, shard_rows=(24, 16), val_rows=(8,), seed=seed, doc_tokens=(3, 9))
+    job = root / "mix.yaml"
+    job.write_text(yaml.safe_dump({"name": "blend", "store": str(root / "store"), "components": [
+        {"dataset": "web", "weight": 3}, {"dataset": "code", "weight": 1}]}))
+    assert main(["mix", str(job)]) == 0
+    return {"root": root, "store": str(root / "store"), "toy": toy.url, "blend": str(root / "store" / "blend")}
+
+
+@pytest.fixture(scope="module")
+def two_servers(data):
+    servers = [ServeProcess(data["store"], args=("--cache-dir", str(data["root"] / f"cache-{i}"))) for i in range(2)]
+    yield servers
+    for s in servers:
+        s.kill()
+
+
+def same(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for k, v in a.items():
+        if isinstance(v, torch.Tensor):
+            assert v.dtype == b[k].dtype and v.shape == b[k].shape and torch.equal(v, b[k]), k
+        else:
+            assert v == b[k], k
+
+
+def loaders(url, cache, endpoints=(), *, documents=False, token_dtype=torch.int64, **source):
+    return [Loader(url, Sampling(global_batch=B, rank=r, world_size=W, seed=3), caching=Caching(dir=str(cache)),
+                   source=Source(service=tuple(endpoints), **source),
+                   batches=Batches(documents=documents, token_dtype=token_dtype)) for r in range(W)]
+
+
+def take(ld: Loader, steps: int) -> list[dict]:
+    out = []
+    for batch in ld:
+        out.append(batch)
+        if len(out) == steps:
+            return out
+    return out
+
+
+@pytest.mark.parametrize("which, documents, token_dtype", [("toy", False, torch.int64), ("blend", True, None)])
+def test_served_batches_are_the_in_process_batches_bit_for_bit(data, two_servers, tmp_path, which, documents,
+                                                               token_dtype):
+    endpoints = [s.url for s in two_servers]
+    refs = loaders(data[which], tmp_path / "ref", documents=documents, token_dtype=token_dtype)
+    served = loaders(data[which], tmp_path / "unused", endpoints, documents=documents, token_dtype=token_dtype)
+    for ref, srv in zip(refs, served):
+        want, got = take(ref, 200), take(srv, 200)
+        assert len(want) == len(got) == 200
+        for a, b in zip(want, got):
+            same(a, b)
+        assert srv.state_dict() == ref.state_dict()
+        ref.close(), srv.close()
+    assert not os.path.exists(tmp_path / "unused")  # served: the client keeps no shard cache
+    stats = [json.loads(next(iter(flight.FlightClient(u).do_action(flight.Action("stats", b"")))).body.to_pybytes())
+             for u in endpoints]
+    assert all(s["requests"] > 0 and s["active_streams"] == 0 for s in stats)  # both endpoints served ranges
+
+
+def test_resume_from_a_state_dict_and_a_client_that_reads_only_the_service(data, two_servers, tmp_path):
+    (ref,) = [Loader(data["blend"], Sampling(global_batch=B, seed=3), caching=Caching(dir=str(tmp_path)))]
+    want = take(ref, 12)
+    # the client reads no store: the manifest (and the mixture's components) come from the server, hash-checked
+    sha = ref.manifest.sha256
+    srv = Loader(sha, Sampling(global_batch=B, seed=3), source=Source(service=(two_servers[0].url,)))
+    srv.load_state_dict({**ref.state_dict(), "next_index": 5 * B})
+    for a, b in zip(want[5:], take(srv, 7)):
+        same(a, b)
+    ref.close(), srv.close()
+    named = Loader("blend", Sampling(global_batch=B, seed=3), source=Source(service=(two_servers[1].url,)))
+    assert named.manifest.sha256 == sha
+    named.close()
+
+
+def test_kill_9_of_one_server_mid_run_changes_no_batch(data, tmp_path):
+    a, b = (ServeProcess(data["store"], args=("--cache-dir", str(tmp_path / f"c{i}"))) for i in range(2))
+    try:
+        refs = loaders(data["toy"], tmp_path / "ref")
+        served = loaders(data["toy"], tmp_path / "x", [a.url, b.url], retries=3, backoff_s=0.05, service_timeout_s=10)
+        its = [iter(s) for s in served]
+        got = [[] for _ in range(W)]
+        for step in range(60):
+            if step == 20:
+                a.kill()  # kill -9: ranges in flight on it fail and are asked of b
+            for r in range(W):
+                got[r].append(next(its[r]))
+        assert sum(s.remote.stats["retries"] for s in served) > 0  # ranges did fail over
+        for r in range(W):
+            for x, y in zip(take(refs[r], 60), got[r]):
+                same(x, y)
+            refs[r].close(), served[r].close()
+    finally:
+        a.kill(), b.kill()
+
+
+def make_cert(tmp_path) -> tuple[str, str]:
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
+                                                        x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
+            .sign(key, hashes.SHA256()))
+    cert_path, key_path = tmp_path / "cert.pem", tmp_path / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return str(cert_path), str(key_path)
+
+
+def first_batch(url, endpoint, **source) -> dict:
+    with Loader(url, Sampling(global_batch=B, seed=3), source=Source(service=(endpoint,), retries=1, backoff_s=0.01,
+                                                                       service_timeout_s=10, **source)) as ld:
+        return next(iter(ld))
+
+
+def test_tokens_and_tls(data, tmp_path):
+    token = tmp_path / "token"
+    token.write_text("s3cret-token\n")
+    cert, key = make_cert(tmp_path)
+    with ServeProcess(data["store"], args=("--token-file", str(token), "--tls-cert", cert, "--tls-key", key,
+                                           "--cache-dir", str(tmp_path / "c"))) as srv:
+        assert srv.url.startswith("grpc+tls://")
+        tls = srv.url.replace("127.0.0.1", "localhost")
+        with Loader(data["toy"], Sampling(global_batch=B, seed=3), caching=Caching(dir=str(tmp_path / "ref"))) as ref:
+            want = next(iter(ref))
+        same(want, first_batch(data["toy"], tls, service_tls_root=cert, service_token="s3cret-token"))
+        same(want, first_batch(data["toy"], tls, service_tls_root=cert, service_token_file=str(token)))
+        with pytest.raises(ServiceError, match="no bearer token"):
+            first_batch(data["toy"], tls, service_tls_root=cert)
+        with pytest.raises(ServiceError, match="wrong bearer token"):
+            first_batch(data["toy"], tls, service_tls_root=cert, service_token="guess")
+        # mutual TLS: the server asks for a client certificate its --tls-client-ca signed
+        with ServeProcess(data["store"], args=("--token-file", str(token), "--tls-cert", cert, "--tls-key", key,
+                                               "--tls-client-ca", cert, "--cache-dir", str(tmp_path / "c"))) as mtls:
+            url = mtls.url.replace("127.0.0.1", "localhost")
+            same(want, first_batch(data["toy"], url, service_tls_root=cert, service_token_file=str(token),
+                                   service_tls_cert=cert, service_tls_key=key))
+            with pytest.raises(ServiceError):  # no client certificate
+                first_batch(data["toy"], url, service_tls_root=cert, service_token_file=str(token))
+        with pytest.raises(ServiceError) as plain:  # a plain-text client against the TLS server
+            first_batch(data["toy"], f"grpc://localhost:{srv.port}", service_token="s3cret-token")
+        assert "\n" not in str(plain.value) and f"grpc://localhost:{srv.port}" in str(plain.value)
+        assert "a TLS server? use grpc+tls://" in str(plain.value) and "debug context" not in str(plain.value)
+
+
+def test_a_token_from_the_environment_and_no_token_beyond_loopback(data, tmp_path):
+    with ServeProcess(data["store"], env={"GRISTMILL_SERVE_TOKEN": "envtok"},
+                      args=("--cache-dir", str(tmp_path / "c"))) as srv:
+        first_batch(data["toy"], srv.url, service_token="envtok")
+        with pytest.raises(ServiceError, match="wrong bearer token"):
+            first_batch(data["toy"], srv.url, service_token="other")
+    env = {k: v for k, v in os.environ.items() if k != "GRISTMILL_SERVE_TOKEN"}
+    out = subprocess.run([sys.executable, "-m", "gristmill", "serve", data["store"], "--listen", "0.0.0.0:0"],
+                         capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 2
+    assert out.stderr.strip().count("\n") == 0 and "refusing to listen on 0.0.0.0 without a token" in out.stderr
+
+
+def test_a_version_published_after_the_start_and_an_unknown_hash(data, tmp_path):
+    root = tmp_path / "late"
+    early = build_dataset(str(root))
+    with ServeProcess(str(root / "store"), args=("--cache-dir", str(tmp_path / "c"), "--rescan-interval-s", "0",
+                                                  "--max-open", "1")) as srv:  # one entry open: each switch evicts
+        late = build_dataset(str(root), seed=7)  # toy v2, another hash
+        with Loader(late.url, Sampling(global_batch=B, seed=3), caching=Caching(dir=str(tmp_path / "ref"))) as ref:
+            same(next(iter(ref)), first_batch(late.url, srv.url))
+        with pytest.raises(ServiceError, match="unknown manifest 0{64}"):
+            Loader("0" * 64, source=Source(service=(srv.url,)))
+        client = flight.FlightClient(srv.url)
+        with pytest.raises(flight.FlightServerError, match="bad request: ticket is not a JSON request"):
+            client.do_get(flight.Ticket(b"\xff\x00garbage")).read_all()
+        with pytest.raises(flight.FlightServerError, match="unknown manifest"):
+            client.do_get(flight.Ticket(json.dumps({"manifest_sha256": "1" * 64}).encode())).read_all()
+        for pub in (early, late, early):  # the server keeps serving, evicting and reopening its one entry
+            with Loader(pub.url, Sampling(global_batch=B, seed=3), caching=Caching(dir=str(tmp_path / "ref"))) as ref:
+                same(next(iter(ref)), first_batch(pub.url, srv.url))
+        stats = json.loads(next(iter(client.do_action(flight.Action("stats", b"")))).body.to_pybytes())
+        assert stats["loaders_opened"] == 4 and stats["active_streams"] == 0, stats
+        assert stats["refused_bad_request"] == 1 and stats["refused_unknown"] == 1, stats
+        out = srv.stop()
+    assert "SIGTERM, shutting down" in out
+    # one line a client session (this host, two manifests), not a line a stream; refusals rate-limited per host
+    assert out.count("session start: ") == 2 and out.count("session end: ") == 2, out
+    assert not re.search(r"\d+ of \d+ steps", out), out  # the per-stream lines are DEBUG
+    assert out.count(" (bad_request): ") + out.count(" (unknown): ") == 1, out
+    assert "bad request: ticket is not a JSON request" in out, out
+
+
+def test_the_trainer_reads_through_the_service_by_manifest_hash(data, two_servers, tmp_path):
+    """data.service: the job names the data by hash only; training, validation and checkpoints run."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sha = Loader(data["toy"], caching=Caching(dir=str(tmp_path / "c"))).manifest.sha256
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "gristmill", "train", os.path.join(root, "configs", "train-tiny.yaml"),
+           "--set", f"data.manifest={sha}", "--set", f"data.service=[{two_servers[0].url}, {two_servers[1].url}]",
+           "--set", f"run.dir={run_dir}", "--set", "run.steps=2", "--set", "eval.every=2", "--set", "run.tensorboard=false",
+           "--set", "data.global_batch=4", "--set", "run.log_samples=true"]
+    out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "val_loss" in out.stderr + out.stdout
+    with Loader(data["toy"], Sampling(global_batch=4), caching=Caching(dir=str(tmp_path / "c"))) as ref:
+        want = [b["indices"].tolist() for b in take(ref, 2)]
+    logged = [json.loads(line) for line in open(run_dir / "samples.jsonl")]
+    assert [x["indices"] for x in logged] == want, logged
