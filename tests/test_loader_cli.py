@@ -58,7 +58,9 @@ def test_bench_through_the_service_reports_two_served_passes(toy_dataset, tmp_pa
                                            token, "--steps", "5", "--global-batch", "8", "--step-ms", "1", "--prefetch",
                                            "2", "--order", "global"], capsys, ("first", "again"), 5)
     row_bytes = 17 * 2  # seq_len 16 + 1 tokens of uint16 on the wire
-    assert first["bytes_served"] >= 5 * 8 * row_bytes and again["bytes_served"] == first["bytes_served"]
+    # at least the 5 steps each pass takes; how far the client had read ahead (16-step requests, two in
+    # flight) when the pass closed depends on timing, so the two passes need not be equal
+    assert first["bytes_served"] >= 5 * 8 * row_bytes and again["bytes_served"] >= 5 * 8 * row_bytes
     assert first["bytes_fetched"] == 0 and first["service_retries"] == 0
     assert config["service"] == [srv.url]
 
