@@ -35,7 +35,7 @@ import numpy as np
 
 from gristmill.errors import UsageError
 
-from ..order import ORDERS
+from ..order import DEFAULT_WINDOW_SHARDS, ORDERS
 
 MAX_TICKET_BYTES = 4096  # a request's JSON is ~300 bytes
 MAX_GLOBAL_BATCH = 1 << 24  # as trainer/config.py's MAX_BATCH
@@ -65,7 +65,7 @@ class Request:
     split: str = "train"
     seed: int = 0
     order: str = "global"
-    window_shards: int = 8
+    window_shards: int = DEFAULT_WINDOW_SHARDS
     global_batch: int = 32
     rank: int = 0
     world_size: int = 1
