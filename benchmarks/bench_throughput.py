@@ -260,8 +260,9 @@ def _near_variant(text: str, target: float, rng: random.Random, vocab: list[str]
 def _documents(paras: list[str], rng: random.Random, vocab: list[str]):
     """Documents of 2-6 paragraphs drawn without replacement from the shuffled pool, pass after pass;
     from the second pass on every 5th word of a reused paragraph is replaced (at an offset that
-    depends on the pass), as ``pipeline.demo_corpus.english_documents`` does (that one slices its
-    pool per document: quadratic in a pool of ~480,000 paragraphs)."""
+    depends on the pass), as ``pipeline.demo_corpus.english_documents`` does, but endless and
+    perturbing each paragraph when drawn, not the whole pool up front (the order of random draws,
+    hence the corpus built and measured, is this one's)."""
     from gristmill.pipeline.demo_corpus import _perturb
 
     passes = 0

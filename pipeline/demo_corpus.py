@@ -153,16 +153,16 @@ def english_documents(paras: list[str], n: int, rng: random.Random, vocab: list[
     depends on the pass), so no two documents share a word 5-gram or 13-gram by accident: the
     only duplicates and contaminations in the corpus are the planted ones.
     """
-    docs, pool, passes = [], [], 0
+    docs, pool, at, passes = [], [], 0, 0
     while len(docs) < n:
-        if len(pool) < 6:
-            pool = list(paras)
+        if len(pool) - at < 6:
+            pool, at = list(paras), 0
             rng.shuffle(pool)
             pool = [_perturb(p, passes, rng, vocab) for p in pool] if passes else pool
             passes += 1
         k = rng.randint(2, 6)
-        docs.append("\n\n".join(pool[:k]))
-        pool = pool[k:]
+        docs.append("\n\n".join(pool[at:at + k]))
+        at += k  # an index, not pool = pool[k:]: that copy per document was quadratic in the pool's size
     return docs
 
 
