@@ -26,8 +26,6 @@ one part (well under 5 minutes); start it without flock::
 from __future__ import annotations
 
 import argparse
-import contextlib
-import fcntl
 import hashlib
 import json
 import multiprocessing as mp
@@ -51,26 +49,13 @@ from gristmill.loader import Batches, Caching, Loader, Sampling, Threads  # noqa
 from gristmill.loader.service import client as service_client  # noqa: E402
 from gristmill.loader.options import Source  # noqa: E402
 from gristmill.manifests.synthetic import build_synthetic, even_shards  # noqa: E402
+from bench_vs_datatrove import heavy_lock  # noqa: E402  (the shared lock; the script's folder is on sys.path)
 from helpers import ServeProcess  # noqa: E402
 
-LOCK = "/tmp/gristmill-heavy.lock"
 SEQ_LEN, SHARD_ROWS, ORDER = 2048, 512, "window"
 TICKS = os.sysconf("SC_CLK_TCK")
 STEP_S = 0.2
 BIG_BOUND = "4096"  # the load parts' stream bounds: every rank here is one host, 127.0.0.1
-
-
-@contextlib.contextmanager
-def heavy_lock(what: str):
-    """The machine's shared lock for heavy runs; the wait for it is not timed."""
-    with open(LOCK, "a") as f:
-        t = time.monotonic()
-        fcntl.flock(f, fcntl.LOCK_EX)
-        print(f"[{time.strftime('%H:%M:%S')}] {what}: lock after {time.monotonic() - t:.0f} s", flush=True)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def cpu_s(pid: int) -> float:

@@ -145,10 +145,13 @@ class TreeRSS:
 
 
 @contextlib.contextmanager
-def heavy_lock():
-    """The machine's shared lock for heavy runs; the wait for it is not timed."""
+def heavy_lock(what: str | None = None):
+    """The machine's shared lock for heavy runs; the wait for it is not timed (``what``: print the wait)."""
     with open(LOCK, "a") as f:
+        t = time.monotonic()
         fcntl.flock(f, fcntl.LOCK_EX)
+        if what:
+            print(f"[{time.strftime('%H:%M:%S')}] {what}: lock after {time.monotonic() - t:.0f} s", flush=True)
         try:
             yield
         finally:
