@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 from fsspec.core import url_to_fs
 
-from . import storage
 from gristmill.errors import os_error_text
 
+from . import storage
 from .errors import LatestPointerError, ManifestError, ManifestNotFoundError, PublishError, VersionExistsError
 from .manifest import Manifest
 
@@ -187,10 +187,13 @@ class ManifestStore:
         such claim publishes, the others wait for it and return its version, so N concurrent
         prepares of the same data publish it once. Its claim vanishing (its publish failed and was
         released) or its writer dying (same host) leaves this writer to publish."""
+        if version <= seen + 1:  # no number between (one publisher: the usual case): nothing to list
+            return None
         base = posixpath.join(self._root_path, manifest.dataset)
         for n in sorted(n for n in self._taken(base) if seen < n < version):
             vdir = posixpath.join(base, f"v{n}")
             start = time.monotonic()
+            deadline = start + _TWIN_WAIT_S
             while True:
                 storage.refresh(self.fs, vdir)
                 if self.fs.exists(posixpath.join(vdir, MANIFEST_FILE)):
@@ -208,7 +211,6 @@ class ManifestStore:
                     break  # released (its publish failed), or never claimed
                 except ValueError:
                     break  # not a claim of this protocol
-                deadline = start + _TWIN_WAIT_S
                 if (not isinstance(claim, dict) or claim.get("sha256") != manifest.sha256 or not _alive(claim)
                         or time.monotonic() > deadline):
                     break
