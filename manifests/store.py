@@ -171,14 +171,10 @@ class ManifestStore:
         claim = posixpath.join(vdir, CLAIM_FILE)
         with contextlib.suppress(Exception):
             storage.refresh(self.fs, vdir)
-            for p in self.fs.find(vdir):
-                if p != claim:
-                    self.fs.rm_file(p)
-            if storage.is_local(self.fs):  # empty folders, deepest first (an object store has none)
-                for d in sorted((d for d, _, _ in os.walk(vdir)), key=len, reverse=True)[:-1]:
-                    os.rmdir(d)
+            if rest := [p for p in self.fs.ls(vdir, detail=False) if p != claim]:
+                self.fs.rm(rest, recursive=True)  # files and folders alike (on an object store, batched deletes)
             self.fs.rm_file(claim)
-            if storage.is_local(self.fs):
+            if storage.is_local(self.fs):  # the folder itself (an object store has none)
                 os.rmdir(vdir)
 
     def _twin(self, manifest: Manifest, version: int, seen: int) -> Published | None:
