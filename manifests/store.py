@@ -137,7 +137,6 @@ class ManifestStore:
                 while chunk := fi.read(8 << 20):
                     fo.write(chunk)
 
-        published = manifest.published(version)
         try:
             if not explicit and (twin := self._twin(manifest, version, existing[-1] if existing else 0)) is not None:
                 self._release(vdir)  # a concurrent publish of the same content committed it first
@@ -146,6 +145,7 @@ class ManifestStore:
             if files:
                 with ThreadPoolExecutor(max_workers=min(16, len(files))) as pool:
                     list(pool.map(copy, files))
+            published = manifest.published(version)  # created_at: now, once the files are in place
             committed = _put_new_or_own(self.fs, posixpath.join(vdir, MANIFEST_FILE), published.to_json().encode())
         except BaseException as e:
             self._release(vdir)  # nothing that looks like a version is left, and the number is free again
