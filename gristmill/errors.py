@@ -2,9 +2,11 @@
 `GristmillError`; the CLI prints those as one line (exit 2) and everything else with its full
 traceback, because an unexpected exception is a bug to report, not a message to shorten.
 
-This module imports nothing, so every part (manifests at the bottom of the import graph
-included) can raise these without importing the CLI."""
+This module imports nothing of gristmill, so every part (manifests at the bottom of the import
+graph included) can raise these without importing the CLI."""
 from __future__ import annotations
+
+import errno
 
 
 class GristmillError(Exception):
@@ -22,8 +24,8 @@ class ConfigError(UsageError):
 
 # Errors of the machine, not of gristmill's code: a full or read-only disk is the operator's to
 # fix, so the CLI prints them as one line (exit 2) like a GristmillError.
-_DISK_FULL = {28: "ENOSPC", 122: "EDQUOT"}  # errno numbers (Linux); this module imports nothing
-_READ_ONLY = 30  # EROFS
+_DISK_FULL = {errno.ENOSPC, errno.EDQUOT}  # no space; over the quota
+_READ_ONLY = errno.EROFS
 
 
 def is_disk_error(e: BaseException) -> bool:

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 from fsspec.core import url_to_fs
 
-from . import storage
 from gristmill.errors import os_error_text
 
+from . import storage
 from .errors import LatestPointerError, ManifestError, ManifestNotFoundError, PublishError, VersionExistsError
 from .manifest import Manifest
 
@@ -137,7 +137,6 @@ class ManifestStore:
                 while chunk := fi.read(8 << 20):
                     fo.write(chunk)
 
-        published = manifest.published(version)
         try:
             if not explicit and (twin := self._twin(manifest, version, existing[-1] if existing else 0)) is not None:
                 self._release(vdir)  # a concurrent publish of the same content committed it first
@@ -146,6 +145,7 @@ class ManifestStore:
             if files:
                 with ThreadPoolExecutor(max_workers=min(16, len(files))) as pool:
                     list(pool.map(copy, files))
+            published = manifest.published(version)  # created_at: now, once the files are in place
             committed = _put_new_or_own(self.fs, posixpath.join(vdir, MANIFEST_FILE), published.to_json().encode())
         except BaseException as e:
             self._release(vdir)  # nothing that looks like a version is left, and the number is free again
@@ -171,14 +171,10 @@ class ManifestStore:
         claim = posixpath.join(vdir, CLAIM_FILE)
         with contextlib.suppress(Exception):
             storage.refresh(self.fs, vdir)
-            for p in self.fs.find(vdir):
-                if p != claim:
-                    self.fs.rm_file(p)
-            if storage.is_local(self.fs):  # empty folders, deepest first (an object store has none)
-                for d in sorted((d for d, _, _ in os.walk(vdir)), key=len, reverse=True)[:-1]:
-                    os.rmdir(d)
+            if rest := [p for p in self.fs.ls(vdir, detail=False) if p != claim]:
+                self.fs.rm(rest, recursive=True)  # files and folders alike (on an object store, batched deletes)
             self.fs.rm_file(claim)
-            if storage.is_local(self.fs):
+            if storage.is_local(self.fs):  # the folder itself (an object store has none)
                 os.rmdir(vdir)
 
     def _twin(self, manifest: Manifest, version: int, seen: int) -> Published | None:
@@ -187,10 +183,13 @@ class ManifestStore:
         such claim publishes, the others wait for it and return its version, so N concurrent
         prepares of the same data publish it once. Its claim vanishing (its publish failed and was
         released) or its writer dying (same host) leaves this writer to publish."""
+        if version <= seen + 1:  # no number between (one publisher: the usual case): nothing to list
+            return None
         base = posixpath.join(self._root_path, manifest.dataset)
         for n in sorted(n for n in self._taken(base) if seen < n < version):
             vdir = posixpath.join(base, f"v{n}")
             start = time.monotonic()
+            deadline = start + _TWIN_WAIT_S
             while True:
                 storage.refresh(self.fs, vdir)
                 if self.fs.exists(posixpath.join(vdir, MANIFEST_FILE)):
@@ -208,7 +207,6 @@ class ManifestStore:
                     break  # released (its publish failed), or never claimed
                 except ValueError:
                     break  # not a claim of this protocol
-                deadline = start + _TWIN_WAIT_S
                 if (not isinstance(claim, dict) or claim.get("sha256") != manifest.sha256 or not _alive(claim)
                         or time.monotonic() > deadline):
                     break
