@@ -17,7 +17,6 @@ contributes itself, whole, as one gram of its own length. A document "contains" 
 """
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import posixpath
@@ -27,6 +26,7 @@ from typing import Iterable, NamedTuple
 
 import numpy as np
 
+from . import readers
 from .text import words
 # The word splitter and hasher live in pipeline.wordhash (one implementation for the whole
 # project); re-exported here because callers and tests use them as ngrams.<name>.
@@ -359,9 +359,7 @@ def read_eval_items(path: str, fmt: str | None = None, fields: Iterable[str] = (
     ``extract.max_record_bytes``'s, 64 MiB) is held: each is one ``EvalFileError`` line naming
     the file and where. Memory is that bound plus the items kept.
     """
-    from .readers import MAX_RECORD_BYTES
-
-    limit = max_record_bytes or MAX_RECORD_BYTES
+    limit = max_record_bytes or readers.MAX_RECORD_BYTES
     fmt = fmt or infer_format(path)
     fields = list(fields)
     if fmt not in FORMATS:
@@ -383,7 +381,7 @@ def read_eval_items(path: str, fmt: str | None = None, fields: Iterable[str] = (
             text = "\n".join(_as_text(_field(rec, f, path, where)) for f in fields)
         except RecursionError:  # str() of an object nested deeper than the interpreter recurses
             raise _unreadable(path, where, RecursionError()) from None
-        if len(text) > limit // 4 and len(text.encode("utf-8", "surrogatepass")) > limit:
+        if readers.longer_than(text, limit):
             raise _too_long(path, where, limit)
         items.append((item_id, text))
     return items
@@ -429,12 +427,10 @@ def _check_eval_file(path: str) -> None:
     /dev/zero never ends; a .bz2 would be read as its compressed bytes."""
     from fsspec.core import url_to_fs
 
-    from .readers import COMPRESSIONS, special_file
-
-    other = next((s for s in _COMPRESSION_SUFFIXES if path.lower().endswith(s) and s not in COMPRESSIONS), None)
+    other = next((s for s in _COMPRESSION_SUFFIXES if path.lower().endswith(s) and s not in readers.COMPRESSIONS), None)
     if other:
         raise EvalFileError(f"eval file {path}: {other} is not a compression gristmill reads (it reads "
-                            f"{', '.join(COMPRESSIONS)}, as for input files); recompress it")
+                            f"{', '.join(readers.COMPRESSIONS)}, as for input files); recompress it")
     try:
         fs, p = url_to_fs(path)
         info = fs.info(p)
@@ -442,43 +438,32 @@ def _check_eval_file(path: str) -> None:
         what = "no such file" if isinstance(e, FileNotFoundError) else f"cannot be read: {e.strerror or e}"
         raise EvalFileError(f"eval file {path}: {what}") from None
     if info.get("type") != "file":
-        what = special_file(p) if "://" not in path or path.startswith("file://") else "not a regular file"
+        what = readers.special_file(p) if "://" not in path or path.startswith("file://") else "not a regular file"
         raise EvalFileError(f"eval file {path} is {what}, not a regular file; copy its contents to a file and name that")
 
 
-@contextlib.contextmanager
-def _eval_stream(path: str):
-    """The eval file's bytes, decompressed by name as input files are (``readers.open_stream``)."""
+def _eval_lines(path: str, limit: int) -> Iterable[tuple[int, bytes]]:
+    """(line number, line) of the file, decompressed by name as input files are
+    (``readers.open_stream``); a line over ``limit`` bytes is an EvalFileError, read no further."""
     import fsspec
 
-    from .readers import open_stream
-
     with fsspec.open(path, "rb") as f:
-        yield open_stream(f, path)
-
-
-def _eval_lines(path: str, limit: int) -> Iterable[tuple[int, bytes]]:
-    """(line number, line) of the file; a line over ``limit`` bytes is an EvalFileError, read no further."""
-    from .readers import bounded_lines
-
-    with _eval_stream(path) as stream:
-        for lineno, (line, _, _) in enumerate(bounded_lines(stream, limit, read_past=False), 1):
+        for lineno, (line, _, _) in enumerate(readers.bounded_lines(readers.open_stream(f, path), limit,
+                                                                    read_past=False), 1):
             if line is None:
                 raise _too_long(path, f"line {lineno}", limit)
             yield lineno, line
 
 
 def _read_jsonl(path: str, limit: int) -> list[tuple[str, dict]]:
-    from .readers import BadJson, json_object
-
     out, lineno = [], 0
     try:
         for lineno, raw in _eval_lines(path, limit):
             line = raw.decode("utf-8")
             if not line.strip():
                 continue
-            rec = json_object(line)
-            if isinstance(rec, BadJson):
+            rec = readers.json_object(line)
+            if isinstance(rec, readers.BadJson):
                 raise EvalFileError(f"eval file {path} line {lineno}: {rec.detail}; fix or replace the file")
             out.append((f"line {lineno}", rec))
     except (UnicodeDecodeError, OSError) as e:  # OSError: a cut or corrupt .gz/.zst (readers.DamagedStream)
@@ -524,7 +509,7 @@ def _read_text(path: str, split: str, limit: int) -> list[tuple[str, str]]:
         split = "paragraph" if _BLANK_LINE.search(text.strip()) else "line"
     blocks = _BLANK_LINE.split(text) if split == "paragraph" else text.split("\n")
     items = [(str(i), b.strip()) for i, b in enumerate(b for b in blocks if b.strip())]
-    long = next((i for i, b in items if len(b) > limit // 4 and len(b.encode("utf-8", "surrogatepass")) > limit), None)
+    long = next((i for i, b in items if readers.longer_than(b, limit)), None)
     if long is not None:
         raise _too_long(path, f"item {long} (a paragraph)", limit)
     return items

@@ -174,6 +174,12 @@ def special_file(p: str) -> str:
                 "a special file")
 
 
+def longer_than(text: str, limit: int) -> bool:
+    """Whether ``text`` takes more than ``limit`` bytes in UTF-8: encoded only when it could (a
+    character is at most 4 bytes), so a short text costs a length, not an encode."""
+    return len(text) > limit // 4 and len(text.encode("utf-8", "surrogatepass")) > limit
+
+
 COMPRESSIONS = (".gz", ".zst")  # what open_stream decodes (by the name's suffix)
 
 
@@ -371,7 +377,7 @@ def read_parquet(uri: str, text_field: str, id_field: str | None, batch_rows: in
                             raise ValueError(f"row group {g} holds more rows than its footer's {rows:,}")
                         if not isinstance(text, str):
                             yield bad(index, *text_problem(text, f"column {text_field!r}"))
-                        elif len(text) > max_record_bytes // 4 and len(text.encode("utf-8", "surrogatepass")) > max_record_bytes:
+                        elif longer_than(text, max_record_bytes):
                             yield _too_large(index, None, len(text.encode("utf-8", "surrogatepass")), max_record_bytes,
                                              f"row {index:,} of column {text_field!r}", text[:RAW_SNIPPET].encode("utf-8", "backslashreplace"))
                         elif id_field is not None and uid is None:

@@ -252,7 +252,7 @@ class Runner:
         raise NotImplementedError
 
     def close(self) -> None:
-        """Stop the runner's workers, if it has any (the executor calls it when the run ends)."""
+        """Stop the runner's workers, if it has any (``start`` calls it when the run ends)."""
 
     def _lost_error(self, step: str, batch: list[dict], attempts: int, retries: int, e: BaseException) -> TaskError:
         """A batch whose worker died in each of its attempts: named by its first unfinished item."""

@@ -9,6 +9,7 @@ The accounting identity every run checks (and the report prints)::
 from __future__ import annotations
 
 import difflib
+import functools
 import json
 import os
 from dataclasses import dataclass, field
@@ -26,6 +27,15 @@ FLOW_KEYS = ("documents_in", "bytes_in", "removed", "removed_bytes")  # Counts' 
 NOT_FLOW_KEYS = ("documents_out", "bytes_out")  # the rows' own fields, close to a flow field's name by design
 
 
+@functools.lru_cache(maxsize=1024)
+def _near_flow_key(key: str) -> str | None:
+    """The flow field ``key`` nearly spells (not being one, nor a row's own field), else None. Cached:
+    every task's stats go through ``Counts.of_task``, and their keys are the same few names."""
+    if key in FLOW_KEYS or key in NOT_FLOW_KEYS:
+        return None
+    return next(iter(difflib.get_close_matches(key, FLOW_KEYS, 1, 0.8)), None)
+
+
 @dataclass
 class Counts:
     """One task's or one stage's flow counts: documents and bytes in, removed by reason. Tasks of
@@ -41,10 +51,9 @@ class Counts:
         """A task's flow counts (absent fields count zero). A key that is nearly a flow field's name
         is refused: a misspelt ``removed_byte`` would otherwise count zero without a word."""
         for key in stats:
-            if key not in FLOW_KEYS and key not in NOT_FLOW_KEYS and difflib.get_close_matches(key, FLOW_KEYS, 1, 0.8):
-                raise ValueError(f"a task's stats hold {key!r}, close to the flow field "
-                                 f"{difflib.get_close_matches(key, FLOW_KEYS, 1, 0.8)[0]!r} but not it (flow fields: "
-                                 f"{', '.join(FLOW_KEYS)}): a misspelt field would count zero")
+            if near := _near_flow_key(key):
+                raise ValueError(f"a task's stats hold {key!r}, close to the flow field {near!r} but not it (flow "
+                                 f"fields: {', '.join(FLOW_KEYS)}): a misspelt field would count zero")
         return cls(int(stats.get("documents_in", 0)), int(stats.get("bytes_in", 0)), dict(stats.get("removed", {})),
                    int(stats.get("removed_bytes", 0)))
 

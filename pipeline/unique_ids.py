@@ -35,13 +35,13 @@ STAGE = "unique_ids"
 REASON = "duplicate_id"
 BUCKETS = 1 << 16  # id buckets (a 16-bit hash of the id), as exact dedup's keys: tasks take ranges of them
 KEYS_PER_TASK = 2_000_000  # as exact dedup's: about 160 MB of ids per task at most
+ID_SCHEMA = pa.schema([("bucket", pa.int32()), ("id", pa.string()), ("order", pa.int64()), ("part", pa.int32()),
+                       ("bytes", pa.int64()), ("kept", pa.bool_()), ("source", pa.string()), ("position", pa.int64())])
 
 
 def needs_id_check(job) -> bool:
     """Ids come from the data (some input of the job, a PrepareConfig, has an id_field): check they are unique."""
     return any(spec.id_field is not None for spec in job.inputs)
-ID_SCHEMA = pa.schema([("bucket", pa.int32()), ("id", pa.string()), ("order", pa.int64()), ("part", pa.int32()),
-                       ("bytes", pa.int64()), ("kept", pa.bool_()), ("source", pa.string()), ("position", pa.int64())])
 
 
 def bucket_of(doc_id: str) -> int:

@@ -79,7 +79,6 @@ class RayRunner(Runner):
                 self.progress.tick(step)
 
 
-
 @contextlib.contextmanager
 def ray_runtime(cfg, address: str | None = None):
     """Embedded local Ray by default; ``address`` (or ``cfg.address``, or RAY_ADDRESS, set by `ray

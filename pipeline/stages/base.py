@@ -141,13 +141,18 @@ class Stage:
     @classmethod
     def from_job(cls, job) -> "Stage | None":
         """The stage as this job runs it, or None when the job does not run it. The default: the
-        job's ``section`` is the stage's only input; absent, empty or ``enabled: false`` is off."""
+        job's ``section`` is the stage's only input (``section_of``)."""
         if cls.section is None:
             return cls()
+        cfg = cls.section_of(job)
+        return None if cfg is None else cls(cfg)
+
+    @classmethod
+    def section_of(cls, job):
+        """The job's ``section`` for this stage, or None when it turns the stage off: absent, empty
+        or ``enabled: false`` (the one rule, for a ``from_job`` that reads more of the job too)."""
         cfg = getattr(job, cls.section)
-        if cfg is None or cfg == () or getattr(cfg, "enabled", True) is False:
-            return None
-        return cls(cfg)
+        return None if cfg is None or cfg == () or getattr(cfg, "enabled", True) is False else cfg
 
     def verdicts(self) -> tuple[Verdicts, ...]:
         """The per-partition files it writes that later stages apply (from ``removes``/``rewrites``)."""

@@ -28,9 +28,8 @@ class Decontaminate(Stage):
 
     @classmethod
     def from_job(cls, job) -> "Decontaminate | None":
-        if job.decontaminate is None or not job.decontaminate.enabled:
-            return None
-        return cls(job.decontaminate, job.split, job.extract.max_record_bytes)
+        cfg = cls.section_of(job)
+        return None if cfg is None else cls(cfg, job.split, job.extract.max_record_bytes)
 
     def verdicts(self) -> tuple[Verdicts, ...]:
         both = Verdicts(removed=True, overrides=True)

@@ -31,7 +31,8 @@ class DedupAgainst(Stage):
     @classmethod
     def from_job(cls, job) -> "DedupAgainst | None":
         # matched with fuzzy dedup's settings (its defaults when the job has no fuzzy_dedup section)
-        return cls(job.dedup_against, job.fuzzy_dedup or FuzzyDedupConfig()) if job.dedup_against else None
+        versions = cls.section_of(job)
+        return None if versions is None else cls(versions, job.fuzzy_dedup or FuzzyDedupConfig())
 
     def run(self, ctx: Context) -> StageResult:
         cfg = self.fuzzy

@@ -23,7 +23,7 @@ class Quality(Stage):
 
     @classmethod
     def from_job(cls, job: PrepareConfig) -> "Quality | None":
-        return cls(job) if job.quality is not None and job.quality.enabled else None
+        return None if cls.section_of(job) is None else cls(job)
 
     def run(self, ctx: Context) -> StageResult:
         names = list(dict.fromkeys(m for c in self.configs for m in quality_rules.metric_names(c)))
