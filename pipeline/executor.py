@@ -17,7 +17,6 @@ import contextlib
 import errno
 import glob as _glob
 import json
-import logging
 import os
 import posixpath
 import signal
@@ -41,7 +40,6 @@ from .stats import build_report, check_balanced, export_jsonl, manifest_stats
 from .workdir import WorkDir
 
 
-logger = logging.getLogger(__name__)  # gristmill.pipeline.executor
 
 
 @dataclass
@@ -223,7 +221,8 @@ class Executor:
         self.stages = st.build(job)  # fails on a bad stage section before any work starts
 
     def log(self, msg: str) -> None:
-        logger.info("%s", msg)
+        """The run's progress lines, on stderr unless quiet (not through logging too: the command's
+        handler writes INFO to stderr, so each line came twice and --quiet did not silence them)."""
         if not self.quiet:
             print(msg, file=sys.stderr, flush=True)
 
