@@ -46,7 +46,7 @@ from gristmill.errors import GristmillError, UsageError
 
 from ..loader import PLAN_ROWS, Loader
 from ..options import Batches, Caching, Sampling, Threads
-from .catalog import Catalog
+from .catalog import Catalog, UnknownManifest
 from .protocol import (DEFAULT_MAX_REPLY_BYTES, META_REQUEST, META_SHA, SHA256, ProtocolError, Request, json_object,
                        one_line, reply_bytes)
 
@@ -129,7 +129,6 @@ class _BearerAuth(flight.ServerMiddlewareFactory):
             return None
         self.on_refusal("an unauthenticated client", "auth", message)  # the middleware is not told the peer
         raise flight.FlightUnauthenticatedError(message)
-        return None
 
 
 class _Stats:
@@ -357,7 +356,7 @@ class GristmillServer(flight.FlightServerBase):
         except GristmillError as e:
             self.slots.give(client)
             message = f"{type(e).__name__}: {one_line(e)}"
-            self.refusals(client, "unknown" if "unknown manifest" in message else "error", message)
+            self.refusals(client, "unknown" if isinstance(e, UnknownManifest) else "error", message)
             raise flight.FlightServerError(message) from None
         except BaseException as e:
             self.slots.give(client)
