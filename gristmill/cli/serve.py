@@ -41,7 +41,7 @@ def _serve(args) -> int:
     import threading
 
     from gristmill.errors import UsageError
-    from gristmill.loader.service.client import TOKEN_ENV
+    from gristmill.loader.service.protocol import TOKEN_ENV
     from gristmill.loader.service.server import GristmillServer, ServeConfig
 
     host, sep, port = args.listen.rpartition(":")

@@ -38,12 +38,11 @@ from gristmill.manifests.mixture import PublishedMixture, _Either, check_compone
 
 from ..documents import segments_to_batch
 from ..options import Source
-from .protocol import (DEFAULT_MAX_REPLY_BYTES, MAX_ROWS, MAX_STEPS, META_REQUEST, META_SHA, SHA256, Request, one_line,
-                       step_bytes)
+from .protocol import (DEFAULT_MAX_REPLY_BYTES, MAX_ROWS, MAX_STEPS, META_REQUEST, META_SHA, SHA256, TOKEN_ENV, Request,
+                       one_line, step_bytes)
 
 log = logging.getLogger(__name__)
 
-TOKEN_ENV = "GRISTMILL_SERVE_TOKEN"
 RANGES_IN_FLIGHT = 2
 
 

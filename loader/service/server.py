@@ -47,8 +47,8 @@ from gristmill.errors import GristmillError, UsageError
 from ..loader import PLAN_ROWS, Loader
 from ..options import Batches, Caching, Sampling, Threads
 from .catalog import Catalog, UnknownManifest
-from .protocol import (DEFAULT_MAX_REPLY_BYTES, META_REQUEST, META_SHA, SHA256, ProtocolError, Request, json_object,
-                       one_line, reply_bytes)
+from .protocol import (DEFAULT_MAX_REPLY_BYTES, META_REQUEST, META_SHA, SHA256, TOKEN_ENV, ProtocolError, Request,
+                       json_object, one_line, reply_bytes)
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ class ServeConfig:
             raise UsageError("--tls-client-ca (mutual TLS) needs --tls-cert and --tls-key")
         if not self.token and not is_loopback(self.host):
             raise UsageError(f"refusing to listen on {self.host} without a token: anyone who reaches it could read "
-                             f"the data; give --token-file or $GRISTMILL_SERVE_TOKEN, or listen on 127.0.0.1")
+                             f"the data; give --token-file or ${TOKEN_ENV}, or listen on 127.0.0.1")
         if self.max_open < 1 or self.max_streams < 1 or self.max_streams_per_client < 1:
             raise UsageError("max_open, max_streams and max_streams_per_client must be >= 1")
         if self.max_reply_bytes < 1:
@@ -122,7 +122,7 @@ class _BearerAuth(flight.ServerMiddlewareFactory):
         got = got.encode() if isinstance(got, str) else bytes(got)
         if not got:
             message = ("gristmill serve: no bearer token (give the client service_token, service_token_file or "
-                       "$GRISTMILL_SERVE_TOKEN)")
+                       f"${TOKEN_ENV})")
         elif not (got.startswith(b"Bearer ") and hmac.compare_digest(got[7:], self.token)):
             message = "gristmill serve: wrong bearer token"
         else:
