@@ -132,6 +132,7 @@ class Loader:
                f"token_dtype {self.token_dtype} cannot hold the shards' {stored} tokens; use None (the stored dtype) "
                f"or torch.int64")
         self._row_like = np.empty((0, self.manifest.row_tokens), stored)  # tells the gather kernel the shards' dtype
+        self._row_bytes = self.manifest.row_tokens * stored.itemsize  # a stored row: the planner's row offsets
         self._buf_dtype = torch.empty(0, dtype=t).numpy().dtype
         self._steps_since_check = 0
         self.next_index = int(sampling.start_index)
@@ -213,7 +214,7 @@ class Loader:
         if start not in self._plans:
             starts = start + self.global_batch * np.arange(PLAN_CHUNK_STEPS, dtype=np.int64)
             steps = plan_steps(self.order, starts, self.rank * self.local_batch, self.local_batch, self._entry_of_shard,
-                               self._row_like.shape[1] * self._row_like.itemsize)
+                               self._row_bytes)
             self._plans = {s.start: s for s in steps}
         return self._plans[start]
 
@@ -296,8 +297,7 @@ class Loader:
         starts = np.asarray(starts, dtype=np.int64).reshape(-1)
         chunk = max(1, PLAN_ROWS // max(size, 1))
         for a in range(0, starts.size, chunk):
-            plan = plan_steps(self.order, starts[a:a + chunk], 0, size, self._entry_of_shard,
-                              self._row_like.shape[1] * self._row_like.itemsize)
+            plan = plan_steps(self.order, starts[a:a + chunk], 0, size, self._entry_of_shard, self._row_bytes)
             for k in range(len(plan)):
                 step, plan[k] = plan[k], None  # each step's plan is freed once it is assembled
                 yield self._assemble(step, self._ensure(step))
