@@ -60,8 +60,7 @@ def _serve(args) -> int:
     received: list[int] = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, _frame: (received.append(signum), stop.set()))
-    scheme = "grpc+tls" if cfg.tls_cert else "grpc"
-    print(f"gristmill serve: listening on {scheme}://{cfg.host}:{server.port} ({len(server.catalog.by_sha)} manifests; "
+    print(f"gristmill serve: listening on {cfg.scheme}://{cfg.host}:{server.port} ({len(server.catalog.by_sha)} manifests; "
           f"token {'required' if cfg.token else 'not required'})", flush=True)
     while not stop.wait(0.5):
         pass

@@ -92,8 +92,12 @@ class ServeConfig:
             raise UsageError(f"max_reply_bytes must be >= 1, got {self.max_reply_bytes}")
 
     @property
+    def scheme(self) -> str:
+        return "grpc+tls" if self.tls_cert else "grpc"
+
+    @property
     def location(self) -> str:
-        return f"{'grpc+tls' if self.tls_cert else 'grpc'}://{self.host}:{self.port}"
+        return f"{self.scheme}://{self.host}:{self.port}"
 
 
 def is_loopback(host: str) -> bool:
