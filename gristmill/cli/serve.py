@@ -47,7 +47,7 @@ def _serve(args) -> int:
     host, sep, port = args.listen.rpartition(":")
     if not sep or not port.isdigit() or not host:
         raise UsageError(f"--listen: expected HOST:PORT, got {args.listen!r}")
-    token = (_read(args.token_file) or b"").decode().strip() if args.token_file else os.environ.get(TOKEN_ENV)
+    token = _read(args.token_file).decode().strip() if args.token_file else os.environ.get(TOKEN_ENV)
     if args.token_file and not token:
         raise UsageError(f"--token-file {args.token_file} is empty")
     cfg = ServeConfig(tuple(args.urls), host=host.strip("[]"), port=int(port), token=token or None,
