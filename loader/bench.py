@@ -105,7 +105,7 @@ def cold_and_warm(url: str, *, steps: int, step_s: float, latency_s: float, band
 def served_passes(url: str, service: tuple[str, ...], *, steps: int, step_s: float, **loader_kw) -> list[PassResult]:
     """Two passes of the same steps through ``gristmill serve`` at ``service`` (``first``, then ``again``):
     ``url`` is the dataset as the trainer names it (a URL, or a name or sha256 the service resolves)."""
-    return [run_pass(name, url, steps=steps, step_s=step_s, service=tuple(service), **loader_kw)
+    return [run_pass(name, url, steps=steps, step_s=step_s, service=service, **loader_kw)
             for name in ("first", "again")]
 
 

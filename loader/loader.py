@@ -132,6 +132,7 @@ class Loader:
                f"token_dtype {self.token_dtype} cannot hold the shards' {stored} tokens; use None (the stored dtype) "
                f"or torch.int64")
         self._row_like = np.empty((0, self.manifest.row_tokens), stored)  # tells the gather kernel the shards' dtype
+        self._row_bytes = self.manifest.row_tokens * stored.itemsize  # a stored row: the planner's row offsets
         self._buf_dtype = torch.empty(0, dtype=t).numpy().dtype
         self._steps_since_check = 0
         self.next_index = int(sampling.start_index)
@@ -213,7 +214,7 @@ class Loader:
         if start not in self._plans:
             starts = start + self.global_batch * np.arange(PLAN_CHUNK_STEPS, dtype=np.int64)
             steps = plan_steps(self.order, starts, self.rank * self.local_batch, self.local_batch, self._entry_of_shard,
-                               self._row_like.shape[1] * self._row_like.itemsize)
+                               self._row_bytes)
             self._plans = {s.start: s for s in steps}
         return self._plans[start]
 
@@ -296,8 +297,7 @@ class Loader:
         starts = np.asarray(starts, dtype=np.int64).reshape(-1)
         chunk = max(1, PLAN_ROWS // max(size, 1))
         for a in range(0, starts.size, chunk):
-            plan = plan_steps(self.order, starts[a:a + chunk], 0, size, self._entry_of_shard,
-                              self._row_like.shape[1] * self._row_like.itemsize)
+            plan = plan_steps(self.order, starts[a:a + chunk], 0, size, self._entry_of_shard, self._row_bytes)
             for k in range(len(plan)):
                 step, plan[k] = plan[k], None  # each step's plan is freed once it is assembled
                 yield self._assemble(step, self._ensure(step))
@@ -317,14 +317,23 @@ class Loader:
             raise
         return fetches
 
-    def _assemble(self, step: _Step, fetches: list[tuple[Future, bool]]) -> tuple[dict, dict]:
-        shape = (step.indices.size, self._row_like.shape[1])
+    def new_batch(self, indices: np.ndarray, step: int) -> tuple[dict, np.ndarray]:
+        """The batch of the rows at global ``indices``, its tokens not yet filled in, and the numpy view of
+        its ``(rows, seq_len + 1)`` ``tokens`` (``token_dtype``; pinned with ``pin_memory``) to copy them
+        into: here, and in the service client. Inputs and labels are views of the one buffer: no copy, and
+        one transfer to the GPU."""
+        shape = (indices.size, self._row_like.shape[1])
         if self.pin_memory:
             tokens = torch.empty(shape, dtype=self.token_dtype, pin_memory=True)
             buf = tokens.numpy()
         else:  # the cheaper way to the same tensor
             buf = np.empty(shape, self._buf_dtype)
             tokens = torch.from_numpy(buf)
+        return {"tokens": tokens, "input_ids": tokens[:, :-1], "labels": tokens[:, 1:],
+                "indices": torch.from_numpy(indices.copy()), "step": step}, buf
+
+    def _assemble(self, step: _Step, fetches: list[tuple[Future, bool]]) -> tuple[dict, dict]:
+        batch, buf = self.new_batch(step.indices, step.start // self.global_batch)
         try:
             misses = downloaded = 0
             for fut, started_here in fetches:
@@ -335,9 +344,6 @@ class Loader:
             gather_rows(buf, starts + step.offsets, starts, ends, self._row_like)
         finally:
             self.cache.unpin_ids(step.entries)
-        # Inputs and labels are views of one buffer: no copy, and one transfer to the GPU.
-        batch = {"tokens": tokens, "input_ids": tokens[:, :-1], "labels": tokens[:, 1:],
-                 "indices": torch.from_numpy(step.indices.copy()), "step": step.start // self.global_batch}
         if self.documents is not None:
             batch.update(self.documents.batch(*self.order.locate(step.indices)))
         return batch, {"step": batch["step"], "cache_hits": step.entries.size - misses, "cache_misses": misses,

@@ -64,11 +64,11 @@ class Source:
     service_steps_per_request: int = 16
 
     def __post_init__(self):
-        if isinstance(self.service, str):  # one endpoint given as a string
-            object.__setattr__(self, "service", (self.service,))
-        object.__setattr__(self, "service", tuple(self.service))
-        bad = [u for u in self.service if not isinstance(u, str) or not u.startswith(("grpc://", "grpc+tcp://", "grpc+tls://"))]
-        check(not bad, f"service: expected grpc://HOST:PORT or grpc+tls://HOST:PORT endpoints, got {bad[0]!r}" if bad else "")
+        # one endpoint may be given as a string
+        object.__setattr__(self, "service", (self.service,) if isinstance(self.service, str) else tuple(self.service))
+        for u in self.service:
+            check(isinstance(u, str) and u.startswith(("grpc://", "grpc+tcp://", "grpc+tls://")),
+                  f"service: expected grpc://HOST:PORT or grpc+tls://HOST:PORT endpoints, got {u!r}")
         check(self.service_timeout_s > 0, f"service_timeout_s must be > 0, got {self.service_timeout_s}")
         check(isinstance(self.service_steps_per_request, int) and 1 <= self.service_steps_per_request <= 1024,
               f"service_steps_per_request must be 1..1024, got {self.service_steps_per_request!r}")

@@ -2,8 +2,14 @@
 (gristmill.manifests.synthetic); checkpoint metadata from the trainer's schema (gristmill.trainer.meta)."""
 from __future__ import annotations
 
+import collections
 import json
 import os
+import queue
+import re
+import subprocess
+import sys
+import threading
 import time
 import warnings
 
@@ -151,13 +157,6 @@ class ServeProcess:
 
     def __init__(self, *urls: str, args: tuple[str, ...] = (), env: dict | None = None, listen: str = "127.0.0.1:0",
                  timeout_s: float = 60.0, log: str | None = None, cwd: str | None = None):
-        import collections
-        import queue
-        import re
-        import subprocess
-        import sys
-        import threading
-
         self.proc = subprocess.Popen([sys.executable, "-m", "gristmill", "serve", *urls, "--listen", listen, *args],
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd,
                                      env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
@@ -230,8 +229,6 @@ class ServeProcess:
 
     def stop(self, timeout_s: float = 20.0) -> str:
         """SIGTERM (kill -9 if it does not exit in ``timeout_s``); returns what it printed (``output()``)."""
-        import subprocess
-
         if self.proc.poll() is None:
             self.proc.terminate()
             try:

@@ -41,13 +41,13 @@ def _serve(args) -> int:
     import threading
 
     from gristmill.errors import UsageError
-    from gristmill.loader.service.client import TOKEN_ENV
+    from gristmill.loader.service.protocol import TOKEN_ENV
     from gristmill.loader.service.server import GristmillServer, ServeConfig
 
     host, sep, port = args.listen.rpartition(":")
     if not sep or not port.isdigit() or not host:
         raise UsageError(f"--listen: expected HOST:PORT, got {args.listen!r}")
-    token = (_read(args.token_file) or b"").decode().strip() if args.token_file else os.environ.get(TOKEN_ENV)
+    token = _read(args.token_file).decode().strip() if args.token_file else os.environ.get(TOKEN_ENV)
     if args.token_file and not token:
         raise UsageError(f"--token-file {args.token_file} is empty")
     cfg = ServeConfig(tuple(args.urls), host=host.strip("[]"), port=int(port), token=token or None,
@@ -60,8 +60,7 @@ def _serve(args) -> int:
     received: list[int] = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, _frame: (received.append(signum), stop.set()))
-    scheme = "grpc+tls" if cfg.tls_cert else "grpc"
-    print(f"gristmill serve: listening on {scheme}://{cfg.host}:{server.port} ({len(server.catalog.by_sha)} manifests; "
+    print(f"gristmill serve: listening on {cfg.scheme}://{cfg.host}:{server.port} ({len(server.catalog.by_sha)} manifests; "
           f"token {'required' if cfg.token else 'not required'})", flush=True)
     while not stop.wait(0.5):
         pass

@@ -30,7 +30,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 import pyarrow as pa
 import pyarrow.flight as flight
-import torch
 
 from gristmill.errors import UsageError
 from gristmill.manifests import Published
@@ -38,12 +37,11 @@ from gristmill.manifests.mixture import PublishedMixture, _Either, check_compone
 
 from ..documents import segments_to_batch
 from ..options import Source
-from .protocol import (DEFAULT_MAX_REPLY_BYTES, MAX_ROWS, MAX_STEPS, META_REQUEST, META_SHA, SHA256, Request, one_line,
-                       step_bytes)
+from .protocol import (DEFAULT_MAX_REPLY_BYTES, MAX_ROWS, MAX_STEPS, META_REQUEST, META_SHA, SHA256, TOKEN_ENV, Request,
+                       one_line, step_bytes)
 
 log = logging.getLogger(__name__)
 
-TOKEN_ENV = "GRISTMILL_SERVE_TOKEN"
 RANGES_IN_FLIGHT = 2
 
 
@@ -217,15 +215,8 @@ class ServiceBatches:
         stored = rb.column("tokens").values.to_numpy().reshape(rb.num_rows, row_tokens)  # zero-copy view
         if stored.dtype != np.dtype(ld.manifest.token_dtype):
             raise ReplyMismatch(f"tokens of dtype {stored.dtype}, the manifest's are {ld.manifest.token_dtype}")
-        if ld.pin_memory:
-            tokens = torch.empty(stored.shape, dtype=ld.token_dtype, pin_memory=True)
-            tokens.numpy()[...] = stored
-        else:
-            buf = np.empty(stored.shape, ld._buf_dtype)
-            buf[...] = stored
-            tokens = torch.from_numpy(buf)
-        batch = {"tokens": tokens, "input_ids": tokens[:, :-1], "labels": tokens[:, 1:],
-                 "indices": torch.from_numpy(indices.copy()), "step": step}
+        batch, buf = ld.new_batch(indices, step)
+        buf[...] = stored  # widened to token_dtype
         if req.documents:
             pos = rb.column("position_ids").values.to_numpy().reshape(rb.num_rows, row_tokens - 1)
             batch.update(segments_to_batch(pos == 0))

@@ -49,6 +49,8 @@ MAX_SEED = 1 << 63
 SPLIT = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 SHA256 = re.compile(r"[0-9a-f]{64}")
 
+TOKEN_ENV = "GRISTMILL_SERVE_TOKEN"  # the bearer token, when neither side is given one (server and client)
+
 META_SHA = b"gristmill.manifest_sha256"  # schema metadata keys of a reply
 META_REQUEST = b"gristmill.request"
 

@@ -46,9 +46,9 @@ from gristmill.errors import GristmillError, UsageError
 
 from ..loader import PLAN_ROWS, Loader
 from ..options import Batches, Caching, Sampling, Threads
-from .catalog import Catalog
-from .protocol import (DEFAULT_MAX_REPLY_BYTES, META_REQUEST, META_SHA, SHA256, ProtocolError, Request, json_object,
-                       one_line, reply_bytes)
+from .catalog import Catalog, UnknownManifest
+from .protocol import (DEFAULT_MAX_REPLY_BYTES, META_REQUEST, META_SHA, SHA256, TOKEN_ENV, ProtocolError, Request,
+                       json_object, one_line, reply_bytes)
 
 log = logging.getLogger(__name__)
 
@@ -85,15 +85,19 @@ class ServeConfig:
             raise UsageError("--tls-client-ca (mutual TLS) needs --tls-cert and --tls-key")
         if not self.token and not is_loopback(self.host):
             raise UsageError(f"refusing to listen on {self.host} without a token: anyone who reaches it could read "
-                             f"the data; give --token-file or $GRISTMILL_SERVE_TOKEN, or listen on 127.0.0.1")
+                             f"the data; give --token-file or ${TOKEN_ENV}, or listen on 127.0.0.1")
         if self.max_open < 1 or self.max_streams < 1 or self.max_streams_per_client < 1:
             raise UsageError("max_open, max_streams and max_streams_per_client must be >= 1")
         if self.max_reply_bytes < 1:
             raise UsageError(f"max_reply_bytes must be >= 1, got {self.max_reply_bytes}")
 
     @property
+    def scheme(self) -> str:
+        return "grpc+tls" if self.tls_cert else "grpc"
+
+    @property
     def location(self) -> str:
-        return f"{'grpc+tls' if self.tls_cert else 'grpc'}://{self.host}:{self.port}"
+        return f"{self.scheme}://{self.host}:{self.port}"
 
 
 def is_loopback(host: str) -> bool:
@@ -122,14 +126,13 @@ class _BearerAuth(flight.ServerMiddlewareFactory):
         got = got.encode() if isinstance(got, str) else bytes(got)
         if not got:
             message = ("gristmill serve: no bearer token (give the client service_token, service_token_file or "
-                       "$GRISTMILL_SERVE_TOKEN)")
+                       f"${TOKEN_ENV})")
         elif not (got.startswith(b"Bearer ") and hmac.compare_digest(got[7:], self.token)):
             message = "gristmill serve: wrong bearer token"
         else:
             return None
         self.on_refusal("an unauthenticated client", "auth", message)  # the middleware is not told the peer
         raise flight.FlightUnauthenticatedError(message)
-        return None
 
 
 class _Stats:
@@ -357,7 +360,7 @@ class GristmillServer(flight.FlightServerBase):
         except GristmillError as e:
             self.slots.give(client)
             message = f"{type(e).__name__}: {one_line(e)}"
-            self.refusals(client, "unknown" if "unknown manifest" in message else "error", message)
+            self.refusals(client, "unknown" if isinstance(e, UnknownManifest) else "error", message)
             raise flight.FlightServerError(message) from None
         except BaseException as e:
             self.slots.give(client)
