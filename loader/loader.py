@@ -281,16 +281,12 @@ class Loader:
         self.close()
 
     # -- assembly (runs in a worker thread) --------------------------------------------------
-    def rows_at(self, start: int, size: int) -> tuple[dict, dict]:
-        """The batch of global indices ``[start, start + size)``, fetched and assembled in the calling
-        thread: rank ``r``'s share of step ``s`` for any (global batch ``B``, world size ``W``) is
-        ``rows_at(s*B + r*B/W, B/W)``. Thread-safe, and independent of this loader's own sampling's
-        batch, rank and position."""
-        return next(self.rows_at_many([start], size))
-
     def rows_at_many(self, starts, size: int):
-        """``rows_at(start, size)`` for each of ``starts`` in turn, as a generator: the rows of all of
-        them located in one vectorised ``plan_steps`` call, each batch fetched and assembled when it is
+        """The batches of global indices ``[start, start + size)`` for each of ``starts`` in turn, as a
+        generator, fetched and assembled in the calling thread: rank ``r``'s share of step ``s`` for any
+        (global batch ``B``, world size ``W``) starts at ``s*B + r*B/W`` and has ``B/W`` rows.
+        Thread-safe, and independent of this loader's own sampling's batch, rank and position. The rows
+        of all of them are located in one vectorised ``plan_steps`` call, each batch fetched and assembled when it is
         asked for (one in memory at a time). What ``gristmill serve`` answers a request with
         (loader/service/server.py). The plan is made ``PLAN_ROWS`` rows at a time (whole steps), so a
         request of 2^20 rows holds ~1 MB of plan, not ~50 MB."""
