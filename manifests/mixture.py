@@ -194,15 +194,18 @@ def content_sha256(d: dict) -> str:
     return sha256_bytes(canonical_json({k: v for k, v in d.items() if k not in UNHASHED_FIELDS}))
 
 
-class _Either:
-    """``from_json`` that reads whichever kind the file is: a mixture by its ``kind`` field, else a dataset."""
+def manifest_from_json(text, *, expected_sha256=None, source="manifest") -> Manifest | MixtureManifest:
+    """Whichever kind the manifest text is: a mixture by its ``kind`` field, else a dataset (hash-checked)."""
+    d = parse_json(text, source)
+    if isinstance(d, dict) and d.get("kind") == KIND:
+        return MixtureManifest.from_dict(d, expected_sha256=expected_sha256)
+    return Manifest.from_dict(d, expected_sha256=expected_sha256)
 
-    @staticmethod
-    def from_json(text, *, expected_sha256=None, source="manifest"):
-        d = parse_json(text, source)
-        if isinstance(d, dict) and d.get("kind") == KIND:
-            return MixtureManifest.from_dict(d, expected_sha256=expected_sha256)
-        return Manifest.from_dict(d, expected_sha256=expected_sha256)
+
+class _Either:
+    """``_load_as``'s reader for either kind (``manifest_from_json``)."""
+
+    from_json = staticmethod(manifest_from_json)
 
 
 # -- the published form: the mixture plus its loaded components ---------------------------------
@@ -243,18 +246,29 @@ def load_either(url: str, *, expected_sha256: str | None = None, **storage_optio
 
 
 def open_components(m: MixtureManifest, url: str, storage_options: dict | None = None) -> PublishedMixture:
+    """The mixture with its components loaded from where it records them."""
     from .errors import ManifestNotFoundError
 
-    comps = []
-    for c in m.components:
+    def load(c: Component) -> Published:
         where = resolve_location(url, m.locations[c.name]["url"])
         # Options of the mixture's filesystem fit a component on the same one only.
         same = where.partition("://")[0] == url.partition("://")[0] if "://" in where or "://" in url else True
         try:
-            pub = _load_as(Manifest, where, c.sha256, (storage_options or {}) if same else {})
+            return _load_as(Manifest, where, c.sha256, (storage_options or {}) if same else {})
         except ManifestNotFoundError as e:
             raise MixtureError(f"mixture {m.name!r}: component {c.name!r} ({c.dataset}, manifest {c.sha256}) is not at "
                                f"{where}: {e}") from e
+
+    return with_components(m, url, load)
+
+
+def with_components(m: MixtureManifest, url: str, load) -> PublishedMixture:
+    """The mixture with each component ``load(component) -> Published`` gives (hash-checked against its
+    pin by ``load``), each checked to fit the mixture: from the store (``open_components``) or from a
+    service's reply (``loader.service.client``)."""
+    comps = []
+    for c in m.components:
+        pub = load(c)
         check_component(m, c, pub.manifest)
         comps.append(pub)
     return PublishedMixture(m, url, tuple(comps))

@@ -33,7 +33,7 @@ import pyarrow.flight as flight
 
 from gristmill.errors import UsageError
 from gristmill.manifests import Published
-from gristmill.manifests.mixture import PublishedMixture, _Either, check_component, MixtureManifest
+from gristmill.manifests.mixture import MixtureManifest, PublishedMixture, manifest_from_json, with_components
 
 from ..documents import segments_to_batch
 from ..options import Source
@@ -114,16 +114,17 @@ def served_data(name_or_sha: str, source: Source) -> Published | PublishedMixtur
             except flight.FlightError as e:
                 errors.append(f"{url}: {reason(e, url)}")
                 continue
-            m = _Either.from_json(reply["manifest"], expected_sha256=expected, source=f"{url} manifest")
+            m = manifest_from_json(reply["manifest"], expected_sha256=expected, source=f"{url} manifest")
             pub = Published(m, f"{url}#{m.sha256}")
             if not isinstance(m, MixtureManifest):
                 return pub
-            comps = []
-            for c, text in zip(m.components, reply["components"], strict=True):
-                cm = _Either.from_json(text, expected_sha256=c.sha256, source=f"{url} component {c.name}")
-                check_component(m, c, cm)
-                comps.append(Published(cm, f"{url}#{cm.sha256}"))
-            return PublishedMixture(m, pub.url, tuple(comps))
+            texts = dict(zip([c.name for c in m.components], reply["components"], strict=True))
+
+            def load(c, url=url):
+                cm = manifest_from_json(texts[c.name], expected_sha256=c.sha256, source=f"{url} component {c.name}")
+                return Published(cm, f"{url}#{cm.sha256}")
+
+            return with_components(m, pub.url, load)
     finally:
         endpoints.close()
     raise ServiceError(f"no endpoint gave the manifest of {name_or_sha!r}: {'; '.join(errors)}")
