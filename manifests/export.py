@@ -46,6 +46,7 @@ from .hashing import sha256_file
 from .provenance import code_version
 from .runs import run_starts
 from .shards import atomic_write
+from .storage import nearest_dir
 from .store import Published, load_manifest
 from .verify import verified_rows
 
@@ -84,12 +85,10 @@ def span_tokens(rows: np.ndarray, row: np.ndarray, start: np.ndarray, length: np
 def _check_output_dir(path: str) -> None:
     """Refuse, before any work, an output directory that cannot be one: a file is in its place or
     on the way to it (``out/x`` under a file ``out``)."""
-    while not os.path.isdir(path):
-        if os.path.lexists(path):
-            raise ExportError(f"{path} is a file, not a directory; choose another output path")
-        if os.path.dirname(path) == path:
-            return
-        path = os.path.dirname(path)
+    try:
+        nearest_dir(path)
+    except NotADirectoryError as e:
+        raise ExportError(f"{e} is a file, not a directory; choose another output path") from None
 
 
 @contextlib.contextmanager

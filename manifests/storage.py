@@ -58,6 +58,20 @@ def fs_path(url: str, **storage_options):
     return url_to_fs(url, **storage_options)
 
 
+def nearest_dir(path: str) -> str:
+    """The nearest existing directory on the way to the local ``path`` (itself if it is one), to write
+    into before any work; a file in its place or on the way (``out/x`` under a file ``out``) is a
+    ``NotADirectoryError`` naming that file."""
+    while not os.path.isdir(path):
+        if os.path.lexists(path):
+            raise NotADirectoryError(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return path
+
+
 def _tmp_name(path: str) -> str:
     return f"{path}.tmp-{uuid.uuid4().hex[:12]}"  # unique per writer: threads, processes and hosts alike
 

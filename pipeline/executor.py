@@ -30,6 +30,7 @@ from fsspec.core import url_to_fs
 from gristmill.errors import ConfigError, GristmillError
 from gristmill.manifests import DatasetBuilder, EvalSet, Input, ManifestStore, code_version, sha256_json
 from gristmill.manifests.shards import atomic_write
+from gristmill.manifests.storage import nearest_dir
 
 from . import runners
 from . import stages as st
@@ -145,14 +146,10 @@ def check_writable(store: str, dataset: str) -> None:
 
     where = f"output.store: {store}"
     if "://" not in store or store.startswith("file://"):
-        path = os.path.join(store.removeprefix("file://"), dataset)
-        while not os.path.isdir(path):
-            if os.path.lexists(path):
-                raise ConfigError(f"{where}: {path} exists and is not a directory; point output.store elsewhere")
-            parent = os.path.dirname(path)
-            if parent == path:
-                break
-            path = parent
+        try:
+            path = nearest_dir(os.path.join(store.removeprefix("file://"), dataset))
+        except NotADirectoryError as e:
+            raise ConfigError(f"{where}: {e} exists and is not a directory; point output.store elsewhere") from None
         try:
             with contextlib.ExitStack() as stack:
                 import tempfile
