@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from gristmill.manifests.runs import run_starts
 
-from .workdir import ParquetPart, read_parquet
+from .workdir import ParquetPart, output, read_parquet
 
 _MAX_ROUNDS = 100
 
@@ -99,7 +99,7 @@ def write_edges(path: str, u: np.ndarray, v: np.ndarray, buckets: int) -> None:
     """Directed edges (u, v), tagged with u's bucket and sorted by it, committed atomically."""
     b = bucket_of(u, buckets)
     idx = np.lexsort((v, u, b))
-    out = ParquetPart(path, EDGE_SCHEMA, row_group_size=_ROW_GROUP)
+    out = output(path, EDGE_SCHEMA, row_group_size=_ROW_GROUP)
     out.write(pa.table({"bucket": b[idx], "u": u[idx], "v": v[idx]}, schema=EDGE_SCHEMA))
     out.commit()
 

@@ -16,7 +16,7 @@ import pyarrow as pa
 from gristmill.manifests.hashing import stable_fraction  # the split rule, shared with manifest verify
 
 from .text import normalize
-from .workdir import ParquetPart, read_parquet
+from .workdir import output, read_parquet
 
 PART_SHIFT = 32
 
@@ -36,7 +36,7 @@ DOC_SCHEMA = pa.schema([
 
 # The order of the stages (of removed/<stage>, of ``inspect removed``, of the report's stages when
 # report.json is not at hand) is ``pipeline.stages.STAGE_ORDER``, derived from ``STAGES``.
-LANGUAGE = "language"  # extract's language filter: its removals are removed/language/part-N
+LANGUAGE = "language"  # extract's language filter: its removals are removed/language/block-B
 
 # A removed document: its row plus why. `detail` is JSON with the stage's detail columns.
 # `text`: the language filter's removals carry their text (docs/ holds only the documents it
@@ -104,11 +104,11 @@ def removed_by_partition(wd, stage: str, kind: str, tasks: list[str], part: int,
                          convert=lambda t: t) -> dict:
     """A global step's verdicts delivered to one partition: partition ``part``'s rows of every
     bucket-range task's file (``<stage>/<kind>/<task>.parquet``, sorted by order, so a part filter
-    reads a few row groups), written as ``removed/<stage>/part-N`` (``convert`` makes them
+    reads a few row groups), written as its rows of ``removed/<stage>/block-B`` (``convert`` makes them
     REMOVED_SCHEMA rows); its stats."""
     t = pa.concat_tables([read_parquet(wd.scratch(stage, kind, name), filters=[("part", "=", part)], schema=schema)
                           for name in tasks]).sort_by("order") if tasks else schema.empty_table()
-    out = ParquetPart(wd.removed(stage, part), REMOVED_SCHEMA)
+    out = output(wd.removed(stage, part), REMOVED_SCHEMA)
     out.write(convert(t))
     out.commit()
     return {"removed": {reason: t.num_rows} if t.num_rows else {}, "removed_bytes": int(sum(t.column("bytes").to_pylist()))}

@@ -41,7 +41,7 @@ from .config import FuzzyDedupConfig
 from .lsh import LSHParams, band_keys, bucket_pairs, pair_jaccard
 from .minhash import MinHasher
 from .survivors import Survivors
-from .workdir import ParquetPart, WorkDir, part_name, read_parquet
+from .workdir import ParquetPart, WorkDir, output, read_parquet
 
 STAGE = "fuzzy_dedup"
 REASON = "near_duplicate"
@@ -72,7 +72,7 @@ def _read(path: str, columns: list[str], filters=None) -> pa.Table:
 # -- 1. bands ------------------------------------------------------------------------------------
 def bands_task(item: dict, cfg: FuzzyDedupConfig, params: LSHParams, survivors: Survivors) -> dict:
     mh = _hasher(cfg.num_perm, cfg.ngram, cfg.seed)
-    out = ParquetPart(survivors.wd.scratch(STAGE, "bands", item["name"]), BAND_SCHEMA, row_group_size=_ROW_GROUP)
+    out = output(survivors.wd.part_scratch(STAGE, "bands", item["part"]), BAND_SCHEMA, row_group_size=_ROW_GROUP)
     tables, docs, nbytes = [], 0, 0
     for t in survivors.docs(item["part"], ["id", "order", "text", "bytes"], cfg.batch_size):
         docs += t.num_rows
@@ -99,9 +99,9 @@ def plan_bucket_ranges(band_rows: int) -> list[tuple[int, int]]:
 
 
 def candidates_task(item: dict, wd: WorkDir, bands: list[str]) -> dict:
-    """One bucket range over every partition's band file (``bands``: their task names)."""
+    """One bucket range over every partition's band rows (``bands``: the block files, ``WorkDir.whole_files``)."""
     flt = [("bucket", ">=", item["lo"]), ("bucket", "<", item["hi"])]
-    t = pa.concat_tables([_read(wd.scratch(STAGE, "bands", b), ["band", "key", "order"], flt) for b in bands])
+    t = pa.concat_tables([_read(b, ["band", "key", "order"], flt) for b in bands])
     hi, lo = bucket_pairs(t.column("band").to_numpy(), t.column("key").to_numpy(), t.column("order").to_numpy())
     idx = np.lexsort((lo, hi))
     hi, lo = hi[idx], lo[idx]
@@ -124,7 +124,7 @@ def members_task(item: dict, cfg: FuzzyDedupConfig, survivors: Survivors, candid
                                        .column("order").to_numpy() for c in candidates])) if candidates \
         else np.zeros(0, np.int64)
     mh = _hasher(cfg.num_perm, cfg.ngram, cfg.seed)
-    out = ParquetPart(wd.scratch(STAGE, "members", item["name"]), MEMBER_SCHEMA)
+    out = output(wd.part_scratch(STAGE, "members", part), MEMBER_SCHEMA)
     n = 0
     if len(wanted):
         for t in survivors.docs(part, ["id", "order", "text", "bytes"], cfg.batch_size):
@@ -151,7 +151,7 @@ def _members(wd: WorkDir, parts: set[int], orders: np.ndarray, columns: list[str
     rows: dict[int, dict] = {}
     want = pa.array(orders, pa.int64())
     for p in sorted(parts):
-        t = _read(wd.scratch(STAGE, "members", part_name(p)), ["order", *columns])
+        t = _read(wd.part_scratch(STAGE, "members", p), ["order", *columns])
         t = t.filter(pc.is_in(t.column("order"), want))
         for r in t.to_pylist():
             rows[r["order"]] = r
@@ -161,7 +161,7 @@ def _members(wd: WorkDir, parts: set[int], orders: np.ndarray, columns: list[str
 def _member_table(wd: WorkDir, parts: set[int], orders: np.ndarray, columns: list[str]) -> pa.Table:
     """The member rows of the given orders (read from their partitions' member files only), by order."""
     want = pa.array(orders, pa.int64())
-    tables = [_read(wd.scratch(STAGE, "members", part_name(p)), ["order", *columns]) for p in sorted(parts)]
+    tables = [_read(wd.part_scratch(STAGE, "members", p), ["order", *columns]) for p in sorted(parts)]
     tables = [t.filter(pc.is_in(t.column("order"), want)) for t in tables]
     return pa.concat_tables(tables).sort_by("order") if tables else MEMBER_SCHEMA.empty_table().select(["order", *columns])
 
@@ -195,11 +195,11 @@ def verify_task(item: dict, cfg: FuzzyDedupConfig, wd: WorkDir, candidates: list
         sim = (sig[a] == sig[b]).mean(axis=1) if len(a) else np.zeros(0, np.float64)
         keep = np.ones(len(hi), dtype=bool)
     hi, lo, sim = hi[keep], lo[keep], sim[keep]
-    cc.write_edges(wd.scratch(STAGE, "edges", item["name"]), np.concatenate([hi, lo]), np.concatenate([lo, hi]), item["buckets"])
+    cc.write_edges(wd.part_scratch(STAGE, "edges", part), np.concatenate([hi, lo]), np.concatenate([lo, hi]), item["buckets"])
     node, other, s2 = np.concatenate([hi, lo]), np.concatenate([lo, hi]), np.concatenate([sim, sim])
     bucket = cc.bucket_of(node, item["buckets"])  # the node's components bucket: its assign task reads it
     idx = np.lexsort((other, node, bucket))
-    links = ParquetPart(wd.scratch(STAGE, "links", item["name"]), LINK_SCHEMA, row_group_size=_ROW_GROUP)
+    links = output(wd.part_scratch(STAGE, "links", part), LINK_SCHEMA, row_group_size=_ROW_GROUP)
     links.write(pa.table({"bucket": bucket[idx], "node": node[idx], "other": other[idx], "similarity": s2[idx]},
                          schema=LINK_SCHEMA))
     links.commit()
@@ -217,8 +217,7 @@ def assign_task(item: dict, wd: WorkDir, star_files: list[str], links: list[str]
     u, v = pairs[:, 0].astype(np.int64), pairs[:, 1].astype(np.int64)
     leaf = v < u  # at the fixed point a leaf's one row points at its root; a root's rows list its members
     node, rootv = u[leaf], v[leaf]
-    lk = pa.concat_tables([_read(wd.scratch(STAGE, "links", n), ["node", "other", "similarity"], [("bucket", "=", b)])
-                           for n in links])
+    lk = pa.concat_tables([_read(n, ["node", "other", "similarity"], [("bucket", "=", b)]) for n in links])
     best: dict[int, tuple[float, int]] = {}
     for n_, o_, s_ in zip(*(lk.column(c).to_pylist() for c in ("node", "other", "similarity"))):
         if n_ not in best or (s_, -o_) > (best[n_][0], -best[n_][1]):
@@ -249,7 +248,7 @@ def removed_task(item: dict, cfg: FuzzyDedupConfig, wd: WorkDir, assigned: list[
     rows = pa.table({"id": [mine[n]["id"] for n in node.tolist()], "order": node, "part": pa.array([part] * len(node), pa.int32()),
                      "bytes": [mine[n]["bytes"] for n in node.tolist()], "reason": [REASON] * len(node),
                      "duplicate_of": sid, "duplicate_of_order": rootv, "cluster": sid, "similarity": t.column("similarity")})
-    out = ParquetPart(wd.removed(STAGE, part), REMOVED_SCHEMA)
+    out = output(wd.removed(STAGE, part), REMOVED_SCHEMA)
     out.write(to_removed_rows(rows, STAGE) if rows.num_rows else REMOVED_SCHEMA.empty_table())
     out.commit()
     # the report's sample: documents by id (an ``order`` depends on the partitioning; the

@@ -18,7 +18,7 @@ import pyarrow as pa
 from .config import SplitConfig, TokenizerConfig
 from .documents import split_of
 from .survivors import Survivors
-from .workdir import ParquetPart, iter_batches
+from .workdir import iter_batches, output
 from gristmill.errors import GristmillError
 
 STAGE = "tokenize"
@@ -71,14 +71,14 @@ def load_tokenizer(path: str, eos_token: str):
 def tokenize_partition(part: int, tokenizer_path: str, cfg: TokenizerConfig, split: SplitConfig,
                        survivors: Survivors) -> dict:
     """Partition ``part``'s surviving documents (rewritten texts applied) as token ids with EOS:
-    ``tokens/part-N.parquet``; returns its counts by split."""
+    its rows of ``tokens/block-B.parquet``; returns its counts by split."""
     wd = survivors.wd
     cpu0 = time.process_time()
     tok, _, eos_id = load_tokenizer(tokenizer_path, cfg.eos_token)
     drop = survivors.removed_ids(part)
     new_text = survivors.overridden_texts(part)
     # lz4: token ids barely compress, and zstd here cost ~5% of the stage
-    out = ParquetPart(wd.tokens(part), TOKENS_SCHEMA, compression="lz4")
+    out = output(wd.tokens(part), TOKENS_SCHEMA, compression="lz4")
     st = {"documents_in": 0, "bytes_in": 0, "documents_out": 0, "tokens_out": 0, "seconds": 0.0,
           "splits": {s: {"documents": 0, "tokens": 0} for s in ("train", "validation")}}
     cols = ["id", "order", "source", "position", "lang", "bytes", "text", "url"]

@@ -3,12 +3,12 @@ fails, keep every document's metrics.
 
 Outputs (each written atomically; the task's marker commits them):
 
-* ``quality/part-N.parquet``: ``id``, ``order``, ``part``, ``reason`` (null: kept) and one
-  float column per metric (named like its rule, e.g. ``gopher_quality:word_count``; null where
+* its rows of ``quality/block-B.parquet`` (``WorkDir.part_scratch``): ``id``, ``order``, ``part``,
+  ``reason`` (null: kept) and one float column per metric (named like its rule, e.g. ``gopher_quality:word_count``; null where
   the document's input turned that rule set off), for every document the stage saw;
-* ``removed/quality/part-N.parquet``: the removed documents, ``reason`` = the rule, ``detail``
+* ``removed/quality/block-B.parquet``: the removed documents, ``reason`` = the rule, ``detail``
   = ``{"value": ..., "threshold": ...}``;
-* ``overrides/quality/part-N.parquet``: the new text of kept documents C4 dropped lines from.
+* ``overrides/quality/block-B.parquet``: the new text of kept documents C4 dropped lines from.
 
 A document's verdict is a function of its text and its input's settings only, so the output
 is the same whatever the number of workers.
@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from ..documents import OVERRIDE_SCHEMA, REMOVED_SCHEMA, to_removed_rows
 from ..survivors import Survivors
-from ..workdir import ParquetPart
+from ..workdir import output
 from . import evaluate, rule_sets
 from .config import QualityConfig
 
@@ -39,9 +39,9 @@ def partition_task(item: dict, configs: list[dict], names: list[str], survivors:
     sets = [rule_sets(c) for c in cfgs]  # once per task, not per document
     schema = metrics_schema(names)
     wd, part = survivors.wd, item["part"]
-    metrics_out = ParquetPart(wd.scratch(STAGE, "", item["name"]), schema)
-    removed_out = ParquetPart(wd.removed(STAGE, part), REMOVED_SCHEMA)
-    override_out = ParquetPart(wd.overrides(STAGE, part), OVERRIDE_SCHEMA)
+    metrics_out = output(wd.part_scratch(STAGE, "", part), schema)
+    removed_out = output(wd.removed(STAGE, part), REMOVED_SCHEMA)
+    override_out = output(wd.overrides(STAGE, part), OVERRIDE_SCHEMA)
     stats = {"documents_in": 0, "bytes_in": 0, "removed": {}, "removed_bytes": 0, "texts_shortened": 0}
     for t in survivors.docs(part, COLUMNS, 1024):
         rows = t.to_pydict()
