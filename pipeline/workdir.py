@@ -97,10 +97,27 @@ class BlockOutputs:
     the rows of each of its partitions in turn, with the index of their row ranges in the file's
     metadata. Open it around the block's items (``with BlockOutputs():``); ``output(PartPath)``
     inside writes into it. Committed (each file whole, ``ParquetPart``) when the block ends without
-    an error, before the task's marker; on an error nothing is committed (the block is redone whole)."""
+    an error, before the task's marker; on an error nothing is committed (the block is redone whole).
+    The earlier steps' block files its partitions read are opened once for the block (``opened``,
+    the last ``READERS`` of them), not once a partition."""
+
+    READERS = 64  # block files kept open by a block's task (fuzzy dedup's verify reads other blocks' too)
 
     def __init__(self):
         self.files: dict[str, _BlockFile] = {}
+        self._opened: dict[str, tuple[contextlib.ExitStack, pq.ParquetFile]] = {}
+
+    def opened(self, path: str) -> pq.ParquetFile:
+        """A committed work-dir file, opened for the rest of the block (an earlier step's block
+        file: no step reads its own outputs, so it cannot change while the block runs)."""
+        if path in self._opened:
+            self._opened[path] = self._opened.pop(path)  # the most recent last
+        else:
+            if len(self._opened) >= self.READERS:
+                self._opened.pop(next(iter(self._opened)))[0].close()
+            stack = contextlib.ExitStack()
+            self._opened[path] = (stack, stack.enter_context(open_parquet(path, pre_buffer=False)))
+        return self._opened[path][1]
 
     def file(self, path: str, schema: pa.Schema, row_group_size: int | None, compression: str) -> "_BlockFile":
         f = self.files.get(path)
@@ -118,6 +135,8 @@ class BlockOutputs:
 
     def __exit__(self, kind, exc, tb) -> None:
         _BLOCK.reset(self._token)
+        for stack, _ in self._opened.values():
+            stack.close()
         for f in self.files.values():
             if kind is None:
                 f.commit()
@@ -223,6 +242,8 @@ def read_parquet(path: str, columns: list[str] | None = None, filters: list[tupl
     of the rest tested with a mask (nulls never match, as in ``read_table``). Opened
     without pre-buffering (one small file, read once)."""
     part = path.part if isinstance(path, PartPath) else None
+    if part is not None and (block := _BLOCK.get()) is not None:  # inside a block's task: opened once for it
+        return _read_parquet(block.opened(str(path)), columns, filters, schema, part)
     if "://" in path:
         fs, fs_path = url_to_fs(path)
         with fs.open(fs_path, "rb") as f:
@@ -265,10 +286,19 @@ def part_row_groups(pf: pq.ParquetFile, part: int) -> list[int]:
 def iter_batches(path: str, columns: list[str] | None = None, batch_size: int = 65_536):
     """``pq.ParquetFile(path).iter_batches(...)`` through ``open_parquet`` (the file closed when done);
     a ``PartPath``: that partition's rows."""
+    if isinstance(path, PartPath) and (block := _BLOCK.get()) is not None:  # inside a block's task: opened once for it
+        yield from _part_batches(block.opened(str(path)), path.part, columns, batch_size)
+        return
     with open_parquet(path) as pf:
-        groups = part_row_groups(pf, path.part) if isinstance(path, PartPath) else None
-        if groups == []:
-            return
+        if isinstance(path, PartPath):
+            yield from _part_batches(pf, path.part, columns, batch_size)
+        else:
+            yield from pf.iter_batches(columns=columns, batch_size=batch_size)
+
+
+def _part_batches(pf: pq.ParquetFile, part: int, columns: list[str] | None, batch_size: int):
+    groups = part_row_groups(pf, part)
+    if groups:
         yield from pf.iter_batches(columns=columns, batch_size=batch_size, row_groups=groups)
 
 

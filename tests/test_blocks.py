@@ -59,6 +59,22 @@ def test_a_block_file_holds_each_partition_apart(tmp_path):
         read_parquet(PartPath(str(wd.docs(4)), 8))
 
 
+def test_a_block_task_reads_earlier_block_files_through_a_bounded_set_of_open_files(tmp_path, monkeypatch):
+    wd = WorkDir(str(tmp_path), block_parts=1)
+    for p in range(5):  # an earlier step's files: five blocks
+        with BlockOutputs():
+            w = output(wd.keys(p), SCHEMA)
+            w.write(_rows(p, p + 1))
+            w.commit()
+    monkeypatch.setattr(BlockOutputs, "READERS", 2)
+    with BlockOutputs() as block:
+        for p in [0, 1, 2, 0, 4, 3, 4]:  # more files than it keeps open, some read again after being closed
+            assert read_parquet(wd.keys(p)).equals(_rows(p, p + 1))
+            assert [r for b in iter_batches(wd.keys(p), ["id"]) for r in b.column("id").to_pylist()] == \
+                _rows(p, p + 1).column("id").to_pylist()
+            assert len(block._opened) <= 2
+
+
 def test_a_block_that_fails_commits_nothing_and_writes_only_inside_its_task(tmp_path):
     wd = WorkDir(str(tmp_path), block_parts=2)
     with pytest.raises(RuntimeError, match="killed"):
