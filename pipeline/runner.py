@@ -142,15 +142,15 @@ def run_batch(fn: Callable[[dict], dict], items: list[dict], wd: WorkDir, step: 
     """Several items in one worker (a runner's unit of work), committed together by one batch
     marker (``_done/<step>/<first>.batch.json``, fsynced) once all their outputs are written: one
     marker file for a batch of tasks, not one each (a file create and rename per task was a
-    good part of a tiny task's fixed cost). A batch of partitions is one block (``batches_of``):
-    ``_run_block``. Another batch killed before its marker is redone whole (deterministic tasks
+    good part of a tiny task's fixed cost). A batch of partitions is whole blocks (``batches_of``),
+    each run and committed on its own (``_run_block``). Another batch killed before its marker is redone whole (deterministic tasks
     rewrite the same bytes); a rerun with another batch size still finds every committed task,
     since ``WorkDir.finished`` reads batch markers by task name. When an item raises, the items
     before it are committed first, so only the failed one is redone. A batch of one item writes
     that item's own marker. A retried batch (attempt > 1: Ray after its worker died) skips the
     items a marker already lists."""
     if per_partition(items):
-        return _run_block(fn, items, wd, step)
+        return [s for block in blocks_of(items, wd) for s in _run_block(fn, block, wd, step)]
     if len(items) == 1:
         return list(_run_items(fn, items, wd, step))
     # The driver hands out only tasks without a marker, so a first attempt has none to skip.
@@ -176,8 +176,12 @@ def _run_block(fn: Callable[[dict], dict], items: list[dict], wd: WorkDir, step:
     """The partitions of one block (``items``, in order, all of them): each item's outputs go into
     the block's files (``BlockOutputs``), committed together when every item has run, then one
     batch marker commits the block (fsynced). An item that raises leaves nothing committed: the
-    block is redone whole, as is one killed at any point before its marker."""
-    record_attempt(wd, step, items[0]["name"])
+    block is redone whole, as is one killed at any point before its marker. A retried batch (attempt
+    > 1) skips a block its marker commits."""
+    if record_attempt(wd, step, items[0]["name"]) > 1:
+        finished = wd.finished(step)
+        if all(it["name"] in finished for it in items):
+            return [finished[it["name"]] for it in items]
     with BlockOutputs():
         stats = {it["name"]: run_one(fn, it, wd, step, commit=False) for it in items}
     wd.mark_batch_done(step, stats)
@@ -290,15 +294,23 @@ class Runner:
                           self.wd.log(step, first["name"]))
 
 
+def blocks_of(items: list[dict], wd: WorkDir) -> list[list[dict]]:
+    """Partition items grouped by their block (``WorkDir.block_of``), in order."""
+    blocks: dict[int, list[dict]] = {}
+    for it in items:
+        blocks.setdefault(wd.block_of(it["part"]), []).append(it)
+    return list(blocks.values())
+
+
 def batches_of(todo: list[dict], limit: int, wd: WorkDir) -> list[list[dict]]:
-    """A step's batches: partitions by their block (``WorkDir.block_of``: the block's files are
-    written by one task), other items consecutive in batches of at most MAX_BATCH, about four per
-    batch slot (``limit`` batches in flight), so the load spreads; the batching never changes an output."""
+    """A step's batches: consecutive items, at most MAX_BATCH (partitions: whole blocks, at least
+    one), about four per batch slot (``limit`` batches in flight), so the load spreads. The
+    batching never changes an output: a block's files are written by one task, whatever batch
+    it runs in."""
     if per_partition(todo):
-        blocks: dict[int, list[dict]] = {}
-        for it in todo:
-            blocks.setdefault(wd.block_of(it["part"]), []).append(it)
-        return list(blocks.values())
+        blocks = blocks_of(todo, wd)
+        size = max(1, min(MAX_BATCH // wd.block_parts, len(blocks) // (4 * limit)))
+        return [[it for b in blocks[i:i + size] for it in b] for i in range(0, len(blocks), size)]
     size = max(1, min(MAX_BATCH, len(todo) // (4 * limit)))
     return [todo[i:i + size] for i in range(0, len(todo), size)]
 
@@ -310,7 +322,7 @@ class SerialRunner(Runner):
 
     def _execute(self, step, todo, fn):
         if per_partition(todo):
-            for block in batches_of(todo, 1, self.wd):
+            for block in blocks_of(todo, self.wd):
                 yield from zip(block, run_batch(fn, block, self.wd, step))
             return
         yield from zip(todo, _run_items(fn, todo, self.wd, step))

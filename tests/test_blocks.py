@@ -18,7 +18,7 @@ import pyarrow as pa
 import pytest
 import yaml
 
-from gristmill.pipeline.runner import SerialRunner, batches_of
+from gristmill.pipeline.runner import SerialRunner, batches_of, blocks_of, run_batch
 from gristmill.pipeline.workdir import (BlockOutputs, PartPath, WorkDir, block_parts, iter_batches, output, part_name,
                                         read_parquet)
 
@@ -96,8 +96,11 @@ def test_the_blocks_depend_on_the_partition_count_alone(tmp_path):
     wd = WorkDir(str(tmp_path), block_parts=block_parts(250))
     items = [{"name": part_name(p), "part": p} for p in range(250)]
     want = [list(range(i, min(i + 15, 250))) for i in range(0, 250, 15)]
-    for limit in (1, 2, 4, 64):  # batches in flight: twice the workers
-        assert [[it["part"] for it in b] for b in batches_of(items, limit, wd)] == want
+    assert [[it["part"] for it in b] for b in blocks_of(items, wd)] == want
+    for limit in (1, 2, 4, 64):  # batches in flight: twice the workers; a batch holds whole blocks
+        batches = [[it["part"] for it in b] for b in batches_of(items, limit, wd)]
+        assert [p for b in batches for p in b] == list(range(250))
+        assert all(b[0] % 15 == 0 and (b[-1] + 1) % 15 in (0, 250 % 15) for b in batches), batches
     # the run fixes them once: a resumed run finds the blocks its finished tasks wrote
     run = WorkDir(str(tmp_path / "run"))
     run.set_blocks(250)
@@ -132,6 +135,30 @@ def test_a_block_is_finished_or_redone_whole(tmp_path):
     SerialRunner(wd).run("s", items, fn)
     assert calls == [4, 5, 6, 7]
     assert [read_parquet(wd.keys(p)).num_rows for p in range(8)] == [2] * 8
+
+
+def test_a_batch_of_blocks_commits_each_block_and_a_retry_skips_the_committed_ones(tmp_path):
+    wd = WorkDir(str(tmp_path), block_parts=2)
+    calls, dies = [], [True]
+
+    def fn(item):
+        calls.append(item["part"])
+        if item["part"] == 3 and dies and dies.pop():
+            raise KeyboardInterrupt  # the worker dies inside the second block, on the first attempt
+        w = output(wd.tokens(item["part"]), SCHEMA)
+        w.write(_rows(item["part"], 1))
+        w.commit()
+        return {"part": item["part"]}
+
+    items = [{"name": part_name(p), "part": p} for p in range(4)]
+    with pytest.raises(KeyboardInterrupt):
+        run_batch(fn, items, wd, "s")
+    assert sorted(os.listdir(tmp_path / "_done" / "s")) == ["part-00000.batch.json"]  # the first block only
+    assert sorted(os.listdir(tmp_path / "tokens")) == ["block-00000.parquet"]
+    calls.clear()
+    assert [s["part"] for s in run_batch(fn, items, wd, "s")] == [0, 1, 2, 3]
+    assert calls == [2, 3]  # the retry (attempt 2) ran the second block alone
+    assert sorted(os.listdir(tmp_path / "_done" / "s")) == ["part-00000.batch.json", "part-00002.batch.json"]
 
 
 # -- whole runs: every stage on, P = 16 (a block per partition) and P = 256 (16 a block) ----------
