@@ -9,7 +9,6 @@ import contextlib
 import os
 import shutil
 
-import fsspec
 import numpy as np
 import pyarrow as pa
 
@@ -18,7 +17,8 @@ from .doc_index import DocIndexWriter
 from .hashing import sha256_file, sha256_json
 from .manifest import (SCHEMA_VERSION, EvalSet, FileRef, Input, Manifest, PinnedVersion, Shard, Tokenizer,
                        token_dtype_for)
-from .shards import atomic_write, write_shard
+from .shards import write_shard
+from .storage import Store
 
 DOC_INDEX_FILE = "doc_index.parquet"
 TOKENIZER_FILE = "tokenizer.json"
@@ -38,12 +38,12 @@ class DatasetBuilder:
         self.dataset, self.seq_len = dataset, seq_len
         self.dtype = token_dtype_for(vocab_size)
         target = os.path.join(staging_dir, TOKENIZER_FILE)
-        if "://" in staging_dir or "://" in tokenizer_json:  # a staging dir or tokenizer on an object store
-            with fsspec.open(tokenizer_json, "rb") as f:
-                atomic_write(target, f.read())
-        else:
-            os.makedirs(os.path.join(staging_dir, "shards"), exist_ok=True)
-            shutil.copyfile(tokenizer_json, target)
+        store, source = Store.from_url(staging_dir), Store.from_url(tokenizer_json)
+        if store.is_local and source.is_local:
+            store.makedirs(os.path.join(staging_dir, "shards"))
+            shutil.copyfile(source.path(tokenizer_json), store.path(target))
+        else:  # a staging dir or tokenizer on an object store
+            store.put(target, source.read(tokenizer_json))
         sha, _ = sha256_file(target)
         self.tokenizer = Tokenizer(TOKENIZER_FILE, sha, vocab_size, eos_id)
         self.shards: list[Shard] = []

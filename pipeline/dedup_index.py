@@ -25,7 +25,6 @@ from gristmill.manifests.runs import run_starts
 from .config import FuzzyDedupConfig
 from .documents import norm_hash
 from .minhash import MinHasher
-from .workdir import read_parquet
 
 
 SKETCH_BITS = 4  # ~75 B a document in all; 8 bits would be ~140 B (docs/benchmarks.md measures its share of a version)
@@ -234,9 +233,7 @@ def index_task(item: dict, wd, survivors, params: dict, batch_size: int) -> dict
         tables.append(rows.replace_schema_metadata(None).append_column("id_hash", pa.array(_id_hash(ids), pa.int64())))
     t = pa.concat_tables(tables) if tables else \
         dx.schema(params).empty_table().replace_schema_metadata(None).append_column("id_hash", pa.array([], pa.int64()))
-    from .workdir import ParquetPart
-
-    out = ParquetPart(wd.scratch(INDEX_DIR, "parts", item["name"]), t.schema, row_group_size=65_536)
+    out = wd.part(wd.scratch(INDEX_DIR, "parts", item["name"]), t.schema, row_group_size=65_536)
     out.write(t.sort_by("id_hash"))
     out.commit()
     return {"rows": t.num_rows}
@@ -260,7 +257,7 @@ def merge_task(item: dict, wd, parts: list[str], params: dict) -> dict:
     from gristmill.manifests.hashing import sha256_file
 
     flt = [("id_hash", ">=", item["lo"])] + ([("id_hash", "<", item["hi"])] if item["hi"] < 1 << 63 else [])
-    tables = [read_parquet(wd.scratch(INDEX_DIR, "parts", p), filters=flt) for p in parts]
+    tables = [wd.read_parquet(wd.scratch(INDEX_DIR, "parts", p), filters=flt) for p in parts]
     s = dx.schema(params)
     t = pa.concat_tables([x.drop_columns(["id_hash"]).cast(s) for x in tables]) if tables else s.empty_table()
     rel = index_file(item["k"])
@@ -278,7 +275,7 @@ def load_index_file(url: str, ref, params: dict, label: str, out: str, storage_o
     import fsspec
 
     from gristmill.manifests.hashing import sha256_bytes
-    from gristmill.manifests.shards import atomic_write
+    from gristmill.manifests.storage import atomic_write
 
     try:
         with fsspec.open(out, "rb") as f:

@@ -32,7 +32,7 @@ from gristmill.manifests.doc_index import DOC_INDEX_SCHEMA, DocIndexWriter
 from gristmill.manifests.manifest import token_dtype_for
 from gristmill.manifests.builder import write_pinned_shard
 
-from .workdir import WorkDir, iter_batches
+from .workdir import WorkDir
 
 SPLITS = ("train", "validation")
 # Pack tasks per split at most: 2^18 ranges of the default 64 Mi tokens are 16 Ti tokens. A larger
@@ -162,11 +162,11 @@ def plan_ranges(tokens_per_part: dict[str, list[int]], range_tokens: int) -> lis
     return items
 
 
-def range_docs(token_file: str, split: str, offset: int, lo: int, hi: int, batch_rows: int = 1024):
+def range_docs(wd: WorkDir, token_file: str, split: str, offset: int, lo: int, hi: int, batch_rows: int = 1024):
     """The documents of one partition's ``split`` whose first token (at split offset ``offset`` +
     tokens before it in this partition) falls in ``[lo, hi)``, in order."""
     pos = offset
-    for batch in iter_batches(token_file, batch_size=batch_rows):
+    for batch in wd.iter_batches(token_file, batch_size=batch_rows):
         t = pa.Table.from_batches([batch])
         t = t.filter(pc.equal(t.column("split"), split))
         if not t.num_rows:
@@ -188,7 +188,7 @@ def pack_range_task(item: dict, wd: WorkDir, seq_len: int, shard_bytes: int, voc
     with DocIndexWriter(path) as index:
         packer = SplitPacker(sink, item["split"], seq_len, shard_bytes, index)
         for p, off in zip(item["parts"], item["offsets"]):
-            for t in range_docs(wd.tokens(p), item["split"], off, item["lo"], item["hi"]):
+            for t in range_docs(wd, wd.tokens(p), item["split"], off, item["lo"], item["hi"]):
                 packer.add(t)
         packer.finish()
     return {"split": item["split"], "stats": packer.stats, "shards": [asdict(s) for s in sink.shards], "index": path}

@@ -18,8 +18,8 @@ import pyarrow as pa
 from .config import SplitConfig, TokenizerConfig
 from .documents import split_of
 from .survivors import Survivors
-from .workdir import ParquetPart, iter_batches
 from gristmill.errors import GristmillError
+from gristmill.manifests.storage import Store
 
 STAGE = "tokenize"
 TOKENS_SCHEMA = pa.schema([
@@ -53,13 +53,11 @@ def load_tokenizer(path: str, eos_token: str):
     from tokenizers import Tokenizer
 
     try:
-        if "://" in path:  # a work dir or tokenizer on an object store
-            import fsspec
-
-            with fsspec.open(path, "rb") as f:
-                tok = Tokenizer.from_str(f.read().decode("utf-8"))
-        else:
-            tok = Tokenizer.from_file(path)
+        store = Store.from_url(path)
+        if store.is_local:
+            tok = Tokenizer.from_file(store.path(path))
+        else:  # a work dir or tokenizer on an object store
+            tok = Tokenizer.from_str(store.read(path).decode("utf-8"))
     except Exception as e:
         raise TokenizerError(f"tokenizer.path: {path} is not a tokenizers tokenizer.json: {e}") from e
     eos_id = tok.token_to_id(eos_token)
@@ -78,11 +76,11 @@ def tokenize_partition(part: int, tokenizer_path: str, cfg: TokenizerConfig, spl
     drop = survivors.removed_ids(part)
     new_text = survivors.overridden_texts(part)
     # lz4: token ids barely compress, and zstd here cost ~5% of the stage
-    out = ParquetPart(wd.tokens(part), TOKENS_SCHEMA, compression="lz4")
+    out = wd.part(wd.tokens(part), TOKENS_SCHEMA, compression="lz4")
     st = {"documents_in": 0, "bytes_in": 0, "documents_out": 0, "tokens_out": 0, "seconds": 0.0,
           "splits": {s: {"documents": 0, "tokens": 0} for s in ("train", "validation")}}
     cols = ["id", "order", "source", "position", "lang", "bytes", "text", "url"]
-    for batch in iter_batches(wd.docs(part), cols, cfg.batch_size):
+    for batch in wd.iter_batches(wd.docs(part), cols, cfg.batch_size):
         table = pa.Table.from_batches([batch])
         if drop:
             ids = table.column("id").to_pylist()

@@ -7,7 +7,7 @@ import os
 import tempfile
 from dataclasses import dataclass
 
-from gristmill.manifests.shards import atomic_write
+from gristmill.manifests.storage import atomic_write
 
 from ..config import TokenizerConfig
 from ..survivors import Survivors
