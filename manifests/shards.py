@@ -16,7 +16,7 @@ import pyarrow.ipc as ipc
 
 from .errors import FactMismatchError, HashMismatchError, ManifestError, TokenOutOfVocabError
 from .manifest import Manifest, Shard
-from .storage import atomic_write
+from .storage import Store, atomic_write
 
 COLUMN = "tokens"
 ZSTD_LEVEL = 3
@@ -43,8 +43,9 @@ class ShardStats:
     tokens: int
 
 
-def write_shard(path: str | None, rows: np.ndarray, *, compressed: bool = True) -> ShardStats:
-    """Write ``rows`` (shape ``(n, seq_len + 1)``, uint16/uint32) atomically to a local path or fsspec URL.
+def write_shard(path: str | None, rows: np.ndarray, *, compressed: bool = True, store: Store | None = None) -> ShardStats:
+    """Write ``rows`` (shape ``(n, seq_len + 1)``, uint16/uint32) atomically to ``path`` of ``store``
+    (None: the store of ``path``).
 
     The file appears under its final name only once complete: a crash mid-write leaves at
     most a ``.tmp`` file that no reader trusts. With ``path=None`` only the stats are computed
@@ -64,7 +65,7 @@ def write_shard(path: str | None, rows: np.ndarray, *, compressed: bool = True) 
         w.write_batch(batch)
     data = out.getvalue()
     if path is not None:
-        atomic_write(path, data)
+        atomic_write(path, data, store)
     return ShardStats(sha256=hashlib.sha256(data).hexdigest(), bytes=data.size, rows=n, tokens=n * width)
 
 

@@ -94,8 +94,10 @@ class ManifestStore:
         return load_manifest(url, expected_sha256=expected_sha256, **self.storage_options)
 
     # -- publishing -------------------------------------------------------------------------
-    def publish(self, manifest: Manifest, files_dir: str, *, version: int | None = None) -> Published:
-        """Publish ``manifest`` with the files under local/fsspec ``files_dir`` as a new version.
+    def publish(self, manifest: Manifest, files_dir: str, *, version: int | None = None,
+                files_store: Store | None = None) -> Published:
+        """Publish ``manifest`` with the files under ``files_dir`` of ``files_store`` (None: the store
+        of ``files_dir``) as a new version.
 
         Idempotent on content: if the latest version already has this manifest hash, it is
         returned unchanged. An explicit ``version`` that already exists is refused.
@@ -116,7 +118,8 @@ class ManifestStore:
         elif version in existing:
             raise VersionExistsError(f"{manifest.dataset} v{version} is already published; published versions are never overwritten")
         files = _pinned_files(manifest)
-        src_fs, src_root = url_to_fs(files_dir) if files else (None, None)
+        source = files_store or Store.from_url(files_dir)
+        src_fs, src_root = source.fs, source.path(files_dir)
         for rel in files:
             if not src_fs.exists(posixpath.join(src_root, rel)):
                 raise ManifestError(f"cannot publish: pinned file {rel!r} is missing from {files_dir}")

@@ -110,7 +110,7 @@ def _index_keys(item: dict, wd: WorkDir, params: dict) -> dict:
     from gristmill.manifests import FileRef
 
     ref = FileRef(item["path"], item["sha256"], item["bytes"], item["rows"])
-    t = di.load_index_file(item["url"], ref, params, item["label"], wd.scratch(STAGE, "index", item["name"]))
+    t = di.load_index_file(item["url"], ref, params, item["label"], wd.scratch(STAGE, "index", item["name"]), out_store=wd.store)
     isk, ihas = dx.sketch_matrix(t.column("sketch"), dx.sketch_bytes(params)) if t.num_rows else \
         (np.zeros((0, dx.sketch_bytes(params)), np.uint8), np.zeros(0, bool))
     band, key, row = di.doc_keys(di.exact_u64(t.column("exact")), isk, ihas, params)

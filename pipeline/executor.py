@@ -257,14 +257,15 @@ class Executor:
         self._refuse_empty(stats["accounting"], results)
         (packed,) = [r.dataset for r in results if r.dataset is not None]
         builder = DatasetBuilder(packed.staging, dataset=packed.dataset, seq_len=packed.seq_len,
-                                 tokenizer_json=packed.tokenizer_json, vocab_size=packed.vocab_size, eos_id=packed.eos_id)
+                                 tokenizer_json=packed.tokenizer_json, vocab_size=packed.vocab_size, eos_id=packed.eos_id,
+                                 store=self.wd.store, tokenizer_store=packed.tokenizer_store)
         builder.shards, builder.doc_index = list(packed.shards), packed.doc_index
         builder.dedup_index = [f for r in results for f in r.dedup_index]
         manifest = builder.manifest(inputs=[Input(f["uri"], f["bytes"], f["sha256"]) for r in results for f in r.inputs],
                                     config=self.job.content_dict(), code_version=code_version(), stats=stats,
                                     eval_sets=[EvalSet(**e) for r in results for e in r.eval_sets],
                                     dedup_against=[p for r in results for p in r.dedup_against])
-        published = ManifestStore(self.job.output.store).publish(manifest, builder.dir)
+        published = ManifestStore(self.job.output.store).publish(manifest, builder.dir, files_store=builder.store)
         timings["publish"] = {"seconds": time.perf_counter() - t0}
         timings["total"]["seconds"] = time.perf_counter() - t_all
         core = {k: v for r in results for k, v in r.core_seconds.items()}

@@ -45,15 +45,16 @@ def train_bpe(texts, cfg: TokenizerConfig, out_path: str) -> None:
 
 
 @functools.lru_cache(maxsize=4)
-def load_tokenizer(path: str, eos_token: str):
-    """(tokenizer, vocab_size, eos_id); the EOS token must be in the vocabulary.
+def load_tokenizer(path: str, eos_token: str, store: Store | None = None):
+    """(tokenizer, vocab_size, eos_id) of ``path`` of ``store`` (None: the store of ``path``); the EOS
+    token must be in the vocabulary.
 
     Cached per worker process: a worker tokenizes many partitions with the same file.
     """
     from tokenizers import Tokenizer
 
     try:
-        store = Store.from_url(path)
+        store = store or Store.from_url(path)
         if store.is_local:
             tok = Tokenizer.from_file(store.path(path))
         else:  # a work dir or tokenizer on an object store
@@ -67,12 +68,12 @@ def load_tokenizer(path: str, eos_token: str):
 
 
 def tokenize_partition(part: int, tokenizer_path: str, cfg: TokenizerConfig, split: SplitConfig,
-                       survivors: Survivors) -> dict:
+                       survivors: Survivors, tokenizer_store: Store | None = None) -> dict:
     """Partition ``part``'s surviving documents (rewritten texts applied) as token ids with EOS:
     ``tokens/part-N.parquet``; returns its counts by split."""
     wd = survivors.wd
     cpu0 = time.process_time()
-    tok, _, eos_id = load_tokenizer(tokenizer_path, cfg.eos_token)
+    tok, _, eos_id = load_tokenizer(tokenizer_path, cfg.eos_token, tokenizer_store)
     drop = survivors.removed_ids(part)
     new_text = survivors.overridden_texts(part)
     # lz4: token ids barely compress, and zstd here cost ~5% of the stage
