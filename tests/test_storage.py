@@ -229,3 +229,51 @@ def test_url_questions_are_answered_by_the_storage_module():
     assert storage.join_url(*storage.split_url("gs://b/k")) == "gs://b/k" and storage.join_url("", "a/b") == "a/b"
     assert storage.local_path("file:///x/y") == "/x/y" and storage.local_path("x/y") == "x/y"
     assert storage.local_path("s3://b/k") is None
+
+
+def test_a_prepare_reaches_its_work_dir_only_through_the_options_given(tmp_path):
+    """A work dir on a filesystem that refuses to open without an option: the job's
+    work_dir_options must reach every read and write of the run dir (tasks, markers, logs, the
+    trained tokenizer, staging, publish's copy), or the run fails. The serial runner keeps the
+    in-memory filesystem in one process."""
+    import json
+    import uuid
+
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    from gristmill.manifests import load_manifest, verify_published
+    from gristmill.pipeline.config import PrepareConfig
+    from gristmill.pipeline.executor import prepare
+
+    class TicketFS(MemoryFileSystem):
+        protocol = "gmticket"
+
+        def __init__(self, ticket=None, **kwargs):
+            if ticket != "ok":
+                raise PermissionError("gmticket:// opens only with its ticket (a storage option)")
+            super().__init__(**kwargs)
+
+    fsspec.register_implementation("gmticket", TicketFS, clobber=True)
+
+    class TicketStore(storage.MemoryStore):
+        protocols = ("gmticket",)
+
+    words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
+    docs = [{"text": " ".join(words[(i + k) % len(words)] for k in range(40 + i % 7)) + f" document {i}."}
+            for i in range(60)]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    work = f"gmticket://work-{uuid.uuid4().hex[:8]}"
+    job = {"inputs": str(tmp_path / "in.jsonl"), "output": {"store": str(tmp_path / "store"), "dataset": "t",
+                                                            "report_html": False},
+           "work_dir": work, "work_dir_options": {"ticket": "ok"}, "runner": "serial",
+           "language": {"enabled": False}, "tokenizer": {"vocab_size": 300, "sample_bytes": 50_000},
+           "pack": {"seq_len": 32, "shard_bytes": 10_000}}
+    try:
+        with pytest.raises(PermissionError):
+            Store.from_url(work)  # without its option the filesystem does not open
+        result = prepare(PrepareConfig.from_dict(job), quiet=True)
+        assert result.run_dir.startswith(work)
+        assert Store.from_url(work, ticket="ok").exists(f"{result.run_dir}/report.json")
+        assert verify_published(load_manifest(f"{tmp_path}/store/t")) == []
+    finally:
+        FsspecStore.kinds.pop("gmticket")
