@@ -22,8 +22,9 @@ A task is finished iff its marker (or its batch's) exists. A crash (even ``kill 
 most temp files and outputs without a marker; a rerun rewrites those, and the output is the same
 bytes because every task is deterministic.
 
-The root may be any fsspec URL (``s3://bucket/work/<key>``): nothing here renames. Every file is
-written whole or not at all (``manifests.storage``: a local temp file and ``os.replace``, or one
+The root may be any fsspec URL (``s3://bucket/work/<key>``), opened with the job's storage options
+into one ``manifests.storage.Store`` that every read and write of the run dir goes through: nothing
+here renames. Every file is written whole or not at all (a local temp file and ``os.replace``, or one
 upload on an object store) and the marker, written last, is the commit.
 """
 from __future__ import annotations
@@ -33,17 +34,14 @@ import functools
 import json
 import os
 import posixpath
-import uuid
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from fsspec.core import url_to_fs
 
-from gristmill.manifests import storage
 from gristmill.manifests.hashing import canonical_json
 from gristmill.manifests.parquet_part import ParquetPart  # noqa: F401  (the stages' output writer)
-from gristmill.manifests.shards import atomic_write
+from gristmill.manifests.storage import Store
 
 
 BATCH_SUFFIX = ".batch.json"  # _done/<step>/<first task>.batch.json: a batch's marker, {"tasks": {name: stats}}
@@ -71,9 +69,9 @@ _OPS = {"=": (lambda lo, hi, v: lo <= v <= hi, pc.equal), "==": (lambda lo, hi, 
 
 
 def read_parquet(path: str, columns: list[str] | None = None, filters: list[tuple] | None = None,
-                 schema: pa.Schema | None = None) -> pa.Table:
-    """``pq.read_table(path, columns=, filters=, schema=)`` for one work-dir file (a local path or
-    fsspec URL), through ``ParquetFile``. The files of a step are small and read thousands of times
+                 schema: pa.Schema | None = None, store: Store | None = None) -> pa.Table:
+    """``pq.read_table(path, columns=, filters=, schema=)`` for one work-dir file of ``store`` (None:
+    the store of ``path`` with no storage options), through ``ParquetFile``. The files of a step are small and read thousands of times
     (each partition's task reads one per earlier stage; a part filter on every bucket-range file),
     and ``pq.read_table`` builds a dataset for each (discovery, a scanner, an Acero plan, thread
     pools): ~0.4-1.3 ms a small file against ~0.05-0.2 ms here (profiled at 300 partitions, its
@@ -81,29 +79,26 @@ def read_parquet(path: str, columns: list[str] | None = None, filters: list[tupl
     >= in``): row groups whose statistics exclude one are skipped, as the scanner does, and the rows
     of the rest tested with a mask (nulls never match, as in ``read_table``). Opened
     without pre-buffering (one small file, read once)."""
-    if "://" in path:
-        fs, fs_path = url_to_fs(path)
-        with fs.open(fs_path, "rb") as f:
-            return _read_parquet(pq.ParquetFile(pa.BufferReader(f.read())), columns, filters, schema)
-    with open_parquet(path, pre_buffer=False) as pf:
+    store = store or Store.from_url(path)
+    if not store.is_local:  # one read of the whole object
+        return _read_parquet(pq.ParquetFile(pa.BufferReader(store.read(path))), columns, filters, schema)
+    with open_parquet(path, store, pre_buffer=False) as pf:
         return _read_parquet(pf, columns, filters, schema)
 
 
 @contextlib.contextmanager
-def open_parquet(path: str, **options):
-    """``pq.ParquetFile`` of a work-dir file, closed on exit: a local file opened as an ``OSFile``
-    (given a path string, pyarrow resolves a filesystem for each open: ~90 us, on every one of a
-    step's thousands of small files), a URL by pyarrow's own filesystems as before."""
-    if "://" in path:
-        yield pq.ParquetFile(path, **options)
-        return
-    with pa.OSFile(path) as f:
+def open_parquet(path: str, store: Store | None = None, **options):
+    """``pq.ParquetFile`` of a work-dir file of ``store`` (None: the store of ``path``), closed on exit:
+    a local file opened as an ``OSFile`` (given a path string, pyarrow resolves a filesystem for each
+    open: ~90 us, on every one of a step's thousands of small files), another through the store."""
+    store = store or Store.from_url(path)
+    with pa.OSFile(store.path(path)) if store.is_local else store.open(path) as f:
         yield pq.ParquetFile(f, **options)
 
 
-def iter_batches(path: str, columns: list[str] | None = None, batch_size: int = 65_536):
+def iter_batches(path: str, columns: list[str] | None = None, batch_size: int = 65_536, store: Store | None = None):
     """``pq.ParquetFile(path).iter_batches(...)`` through ``open_parquet`` (the file closed when done)."""
-    with open_parquet(path) as pf:
+    with open_parquet(path, store) as pf:
         yield from pf.iter_batches(columns=columns, batch_size=batch_size)
 
 
@@ -140,66 +135,65 @@ def _may_match(rg, names: list[str], filters: list[tuple]) -> bool:
 class WorkDir:
     """One run's directory. Small and picklable: tasks receive it and build their paths with it."""
 
-    def __init__(self, root: str):
-        self.root = root.rstrip("/") if "://" in root else root
-        self.local = "://" not in root
-        if self.local:
-            os.makedirs(root, exist_ok=True)
+    def __init__(self, root: str, storage_options: dict | None = None):
+        self.storage_options = dict(storage_options or {})
+        self.store = Store.from_url(root, **self.storage_options)  # pickled with it: a task opens its own
+        self.root = root if self.store.is_local else root.rstrip("/")
+        if self.store.is_local:
+            self.store.makedirs(root)
 
     @classmethod
-    def of_run(cls, work_dir: str, run_key: str) -> "WorkDir":
+    def of_run(cls, work_dir: str, run_key: str, storage_options: dict | None = None) -> "WorkDir":
         """The run dir of the job whose key is ``run_key`` under the job's ``work_dir``."""
-        return cls(os.path.join(work_dir, run_key))
+        return cls(os.path.join(work_dir, run_key), storage_options)
 
     def __repr__(self) -> str:
         return f"WorkDir({self.root!r})"
 
-    def __getstate__(self) -> dict:
-        return {"root": self.root, "local": self.local}  # a task gets the URL, and opens its own filesystem
-
     @property
-    def fs(self):
-        """``(fsspec filesystem, root path)``; made once per process."""
-        if "_fs" not in self.__dict__:
-            self.__dict__["_fs"] = url_to_fs(self.root)
-        return self.__dict__["_fs"]
+    def local(self) -> bool:
+        """Whether the run dir is on this machine's disk (it has folders to make)."""
+        return self.store.is_local
 
     def _path(self, *parts: str) -> str:
-        return os.path.join(self.root, *parts) if self.local else posixpath.join(self.root, *parts)
+        return self.store.join(self.root, *parts)
 
     def create_new(self, path: str, data: bytes = b"") -> bool:
         """Create a file holding ``data`` if nothing has the name: True if this call made it
-        (create-if-absent)."""
-        if self.local:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            try:
-                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                return False
-            try:
-                os.write(fd, data)
-            finally:
-                os.close(fd)
-            return True
-        return storage.put_new(self.fs[0], url_to_fs(path)[1], data)
+        (create-if-absent; not fsynced: bookkeeping a crash may lose)."""
+        return self.store.put_new(path, data, sync=False)
 
     def listdir(self, path: str) -> list[str]:
         """The names in a folder of this run dir (FileNotFoundError if there is none)."""
-        if self.local:
-            return os.listdir(path)
-        fs, fs_path = self.fs[0], url_to_fs(path)[1]
-        storage.refresh(fs, fs_path)
-        return [posixpath.basename(p.rstrip("/")) for p in fs.ls(fs_path, detail=False)]
+        return self.store.listdir(path)
 
     def exists(self, path: str) -> bool:
-        return os.path.exists(path) if self.local else self.fs[0].exists(url_to_fs(path)[1])
+        return self.store.exists(path)
 
     def read_bytes(self, path: str) -> bytes:
         """A whole committed file of this run dir (FileNotFoundError if absent)."""
-        if self.local:
-            with open(path, "rb") as f:
-                return f.read()
-        return storage.get(self.fs[0], path)
+        return self.store.read(path)
+
+    def part(self, path: str, schema: pa.Schema, **options) -> ParquetPart:
+        """A ``ParquetPart`` writing ``path`` of this run dir (``row_group_size``, ``compression``)."""
+        return ParquetPart(path, schema, store=self.store, **options)
+
+    def read_parquet(self, path: str, columns: list[str] | None = None, filters: list[tuple] | None = None,
+                     schema: pa.Schema | None = None) -> pa.Table:
+        """``read_parquet`` of a file of this run dir."""
+        return read_parquet(path, columns, filters, schema, self.store)
+
+    def open_parquet(self, path: str, **options):
+        """``open_parquet`` of a file of this run dir."""
+        return open_parquet(path, self.store, **options)
+
+    def iter_batches(self, path: str, columns: list[str] | None = None, batch_size: int = 65_536):
+        """``iter_batches`` of a file of this run dir."""
+        return iter_batches(path, columns, batch_size, self.store)
+
+    def write(self, path: str, data) -> None:
+        """Write a whole file of this run dir, replacing any older one (``Store.put``)."""
+        self.store.put(path, data)
 
     # -- per-partition files ------------------------------------------------------------------
     def docs(self, part: int) -> str:
@@ -258,17 +252,16 @@ class WorkDir:
     def modified(self) -> float:
         """When this run last finished a step (its report, else its first partition), for ordering runs."""
         path = self.report_json if self.exists(self.report_json) else self.docs(0)
-        if self.local:
-            return os.path.getmtime(path)
-        return self.fs[0].modified(url_to_fs(path)[1]).timestamp()
+        return self.store.modified(path)
 
     @classmethod
-    def runs_at(cls, path: str) -> list["WorkDir"]:
+    def runs_at(cls, path: str, storage_options: dict | None = None) -> list["WorkDir"]:
         """The run dirs at ``path``, oldest first: itself when it is one, else those of the work
         dir it names (a directory or fsspec URL); nothing is created."""
-        if "://" not in path and not os.path.isdir(path):
+        store = Store.from_url(path, **(storage_options or {}))
+        if store.is_local and not store.isdir(path):
             return []
-        here = cls(path)
+        here = cls(path, storage_options)
         if here.is_run():
             return [here]
         try:
@@ -276,7 +269,7 @@ class WorkDir:
         except FileNotFoundError:
             return []
         paths = [here._path(n) for n in names]
-        runs = [run for p in paths if (not here.local or os.path.isdir(p)) and (run := cls(p)).is_run()]
+        runs = [run for p in paths if (not here.local or store.isdir(p)) and (run := cls(p, storage_options)).is_run()]
         return sorted(runs, key=lambda r: r.modified())
 
     # -- the run's single files ---------------------------------------------------------------
@@ -372,18 +365,10 @@ class WorkDir:
         """Commit a batch of tasks (name -> stats, in item order) with one marker, written whole
         (temp file, fsync, rename; one upload on an object store) after all their outputs: the
         fsync also commits the outputs with the filesystem's journal (ext4's ordered mode)."""
-        atomic_write(self.batch_marker(step, next(iter(stats))), canonical_json({"tasks": stats}))
+        self.store.put(self.batch_marker(step, next(iter(stats))), canonical_json({"tasks": stats}))
 
     def mark_done(self, step: str, name: str, stats: dict, *, sync: bool = True) -> None:
         """Commit a task: its marker, written under a unique name and renamed. ``sync`` fsyncs it,
         which also commits the task's outputs with the filesystem's journal (ext4's ordered mode);
         a batch of tasks syncs its last marker only (pipeline.runner.run_batch)."""
-        if sync or not self.local:  # an object store: one upload, whole or nothing, nothing to sync
-            atomic_write(self.marker(step, name), canonical_json(stats))
-            return
-        path = self.marker(step, name)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.tmp-{uuid.uuid4().hex[:12]}"
-        with open(tmp, "wb") as f:
-            f.write(canonical_json(stats))
-        os.replace(tmp, path)
+        self.store.put(self.marker(step, name), canonical_json(stats), sync=sync)

@@ -139,7 +139,7 @@ def _pack_in_ranges(tmp_path, name, docs, cuts, range_tokens):
     for o in out:
         slices.append((o["index"], len(shards)))
         shards += [Shard(**s) for s in o["shards"]]
-    merged = pack.merge_doc_index({}, slices, os.path.join(staging, "doc_index.parquet"))
+    merged = pack.merge_doc_index({}, wd, slices, os.path.join(staging, "doc_index.parquet"))
     rows = [read_rows(os.path.join(staging, s.path)) for s in shards]
     return shards, rows, merged, read_doc_index(os.path.join(staging, "doc_index.parquet")).to_pylist(), out
 

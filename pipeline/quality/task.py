@@ -19,7 +19,6 @@ import pyarrow as pa
 
 from ..documents import OVERRIDE_SCHEMA, REMOVED_SCHEMA, to_removed_rows
 from ..survivors import Survivors
-from ..workdir import ParquetPart
 from . import evaluate, rule_sets
 from .config import QualityConfig
 
@@ -39,9 +38,9 @@ def partition_task(item: dict, configs: list[dict], names: list[str], survivors:
     sets = [rule_sets(c) for c in cfgs]  # once per task, not per document
     schema = metrics_schema(names)
     wd, part = survivors.wd, item["part"]
-    metrics_out = ParquetPart(wd.scratch(STAGE, "", item["name"]), schema)
-    removed_out = ParquetPart(wd.removed(STAGE, part), REMOVED_SCHEMA)
-    override_out = ParquetPart(wd.overrides(STAGE, part), OVERRIDE_SCHEMA)
+    metrics_out = wd.part(wd.scratch(STAGE, "", item["name"]), schema)
+    removed_out = wd.part(wd.removed(STAGE, part), REMOVED_SCHEMA)
+    override_out = wd.part(wd.overrides(STAGE, part), OVERRIDE_SCHEMA)
     stats = {"documents_in": 0, "bytes_in": 0, "removed": {}, "removed_bytes": 0, "texts_shortened": 0}
     for t in survivors.docs(part, COLUMNS, 1024):
         rows = t.to_pydict()
