@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 from gristmill.manifests import Manifest, Published
 from gristmill.manifests.doc_index import read_published_doc_index, row_offsets  # noqa: F401  (row_offsets: audit's import point)
 from gristmill.manifests.runs import run_starts
+from gristmill.manifests.storage import split_url
 
 from .consumed import Consumed
 
@@ -112,7 +113,7 @@ def source_of(uri: str, config: dict) -> str:
     for spec in specs if isinstance(specs, list) else ():
         pattern = spec.get("path") if isinstance(spec, dict) else None
         if isinstance(pattern, str) and (uri == pattern or fnmatch.fnmatchcase(uri, pattern)
-                                         or fnmatch.fnmatchcase(uri.split("://", 1)[-1], pattern.split("://", 1)[-1])):
+                                         or fnmatch.fnmatchcase(split_url(uri)[1], split_url(pattern)[1])):
             return pattern
     return posixpath.dirname(uri)
 

@@ -43,10 +43,17 @@ PositiveInt = Annotated[Int, Field(ge=1)]
 NonNegativeInt = Annotated[Int, Field(ge=0)]
 
 
+def _is_url(path: str) -> bool:
+    """``manifests.storage.is_url``, which a leaf may not import: a URL as fsspec reads one."""
+    from fsspec.core import split_protocol  # not at import: loading a job file needs no filesystem
+
+    return split_protocol(path)[0] is not None
+
+
 def _resolve(value: str, info: ValidationInfo) -> str:
     """A local relative path -> absolute against the job file's directory (URLs are left alone)."""
     base = (info.context or {}).get("base_dir")
-    if base is None or not value or "://" in value or os.path.isabs(value):
+    if base is None or not value or _is_url(value) or os.path.isabs(value):
         return value
     return os.path.normpath(os.path.join(base, value))
 
@@ -124,7 +131,7 @@ MAX_YAML_NODES = 100_000
 
 def existing_local_file(path: str | None, what: str) -> str | None:
     """A local file must exist now (a URL is checked by whoever opens it)."""
-    if path is not None and "://" not in path and not os.path.exists(path):
+    if path is not None and not _is_url(path) and not os.path.exists(path):
         fail(f"an existing {what} file", f"{path!r}, which does not exist")
     return path
 

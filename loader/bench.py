@@ -22,6 +22,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from gristmill.manifests.storage import local_path
+
 from .loader import Loader
 from .options import sections
 from .simstore import register, simulated_url
@@ -86,9 +88,9 @@ def cold_and_warm(url: str, *, steps: int, step_s: float, latency_s: float, band
                   cache_dir: str | None = None, **loader_kw) -> list[PassResult]:
     """The cold pass (empty cache) then the warm pass (the cache it left), through the simulated store."""
     opts = None
-    if "://" not in url or url.startswith("file://"):  # a local dataset: serve it as a slow remote
+    if (local := local_path(url)) is not None:  # a local dataset: serve it as a slow remote
         register()
-        url = simulated_url(url.removeprefix("file://"))
+        url = simulated_url(local)
         opts = {"latency_s": latency_s, "bandwidth_bps": bandwidth_bps}
     # A fresh directory (under ``cache_dir`` when given, e.g. on the NVMe to measure) so the
     # first pass is truly cold; never an existing cache, which this would have to empty.

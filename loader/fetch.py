@@ -24,6 +24,7 @@ import pyarrow as pa
 from gristmill.manifests import (FactMismatchError, HashMismatchError, ManifestError, Published, Shard, checked_rows,
                                  join, sha256_bytes, sha256_file)
 from gristmill.manifests.shards import read_table, write_shard
+from gristmill.manifests.storage import split_url
 
 from .cache_files import flock, lock_path, shard_path, stat, unlink, unlock
 from .disk_lru import DiskLRU
@@ -146,4 +147,4 @@ def check_one_file_per_cache_form(sources: Sequence[Published]) -> None:
 
 
 def _protocol(url: str) -> str:
-    return url.partition("://")[0] if "://" in url else "file"
+    return split_url(url)[0] or "file"

@@ -20,6 +20,8 @@ import time
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
+from gristmill.manifests.storage import join_url
+
 PROTOCOL = "gmsim"
 
 
@@ -76,4 +78,4 @@ def register() -> None:
 
 def simulated_url(local_path: str) -> str:
     """The gmsim:// URL serving a local path."""
-    return f"{PROTOCOL}://{local_path}"
+    return join_url(PROTOCOL, local_path)

@@ -9,7 +9,6 @@ import contextlib
 import os
 import shutil
 
-import fsspec
 import numpy as np
 import pyarrow as pa
 
@@ -18,33 +17,38 @@ from .doc_index import DocIndexWriter
 from .hashing import sha256_file, sha256_json
 from .manifest import (SCHEMA_VERSION, EvalSet, FileRef, Input, Manifest, PinnedVersion, Shard, Tokenizer,
                        token_dtype_for)
-from .shards import atomic_write, write_shard
+from .shards import write_shard
+from .storage import Store
 
 DOC_INDEX_FILE = "doc_index.parquet"
 TOKENIZER_FILE = "tokenizer.json"
 
 
-def write_pinned_shard(root: str, rel: str, split: str, rows: np.ndarray) -> Shard:
-    """Write one shard at ``root/rel`` and return its manifest entry, pinning both the published
-    (zstd) file's hash and the uncompressed cache form's, computed from the same rows."""
-    published = write_shard(os.path.join(root, rel), rows)
+def write_pinned_shard(root: str, rel: str, split: str, rows: np.ndarray, store: Store | None = None) -> Shard:
+    """Write one shard at ``root/rel`` of ``store`` and return its manifest entry, pinning both the
+    published (zstd) file's hash and the uncompressed cache form's, computed from the same rows."""
+    published = write_shard(os.path.join(root, rel), rows, store=store)
     raw = write_shard(None, rows, compressed=False)
     return Shard(rel, split, published.sha256, published.bytes, published.rows, published.tokens, raw.sha256, raw.bytes)
 
 
 class DatasetBuilder:
-    def __init__(self, staging_dir: str, *, dataset: str, seq_len: int, tokenizer_json: str, vocab_size: int, eos_id: int):
+    def __init__(self, staging_dir: str, *, dataset: str, seq_len: int, tokenizer_json: str, vocab_size: int, eos_id: int,
+                 store: Store | None = None, tokenizer_store: Store | None = None):
+        """``store``: the staging dir's (None: its URL's, no options); ``tokenizer_store``: the
+        tokenizer file's (None: its URL's)."""
         self.dir = staging_dir
+        self.store = store = store or Store.from_url(staging_dir)
         self.dataset, self.seq_len = dataset, seq_len
         self.dtype = token_dtype_for(vocab_size)
         target = os.path.join(staging_dir, TOKENIZER_FILE)
-        if "://" in staging_dir or "://" in tokenizer_json:  # a staging dir or tokenizer on an object store
-            with fsspec.open(tokenizer_json, "rb") as f:
-                atomic_write(target, f.read())
-        else:
-            os.makedirs(os.path.join(staging_dir, "shards"), exist_ok=True)
-            shutil.copyfile(tokenizer_json, target)
-        sha, _ = sha256_file(target)
+        source = tokenizer_store or Store.from_url(tokenizer_json)
+        if store.is_local and source.is_local:
+            store.makedirs(os.path.join(staging_dir, "shards"))
+            shutil.copyfile(source.path(tokenizer_json), store.path(target))
+        else:  # a staging dir or tokenizer on an object store
+            store.put(target, source.read(tokenizer_json))
+        sha, _ = sha256_file(target, store=store)
         self.tokenizer = Tokenizer(TOKENIZER_FILE, sha, vocab_size, eos_id)
         self.shards: list[Shard] = []
         self.doc_index: FileRef | None = None
@@ -58,7 +62,8 @@ class DatasetBuilder:
         if rows.shape[1] != self.seq_len + 1:
             raise ValueError(f"rows are {rows.shape[1]} tokens wide; this dataset packs seq_len + 1 = {self.seq_len + 1}")
         number = sum(s.split == split for s in self.shards) if number is None else number
-        shard = write_pinned_shard(self.dir, self.shard_path(split, number), split, rows.astype(self.dtype, copy=False))
+        shard = write_pinned_shard(self.dir, self.shard_path(split, number), split, rows.astype(self.dtype, copy=False),
+                                   self.store)
         self.shards.append(shard)
         return shard
 
@@ -67,9 +72,9 @@ class DatasetBuilder:
     def doc_index_writer(self):
         """Stream the document index (see DocIndexWriter); pinned in the manifest when closed."""
         path = os.path.join(self.dir, DOC_INDEX_FILE)
-        with DocIndexWriter(path) as w:
+        with DocIndexWriter(path, self.store) as w:
             yield w
-        sha, size = sha256_file(path)
+        sha, size = sha256_file(path, store=self.store)
         self.doc_index = FileRef(DOC_INDEX_FILE, sha, size, w.rows)
 
     def set_doc_index(self, table: pa.Table) -> FileRef:
@@ -83,8 +88,8 @@ class DatasetBuilder:
         manifest in the order added; its rows sorted by doc_id, as verify requires."""
         rel = f"dedup_index/part-{len(self.dedup_index):05d}.parquet"
         path = os.path.join(self.dir, rel)
-        rows = dx.write(path, table.sort_by("doc_id"))
-        sha, size = sha256_file(path)
+        rows = dx.write(path, table.sort_by("doc_id"), self.store)
+        sha, size = sha256_file(path, store=self.store)
         self.dedup_index.append(FileRef(rel, sha, size, rows))
         return self.dedup_index[-1]
 

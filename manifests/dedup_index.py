@@ -32,6 +32,7 @@ import pyarrow.parquet as pq
 from .errors import FactMismatchError, HashMismatchError, ManifestError
 from .hashing import sha256_bytes
 from .parquet_part import ParquetPart
+from .storage import Store
 
 FORMAT = 1
 META_KEY = b"gristmill.dedup_index"
@@ -165,9 +166,10 @@ def sketch_matrix(column: pa.ChunkedArray | pa.Array, width: int) -> tuple[np.nd
 
 
 # -- files ----------------------------------------------------------------------------------------
-def write(path: str, t: pa.Table) -> int:
-    """Write index rows to ``path`` atomically, in fixed row groups (equal rows, equal bytes)."""
-    out = ParquetPart(path, t.schema, row_group_size=ROW_GROUP_ROWS)
+def write(path: str, t: pa.Table, store: Store | None = None) -> int:
+    """Write index rows to ``path`` of ``store`` (None: the store of ``path``) atomically, in fixed
+    row groups (equal rows, equal bytes)."""
+    out = ParquetPart(path, t.schema, row_group_size=ROW_GROUP_ROWS, store=store)
     out.write(t)
     out.commit()
     return t.num_rows

@@ -14,6 +14,7 @@ from .errors import FactMismatchError, HashMismatchError, ManifestError
 from .hashing import sha256_bytes, stable_fraction
 from .manifest import Manifest
 from .parquet_part import ParquetPart
+from .storage import Store
 
 DOC_INDEX_SCHEMA = pa.schema(
     [
@@ -45,8 +46,8 @@ class DocIndexWriter:
     that fails or is abandoned leaves a temp file, never a valid-looking index.
     """
 
-    def __init__(self, path: str):
-        self.part = ParquetPart(path, DOC_INDEX_SCHEMA, row_group_size=ROW_GROUP_ROWS)
+    def __init__(self, path: str, store: Store | None = None):
+        self.part = ParquetPart(path, DOC_INDEX_SCHEMA, row_group_size=ROW_GROUP_ROWS, store=store)
         self.pending: list[pa.Table] = []
         self.pending_rows = 0
 

@@ -45,7 +45,7 @@ from .errors import ManifestError
 from .hashing import sha256_file
 from .provenance import code_version
 from .runs import run_starts
-from .shards import atomic_write
+from .storage import atomic_write
 from .storage import nearest_dir
 from .store import Published, load_manifest
 from .verify import verified_rows

@@ -39,7 +39,8 @@ def sha256_stream(f: BinaryIO) -> tuple[str, int]:
     return h.hexdigest(), n
 
 
-def sha256_file(url: str, **storage_options) -> tuple[str, int]:
-    """(sha256, size) of any fsspec URL, streamed so memory stays flat."""
-    with fsspec.open(url, "rb", **storage_options) as f:
+def sha256_file(url: str, *, store=None, **storage_options) -> tuple[str, int]:
+    """(sha256, size) of a file of ``store`` (a ``manifests.storage.Store``), else of any fsspec URL
+    opened with ``storage_options``, streamed so memory stays flat."""
+    with store.open(url) if store is not None else fsspec.open(url, "rb", **storage_options) as f:
         return sha256_stream(f)

@@ -16,6 +16,7 @@ from typing import Any
 from .errors import (EditedManifestError, HashMismatchError, ManifestDecodeError, ManifestError, MissingFieldError, SchemaVersionError,
                      UnsafePathError)
 from .hashing import canonical_json, sha256_bytes, sha256_json
+from .storage import is_url
 
 SCHEMA_VERSION = 1
 UNHASHED_FIELDS = ("version", "created_at", "sha256")
@@ -36,7 +37,7 @@ def safe_relpath(path: str, what: str) -> str:
     normalised: the path is hashed as written)."""
     if not isinstance(path, str) or not path:
         raise UnsafePathError(f"{what}: path must be a non-empty string, got {path!r}")
-    if path.startswith(("/", "\\")) or "://" in path or (len(path) > 1 and path[1] == ":"):
+    if path.startswith(("/", "\\")) or is_url(path) or (len(path) > 1 and path[1] == ":"):
         raise UnsafePathError(f"{what}: path {path!r} is absolute; manifest paths are relative to the dataset version directory")
     if ":" in path:  # fsspec reads 'a::b' as a chain of filesystems and 'x:y' as a protocol: never a plain name
         raise UnsafePathError(f"{what}: path {path!r} holds ':'; a manifest path is a plain relative path, not an "

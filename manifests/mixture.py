@@ -24,6 +24,7 @@ from typing import Any
 from .errors import ManifestError, SchemaVersionError
 from .hashing import canonical_json, sha256_bytes
 from .manifest import MAX_TOTAL_ROWS, Manifest, VersionedDocument, _int, _require, _sha, checked_sha256, parse_json
+from .storage import is_url, join_url, split_url
 from .store import DATASET_NAME, Published, _load_as, join
 
 KIND = "mixture"
@@ -222,10 +223,10 @@ def is_mixture(published) -> bool:
 
 def resolve_location(mixture_url: str, location: str) -> str:
     """A component URL as recorded: relative (same store: ``../../web/v1``) to the mixture's version dir, or absolute."""
-    if "://" in location or location.startswith("/"):
+    if is_url(location) or location.startswith("/"):
         return location
-    proto, sep, path = mixture_url.rpartition("://") if "://" in mixture_url else ("", "", mixture_url)
-    return f"{proto}{sep}{posixpath.normpath(posixpath.join(path, location))}"
+    protocol, path = split_url(mixture_url)
+    return join_url(protocol, posixpath.normpath(posixpath.join(path, location)))
 
 
 def load_data(url: str | Published | PublishedMixture, *, expected_sha256: str | None = None,
@@ -252,7 +253,7 @@ def open_components(m: MixtureManifest, url: str, storage_options: dict | None =
     def load(c: Component) -> Published:
         where = resolve_location(url, m.locations[c.name]["url"])
         # Options of the mixture's filesystem fit a component on the same one only.
-        same = where.partition("://")[0] == url.partition("://")[0] if "://" in where or "://" in url else True
+        same = split_url(where)[0] == split_url(url)[0]
         try:
             return _load_as(Manifest, where, c.sha256, (storage_options or {}) if same else {})
         except ManifestNotFoundError as e:
@@ -367,5 +368,5 @@ def _relative(component_url: str, store_root: str, name: str) -> str:
 
 def component_url(dataset: str, store_root: str, version: int | None) -> str:
     """A component named in a mix job: a URL (``<root>/<dataset>[/v<N>]``), or a dataset name in the mixture's store."""
-    url = dataset if ("/" in dataset or "://" in dataset) else join(store_root, dataset)
+    url = dataset if ("/" in dataset or is_url(dataset)) else join(store_root, dataset)
     return join(url, f"v{version}") if version is not None else url

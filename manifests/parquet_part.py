@@ -1,27 +1,23 @@
 """A Parquet file written as a stream and committed whole: nothing valid-looking before commit.
 
-On a local disk it is written under a temp name and renamed into place; on an object store
-(any fsspec URL, manifests/storage.py) it streams into an upload that becomes the object only
-on commit, and an abort leaves no object at all.
+On a local disk it is written under a temp name and renamed into place; on any other store
+(manifests/storage.py) it streams into a pending object that appears only on commit (on an object
+store an upload completed then), and an abort leaves no object at all.
 """
 from __future__ import annotations
 
 import functools
 import os
-import uuid
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from fsspec.core import url_to_fs
-from fsspec.implementations.local import LocalFileSystem
 
-from . import storage
-
-_LOCAL = LocalFileSystem()  # fsspec caches it: one instance per process
+from .storage import Store, temp_name
 
 
 class ParquetPart:
-    """Stream record batches into ``path`` (a local path or fsspec URL); ``commit()`` puts it in place.
+    """Stream record batches into ``path`` of ``store`` (None: the store of ``path`` with no storage
+    options); ``commit()`` puts it in place.
 
     Always produces a file (an empty one with the schema when no rows came), so readers of a
     finished stage never have to guess whether a partition is missing or merely empty. The writer
@@ -29,25 +25,23 @@ class ParquetPart:
     no removals at a stage), and those are written as one cached file's bytes, ~10x cheaper.
     """
 
-    def __init__(self, path: str, schema: pa.Schema, row_group_size: int | None = None, compression: str = "zstd"):
+    def __init__(self, path: str, schema: pa.Schema, row_group_size: int | None = None, compression: str = "zstd",
+                 store: Store | None = None):
         self.path, self.schema, self.row_group_size, self.compression = path, schema, row_group_size, compression
+        self.store = store or Store.from_url(path)
         self.writer: pq.ParquetWriter | None = None
         self._local = self.tmp = self._pending_object = None
         self.rows = 0
         self._pending: dict[str, list] = {k: [] for k in schema.names}
 
-    def _target(self):
-        """``(fs, path)`` of the part: a plain path gets the local filesystem without resolving a URL."""
-        return (_LOCAL, self.path) if "://" not in self.path else url_to_fs(self.path)
-
     def _open_writer(self) -> None:
-        fs, fs_path = self._target()
-        if storage.is_local(fs):
-            os.makedirs(os.path.dirname(fs_path) or ".", exist_ok=True)
-            self._local, self.tmp = fs_path, f"{fs_path}.tmp-{uuid.uuid4().hex[:8]}"
+        if self.store.is_local:
+            self._local = self.store.path(self.path)
+            os.makedirs(os.path.dirname(self._local) or ".", exist_ok=True)
+            self.tmp = temp_name(self._local)
             sink = self.tmp  # pyarrow's own file: faster than through a Python file object
         else:
-            self._pending_object = storage.PendingObject(fs, fs_path)
+            self._pending_object = self.store.pending(self.path)
             sink = self._pending_object.file  # pyarrow never closes a file it was handed
         self.writer = pq.ParquetWriter(sink, self.schema, compression=self.compression)
 
@@ -85,7 +79,7 @@ class ParquetPart:
 
     def _commit_empty(self) -> None:
         # as a written part, no local fsync: the task's marker, fsynced after its outputs, commits it
-        storage.put(*self._target(), empty_parquet(self.schema, self.compression), sync=False)
+        self.store.put(self.path, empty_parquet(self.schema, self.compression), sync=False)
 
     def abort(self) -> None:
         if self.writer is None:

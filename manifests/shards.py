@@ -13,11 +13,10 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
-from fsspec.core import url_to_fs
 
-from . import storage
 from .errors import FactMismatchError, HashMismatchError, ManifestError, TokenOutOfVocabError
 from .manifest import Manifest, Shard
+from .storage import Store, atomic_write
 
 COLUMN = "tokens"
 ZSTD_LEVEL = 3
@@ -44,8 +43,9 @@ class ShardStats:
     tokens: int
 
 
-def write_shard(path: str | None, rows: np.ndarray, *, compressed: bool = True) -> ShardStats:
-    """Write ``rows`` (shape ``(n, seq_len + 1)``, uint16/uint32) atomically to a local path or fsspec URL.
+def write_shard(path: str | None, rows: np.ndarray, *, compressed: bool = True, store: Store | None = None) -> ShardStats:
+    """Write ``rows`` (shape ``(n, seq_len + 1)``, uint16/uint32) atomically to ``path`` of ``store``
+    (None: the store of ``path``).
 
     The file appears under its final name only once complete: a crash mid-write leaves at
     most a ``.tmp`` file that no reader trusts. With ``path=None`` only the stats are computed
@@ -65,16 +65,8 @@ def write_shard(path: str | None, rows: np.ndarray, *, compressed: bool = True) 
         w.write_batch(batch)
     data = out.getvalue()
     if path is not None:
-        atomic_write(path, data)
+        atomic_write(path, data, store)
     return ShardStats(sha256=hashlib.sha256(data).hexdigest(), bytes=data.size, rows=n, tokens=n * width)
-
-
-def atomic_write(path: str, data) -> None:
-    """Write ``data`` at a local path or fsspec URL, whole or not at all (manifests/storage.py):
-    locally a temp name, fsync and rename; on an object store one upload. A crash leaves nothing
-    that looks valid."""
-    fs, fs_path = url_to_fs(path)
-    storage.put(fs, fs_path, data)
 
 
 def read_table(source) -> pa.Table:

@@ -1,61 +1,72 @@
-"""Commit primitives on any fsspec filesystem: what gristmill writes, it writes whole or not at all.
+"""The storage seam: every byte gristmill keeps goes through a :class:`Store`, whole or not at all.
 
-Three operations, the same on a local disk and on an object store (which has no rename):
+A store is resolved once from a URL and its storage options (:meth:`Store.from_url`): a local
+path (or ``file://``) gives a :class:`LocalStore`, any other URL an :class:`FsspecStore` of the
+class registered for its protocol. What a backend can guarantee is said by three flags, read by
+the code that needs them instead of guessing from a URL:
 
-- :func:`put` / :func:`open_put`: an object appears under its name only complete, replacing any
-  older one whole (local: a unique temp file, fsync, ``os.replace``; S3/GCS/Azure: one PUT or a
-  multipart upload, which the store makes visible only when completed, aborted on error);
-- :func:`put_new`: create-if-absent, the one primitive a race between writers needs. Exactly one
-  of any number of concurrent callers creates the object; the others get ``False`` and the
-  object is never overwritten (local: ``os.link`` of a complete temp file, which fails if the
-  name exists; S3: a conditional PUT, ``If-None-Match: *``);
-- :func:`get`: the bytes of a committed object in one read (one GET on S3), so a reader sees one
-  version of it, never a mix.
+- ``is_local``: the store is this machine's disk (folders exist, ``os`` calls work on its paths);
+- ``whole_object_writes``: a write to the final name is invisible until complete (an S3/GCS/Azure
+  PUT or multipart upload), so no temp name is needed;
+- ``conditional_writes``: :meth:`Store.put_new` (create-if-absent) is atomic, the one primitive a
+  race between writers needs (local: ``os.link``; S3: ``If-None-Match: *``).
 
-Other fsspec filesystems get :func:`put` through a temp name and ``fs.mv``; :func:`put_new` is
-refused on them (no atomic create-if-absent is known there) with a :class:`StorageError` naming
-the protocol, rather than silently racing.
+The commit operations, the same on every store:
+
+- :meth:`Store.put` / :meth:`Store.open_put`: an object appears under its name only complete,
+  replacing any older one whole (local: a unique temp file, fsync, ``os.replace``; an object store:
+  one PUT or a multipart upload, aborted on error; other filesystems: a temp name and ``mv``);
+- :meth:`Store.put_new`: exactly one of any number of concurrent callers creates the object, the
+  others get ``False``; a store without conditional writes refuses with a :class:`StorageError`
+  naming the protocol rather than silently racing;
+- :meth:`Store.read`: the bytes of a committed object in one read (one GET), never a mix of versions.
+
+A store's methods take the paths callers hold (a local path, or a URL of the store's filesystem).
+A new backend is one subclass of :class:`FsspecStore` naming its ``protocols`` (docs/architecture.md).
+Nothing outside this module looks inside a URL: :func:`is_url`, :func:`split_url` and
+:func:`local_path` answer the questions callers have about one.
 """
 from __future__ import annotations
 
 import contextlib
 import os
+import posixpath
 import threading
 import uuid
+from typing import ClassVar
 
-from fsspec.core import url_to_fs
+from fsspec.core import split_protocol, url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 
 from .errors import ManifestError
 
-# Object stores whose writes become visible whole (a PUT, or a multipart upload on completion).
-_WHOLE_OBJECT_PROTOCOLS = {"s3", "s3a", "gs", "gcs", "abfs", "az", "adl", "memory"}
-# ...and those whose create-if-absent is atomic on the server (``mode="create"`` of fsspec).
-_CONDITIONAL_PROTOCOLS = {"s3", "s3a"}
-_memory_lock = threading.Lock()  # the memory filesystem lives in one process: a lock makes it exclusive
-
 
 class StorageError(ManifestError):
-    """A filesystem cannot give a guarantee gristmill's commit protocol needs."""
+    """A store cannot give a guarantee gristmill's commit protocol needs."""
 
 
-def protocols(fs) -> set[str]:
-    p = fs.protocol
-    return {p} if isinstance(p, str) else set(p)
+# -- what a URL says (nowhere else reads one) -----------------------------------------------
+def is_url(path: str) -> bool:
+    """Whether ``path`` is a URL (``s3://bucket/key``, ``file:///x``) rather than a plain local path."""
+    return split_protocol(path)[0] is not None
 
 
-def is_local(fs) -> bool:
-    return isinstance(fs, LocalFileSystem)
+def split_url(url: str) -> tuple[str, str]:
+    """``(protocol, path)`` of a URL as fsspec reads it (``("s3", "bucket/key")``); ``("", path)`` for a
+    plain path."""
+    protocol, path = split_protocol(url)
+    return protocol or "", path
 
 
-def whole_object_writes(fs) -> bool:
-    """True when a write to the final name is already invisible until complete (no temp name needed)."""
-    return bool(protocols(fs) & _WHOLE_OBJECT_PROTOCOLS)
+def join_url(protocol: str, path: str) -> str:
+    """The URL of ``path`` under ``protocol``, :func:`split_url`'s inverse (a plain path for ``""``)."""
+    return f"{protocol}://{path}" if protocol else path
 
 
-def fs_path(url: str, **storage_options):
-    """``(fs, path)`` of a URL or local path."""
-    return url_to_fs(url, **storage_options)
+def local_path(url: str) -> str | None:
+    """The local path a plain path or ``file://`` URL names; None for any other URL."""
+    protocol, path = split_url(url)
+    return path if protocol in ("", "file") else None
 
 
 def nearest_dir(path: str) -> str:
@@ -72,112 +83,309 @@ def nearest_dir(path: str) -> str:
     return path
 
 
-def _tmp_name(path: str) -> str:
-    return f"{path}.tmp-{uuid.uuid4().hex[:12]}"  # unique per writer: threads, processes and hosts alike
+def temp_name(path: str) -> str:
+    """A temp name beside ``path``, unique per writer (threads, processes and hosts alike); readers
+    never trust a ``.tmp-`` name."""
+    return f"{path}.tmp-{uuid.uuid4().hex[:12]}"
 
 
-def _local_write(path: str, data, sync: bool = True) -> str:
-    """Write ``data`` to a fresh temp file beside ``path``, fsynced unless ``sync`` is False; returns its name."""
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    tmp = _tmp_name(path)
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            if sync:
-                f.flush()
-                os.fsync(f.fileno())
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    return tmp
+# -- the stores -----------------------------------------------------------------------------
+class Store:
+    """Where gristmill reads and writes. Picklable: a task receives it with its work dir."""
 
+    is_local: ClassVar[bool] = False
+    whole_object_writes: ClassVar[bool] = False
+    conditional_writes: ClassVar[bool] = False
+    fs: "fsspec.AbstractFileSystem"  # the filesystem beneath, for what a store does not wrap (a glob, ``info``)
 
-def put(fs, path: str, data, *, sync: bool = True) -> None:
-    """Write ``data`` (bytes-like) at ``path``, replacing any older object whole; atomic for readers.
-    ``sync=False`` skips the local fsync, for a file a later fsynced marker commits (a task's output)."""
-    if is_local(fs):
-        tmp = _local_write(path, data, sync)
+    def __eq__(self, other) -> bool:  # the same filesystem opened with the same options
+        return type(self) is type(other) and self.fs == other.fs
+
+    def __hash__(self) -> int:
+        return hash((type(self), self.fs))
+
+    @staticmethod
+    def from_url(url: str, **storage_options) -> "Store":
+        """The store of ``url`` (a local path or any fsspec URL), its filesystem opened with
+        ``storage_options`` (credentials, an endpoint); made once by whoever owns the URL."""
+        if not is_url(url):
+            return LocalStore()  # a plain path resolves no filesystem: a task makes thousands of these
+        fs = url_to_fs(url, **storage_options)[0]
+        if isinstance(fs, LocalFileSystem):
+            return LocalStore()
+        protocols = {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
+        kind = next((FsspecStore.kinds[p] for p in sorted(protocols) if p in FsspecStore.kinds), FsspecStore)
+        return kind(fs)
+
+    def path(self, url: str) -> str:
+        """``url`` as a path of this store's filesystem (its protocol stripped)."""
+        raise NotImplementedError
+
+    def join(self, base: str, *parts: str) -> str:
+        raise NotImplementedError
+
+    def read(self, path: str) -> bytes:
+        """The whole of a committed object, in one read (FileNotFoundError if absent)."""
+        raise NotImplementedError
+
+    def open(self, path: str, mode: str = "rb"):
+        """A file object for reading (``rb``) a committed object; writes go through put/open_put."""
+        raise NotImplementedError
+
+    def exists(self, path: str) -> bool:
+        raise NotImplementedError
+
+    def isdir(self, path: str) -> bool:
+        raise NotImplementedError
+
+    def listdir(self, path: str) -> list[str]:
+        """The names in a folder as other writers left it now (FileNotFoundError if there is none)."""
+        raise NotImplementedError
+
+    def modified(self, path: str) -> float:
+        """When the object was last written (seconds since the epoch)."""
+        raise NotImplementedError
+
+    def rm(self, path: str) -> None:
+        """Remove one object (FileNotFoundError if absent)."""
+        raise NotImplementedError
+
+    def put(self, path: str, data, *, sync: bool = True) -> None:
+        """Write ``data`` (bytes-like) at ``path``, replacing any older object whole; atomic for readers.
+        ``sync=False`` skips the local fsync, for a file a later fsynced marker commits (a task's output)."""
+        raise NotImplementedError
+
+    def put_new(self, path: str, data, *, sync: bool = True) -> bool:
+        """Create ``path`` holding ``data`` if nothing is there: ``True`` if this call created it,
+        ``False`` if an object already had the name (it is left as it was). Atomic among any number
+        of concurrent writers on the same store (threads, processes, hosts). ``sync`` as for :meth:`put`."""
+        raise NotImplementedError
+
+    def pending(self, path: str) -> "Pending":
+        """A binary file streaming into an object that appears at ``path`` only on ``commit()``."""
+        raise NotImplementedError
+
+    @contextlib.contextmanager
+    def open_put(self, path: str):
+        """A :class:`Pending` object committed when the block ends without an error, aborted otherwise."""
+        pending = self.pending(path)
         try:
-            os.replace(tmp, path)
+            yield pending
+            pending.commit()  # a commit that fails (a full disk refusing the last flush) aborts too
         except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
+            pending.abort()
             raise
-    elif whole_object_writes(fs):
-        fs.pipe_file(path, bytes(data))
-    else:
-        tmp = _tmp_name(path)
-        fs.pipe_file(tmp, bytes(data))
-        fs.mv(tmp, path)
 
 
-def put_new(fs, path: str, data) -> bool:
-    """Create ``path`` holding ``data`` if nothing is there: ``True`` if this call created it,
-    ``False`` if an object already had the name (it is left as it was). Atomic among any number
-    of concurrent writers on the same filesystem (threads, processes, hosts)."""
-    if is_local(fs):
-        tmp = _local_write(path, data)
-        try:
-            os.link(tmp, path)  # fails if `path` exists, whoever made it and however close the race
-            return True
-        except FileExistsError:
-            return False
-        finally:
-            os.unlink(tmp)
-    kinds = protocols(fs)
-    if kinds & _CONDITIONAL_PROTOCOLS:
-        try:
-            fs.pipe_file(path, bytes(data), mode="create")  # If-None-Match: *
-            return True
-        except FileExistsError:
-            return False
-    if "memory" in kinds:
-        with _memory_lock:
-            if fs.exists(path):
-                return False
-            fs.pipe_file(path, bytes(data))
-            return True
-    raise StorageError(f"{sorted(kinds)[0]}:// has no atomic create-if-absent known to gristmill "
-                       f"(publishing needs one to keep concurrent publishers apart); use a local path or s3://")
+class Pending:
+    """An object being written: ``write`` into ``file``, then ``commit()`` (it appears whole) or
+    ``abort()`` (nothing appears: on an object store no partial object anywhere, on a local disk at
+    most a ``.tmp-`` file no reader trusts)."""
 
-
-class PendingObject:
-    """A binary file streaming into an object that appears at ``path`` only on :meth:`commit`;
-    :meth:`abort` (or a failure before the commit) leaves nothing under ``path``: on an object store
-    no partial object anywhere, on a local disk at most a ``.tmp-`` file no reader trusts."""
-
-    def __init__(self, fs, path: str):
-        self.fs, self.path = fs, path
-        if is_local(fs):
-            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-            self.target = _tmp_name(path)
-            self.file = open(self.target, "wb")
-        else:
-            self.target = path if whole_object_writes(fs) else _tmp_name(path)
-            self.file = fs.open(self.target, "wb")
+    file = None
 
     def write(self, data) -> int:
         return self.file.write(data)
 
     def commit(self) -> None:
-        if is_local(self.fs):
-            self.file.flush()
-            os.fsync(self.file.fileno())
+        raise NotImplementedError
+
+    def abort(self) -> None:
+        raise NotImplementedError
+
+
+class LocalStore(Store):
+    """This machine's disk, through ``os`` calls (no fsspec on the hot path: a step touches thousands
+    of small files). ``put_new`` is ``os.link`` of a complete temp file, which fails if the name exists."""
+
+    is_local = True
+    conditional_writes = True
+
+    @property
+    def fs(self):
+        return LocalFileSystem()  # fsspec caches it: one instance per process
+
+    def __repr__(self) -> str:
+        return "LocalStore()"
+
+    def path(self, url: str) -> str:
+        return split_url(url)[1]
+
+    def join(self, base: str, *parts: str) -> str:
+        return os.path.join(base, *parts)
+
+    def read(self, path: str) -> bytes:
+        with open(self.path(path), "rb") as f:
+            return f.read()
+
+    def open(self, path: str, mode: str = "rb"):
+        return open(self.path(path), mode)
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(self.path(path))
+
+    def isdir(self, path: str) -> bool:
+        return os.path.isdir(self.path(path))
+
+    def listdir(self, path: str) -> list[str]:
+        return os.listdir(self.path(path))
+
+    def modified(self, path: str) -> float:
+        return os.path.getmtime(self.path(path))
+
+    def rm(self, path: str) -> None:
+        os.unlink(self.path(path))
+
+    def makedirs(self, path: str) -> None:
+        """Make the folder ``path`` and those on the way (only a local disk has folders to make)."""
+        os.makedirs(self.path(path), exist_ok=True)
+
+    def write_temp(self, path: str, data, sync: bool = True) -> str:
+        """Write ``data`` to a fresh temp file beside ``path``, fsynced unless ``sync`` is False; returns its name."""
+        path = self.path(path)
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        tmp = temp_name(path)
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                if sync:
+                    f.flush()
+                    os.fsync(f.fileno())
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+        return tmp
+
+    def put(self, path: str, data, *, sync: bool = True) -> None:
+        tmp = self.write_temp(path, data, sync)
+        try:
+            os.replace(tmp, self.path(path))
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+
+    def put_new(self, path: str, data, *, sync: bool = True) -> bool:
+        tmp = self.write_temp(path, data, sync)
+        try:
+            os.link(tmp, self.path(path))  # fails if `path` exists, whoever made it and however close the race
+            return True
+        except FileExistsError:
+            return False
+        finally:
+            os.unlink(tmp)
+
+    def pending(self, path: str) -> "Pending":
+        return _LocalPending(self.path(path))
+
+
+class _LocalPending(Pending):
+    """A temp file beside the path: fsynced and renamed into place on commit, unlinked on abort."""
+
+    def __init__(self, path: str):
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        self.path, self.target = path, temp_name(path)
+        self.file = open(self.target, "wb")
+
+    def commit(self) -> None:
+        self.file.flush()
+        os.fsync(self.file.fileno())
+        self.file.close()
+        os.replace(self.target, self.path)
+
+    def abort(self) -> None:
+        with contextlib.suppress(OSError):  # closing flushes: a full disk refuses that too
             self.file.close()
-            os.replace(self.target, self.path)
-            return
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.target)
+
+
+class FsspecStore(Store):
+    """Any other fsspec filesystem. This class itself serves the protocols no subclass names,
+    with the guarantees every filesystem gives: a write under a temp name then ``mv`` (which is
+    only as atomic as the filesystem's move), and no ``put_new``. A subclass naming ``protocols``
+    is what :meth:`Store.from_url` gives for them: a new backend is one such class."""
+
+    protocols: ClassVar[tuple[str, ...]] = ()
+    kinds: ClassVar[dict[str, type["FsspecStore"]]] = {}  # protocol -> the subclass that serves it
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        FsspecStore.kinds.update(dict.fromkeys(cls.protocols, cls))
+
+    def __init__(self, fs):
+        self.fs = fs
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.fs.protocol!r})"
+
+    @property
+    def protocol(self) -> str:
+        """The filesystem's protocol, to name in messages."""
+        return self.fs.protocol if isinstance(self.fs.protocol, str) else sorted(self.fs.protocol)[0]
+
+    def path(self, url: str) -> str:
+        return self.fs._strip_protocol(url)
+
+    def join(self, base: str, *parts: str) -> str:
+        return posixpath.join(base, *parts)
+
+    def read(self, path: str) -> bytes:
+        return self.fs.cat_file(self.path(path))
+
+    def open(self, path: str, mode: str = "rb"):
+        return self.fs.open(self.path(path), mode)
+
+    def exists(self, path: str) -> bool:
+        return self.fs.exists(self.path(path))
+
+    def isdir(self, path: str) -> bool:
+        return self.fs.isdir(self.path(path))
+
+    def listdir(self, path: str) -> list[str]:
+        path = self.path(path)
+        self.fs.invalidate_cache(path)  # other writers may have changed it (s3fs caches listings per instance)
+        return [posixpath.basename(p.rstrip("/")) for p in self.fs.ls(path, detail=False)]
+
+    def modified(self, path: str) -> float:
+        return self.fs.modified(self.path(path)).timestamp()
+
+    def rm(self, path: str) -> None:
+        self.fs.rm_file(self.path(path))
+
+    def put(self, path: str, data, *, sync: bool = True) -> None:
+        path = self.path(path)
+        if self.whole_object_writes:
+            self.fs.pipe_file(path, bytes(data))
+        else:
+            tmp = temp_name(path)
+            self.fs.pipe_file(tmp, bytes(data))
+            self.fs.mv(tmp, path)
+
+    def put_new(self, path: str, data, *, sync: bool = True) -> bool:
+        raise StorageError(f"{self.protocol}:// has no atomic create-if-absent known to gristmill "
+                           f"(publishing needs one to keep concurrent publishers apart); use a local path or s3://")
+
+    def pending(self, path: str) -> "Pending":
+        return _ObjectPending(self, self.path(path))
+
+
+class _ObjectPending(Pending):
+    """An upload that becomes the object only when completed (under a temp name first where the
+    store's writes are not whole-object); an abort discards it unfinished."""
+
+    def __init__(self, store: FsspecStore, path: str):
+        self.fs, self.path = store.fs, path
+        self.target = path if store.whole_object_writes else temp_name(path)
+        self.file = self.fs.open(self.target, "wb")
+
+    def commit(self) -> None:
         self.file.close()  # completes the upload: the object appears whole
         if self.target != self.path:
             self.fs.mv(self.target, self.path)
 
     def abort(self) -> None:
-        if is_local(self.fs):
-            with contextlib.suppress(OSError):  # closing flushes: a full disk refuses that too
-                self.file.close()
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.target)
-            return
         discard = getattr(self.file, "discard", None)  # an unfinished multipart upload is aborted, never completed
         if discard is not None:
             discard()
@@ -188,24 +396,46 @@ class PendingObject:
                 self.fs.rm(self.target)
 
 
-@contextlib.contextmanager
-def open_put(fs, path: str):
-    """A :class:`PendingObject` committed when the block ends without an error, aborted otherwise."""
-    pending = PendingObject(fs, path)
-    try:
-        yield pending
-        pending.commit()  # a commit that fails (a full disk refusing the last flush) aborts too
-    except BaseException:
-        pending.abort()
-        raise
+class ObjectStore(FsspecStore):
+    """An object store whose writes become visible whole (a PUT, or a multipart upload on completion)."""
+
+    protocols = ("gs", "gcs", "abfs", "az", "adl")
+    whole_object_writes = True
 
 
-def get(fs, path: str) -> bytes:
-    """The whole of a committed object, in one read."""
-    return fs.cat_file(path)
+class S3Store(ObjectStore):
+    """S3 (s3fs), whose conditional PUT (``If-None-Match: *``, fsspec's ``mode="create"``) is
+    decided atomically by the server."""
+
+    protocols = ("s3", "s3a")
+    conditional_writes = True
+
+    def put_new(self, path: str, data, *, sync: bool = True) -> bool:
+        try:
+            self.fs.pipe_file(self.path(path), bytes(data), mode="create")
+            return True
+        except FileExistsError:
+            return False
 
 
-def refresh(fs, path: str) -> None:
-    """Forget what ``fs`` cached about ``path``'s listing: other writers may have changed it (s3fs
-    caches listings per instance)."""
-    fs.invalidate_cache(path)
+class MemoryStore(FsspecStore):
+    """fsspec's memory filesystem (tests): it lives in one process, so a lock makes create-if-absent exclusive."""
+
+    protocols = ("memory",)
+    whole_object_writes = True
+    conditional_writes = True
+    _lock: ClassVar[threading.Lock] = threading.Lock()
+
+    def put_new(self, path: str, data, *, sync: bool = True) -> bool:
+        path = self.path(path)
+        with self._lock:
+            if self.fs.exists(path):
+                return False
+            self.fs.pipe_file(path, bytes(data))
+            return True
+
+
+def atomic_write(path: str, data, store: Store | None = None) -> None:
+    """``store.put(path, data)``: ``data`` at ``path``, whole or not at all. ``store`` is the one its
+    owner resolved with its storage options; None resolves ``path`` with none."""
+    (store or Store.from_url(path)).put(path, data)

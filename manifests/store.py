@@ -22,9 +22,9 @@ from fsspec.core import url_to_fs
 
 from gristmill.errors import os_error_text
 
-from . import storage
 from .errors import LatestPointerError, ManifestError, ManifestNotFoundError, PublishError, VersionExistsError
 from .manifest import Manifest
+from .storage import Store
 
 _VERSION_DIR = re.compile(r"^v(\d+)$")
 # A dataset name is one directory under the store root: no separators, never `.` or `..`.
@@ -34,6 +34,11 @@ LATEST_FILE = "latest"
 CLAIM_FILE = ".claim"  # v<N>/.claim: the create-if-absent that gives one publish the number N
 _TWIN_WAIT_S = 600.0  # how long a publish waits for another host's publish of the same content to commit
 _CLAIM_GRACE_S = 2.0  # how long a local v<N>/ may stand without its .claim before it counts as abandoned
+# A publish copies up to _COPY_THREADS files at once, each through one buffer of _COPY_CHUNK: 16 MiB of
+# the driver's memory at most (8 MiB chunks made it 128 MiB and up, and a 2 GB run's driver peak 393 MB
+# against 221 MB at 200 MB: issue 32, docs/benchmarks.md)
+_COPY_THREADS = 16
+_COPY_CHUNK = 1 << 20
 
 
 def join(base: str, *parts: str) -> str:
@@ -50,7 +55,8 @@ class Published:
 class ManifestStore:
     def __init__(self, root: str, **storage_options):
         self.root = root.rstrip("/")
-        self.fs, self._root_path = url_to_fs(self.root, **storage_options)
+        self.storage = Store.from_url(self.root, **storage_options)  # every commit goes through it
+        self.fs, self._root_path = url_to_fs(self.root, **storage_options)  # the same filesystem, for listings
         self.storage_options = storage_options
 
     # -- reading ----------------------------------------------------------------------------
@@ -63,7 +69,7 @@ class ManifestStore:
 
     def versions(self, dataset: str) -> list[int]:
         base = posixpath.join(self._root_path, dataset)
-        storage.refresh(self.fs, base)  # other writers may have published since this instance listed
+        self.fs.invalidate_cache(base)  # other writers may have published since this instance listed
         if not self.fs.isdir(base):
             return []
         out = []
@@ -75,7 +81,7 @@ class ManifestStore:
 
     def latest(self, dataset: str) -> int:
         pointer = posixpath.join(self._root_path, dataset, LATEST_FILE)
-        storage.refresh(self.fs, posixpath.dirname(pointer))
+        self.fs.invalidate_cache(posixpath.dirname(pointer))
         if self.fs.exists(pointer):
             return read_latest(self.fs, pointer, join(self.root, dataset, LATEST_FILE))
         versions = self.versions(dataset)
@@ -93,8 +99,10 @@ class ManifestStore:
         return load_manifest(url, expected_sha256=expected_sha256, **self.storage_options)
 
     # -- publishing -------------------------------------------------------------------------
-    def publish(self, manifest: Manifest, files_dir: str, *, version: int | None = None) -> Published:
-        """Publish ``manifest`` with the files under local/fsspec ``files_dir`` as a new version.
+    def publish(self, manifest: Manifest, files_dir: str, *, version: int | None = None,
+                files_store: Store | None = None) -> Published:
+        """Publish ``manifest`` with the files under ``files_dir`` of ``files_store`` (None: the store
+        of ``files_dir``) as a new version.
 
         Idempotent on content: if the latest version already has this manifest hash, it is
         returned unchanged. An explicit ``version`` that already exists is refused.
@@ -115,7 +123,8 @@ class ManifestStore:
         elif version in existing:
             raise VersionExistsError(f"{manifest.dataset} v{version} is already published; published versions are never overwritten")
         files = _pinned_files(manifest)
-        src_fs, src_root = url_to_fs(files_dir) if files else (None, None)
+        source = files_store or Store.from_url(files_dir)
+        src_fs, src_root = source.fs, source.path(files_dir)
         for rel in files:
             if not src_fs.exists(posixpath.join(src_root, rel)):
                 raise ManifestError(f"cannot publish: pinned file {rel!r} is missing from {files_dir}")
@@ -126,15 +135,15 @@ class ManifestStore:
             raise self._failed(join(self.root, manifest.dataset), e, "") from e
         base = posixpath.join(self._root_path, manifest.dataset)
         vdir = posixpath.join(base, f"v{version}")
-        same_store = src_fs is self.fs and not storage.is_local(self.fs)
+        same_store = src_fs is self.fs and not self.storage.is_local
 
         def copy(rel: str) -> None:
             src, dst = posixpath.join(src_root, rel), posixpath.join(vdir, rel)
             if same_store:  # object store to itself: a server-side copy, visible only when complete
                 self.fs.copy(src, dst)
                 return
-            with src_fs.open(src, "rb") as fi, storage.open_put(self.fs, dst) as fo:
-                while chunk := fi.read(8 << 20):
+            with src_fs.open(src, "rb") as fi, self.storage.open_put(dst) as fo:
+                while chunk := fi.read(_COPY_CHUNK):
                     fo.write(chunk)
 
         try:
@@ -143,10 +152,10 @@ class ManifestStore:
                 return twin
             # Parallel copy: publishing is I/O (object stores answer each request slowly, not serially).
             if files:
-                with ThreadPoolExecutor(max_workers=min(16, len(files))) as pool:
+                with ThreadPoolExecutor(max_workers=min(_COPY_THREADS, len(files))) as pool:
                     list(pool.map(copy, files))
             published = manifest.published(version)  # created_at: now, once the files are in place
-            committed = _put_new_or_own(self.fs, posixpath.join(vdir, MANIFEST_FILE), published.to_json().encode())
+            committed = _put_new_or_own(self.storage, posixpath.join(vdir, MANIFEST_FILE), published.to_json().encode())
         except BaseException as e:
             self._release(vdir)  # nothing that looks like a version is left, and the number is free again
             if isinstance(e, OSError):
@@ -170,11 +179,11 @@ class ManifestStore:
         a ``v<N>/`` without manifest.json, which no reader trusts and no writer reuses."""
         claim = posixpath.join(vdir, CLAIM_FILE)
         with contextlib.suppress(Exception):
-            storage.refresh(self.fs, vdir)
+            self.fs.invalidate_cache(vdir)
             if rest := [p for p in self.fs.ls(vdir, detail=False) if p != claim]:
                 self.fs.rm(rest, recursive=True)  # files and folders alike (on an object store, batched deletes)
             self.fs.rm_file(claim)
-            if storage.is_local(self.fs):  # the folder itself (an object store has none)
+            if self.storage.is_local:  # the folder itself (an object store has none)
                 os.rmdir(vdir)
 
     def _twin(self, manifest: Manifest, version: int, seen: int) -> Published | None:
@@ -191,14 +200,14 @@ class ManifestStore:
             start = time.monotonic()
             deadline = start + _TWIN_WAIT_S
             while True:
-                storage.refresh(self.fs, vdir)
+                self.fs.invalidate_cache(vdir)
                 if self.fs.exists(posixpath.join(vdir, MANIFEST_FILE)):
                     other = _load_as(type(manifest), self.version_url(manifest.dataset, n), None, self.storage_options)
                     if other.manifest.sha256 == manifest.sha256:
                         return other
                     break
                 try:
-                    claim = json.loads(storage.get(self.fs, posixpath.join(vdir, CLAIM_FILE)))
+                    claim = json.loads(self.storage.read(posixpath.join(vdir, CLAIM_FILE)))
                 except FileNotFoundError:
                     # A local v<N>/ folder appears before its claim is linked in: give it a moment.
                     if self.fs.isdir(vdir) and time.monotonic() - start < _CLAIM_GRACE_S:
@@ -225,10 +234,10 @@ class ManifestStore:
         while True:
             n = version if version is not None else max(self._taken(base), default=0) + 1
             try:
-                if _put_new_or_own(self.fs, posixpath.join(base, f"v{n}", CLAIM_FILE), claim):
+                if _put_new_or_own(self.storage, posixpath.join(base, f"v{n}", CLAIM_FILE), claim):
                     return n
             except OSError:
-                if storage.is_local(self.fs):  # the folder the claim was to go in, if it is empty
+                if self.storage.is_local:  # the folder the claim was to go in, if it is empty
                     with contextlib.suppress(OSError):
                         os.rmdir(posixpath.join(base, f"v{n}"))
                 raise
@@ -237,7 +246,7 @@ class ManifestStore:
                                          f"{CLAIM_FILE} exists); published versions are never overwritten")
 
     def _taken(self, base: str) -> list[int]:
-        storage.refresh(self.fs, base)
+        self.fs.invalidate_cache(base)
         if not self.fs.isdir(base):
             return []
         return [int(m.group(1)) for p in self.fs.ls(base, detail=False)
@@ -250,8 +259,8 @@ class ManifestStore:
         pointer = posixpath.join(self._root_path, dataset, LATEST_FILE)
         while True:
             newest = self.versions(dataset)[-1]
-            storage.put(self.fs, pointer, f"{newest}\n".encode())
-            if self.versions(dataset)[-1] == newest and storage.get(self.fs, pointer) == f"{newest}\n".encode():
+            self.storage.put(pointer, f"{newest}\n".encode())
+            if self.versions(dataset)[-1] == newest and self.storage.read(pointer) == f"{newest}\n".encode():
                 return
 
 
@@ -269,14 +278,14 @@ def _alive(claim: dict) -> bool:
     return True
 
 
-def _put_new_or_own(fs, path: str, data: bytes) -> bool:
-    """``storage.put_new``, also True when the object there is this very write (a client that
+def _put_new_or_own(store: Store, path: str, data: bytes) -> bool:
+    """``Store.put_new``, also True when the object there is this very write (a client that
     retried a PUT whose answer was lost is told the name exists; the bytes, unique to this
     writer, say whether it was its own)."""
-    if storage.put_new(fs, path, data):
+    if store.put_new(path, data):
         return True
     try:
-        return storage.get(fs, path) == data
+        return store.read(path) == data
     except FileNotFoundError:
         return False
 

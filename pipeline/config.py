@@ -369,6 +369,9 @@ class PrepareConfig(Section):
     inputs: Annotated[tuple[InputSpec, ...], Field(min_length=1)]  # each a path/glob or a mapping with path:
     output: OutputConfig
     work_dir: Annotated[ResolvedPath, Field(min_length=1)]  # resumable stage outputs: a directory or fsspec URL (s3://)
+    # fsspec storage options of work_dir's filesystem (an endpoint, credentials, ``anon``): every read
+    # and write of the run dir goes through one store opened with them (manifests/storage.py)
+    work_dir_options: dict[str, Any] = {}
     extract: ExtractConfig = ExtractConfig()
     language: LanguageConfig = LanguageConfig()
     exact_dedup: ExactDedupConfig = ExactDedupConfig()
@@ -422,9 +425,10 @@ class PrepareConfig(Section):
             raise PydanticCustomError("config", "{msg}", {"msg": msg, "at": ("inputs", i, "quality", *loc)}) from None
 
     def content_dict(self) -> dict:
-        """What determines the output: all but the work dir, the store root, the data card and parallelism."""
+        """What determines the output: all but the work dir (and its storage options: credentials are
+        no content), the store root, the data card and parallelism."""
         d = self.to_dict()
-        d.pop("work_dir"), d.pop("runner"), d.pop("partitioning")
+        d.pop("work_dir"), d.pop("work_dir_options"), d.pop("runner"), d.pop("partitioning")
         d["output"].pop("store")  # where a version is published is not part of its content
         d["output"].pop("report_html")  # the data card is drawn beside report.json, not into the version
         d["output"].pop("allow_empty")  # a permission to publish, not a property of what is published

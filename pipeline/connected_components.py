@@ -17,14 +17,16 @@ order" and the result is the same whatever the partitioning.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
 import pyarrow as pa
 
 from gristmill.manifests.runs import run_starts
+from gristmill.manifests.storage import Store
 
-from .workdir import ParquetPart, output, read_parquet
+from .workdir import read_parquet, writer
 
 _MAX_ROUNDS = 100
 
@@ -95,18 +97,19 @@ def bucket_of(nodes: np.ndarray, buckets: int) -> np.ndarray:
     return ((h >> np.uint64(33)) % np.uint64(buckets)).astype(np.int32)
 
 
-def write_edges(path: str, u: np.ndarray, v: np.ndarray, buckets: int) -> None:
-    """Directed edges (u, v), tagged with u's bucket and sorted by it, committed atomically."""
+def write_edges(path: str, u: np.ndarray, v: np.ndarray, buckets: int, store: Store | None = None) -> None:
+    """Directed edges (u, v), tagged with u's bucket and sorted by it, committed atomically to
+    ``path`` of ``store`` (None: the store of ``path``)."""
     b = bucket_of(u, buckets)
     idx = np.lexsort((v, u, b))
-    out = output(path, EDGE_SCHEMA, row_group_size=_ROW_GROUP)
+    out = writer(path, EDGE_SCHEMA, store or Store.from_url(path), row_group_size=_ROW_GROUP)  # a partition's: its block's file
     out.write(pa.table({"bucket": b[idx], "u": u[idx], "v": v[idx]}, schema=EDGE_SCHEMA))
     out.commit()
 
 
-def read_bucket(files: list[str], bucket: int) -> dict:
+def read_bucket(files: list[str], bucket: int, store: Store | None = None) -> dict:
     flt = [("bucket", "=", bucket)]
-    tables = [read_parquet(f, ["u", "v"], flt) for f in files]
+    tables = [read_parquet(f, ["u", "v"], flt, store=store) for f in files]
     t = pa.concat_tables(tables) if tables else EDGE_SCHEMA.empty_table().select(["u", "v"])
     return {"u": t.column("u").to_numpy().astype(np.int64), "v": t.column("v").to_numpy().astype(np.int64)}
 
@@ -116,19 +119,19 @@ def fingerprint(hi: np.ndarray, lo: np.ndarray) -> tuple[int, int]:
     return int(c["n"][0]), int(c["h"][0])
 
 
-def _large_star_task(item: dict) -> dict:
-    e = read_bucket(item["inputs"], item["bucket"])
+def _large_star_task(item: dict, store: Store) -> dict:
+    e = read_bucket(item["inputs"], item["bucket"], store)
     out = large_star(e)
-    write_edges(item["out"], out["hi"], out["lo"], item["buckets"])  # keyed by the larger end
+    write_edges(item["out"], out["hi"], out["lo"], item["buckets"], store)  # keyed by the larger end
     return {"edges": len(out["hi"])}
 
 
-def _small_star_task(item: dict) -> dict:
-    e = read_bucket(item["inputs"], item["bucket"])
+def _small_star_task(item: dict, store: Store) -> dict:
+    e = read_bucket(item["inputs"], item["bucket"], store)
     out = small_star(e)
     hi, lo = out["hi"], out["lo"]
     # both directions, for the next round's large-star (keyed by each end)
-    write_edges(item["out"], np.concatenate([hi, lo]), np.concatenate([lo, hi]), item["buckets"])
+    write_edges(item["out"], np.concatenate([hi, lo]), np.concatenate([lo, hi]), item["buckets"], store)
     n, h = fingerprint(hi, lo)
     return {"edges": n, "hash": str(h)}
 
@@ -148,10 +151,10 @@ def connected_components(runner, wd, stage: str, step: str, edge_files: list[str
                      "out": wd.scratch(stage, f"components/round-{r:03d}", f"{kind}-{b:05d}")} for b in range(buckets)]
 
         ls = items("ls")
-        runner.run(step, [{**it, "inputs": current} for it in ls], _large_star_task)
+        runner.run(step, [{**it, "inputs": current} for it in ls], functools.partial(_large_star_task, store=wd.store))
         ss = items("ss")
         ls_files = [it["out"] for it in ls]
-        stats = runner.run(step, [{**it, "inputs": ls_files} for it in ss], _small_star_task)
+        stats = runner.run(step, [{**it, "inputs": ls_files} for it in ss], functools.partial(_small_star_task, store=wd.store))
         current = [it["out"] for it in ss]
         # small-star's output multiset depends only on the graph (each node's edges meet in one
         # task), so an equal fingerprint means a fixed point: one star per component.

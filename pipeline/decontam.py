@@ -19,12 +19,10 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import os
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-from fsspec.core import url_to_fs
 
 from gristmill.manifests import canonical_json, sha256_file, sha256_json
 
@@ -33,7 +31,7 @@ from . import ngrams
 from .config import DecontamConfig, EvalSetSpec  # noqa: F401  (re-exported)
 from .documents import OVERRIDE_SCHEMA, REMOVED_SCHEMA, split_of, to_removed_rows
 from .survivors import Survivors
-from .workdir import ParquetPart, WorkDir, output, read_parquet
+from .workdir import WorkDir
 
 SCRATCH = "decontam"  # the work dir's folder of this stage's indexes and validation files
 
@@ -85,12 +83,13 @@ def eval_index_path(cfg: DecontamConfig, loaded: list[tuple[dict, list]], work_d
 
 def build_eval_index(cfg: DecontamConfig, loaded: list[tuple[dict, list]], work_dir: str | WorkDir | None) -> ngrams.NgramIndex:
     """The index of the job's eval files, reloaded from ``work_dir`` when the same one was built before."""
-    path = eval_index_path(cfg, loaded, work_dir) if work_dir else None
-    if path and (os.path.exists(path) if "://" not in path else url_to_fs(path)[0].exists(url_to_fs(path)[1])):
-        return ngrams.NgramIndex.load(path)
+    wd = work_dir if isinstance(work_dir, WorkDir) or not work_dir else WorkDir(work_dir)
+    path = eval_index_path(cfg, loaded, wd) if wd else None
+    if path and wd.exists(path):
+        return ngrams.NgramIndex.load(path, wd.store)
     index = ngrams.build_index([(r["name"], items) for r, items in loaded], cfg.n, cfg.min_item_words)
     if path:
-        index.save(path)  # atomic_write: any fsspec URL, directories made where there are any
+        index.save(path, wd.store)
     return index
 
 
@@ -205,8 +204,8 @@ def partition_task(item: dict, cfg: DecontamConfig, index_path: str, survivors: 
     index = _load_index(index_path)
     cols = ["id", "order", "part", "bytes", "source", "position", "text"]
     part, wd = item["part"], survivors.wd
-    removed_out = output(wd.removed(STAGE, part, prefix), REMOVED_SCHEMA)
-    override_out = output(wd.overrides(STAGE, part, prefix), OVERRIDE_SCHEMA)
+    removed_out = wd.part(wd.removed(STAGE, part, prefix), REMOVED_SCHEMA)
+    override_out = wd.part(wd.overrides(STAGE, part, prefix), OVERRIDE_SCHEMA)
     found_all, n_docs, n_bytes, removed_bytes, n_removed = [], 0, 0, 0, 0
     for t in survivors.docs(part, cols, 4096):
         if split is not None:
@@ -237,7 +236,7 @@ VALIDATION_SCHEMA = pa.schema([("id", pa.string()), ("text", pa.string())])
 def validation_docs_task(item: dict, survivors: Survivors, split: Any) -> dict:
     """One partition's validation documents as they stand after the eval pass (id, text): the
     index task then reads only these, not the corpus."""
-    out = output(survivors.wd.part_scratch(SCRATCH, "validation", item["part"]), VALIDATION_SCHEMA)
+    out = survivors.wd.part(survivors.wd.part_scratch(SCRATCH, "validation", item["part"]), VALIDATION_SCHEMA)
     n = 0
     for t in survivors.docs(item["part"], ["id", "text"], 4096):
         t = t.filter(pa.array([split_of(i, split) == "validation" for i in t.column("id").to_pylist()], pa.bool_()))
@@ -247,12 +246,12 @@ def validation_docs_task(item: dict, survivors: Survivors, split: Any) -> dict:
     return {"documents": n}
 
 
-def validation_index_task(item: dict, cfg: DecontamConfig, files: list[str]) -> dict:
+def validation_index_task(item: dict, cfg: DecontamConfig, wd: WorkDir, files: list[str]) -> dict:
     """The index of the validation split's texts (``files``: the block files validation_docs_task
     wrote), saved to the work dir as ``item["out"]``."""
     items = []
     for f in files:
-        t = read_parquet(f)
+        t = wd.read_parquet(f)
         items += list(zip(t.column("id").to_pylist(), t.column("text").to_pylist()))
     index, record = reference_index(items, cfg)
     index.save(item["out"])
@@ -271,14 +270,14 @@ def document_frequency_task(item: dict, index_path: str, survivors: Survivors) -
         grams, counts = index.document_frequency([x or "" for x in t.column("text").to_pylist()])
         for g, c in zip(grams.tolist(), counts.tolist()):
             total[g] = total.get(g, 0) + c
-    out = output(survivors.wd.part_scratch(SCRATCH, "validation_df", item["part"]), DF_SCHEMA)
+    out = survivors.wd.part(survivors.wd.part_scratch(SCRATCH, "validation_df", item["part"]), DF_SCHEMA)
     keys = sorted(total)
     out.write(pa.table({"gram": keys, "documents": [total[k] for k in keys]}, schema=DF_SCHEMA))
     out.commit()
     return {"grams": len(keys)}
 
 
-def prune_index_task(item: dict, index_path: str, files: list[str], max_doc_freq: int) -> dict:
+def prune_index_task(item: dict, wd: WorkDir, index_path: str, files: list[str], max_doc_freq: int) -> dict:
     """The validation index without its boilerplate: grams in more than ``max_doc_freq``
     documents of the corpus (summed over the partitions' counts) are dropped, so they never
     count as overlap. Holds one count per validation gram, like the index itself."""
@@ -287,7 +286,7 @@ def prune_index_task(item: dict, index_path: str, files: list[str], max_doc_freq
     index = _load_index(index_path)
     df = np.zeros(index.ngrams, np.int64)
     for f in files:  # the block files document_frequency_task wrote
-        t = read_parquet(f)
+        t = wd.read_parquet(f)
         np.add.at(df, t.column("gram").to_numpy(), t.column("documents").to_numpy())
     drop = df > max_doc_freq
     index.without(drop).save(item["out"])

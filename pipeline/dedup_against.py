@@ -42,7 +42,7 @@ from .near_duplicates import plan_bucket_ranges
 from .runner import Runner
 from .stats import Counts
 from .survivors import Survivors
-from .workdir import ParquetPart, WorkDir, open_parquet, output, part_name, read_parquet
+from .workdir import WorkDir, part_name
 
 STAGE = "dedup_against"
 REASONS = {"exact": "earlier_exact_duplicate", "near": "earlier_near_duplicate"}
@@ -97,10 +97,10 @@ def _new_keys(item: dict, wd: WorkDir, survivors: Survivors, params: dict, batch
         new.append(pa.table({"order": order, "id": t.column("id"), "bytes": t.column("bytes"),
                              "has_words": pa.array(has, pa.bool_()), "sketch": _fixed(sk, width)}, schema=_new_schema(params)))
     kt = _key_table(*(np.concatenate(c) for c in zip(*keys))) if keys else KEY_SCHEMA.empty_table()
-    out = ParquetPart(wd.scratch(STAGE, "keys", item["name"]), KEY_SCHEMA, row_group_size=_ROW_GROUP)
+    out = wd.part(wd.scratch(STAGE, "keys", item["name"]), KEY_SCHEMA, row_group_size=_ROW_GROUP)
     out.write(kt)
     out.commit()
-    out = ParquetPart(wd.scratch(STAGE, "new", item["name"]), _new_schema(params), row_group_size=_ROW_GROUP)
+    out = wd.part(wd.scratch(STAGE, "new", item["name"]), _new_schema(params), row_group_size=_ROW_GROUP)
     out.write(pa.concat_tables(new) if new else _new_schema(params).empty_table())
     out.commit()
     return {"documents_in": docs, "bytes_in": nbytes, "key_rows": kt.num_rows}
@@ -110,12 +110,12 @@ def _index_keys(item: dict, wd: WorkDir, params: dict) -> dict:
     from gristmill.manifests import FileRef
 
     ref = FileRef(item["path"], item["sha256"], item["bytes"], item["rows"])
-    t = di.load_index_file(item["url"], ref, params, item["label"], wd.scratch(STAGE, "index", item["name"]))
+    t = di.load_index_file(item["url"], ref, params, item["label"], wd.scratch(STAGE, "index", item["name"]), out_store=wd.store)
     isk, ihas = dx.sketch_matrix(t.column("sketch"), dx.sketch_bytes(params)) if t.num_rows else \
         (np.zeros((0, dx.sketch_bytes(params)), np.uint8), np.zeros(0, bool))
     band, key, row = di.doc_keys(di.exact_u64(t.column("exact")), isk, ihas, params)
     kt = _key_table(band, key, (np.int64(item["file"]) << np.int64(FILE_SHIFT)) | row)
-    out = ParquetPart(wd.scratch(STAGE, "keys", item["name"]), KEY_SCHEMA, row_group_size=_ROW_GROUP)
+    out = wd.part(wd.scratch(STAGE, "keys", item["name"]), KEY_SCHEMA, row_group_size=_ROW_GROUP)
     out.write(kt)
     out.commit()
     return {"index_rows": t.num_rows, "key_rows": kt.num_rows}
@@ -127,14 +127,14 @@ def candidates_task(item: dict, wd: WorkDir, new: list[str], old: list[str], exa
     if there are any, of every index file (``old``); the candidate pairs, sorted by index file."""
     flt = [("bucket", ">=", item["lo"]), ("bucket", "<", item["hi"])]
     cols = ["band", "key", "ref"]
-    n = pa.concat_tables([read_parquet(wd.scratch(STAGE, "keys", x), cols, flt) for x in new]) if new else \
+    n = pa.concat_tables([wd.read_parquet(wd.scratch(STAGE, "keys", x), cols, flt) for x in new]) if new else \
         KEY_SCHEMA.empty_table().select(cols)
-    o = pa.concat_tables([read_parquet(wd.scratch(STAGE, "keys", x), cols, flt) for x in old]) if old and n.num_rows else \
+    o = pa.concat_tables([wd.read_parquet(wd.scratch(STAGE, "keys", x), cols, flt) for x in old]) if old and n.num_rows else \
         KEY_SCHEMA.empty_table().select(cols)  # no new rows in the range: nothing of the index to read
     i, j, ex, nr = di.join_keys(tuple(n.column(c).to_numpy() for c in cols), tuple(o.column(c).to_numpy() for c in cols),
                                 exact_band)
     idx = np.lexsort((i, j))
-    out = ParquetPart(wd.scratch(STAGE, "candidates", item["name"]), PAIR_SCHEMA, row_group_size=_ROW_GROUP)
+    out = wd.part(wd.scratch(STAGE, "candidates", item["name"]), PAIR_SCHEMA, row_group_size=_ROW_GROUP)
     out.write(pa.table({"file": (j[idx] >> FILE_SHIFT).astype(np.int32), "ref": j[idx], "order": i[idx],
                         "exact": ex[idx], "near": nr[idx]}, schema=PAIR_SCHEMA))
     out.commit()
@@ -147,12 +147,12 @@ def fetch_task(item: dict, wd: WorkDir, params: dict, candidates: list[str]) -> 
     """Index file ``item["file"]``: its candidate pairs of every candidates task, with the earlier
     documents' ids and sketches read from just the row groups that hold them; sorted by the new
     document's partition."""
-    t = pa.concat_tables([read_parquet(wd.scratch(STAGE, "candidates", c), ["ref", "order", "exact", "near"],
+    t = pa.concat_tables([wd.read_parquet(wd.scratch(STAGE, "candidates", c), ["ref", "order", "exact", "near"],
                                 [("file", "=", item["file"])]) for c in candidates])
     i, j, ex, nr = di.dedupe_pairs(t.column("order").to_numpy(), t.column("ref").to_numpy(),
                                    dx.bool_values(t.column("exact")), dx.bool_values(t.column("near")))
     rows = j & ((1 << FILE_SHIFT) - 1)
-    with open_parquet(wd.scratch(STAGE, "index", item["name"])) as pf:
+    with wd.open_parquet(wd.scratch(STAGE, "index", item["name"])) as pf:
         sizes = [pf.metadata.row_group(g).num_rows for g in range(pf.num_row_groups)]
         starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         groups = np.unique(np.searchsorted(starts, rows, "right") - 1).tolist()
@@ -170,7 +170,7 @@ def fetch_task(item: dict, wd: WorkDir, params: dict, candidates: list[str]) -> 
         ids, sk, has = pa.array([], pa.string()), np.zeros((0, width), np.uint8), np.zeros(0, bool)
     part = (i >> PART_SHIFT).astype(np.int32)
     idx = np.lexsort((j, i, part))
-    out = ParquetPart(wd.scratch(STAGE, "fetched", item["name"]), _fetched_schema(params), row_group_size=_ROW_GROUP)
+    out = wd.part(wd.scratch(STAGE, "fetched", item["name"]), _fetched_schema(params), row_group_size=_ROW_GROUP)
     out.write(pa.table({"part": part[idx], "order": i[idx], "ref": j[idx], "exact": ex[idx], "near": nr[idx],
                         "doc_id": ids.take(pa.array(idx)), "has_words": pa.array(has[idx], pa.bool_()),
                         "sketch": _fixed(sk[idx], width)}, schema=_fetched_schema(params)))
@@ -181,13 +181,13 @@ def fetch_task(item: dict, wd: WorkDir, params: dict, candidates: list[str]) -> 
 # -- 4. match ------------------------------------------------------------------------------------
 def match_task(item: dict, wd: WorkDir, params: dict, threshold: float, sources: list[dict], fetched: list[str]) -> dict:
     """Partition ``item["part"]``'s verdicts from its candidate pairs (every fetch file's rows of
-    the partition) and its kept sketches: its rows of ``removed/dedup_against/block-N``. ``sources``: per index
+    the partition) and its kept sketches: its rows of ``removed/dedup_against/block-B``. ``sources``: per index
     file number, ``{"version", "url", "sha256"}`` of its version."""
     width = dx.sketch_bytes(params)
     cols = ["order", "ref", "exact", "near", "doc_id", "has_words", "sketch"]
-    t = pa.concat_tables([read_parquet(wd.scratch(STAGE, "fetched", f), cols, [("part", "=", item["part"])]) for f in fetched]) \
+    t = pa.concat_tables([wd.read_parquet(wd.scratch(STAGE, "fetched", f), cols, [("part", "=", item["part"])]) for f in fetched]) \
         if fetched else _fetched_schema(params).empty_table().select(cols)
-    new = read_parquet(wd.scratch(STAGE, "new", item["name"]), ["order", "id", "bytes", "has_words", "sketch"])
+    new = wd.read_parquet(wd.scratch(STAGE, "new", item["name"]), ["order", "id", "bytes", "has_words", "sketch"])
     orders = new.column("order").to_numpy()
     nsk, _ = dx.sketch_matrix(new.column("sketch"), width) if new.num_rows else (np.zeros((0, width), np.uint8), None)
     nhas = dx.bool_values(new.column("has_words"))
@@ -213,7 +213,7 @@ def match_task(item: dict, wd: WorkDir, params: dict, threshold: float, sources:
         rows["earlier_url"].append(src["url"])
         rows["earlier_sha256"].append(src["sha256"])
         rows["similarity"].append(round(float(v["similarity"][d]), 6))
-    out = output(wd.removed(STAGE, item["part"]), REMOVED_SCHEMA)
+    out = wd.part(wd.removed(STAGE, item["part"]), REMOVED_SCHEMA)
     out.write(to_removed_rows(pa.table(rows), STAGE) if rows["id"] else REMOVED_SCHEMA.empty_table())
     out.commit()
     by_reason: dict[str, int] = {}
@@ -227,7 +227,7 @@ def dedup_against(runner: Runner, survivors: Survivors, parts: list[int], params
                   files: list[dict], batch_size: int) -> tuple[Counts, dict]:
     """Every step over partitions ``parts``' surviving documents and the earlier index ``files``
     (in index order; each ``{"url", "path", "sha256", "bytes", "rows", "label", "version",
-    "version_url", "version_sha256"}``); writes ``removed/dedup_against/block-N`` and returns the
+    "version_url", "version_sha256"}``); writes ``removed/dedup_against/block-B`` and returns the
     counts and the stage's detail."""
     wd = survivors.wd
     per_part = [{"name": part_name(p), "part": p} for p in parts]

@@ -25,7 +25,6 @@ from gristmill.manifests.runs import run_starts
 from .config import FuzzyDedupConfig
 from .documents import norm_hash
 from .minhash import MinHasher
-from .workdir import read_parquet
 
 
 SKETCH_BITS = 4  # ~75 B a document in all; 8 bits would be ~140 B (docs/benchmarks.md measures its share of a version)
@@ -234,9 +233,7 @@ def index_task(item: dict, wd, survivors, params: dict, batch_size: int) -> dict
         tables.append(rows.replace_schema_metadata(None).append_column("id_hash", pa.array(_id_hash(ids), pa.int64())))
     t = pa.concat_tables(tables) if tables else \
         dx.schema(params).empty_table().replace_schema_metadata(None).append_column("id_hash", pa.array([], pa.int64()))
-    from .workdir import output
-
-    out = output(wd.part_scratch(INDEX_DIR, "parts", part), t.schema, row_group_size=65_536)
+    out = wd.part(wd.part_scratch(INDEX_DIR, "parts", part), t.schema, row_group_size=65_536)
     out.write(t.sort_by("id_hash"))
     out.commit()
     return {"rows": t.num_rows}
@@ -261,29 +258,31 @@ def merge_task(item: dict, wd, files: list[str], params: dict) -> dict:
     from gristmill.manifests.hashing import sha256_file
 
     flt = [("id_hash", ">=", item["lo"])] + ([("id_hash", "<", item["hi"])] if item["hi"] < 1 << 63 else [])
-    tables = [read_parquet(f, filters=flt) for f in files]
+    tables = [wd.read_parquet(f, filters=flt) for f in files]
     s = dx.schema(params)
     t = pa.concat_tables([x.drop_columns(["id_hash"]).cast(s) for x in tables]) if tables else s.empty_table()
     rel = index_file(item["k"])
     path = os.path.join(wd.staging, rel)
-    rows = dx.write(path, t.sort_by("doc_id").replace_schema_metadata(s.metadata))
-    sha, size = sha256_file(path)
+    rows = dx.write(path, t.sort_by("doc_id").replace_schema_metadata(s.metadata), wd.store)
+    sha, size = sha256_file(path, store=wd.store)
     return {"path": rel, "sha256": sha, "bytes": size, "rows": rows}
 
 
-def load_index_file(url: str, ref, params: dict, label: str, out: str, storage_options: dict | None = None) -> pa.Table:
+def load_index_file(url: str, ref, params: dict, label: str, out: str, storage_options: dict | None = None,
+                    out_store=None) -> pa.Table:
     """One index file of an earlier version, read from its store, hash-checked against the manifest
     entry that pins it (``ref``, a ``manifests.FileRef``) and its MinHash parameters against this
-    run's, then kept at ``out`` in the work dir for the later steps (a file already there with the
-    pinned hash is not read from the store again). Returns its rows (without the file's metadata)."""
+    run's, then kept at ``out`` of ``out_store`` (the work dir's; None: the store of ``out``) for the
+    later steps (a file already there with the pinned hash is not read from the store again).
+    Returns its rows (without the file's metadata)."""
     import fsspec
 
     from gristmill.manifests.hashing import sha256_bytes
-    from gristmill.manifests.shards import atomic_write
+    from gristmill.manifests.storage import Store
 
+    out_store = out_store or Store.from_url(out)
     try:
-        with fsspec.open(out, "rb") as f:
-            kept = f.read()
+        kept = out_store.read(out)
     except FileNotFoundError:
         kept = None
     if kept is not None and sha256_bytes(kept) == ref.sha256:
@@ -294,7 +293,7 @@ def load_index_file(url: str, ref, params: dict, label: str, out: str, storage_o
     t, theirs = dx.read_checked(data, ref, url)
     check_comparable(params, theirs, label)
     if data is not kept:
-        atomic_write(out, data)  # the verified bytes, as published
+        out_store.put(out, data)  # the verified bytes, as published
     return t.replace_schema_metadata(None)
 
 

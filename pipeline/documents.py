@@ -16,7 +16,6 @@ import pyarrow as pa
 from gristmill.manifests.hashing import stable_fraction  # the split rule, shared with manifest verify
 
 from .text import normalize
-from .workdir import output, read_parquet
 
 PART_SHIFT = 32
 
@@ -106,9 +105,9 @@ def removed_by_partition(wd, stage: str, kind: str, tasks: list[str], part: int,
     bucket-range task's file (``<stage>/<kind>/<task>.parquet``, sorted by order, so a part filter
     reads a few row groups), written as its rows of ``removed/<stage>/block-B`` (``convert`` makes them
     REMOVED_SCHEMA rows); its stats."""
-    t = pa.concat_tables([read_parquet(wd.scratch(stage, kind, name), filters=[("part", "=", part)], schema=schema)
+    t = pa.concat_tables([wd.read_parquet(wd.scratch(stage, kind, name), filters=[("part", "=", part)], schema=schema)
                           for name in tasks]).sort_by("order") if tasks else schema.empty_table()
-    out = output(wd.removed(stage, part), REMOVED_SCHEMA)
+    out = wd.part(wd.removed(stage, part), REMOVED_SCHEMA)
     out.write(convert(t))
     out.commit()
     return {"removed": {reason: t.num_rows} if t.num_rows else {}, "removed_bytes": int(sum(t.column("bytes").to_pylist()))}

@@ -21,7 +21,7 @@ import pyarrow as pa
 from gristmill.manifests.runs import run_starts
 
 from .documents import REMOVED_SCHEMA, bucket_range_tasks, removed_by_partition, to_removed_rows
-from .workdir import ParquetPart, WorkDir, read_parquet
+from .workdir import WorkDir
 
 STAGE = "exact_dedup"
 REASON = "exact_duplicate"
@@ -74,8 +74,8 @@ def dedup_task(task: dict, wd: WorkDir, parts: list[int], exclude_tasks: tuple[s
     partition: each partition's ``removed_task`` reads only its own row groups). ``exclude_tasks``:
     the unique_ids step's tasks, whose repeated ids are out of the run (neither survivor nor duplicate)."""
     flt = [("bucket", ">=", task["lo"]), ("bucket", "<", task["hi"])]
-    keys = pa.concat_tables([read_parquet(f, filters=flt, schema=KEY_SCHEMA)
-                           for f in wd.whole_files([wd.keys(p) for p in parts])]) if parts \
+    keys = pa.concat_tables([wd.read_parquet(f, filters=flt, schema=KEY_SCHEMA)
+                             for f in wd.whole_files([wd.keys(p) for p in parts])]) if parts \
         else KEY_SCHEMA.empty_table()
     if exclude_tasks:
         from .unique_ids import repeated_ids
@@ -83,7 +83,7 @@ def dedup_task(task: dict, wd: WorkDir, parts: list[int], exclude_tasks: tuple[s
         if gone := repeated_ids(wd, exclude_tasks):
             keys = keys.filter(pa.array([i not in gone for i in keys.column("id").to_pylist()], pa.bool_()))
     removed = find_exact_duplicates(keys)
-    out = ParquetPart(wd.scratch(STAGE, "duplicates", task["name"]), REMOVED, row_group_size=_ROW_GROUP)
+    out = wd.part(wd.scratch(STAGE, "duplicates", task["name"]), REMOVED, row_group_size=_ROW_GROUP)
     out.write(removed)
     out.commit()
     return {"keys": keys.num_rows, "duplicates": removed.num_rows}

@@ -29,8 +29,7 @@ from fsspec.core import url_to_fs
 
 from gristmill.errors import ConfigError, GristmillError
 from gristmill.manifests import DatasetBuilder, EvalSet, Input, ManifestStore, code_version, sha256_json
-from gristmill.manifests.shards import atomic_write
-from gristmill.manifests.storage import nearest_dir
+from gristmill.manifests.storage import is_url, local_path, nearest_dir, split_url
 
 from . import runners
 from . import stages as st
@@ -39,8 +38,6 @@ from .progress import Progress
 from .readers import special_file
 from .stats import build_report, check_balanced, export_jsonl, manifest_stats
 from .workdir import WorkDir
-
-WORK_DIR_LAYOUT = 2  # in the run key: a run dir of another layout (1: a file per partition) is never resumed
 
 
 
@@ -67,15 +64,16 @@ def plan_inputs(job: PrepareConfig) -> list[dict]:
     for i, spec in enumerate(job.inputs):
         fs, _ = url_to_fs(spec.path)
         for p, info in _input_files(fs, spec.path, f"inputs[{i}].path"):
-            uri = os.path.abspath(p) if "://" not in spec.path else fs.unstrip_protocol(p)
+            uri = fs.unstrip_protocol(p) if is_url(spec.path) else os.path.abspath(p)
             if uri not in found:
                 found[uri] = {"uri": uri, "input": i, "format": spec.format, "text_field": spec.text_field, "id_field": spec.id_field,
                               "text_format": spec.text_format, "url_field": spec.url_field,
                               "bytes": info.get("size"),
                               "mtime": str(info.get("mtime") or info.get("LastModified") or info.get("ETag") or "")}
     uris = sorted(found)
-    common = posixpath.commonpath([u.split("://")[-1] for u in uris]) if len(uris) > 1 else posixpath.dirname(uris[0].split("://")[-1])
-    files = [{**found[u], "rel": posixpath.relpath(u.split("://")[-1], common) if common else u} for u in uris]
+    paths = {u: split_url(u)[1] for u in uris}
+    common = posixpath.commonpath(list(paths.values())) if len(uris) > 1 else posixpath.dirname(paths[uris[0]])
+    files = [{**found[u], "rel": posixpath.relpath(paths[u], common) if common else u} for u in uris]
     return [{"part": part, "files": group} for part, group in enumerate(group_files(files, job.partitioning.partition_bytes))]
 
 
@@ -136,7 +134,7 @@ def run_key(job: PrepareConfig, tasks: list[dict]) -> str:
     """Names the run dir: the job's content, each input's identity (uri, size, mtime) and the
     partitioning (finished partitions are only reused under the same grouping)."""
     ids = [[[f["uri"], f["bytes"], f["mtime"]] for f in t["files"]] for t in tasks]
-    return sha256_json({"job": job.content_dict(), "inputs": ids, "layout": WORK_DIR_LAYOUT})[:16]
+    return sha256_json({"job": job.content_dict(), "inputs": ids})[:16]
 
 
 def check_writable(store: str, dataset: str) -> None:
@@ -147,9 +145,9 @@ def check_writable(store: str, dataset: str) -> None:
     import uuid
 
     where = f"output.store: {store}"
-    if "://" not in store or store.startswith("file://"):
+    if (local := local_path(store)) is not None:
         try:
-            path = nearest_dir(os.path.join(store.removeprefix("file://"), dataset))
+            path = nearest_dir(os.path.join(local, dataset))
         except NotADirectoryError as e:
             raise ConfigError(f"{where}: {e} exists and is not a directory; point output.store elsewhere") from None
         try:
@@ -216,8 +214,7 @@ class Executor:
         runners.resolve(job.runner, address)  # a local runner with a cluster named is an error before any work
         self.tasks = plan_inputs(job)
         check_writable(job.output.store, job.output.dataset)  # before any work, not at publish
-        self.wd = WorkDir.of_run(job.work_dir, run_key(job, self.tasks))
-        self.wd.set_blocks(len(self.tasks))
+        self.wd = WorkDir.of_run(job.work_dir, run_key(job, self.tasks), job.work_dir_options)
         self.stages = st.build(job)  # fails on a bad stage section before any work starts
 
     def log(self, msg: str) -> None:
@@ -260,14 +257,15 @@ class Executor:
         self._refuse_empty(stats["accounting"], results)
         (packed,) = [r.dataset for r in results if r.dataset is not None]
         builder = DatasetBuilder(packed.staging, dataset=packed.dataset, seq_len=packed.seq_len,
-                                 tokenizer_json=packed.tokenizer_json, vocab_size=packed.vocab_size, eos_id=packed.eos_id)
+                                 tokenizer_json=packed.tokenizer_json, vocab_size=packed.vocab_size, eos_id=packed.eos_id,
+                                 store=self.wd.store, tokenizer_store=packed.tokenizer_store)
         builder.shards, builder.doc_index = list(packed.shards), packed.doc_index
         builder.dedup_index = [f for r in results for f in r.dedup_index]
         manifest = builder.manifest(inputs=[Input(f["uri"], f["bytes"], f["sha256"]) for r in results for f in r.inputs],
                                     config=self.job.content_dict(), code_version=code_version(), stats=stats,
                                     eval_sets=[EvalSet(**e) for r in results for e in r.eval_sets],
                                     dedup_against=[p for r in results for p in r.dedup_against])
-        published = ManifestStore(self.job.output.store).publish(manifest, builder.dir)
+        published = ManifestStore(self.job.output.store).publish(manifest, builder.dir, files_store=builder.store)
         timings["publish"] = {"seconds": time.perf_counter() - t0}
         timings["total"]["seconds"] = time.perf_counter() - t_all
         core = {k: v for r in results for k, v in r.core_seconds.items()}
@@ -293,18 +291,19 @@ class Executor:
 
     def _write_outputs(self, report: dict, removed_files: list[tuple[str, str]]) -> None:
         """report.json, plus the quarantine and removed records as JSONL for people to read."""
-        atomic_write(self.wd.report_json, (json.dumps(report, indent=1, sort_keys=True) + "\n").encode())
+        self.wd.write(self.wd.report_json, (json.dumps(report, indent=1, sort_keys=True) + "\n").encode())
         self._write_records(removed_files)
 
     def _write_records(self, removed_files: list[tuple[str, str]]) -> None:
         """The quarantine and removed records as JSONL for people to read (each partition's file
         once: O(partitions) opens per stage)."""
-        parts, whole = [t["part"] for t in self.tasks], self.wd.whole_files
-        export_jsonl(whole([self.wd.quarantine(p) for p in parts]), self.wd.quarantine_jsonl)
+        parts = [t["part"] for t in self.tasks]
+        whole = self.wd.whole_files  # each block file once: all its partitions' rows, in order
+        export_jsonl(self.wd, whole([self.wd.quarantine(p) for p in parts]), self.wd.quarantine_jsonl)
         removed = whole([self.wd.removed(stage, p, prefix) for stage, prefix in removed_files for p in parts])
         # no text: the language filter removes most of a crawl, and its texts would copy most of the
         # input uncompressed; they stay in removed/language/*.parquet (what inspect removed reads)
-        export_jsonl(removed, self.wd.removed_jsonl, drop=("text",))
+        export_jsonl(self.wd, removed, self.wd.removed_jsonl, drop=("text",))
 
 
 def prepare(job: PrepareConfig, *, address: str | None = None, quiet: bool = False) -> RunResult:

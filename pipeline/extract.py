@@ -18,7 +18,7 @@ from .exact_dedup import KEY_SCHEMA, keys_table
 from .langid import identify
 from .readers import read_records
 from .unique_ids import ID_SCHEMA, ids_table
-from .workdir import WorkDir, output
+from .workdir import ParquetPart, WorkDir
 
 STAGE = "extract"
 
@@ -28,9 +28,9 @@ def extract_partition(task: dict, extract: ExtractConfig, language: LanguageConf
     """Process one partition's files in order; returns its stats (``pipeline.runner`` commits
     them as the task's marker once the outputs are in place)."""
     part = task["part"]
-    docs = output(wd.docs(part), DOC_SCHEMA)
-    removed = output(wd.removed("language", part), REMOVED_SCHEMA)
-    quarantine = output(wd.quarantine(part), QUARANTINE_SCHEMA)
+    docs = wd.part(wd.docs(part), DOC_SCHEMA)
+    removed = wd.part(wd.removed("language", part), REMOVED_SCHEMA)
+    quarantine = wd.part(wd.quarantine(part), QUARANTINE_SCHEMA)
     ex = {"records": 0, "documents": 0, "bytes_out": 0, "quarantined": {}, "seconds": 0.0}
     lg = {"documents_in": 0, "bytes_in": 0, "documents_out": 0, "bytes_out": 0, "removed": {}, "languages": {}, "seconds": 0.0}
     keys = {k: [] for k in KEY_SCHEMA.names[1:]}  # one partition's dedup keys (~80 B a document)
@@ -72,11 +72,11 @@ def extract_partition(task: dict, extract: ExtractConfig, language: LanguageConf
                 batch, t0 = [], time.perf_counter()
         ex["seconds"] += time.perf_counter() - t0
         _finish_batch(batch, file, part, language, docs, removed, keys, ex, lg, ids)
-    key_file = output(wd.keys(part), KEY_SCHEMA, row_group_size=4096)
+    key_file = wd.part(wd.keys(part), KEY_SCHEMA, row_group_size=4096)
     key_file.write(keys_table(keys))
     outputs = [docs, removed, quarantine, key_file]
     if ids is not None:
-        outputs.append(output(wd.ids(part), ID_SCHEMA, row_group_size=4096))
+        outputs.append(wd.part(wd.ids(part), ID_SCHEMA, row_group_size=4096))
         outputs[-1].write(ids_table(ids))
     for p in outputs:
         p.commit()

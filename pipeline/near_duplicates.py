@@ -41,7 +41,7 @@ from .config import FuzzyDedupConfig
 from .lsh import LSHParams, band_keys, bucket_pairs, pair_jaccard
 from .minhash import MinHasher
 from .survivors import Survivors
-from .workdir import ParquetPart, WorkDir, output, read_parquet
+from .workdir import WorkDir, part_name
 
 STAGE = "fuzzy_dedup"
 REASON = "near_duplicate"
@@ -65,14 +65,11 @@ def _hasher(num_perm: int, ngram: int, seed: int) -> MinHasher:
     return MinHasher(num_perm=num_perm, ngram=ngram, seed=seed)
 
 
-def _read(path: str, columns: list[str], filters=None) -> pa.Table:
-    return read_parquet(path, columns, filters)
-
 
 # -- 1. bands ------------------------------------------------------------------------------------
 def bands_task(item: dict, cfg: FuzzyDedupConfig, params: LSHParams, survivors: Survivors) -> dict:
     mh = _hasher(cfg.num_perm, cfg.ngram, cfg.seed)
-    out = output(survivors.wd.part_scratch(STAGE, "bands", item["part"]), BAND_SCHEMA, row_group_size=_ROW_GROUP)
+    out = survivors.wd.part(survivors.wd.part_scratch(STAGE, "bands", item["part"]), BAND_SCHEMA, row_group_size=_ROW_GROUP)
     tables, docs, nbytes = [], 0, 0
     for t in survivors.docs(item["part"], ["id", "order", "text", "bytes"], cfg.batch_size):
         docs += t.num_rows
@@ -101,15 +98,15 @@ def plan_bucket_ranges(band_rows: int) -> list[tuple[int, int]]:
 def candidates_task(item: dict, wd: WorkDir, bands: list[str]) -> dict:
     """One bucket range over every partition's band rows (``bands``: the block files, ``WorkDir.whole_files``)."""
     flt = [("bucket", ">=", item["lo"]), ("bucket", "<", item["hi"])]
-    t = pa.concat_tables([_read(b, ["band", "key", "order"], flt) for b in bands])
+    t = pa.concat_tables([wd.read_parquet(b, ["band", "key", "order"], flt) for b in bands])
     hi, lo = bucket_pairs(t.column("band").to_numpy(), t.column("key").to_numpy(), t.column("order").to_numpy())
     idx = np.lexsort((lo, hi))
     hi, lo = hi[idx], lo[idx]
-    out = ParquetPart(wd.scratch(STAGE, "candidates", item["name"]), CANDIDATE_SCHEMA, row_group_size=_ROW_GROUP)
+    out = wd.part(wd.scratch(STAGE, "candidates", item["name"]), CANDIDATE_SCHEMA, row_group_size=_ROW_GROUP)
     out.write(pa.table({"hi_part": (hi >> 32).astype(np.int32), "hi": hi, "lo": lo}, schema=CANDIDATE_SCHEMA))
     out.commit()
     ends = np.unique(np.concatenate([hi, lo]))
-    ep = ParquetPart(wd.scratch(STAGE, "endpoints", item["name"]), ENDPOINT_SCHEMA, row_group_size=_ROW_GROUP)
+    ep = wd.part(wd.scratch(STAGE, "endpoints", item["name"]), ENDPOINT_SCHEMA, row_group_size=_ROW_GROUP)
     ep.write(pa.table({"part": (ends >> 32).astype(np.int32), "order": ends}, schema=ENDPOINT_SCHEMA))
     ep.commit()
     return {"band_rows": t.num_rows, "pairs": len(hi)}
@@ -120,11 +117,11 @@ def members_task(item: dict, cfg: FuzzyDedupConfig, survivors: Survivors, candid
     """The partition's documents that are in some candidate pair (``candidates``: the candidates
     tasks' names, whose endpoint files list them)."""
     part, wd = item["part"], survivors.wd
-    wanted = np.unique(np.concatenate([_read(wd.scratch(STAGE, "endpoints", c), ["order"], [("part", "=", part)])
+    wanted = np.unique(np.concatenate([wd.read_parquet(wd.scratch(STAGE, "endpoints", c), ["order"], [("part", "=", part)])
                                        .column("order").to_numpy() for c in candidates])) if candidates \
         else np.zeros(0, np.int64)
     mh = _hasher(cfg.num_perm, cfg.ngram, cfg.seed)
-    out = output(wd.part_scratch(STAGE, "members", part), MEMBER_SCHEMA)
+    out = wd.part(wd.part_scratch(STAGE, "members", part), MEMBER_SCHEMA)
     n = 0
     if len(wanted):
         for t in survivors.docs(part, ["id", "order", "text", "bytes"], cfg.batch_size):
@@ -151,7 +148,7 @@ def _members(wd: WorkDir, parts: set[int], orders: np.ndarray, columns: list[str
     rows: dict[int, dict] = {}
     want = pa.array(orders, pa.int64())
     for p in sorted(parts):
-        t = _read(wd.part_scratch(STAGE, "members", p), ["order", *columns])
+        t = wd.read_parquet(wd.part_scratch(STAGE, "members", p), ["order", *columns])
         t = t.filter(pc.is_in(t.column("order"), want))
         for r in t.to_pylist():
             rows[r["order"]] = r
@@ -161,7 +158,7 @@ def _members(wd: WorkDir, parts: set[int], orders: np.ndarray, columns: list[str
 def _member_table(wd: WorkDir, parts: set[int], orders: np.ndarray, columns: list[str]) -> pa.Table:
     """The member rows of the given orders (read from their partitions' member files only), by order."""
     want = pa.array(orders, pa.int64())
-    tables = [_read(wd.part_scratch(STAGE, "members", p), ["order", *columns]) for p in sorted(parts)]
+    tables = [wd.read_parquet(wd.part_scratch(STAGE, "members", p), ["order", *columns]) for p in sorted(parts)]
     tables = [t.filter(pc.is_in(t.column("order"), want)) for t in tables]
     return pa.concat_tables(tables).sort_by("order") if tables else MEMBER_SCHEMA.empty_table().select(["order", *columns])
 
@@ -176,7 +173,7 @@ def _csr(column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
 # -- 4. verify -----------------------------------------------------------------------------------
 def verify_task(item: dict, cfg: FuzzyDedupConfig, wd: WorkDir, candidates: list[str]) -> dict:
     part = item["part"]
-    t = pa.concat_tables([_read(wd.scratch(STAGE, "candidates", c), ["hi", "lo"], [("hi_part", "=", part)])
+    t = pa.concat_tables([wd.read_parquet(wd.scratch(STAGE, "candidates", c), ["hi", "lo"], [("hi_part", "=", part)])
                           for c in candidates])
     pairs = np.unique(np.stack([t.column("hi").to_numpy(), t.column("lo").to_numpy()], axis=1), axis=0) \
         if t.num_rows else np.zeros((0, 2), np.int64)  # a pair sharing several bands is one candidate
@@ -195,11 +192,12 @@ def verify_task(item: dict, cfg: FuzzyDedupConfig, wd: WorkDir, candidates: list
         sim = (sig[a] == sig[b]).mean(axis=1) if len(a) else np.zeros(0, np.float64)
         keep = np.ones(len(hi), dtype=bool)
     hi, lo, sim = hi[keep], lo[keep], sim[keep]
-    cc.write_edges(wd.part_scratch(STAGE, "edges", part), np.concatenate([hi, lo]), np.concatenate([lo, hi]), item["buckets"])
+    cc.write_edges(wd.part_scratch(STAGE, "edges", part), np.concatenate([hi, lo]), np.concatenate([lo, hi]), item["buckets"],
+                   wd.store)
     node, other, s2 = np.concatenate([hi, lo]), np.concatenate([lo, hi]), np.concatenate([sim, sim])
     bucket = cc.bucket_of(node, item["buckets"])  # the node's components bucket: its assign task reads it
     idx = np.lexsort((other, node, bucket))
-    links = output(wd.part_scratch(STAGE, "links", part), LINK_SCHEMA, row_group_size=_ROW_GROUP)
+    links = wd.part(wd.part_scratch(STAGE, "links", part), LINK_SCHEMA, row_group_size=_ROW_GROUP)
     links.write(pa.table({"bucket": bucket[idx], "node": node[idx], "other": other[idx], "similarity": s2[idx]},
                          schema=LINK_SCHEMA))
     links.commit()
@@ -212,19 +210,20 @@ def assign_task(item: dict, wd: WorkDir, star_files: list[str], links: list[str]
     most similar verified edge, ties to the earliest other document), written sorted by the
     node's partition; and the sizes of the clusters whose root is in the bucket."""
     b = item["bucket"]
-    star = cc.read_bucket(star_files, b)
+    star = cc.read_bucket(star_files, b, wd.store)
     pairs = np.unique(np.stack([star["u"], star["v"]], axis=1), axis=0) if len(star["u"]) else np.zeros((0, 2), np.int64)
     u, v = pairs[:, 0].astype(np.int64), pairs[:, 1].astype(np.int64)
     leaf = v < u  # at the fixed point a leaf's one row points at its root; a root's rows list its members
     node, rootv = u[leaf], v[leaf]
-    lk = pa.concat_tables([_read(n, ["node", "other", "similarity"], [("bucket", "=", b)]) for n in links])
+    lk = pa.concat_tables([wd.read_parquet(n, ["node", "other", "similarity"], [("bucket", "=", b)])
+                           for n in links])
     best: dict[int, tuple[float, int]] = {}
     for n_, o_, s_ in zip(*(lk.column(c).to_pylist() for c in ("node", "other", "similarity"))):
         if n_ not in best or (s_, -o_) > (best[n_][0], -best[n_][1]):
             best[n_] = (s_, o_)
     idx = np.lexsort((node, node >> 32))
     node, rootv = node[idx], rootv[idx]
-    out = ParquetPart(wd.scratch(STAGE, "assign", item["name"]), ASSIGN_SCHEMA, row_group_size=_ROW_GROUP)
+    out = wd.part(wd.scratch(STAGE, "assign", item["name"]), ASSIGN_SCHEMA, row_group_size=_ROW_GROUP)
     out.write(pa.table({"part": (node >> 32).astype(np.int32), "node": node, "root": rootv,
                         "linked": [best[n][1] for n in node.tolist()], "similarity": [best[n][0] for n in node.tolist()]},
                        schema=ASSIGN_SCHEMA))
@@ -238,7 +237,7 @@ def assign_task(item: dict, wd: WorkDir, star_files: list[str], links: list[str]
 def removed_task(item: dict, cfg: FuzzyDedupConfig, wd: WorkDir, assigned: list[str]) -> dict:
     """This partition's removed documents, from its rows of every assign file (``assigned``: the assign tasks' names)."""
     part = item["part"]
-    t = pa.concat_tables([_read(wd.scratch(STAGE, "assign", n), ["node", "root", "linked", "similarity"],
+    t = pa.concat_tables([wd.read_parquet(wd.scratch(STAGE, "assign", n), ["node", "root", "linked", "similarity"],
                                 [("part", "=", part)]) for n in assigned]) if assigned else ASSIGN_SCHEMA.empty_table()
     t = t.sort_by("node")
     node, rootv = t.column("node").to_numpy(), t.column("root").to_numpy()
@@ -248,7 +247,7 @@ def removed_task(item: dict, cfg: FuzzyDedupConfig, wd: WorkDir, assigned: list[
     rows = pa.table({"id": [mine[n]["id"] for n in node.tolist()], "order": node, "part": pa.array([part] * len(node), pa.int32()),
                      "bytes": [mine[n]["bytes"] for n in node.tolist()], "reason": [REASON] * len(node),
                      "duplicate_of": sid, "duplicate_of_order": rootv, "cluster": sid, "similarity": t.column("similarity")})
-    out = output(wd.removed(STAGE, part), REMOVED_SCHEMA)
+    out = wd.part(wd.removed(STAGE, part), REMOVED_SCHEMA)
     out.write(to_removed_rows(rows, STAGE) if rows.num_rows else REMOVED_SCHEMA.empty_table())
     out.commit()
     # the report's sample: documents by id (an ``order`` depends on the partitioning; the

@@ -33,6 +33,7 @@ from .text import words
 from .wordhash import WordHashes, fold, mix64, word_char_table, word_hashes  # noqa: F401
 from gristmill.errors import UsageError
 from gristmill.manifests.runs import run_starts
+from gristmill.manifests.storage import Store, atomic_write, local_path
 
 DEFAULT_N = 13
 
@@ -201,24 +202,21 @@ class NgramIndex:
                           lengths=self.lengths)
 
     # -- persistence (the stage caches the index in its work dir; the audit may reload it) -------
-    def save(self, path: str) -> None:
-        """Write to a local ``.npz`` atomically (temporary name, then rename)."""
-        from gristmill.manifests.shards import atomic_write
-
+    def save(self, path: str, store: Store | None = None) -> None:
+        """Write to an ``.npz`` of ``store`` (None: the store of ``path``), whole or not at all."""
         meta = {"hash_version": HASH_VERSION, "n": self.n, "set_names": self.set_names, "item_ids": self.item_ids,
                 "lengths": list(self.lengths)}
         buf = io.BytesIO()
         np.savez(buf, meta=np.frombuffer(json.dumps(meta).encode(), np.uint8), set_first=self.set_first,
                  item_grams=self.item_grams, hashes=self.hashes, owner_ptr=self.owner_ptr, owners=self.owners)
-        atomic_write(path, buf.getvalue())
+        atomic_write(path, buf.getvalue(), store)
 
     @classmethod
-    def load(cls, path: str) -> "NgramIndex":
-        if "://" in path:  # a work dir on an object store: one read of the whole file
-            import fsspec
-
-            fs, fs_path = fsspec.core.url_to_fs(path)
-        with np.load(io.BytesIO(fs.cat_file(fs_path)) if "://" in path else path) as z:
+    def load(cls, path: str, store: Store | None = None) -> "NgramIndex":
+        """An index :meth:`save` wrote to ``path`` of ``store`` (None: the store of ``path``)."""
+        store = store or Store.from_url(path)
+        # a local file is read by numpy itself; on an object store, one read of the whole object
+        with np.load(store.path(path) if store.is_local else io.BytesIO(store.read(path))) as z:
             meta = json.loads(z["meta"].tobytes())
             if meta.get("hash_version") != HASH_VERSION:
                 raise EvalFileError(f"{path}: n-gram index built with hash {meta.get('hash_version')!r}, "
@@ -438,7 +436,7 @@ def _check_eval_file(path: str) -> None:
         what = "no such file" if isinstance(e, FileNotFoundError) else f"cannot be read: {e.strerror or e}"
         raise EvalFileError(f"eval file {path}: {what}") from None
     if info.get("type") != "file":
-        what = readers.special_file(p) if "://" not in path or path.startswith("file://") else "not a regular file"
+        what = readers.special_file(p) if local_path(path) is not None else "not a regular file"
         raise EvalFileError(f"eval file {path} is {what}, not a regular file; copy its contents to a file and name that")
 
 

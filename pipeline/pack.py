@@ -31,8 +31,9 @@ from gristmill.manifests import DatasetBuilder, Shard, sha256_file
 from gristmill.manifests.doc_index import DOC_INDEX_SCHEMA, DocIndexWriter
 from gristmill.manifests.manifest import token_dtype_for
 from gristmill.manifests.builder import write_pinned_shard
+from gristmill.manifests.storage import Store
 
-from .workdir import WorkDir, iter_batches
+from .workdir import WorkDir
 
 SPLITS = ("train", "validation")
 # Pack tasks per split at most: 2^18 ranges of the default 64 Mi tokens are 16 Ti tokens. A larger
@@ -123,14 +124,14 @@ class RangeShards:
     """Where one range's packer puts its shards: ``shards/<split>-<range>-<n>.arrow`` in staging,
     each pinned by both hashes as ``DatasetBuilder.add_shard`` does."""
 
-    def __init__(self, staging: str, range_no: int, vocab_size: int):
-        self.dir, self.range_no = staging, range_no
+    def __init__(self, staging: str, range_no: int, vocab_size: int, store: Store | None = None):
+        self.dir, self.range_no, self.store = staging, range_no, store
         self.dtype = token_dtype_for(vocab_size)
         self.shards: list[Shard] = []
 
     def add_shard(self, split: str, rows: np.ndarray, number: int) -> Shard:
         rel = f"shards/{split}-{self.range_no:05d}-{number:05d}.arrow"
-        shard = write_pinned_shard(self.dir, rel, split, rows.astype(self.dtype, copy=False))
+        shard = write_pinned_shard(self.dir, rel, split, rows.astype(self.dtype, copy=False), self.store)
         self.shards.append(shard)
         return shard
 
@@ -162,11 +163,11 @@ def plan_ranges(tokens_per_part: dict[str, list[int]], range_tokens: int) -> lis
     return items
 
 
-def range_docs(token_file: str, split: str, offset: int, lo: int, hi: int, batch_rows: int = 1024):
+def range_docs(wd: WorkDir, token_file: str, split: str, offset: int, lo: int, hi: int, batch_rows: int = 1024):
     """The documents of one partition's ``split`` whose first token (at split offset ``offset`` +
     tokens before it in this partition) falls in ``[lo, hi)``, in order."""
     pos = offset
-    for batch in iter_batches(token_file, batch_size=batch_rows):
+    for batch in wd.iter_batches(token_file, batch_size=batch_rows):
         t = pa.Table.from_batches([batch])
         t = t.filter(pc.equal(t.column("split"), split))
         if not t.num_rows:
@@ -183,27 +184,27 @@ def range_docs(token_file: str, split: str, offset: int, lo: int, hi: int, batch
 
 def pack_range_task(item: dict, wd: WorkDir, seq_len: int, shard_bytes: int, vocab_size: int) -> dict:
     """Pack one range of one split: its shards (in ``wd.staging``) and its document-index slice."""
-    sink = RangeShards(wd.staging, item["range"], vocab_size)
+    sink = RangeShards(wd.staging, item["range"], vocab_size, wd.store)
     path = wd.pack_index(item["name"])
-    with DocIndexWriter(path) as index:
+    with DocIndexWriter(path, wd.store) as index:
         packer = SplitPacker(sink, item["split"], seq_len, shard_bytes, index)
         for p, off in zip(item["parts"], item["offsets"]):
-            for t in range_docs(wd.tokens(p), item["split"], off, item["lo"], item["hi"]):
+            for t in range_docs(wd, wd.tokens(p), item["split"], off, item["lo"], item["hi"]):
                 packer.add(t)
         packer.finish()
     return {"split": item["split"], "stats": packer.stats, "shards": [asdict(s) for s in sink.shards], "index": path}
 
 
-def merge_doc_index(item: dict, slices: list[tuple[str, int]], out_path: str) -> dict:
+def merge_doc_index(item: dict, wd: WorkDir, slices: list[tuple[str, int]], out_path: str) -> dict:
     """Concatenate the ranges' index slices in manifest order; ``base`` turns a slice's shard
     number (a position in its range's shard list) into a position in the manifest's."""
-    with DocIndexWriter(out_path) as w:
+    with DocIndexWriter(out_path, wd.store) as w:
         for path, base in slices:
-            for batch in pq.ParquetFile(path).iter_batches(batch_size=1 << 16):
+            for batch in wd.iter_batches(path, batch_size=1 << 16):
                 t = pa.Table.from_batches([batch])
                 w.write(t.set_column(0, "shard", pc.add(t.column("shard"), base).cast(t.schema.field("shard").type)))
     rows = w.rows  # after close: the last row group is written then
-    sha, size = sha256_file(out_path)
+    sha, size = sha256_file(out_path, store=wd.store)
     return {"sha256": sha, "bytes": size, "rows": rows}
 
 

@@ -25,7 +25,6 @@ import pyarrow as pa
 from .config import PiiConfig
 from .documents import OVERRIDE_SCHEMA
 from .survivors import Survivors
-from .workdir import output
 
 STAGE = "pii"
 KINDS = ("email", "ip", "phone")
@@ -152,7 +151,7 @@ def pii_task(item: dict, cfg: PiiConfig, survivors: Survivors) -> dict:
     """One partition's surviving documents (earlier cuts applied): writes the redacted texts of
     the documents that changed, returns the replacement counts."""
     redactor = Redactor(cfg)
-    out = output(survivors.wd.overrides(STAGE, item["part"]), OVERRIDE_SCHEMA)
+    out = survivors.wd.part(survivors.wd.overrides(STAGE, item["part"]), OVERRIDE_SCHEMA)
     counts = {k: 0 for k in KINDS}
     docs = changed = 0
     for t in survivors.docs(item["part"], list(OVERRIDE_SCHEMA.names), 4096):

@@ -14,7 +14,7 @@ import json
 from gristmill.errors import UsageError
 
 from .documents import part_of
-from .workdir import WorkDir, open_parquet, read_parquet
+from .workdir import WorkDir
 
 
 def find_runs(path: str) -> list[WorkDir]:
@@ -49,8 +49,8 @@ def _docs(run: WorkDir, wanted: dict[int, set[str]]) -> dict[str, dict]:
         path = run.docs(part)
         if not ids or not run.exists(path):
             continue
-        cols = [c for c in ("id", "text", "source", "position", "url") if c in _schema_names(path)]
-        for row in read_parquet(path, columns=cols, filters=[("id", "in", sorted(ids))]).to_pylist():
+        cols = [c for c in ("id", "text", "source", "position", "url") if c in _schema_names(run, path)]
+        for row in run.read_parquet(path, columns=cols, filters=[("id", "in", sorted(ids))]).to_pylist():
             out[row["id"]] = row
     return out
 
@@ -64,10 +64,10 @@ def removed_documents(path: str, reason: str | None = None, stage: str | None = 
     run = runs[-1]  # the most recent
     rows, reasons = [], {}
     for f in _removed_files(run, stage):
-        for vc in pc.value_counts(read_parquet(f, columns=["reason"]).column("reason")).to_pylist():
+        for vc in pc.value_counts(run.read_parquet(f, columns=["reason"]).column("reason")).to_pylist():
             reasons[vc["values"]] = reasons.get(vc["values"], 0) + vc["counts"]
         if len(rows) < limit:  # the full rows (the language filter's carry their text) only while needed
-            t = read_parquet(f, filters=[("reason", "=", reason)] if reason is not None else None)
+            t = run.read_parquet(f, filters=[("reason", "=", reason)] if reason is not None else None)
             rows += t.slice(0, limit - len(rows)).to_pylist()
     if reason is not None and reason not in reasons:
         raise UsageError(f"no document of {run.root} was removed as {reason!r}; reasons there: "
@@ -103,6 +103,6 @@ def removed_documents(path: str, reason: str | None = None, stage: str | None = 
     return {"run_dir": run.root, "runs_found": len(runs), "removed_by_reason": dict(sorted(reasons.items())), "documents": out}
 
 
-def _schema_names(path: str) -> list[str]:
-    with open_parquet(path) as pf:
+def _schema_names(run: WorkDir, path: str) -> list[str]:
+    with run.open_parquet(path) as pf:
         return pf.schema_arrow.names

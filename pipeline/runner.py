@@ -32,7 +32,7 @@ import warnings
 from typing import Callable, ClassVar, Iterator
 
 from gristmill.errors import GristmillError, is_disk_error, os_error_text
-from gristmill.manifests.shards import atomic_write
+from gristmill.manifests.storage import Store
 
 from .progress import Progress
 from .workdir import BlockOutputs, WorkDir
@@ -83,9 +83,11 @@ class _TaskLog(logging.FileHandler):
 
 
 @contextlib.contextmanager
-def task_log(path: str):
-    """Python logging (WARNING and up) and warnings of the code inside go to ``path``."""
-    if "://" in path:  # an object store: the log is kept in memory and uploaded whole at the end
+def task_log(path: str, store: Store | None = None):
+    """Python logging (WARNING and up) and warnings of the code inside go to ``path`` of ``store``
+    (None: the store of ``path``)."""
+    store = store or Store.from_url(path)
+    if not store.is_local:  # an object store: the log is kept in memory and uploaded whole at the end
         buf = io.StringIO()
         handler = logging.StreamHandler(buf)
         handler.setLevel(logging.WARNING)
@@ -104,7 +106,7 @@ def task_log(path: str):
         root.removeHandler(handler)
         handler.close()
         if buf is not None and buf.getvalue():
-            atomic_write(path, buf.getvalue().encode())
+            store.put(path, buf.getvalue().encode())
 
 
 def record_attempt(wd: WorkDir, step: str, name: str) -> int:
@@ -125,7 +127,7 @@ def run_one(fn: Callable[[dict], dict], item: dict, wd: WorkDir, step: str, sync
     log; an exception becomes ``TaskFailed``."""
     t0, c0 = time.perf_counter(), time.process_time()
     log = wd.log(step, item["name"])
-    with task_log(log):
+    with task_log(log, wd.store):
         try:
             stats = fn(item)
         except Exception as e:

@@ -15,11 +15,6 @@ import os
 from dataclasses import dataclass, field
 from typing import Iterable
 
-import pyarrow.parquet as pq
-from fsspec.core import url_to_fs
-
-from gristmill.manifests import storage
-
 from gristmill.errors import GristmillError
 
 
@@ -137,9 +132,8 @@ def check_balanced(accounting: dict, wd) -> None:
     if accounting["balanced"]:
         return
     path = wd.accounting_json
-    fs, fs_path = url_to_fs(path)  # the work dir's storage: a local disk or an object store (s3://)
     try:
-        storage.put(fs, fs_path, (json.dumps(accounting, indent=1, sort_keys=True) + "\n").encode())
+        wd.store.put(path, (json.dumps(accounting, indent=1, sort_keys=True) + "\n").encode())
         where = f"with {path}"
     except OSError as e:  # the error to report is the accounting's, not this write's
         where = f"(writing {path} failed too: {type(e).__name__}: {e}): {json.dumps(accounting, sort_keys=True)}"
@@ -201,18 +195,17 @@ def format_table(report: dict) -> str:
     return "\n".join(lines)
 
 
-def export_jsonl(parquet_files: list[str], out_path: str, drop: tuple[str, ...] = ()) -> int:
-    """Concatenate bookkeeping parquet files (quarantine, removed) into one JSONL, in order,
-    less the ``drop`` columns."""
+def export_jsonl(wd, parquet_files: list[str], out_path: str, drop: tuple[str, ...] = ()) -> int:
+    """Concatenate bookkeeping parquet files (quarantine, removed) of the run dir ``wd`` into one
+    JSONL there, in order, less the ``drop`` columns."""
     n = 0
-    fs, out = url_to_fs(out_path)
-    with storage.open_put(fs, out) as f:  # any fsspec URL: whole or not at all
+    with wd.store.open_put(out_path) as f:  # whole or not at all
         for p in parquet_files:
-            if not fs.exists(url_to_fs(p)[1]):
+            if not wd.exists(p):
                 continue
-            pf = pq.ParquetFile(p)
-            columns = [c for c in pf.schema_arrow.names if c not in drop]
-            for batch in pf.iter_batches(batch_size=4096, columns=columns):
-                f.write("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in batch.to_pylist()).encode())
-                n += batch.num_rows
+            with wd.open_parquet(p) as pf:
+                columns = [c for c in pf.schema_arrow.names if c not in drop]
+                for batch in pf.iter_batches(batch_size=4096, columns=columns):
+                    f.write("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in batch.to_pylist()).encode())
+                    n += batch.num_rows
     return n

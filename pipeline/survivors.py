@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 
 import pyarrow as pa
 
-from .workdir import WorkDir, iter_batches, read_parquet
+from .workdir import WorkDir
 
 
 @dataclass(frozen=True)
@@ -65,14 +65,14 @@ class Survivors:
         """Ids the stages removed from partition ``part`` (one file a stage)."""
         ids: set[str] = set()
         for f in self.removed_files(part):
-            ids.update(read_parquet(f, ["id"]).column("id").to_pylist())
+            ids.update(self.wd.read_parquet(f, ["id"]).column("id").to_pylist())
         return ids
 
     def overridden_texts(self, part: int) -> dict[str, str]:
         """id -> text for the documents of partition ``part`` that a stage rewrote."""
         out: dict[str, str] = {}
         for f in self.override_files(part):
-            t = read_parquet(f, ["id", "text"])
+            t = self.wd.read_parquet(f, ["id", "text"])
             out.update(zip(t.column("id").to_pylist(), t.column("text").to_pylist()))
         return out
 
@@ -81,7 +81,7 @@ class Survivors:
         with rewritten texts applied (when ``text`` is among ``columns``)."""
         drop = self.removed_ids(part)
         new_text = self.overridden_texts(part) if "text" in columns else {}
-        for batch in iter_batches(self.wd.docs(part), columns, batch_size):
+        for batch in self.wd.iter_batches(self.wd.docs(part), columns, batch_size):
             t = pa.Table.from_batches([batch])
             if drop:
                 t = t.filter(pa.array([i not in drop for i in t.column("id").to_pylist()], pa.bool_()))

@@ -18,8 +18,8 @@ import pyarrow as pa
 from .config import SplitConfig, TokenizerConfig
 from .documents import split_of
 from .survivors import Survivors
-from .workdir import iter_batches, output
 from gristmill.errors import GristmillError
+from gristmill.manifests.storage import Store
 
 STAGE = "tokenize"
 TOKENS_SCHEMA = pa.schema([
@@ -45,21 +45,20 @@ def train_bpe(texts, cfg: TokenizerConfig, out_path: str) -> None:
 
 
 @functools.lru_cache(maxsize=4)
-def load_tokenizer(path: str, eos_token: str):
-    """(tokenizer, vocab_size, eos_id); the EOS token must be in the vocabulary.
+def load_tokenizer(path: str, eos_token: str, store: Store | None = None):
+    """(tokenizer, vocab_size, eos_id) of ``path`` of ``store`` (None: the store of ``path``); the EOS
+    token must be in the vocabulary.
 
     Cached per worker process: a worker tokenizes many partitions with the same file.
     """
     from tokenizers import Tokenizer
 
     try:
-        if "://" in path:  # a work dir or tokenizer on an object store
-            import fsspec
-
-            with fsspec.open(path, "rb") as f:
-                tok = Tokenizer.from_str(f.read().decode("utf-8"))
-        else:
-            tok = Tokenizer.from_file(path)
+        store = store or Store.from_url(path)
+        if store.is_local:
+            tok = Tokenizer.from_file(store.path(path))
+        else:  # a work dir or tokenizer on an object store
+            tok = Tokenizer.from_str(store.read(path).decode("utf-8"))
     except Exception as e:
         raise TokenizerError(f"tokenizer.path: {path} is not a tokenizers tokenizer.json: {e}") from e
     eos_id = tok.token_to_id(eos_token)
@@ -69,20 +68,20 @@ def load_tokenizer(path: str, eos_token: str):
 
 
 def tokenize_partition(part: int, tokenizer_path: str, cfg: TokenizerConfig, split: SplitConfig,
-                       survivors: Survivors) -> dict:
+                       survivors: Survivors, tokenizer_store: Store | None = None) -> dict:
     """Partition ``part``'s surviving documents (rewritten texts applied) as token ids with EOS:
     its rows of ``tokens/block-B.parquet``; returns its counts by split."""
     wd = survivors.wd
     cpu0 = time.process_time()
-    tok, _, eos_id = load_tokenizer(tokenizer_path, cfg.eos_token)
+    tok, _, eos_id = load_tokenizer(tokenizer_path, cfg.eos_token, tokenizer_store)
     drop = survivors.removed_ids(part)
     new_text = survivors.overridden_texts(part)
     # lz4: token ids barely compress, and zstd here cost ~5% of the stage
-    out = output(wd.tokens(part), TOKENS_SCHEMA, compression="lz4")
+    out = wd.part(wd.tokens(part), TOKENS_SCHEMA, compression="lz4")
     st = {"documents_in": 0, "bytes_in": 0, "documents_out": 0, "tokens_out": 0, "seconds": 0.0,
           "splits": {s: {"documents": 0, "tokens": 0} for s in ("train", "validation")}}
     cols = ["id", "order", "source", "position", "lang", "bytes", "text", "url"]
-    for batch in iter_batches(wd.docs(part), cols, cfg.batch_size):
+    for batch in wd.iter_batches(wd.docs(part), cols, cfg.batch_size):
         table = pa.Table.from_batches([batch])
         if drop:
             ids = table.column("id").to_pylist()

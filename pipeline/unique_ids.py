@@ -29,7 +29,7 @@ import pyarrow as pa
 from gristmill.manifests.runs import run_starts
 
 from .documents import REMOVED_SCHEMA, bucket_range_tasks, removed_by_partition
-from .workdir import ParquetPart, WorkDir, read_parquet
+from .workdir import WorkDir
 
 STAGE = "unique_ids"
 REASON = "duplicate_id"
@@ -87,11 +87,11 @@ def check_task(task: dict, wd: WorkDir, parts: list[int]) -> dict:
     """One bucket range over every partition's ids: its repeated ids' rows, sorted by order (so
     by partition: each partition's ``removed_task`` reads only its own row groups)."""
     flt = [("bucket", ">=", task["lo"]), ("bucket", "<", task["hi"])]
-    ids = pa.concat_tables([read_parquet(f, filters=flt, schema=ID_SCHEMA)
+    ids = pa.concat_tables([wd.read_parquet(f, filters=flt, schema=ID_SCHEMA)
                             for f in wd.whole_files([wd.ids(p) for p in parts])]) if parts \
         else ID_SCHEMA.empty_table()
     removed = repeated(ids)
-    out = ParquetPart(wd.scratch(STAGE, "repeated", task["name"]), REMOVED_SCHEMA, row_group_size=16_384)
+    out = wd.part(wd.scratch(STAGE, "repeated", task["name"]), REMOVED_SCHEMA, row_group_size=16_384)
     out.write(removed)
     out.commit()
     return {"ids": ids.num_rows, "repeated": removed.num_rows}
@@ -106,5 +106,5 @@ def repeated_ids(wd: WorkDir, tasks: tuple[str, ...]) -> set[str]:
     """The ids this step removed (exact dedup's keys must not stand for them): one small file a task."""
     out: set[str] = set()
     for name in tasks:
-        out.update(read_parquet(wd.scratch(STAGE, "repeated", name), ["id"]).column("id").to_pylist())
+        out.update(wd.read_parquet(wd.scratch(STAGE, "repeated", name), ["id"]).column("id").to_pylist())
     return out

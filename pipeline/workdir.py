@@ -35,8 +35,9 @@ exists, and a block's partitions are finished together: a crash (even ``kill -9`
 temp files and outputs without a marker; a rerun rewrites the whole block, and the output is the
 same bytes because every task is deterministic.
 
-The root may be any fsspec URL (``s3://bucket/work/<key>``): nothing here renames. Every file is
-written whole or not at all (``manifests.storage``: a local temp file and ``os.replace``, or one
+The root may be any fsspec URL (``s3://bucket/work/<key>``), opened with the job's storage options
+into one ``manifests.storage.Store`` that every read and write of the run dir goes through: nothing
+here renames. Every file is written whole or not at all (a local temp file and ``os.replace``, or one
 upload on an object store) and the marker, written last, is the commit.
 """
 from __future__ import annotations
@@ -47,17 +48,14 @@ import functools
 import json
 import os
 import posixpath
-import uuid
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from fsspec.core import url_to_fs
 
-from gristmill.manifests import storage
 from gristmill.manifests.hashing import canonical_json
 from gristmill.manifests.parquet_part import ParquetPart  # noqa: F401  (the stages' output writer)
-from gristmill.manifests.shards import atomic_write
+from gristmill.manifests.storage import Store
 
 
 BATCH_SUFFIX = ".batch.json"  # _done/<step>/<first task>.batch.json: a batch's marker, {"tasks": {name: stats}}
@@ -107,7 +105,7 @@ class BlockOutputs:
         self.files: dict[str, _BlockFile] = {}
         self._opened: dict[str, tuple[contextlib.ExitStack, pq.ParquetFile]] = {}
 
-    def opened(self, path: str) -> pq.ParquetFile:
+    def opened(self, path: str, store: Store) -> pq.ParquetFile:
         """A committed work-dir file, opened for the rest of the block (an earlier step's block
         file: no step reads its own outputs, so it cannot change while the block runs)."""
         if path in self._opened:
@@ -116,13 +114,13 @@ class BlockOutputs:
             if len(self._opened) >= self.READERS:
                 self._opened.pop(next(iter(self._opened)))[0].close()
             stack = contextlib.ExitStack()
-            self._opened[path] = (stack, stack.enter_context(open_parquet(path, pre_buffer=False)))
+            self._opened[path] = (stack, stack.enter_context(open_parquet(path, store, pre_buffer=False)))
         return self._opened[path][1]
 
-    def file(self, path: str, schema: pa.Schema, row_group_size: int | None, compression: str) -> "_BlockFile":
+    def file(self, path: str, schema: pa.Schema, store: Store, **options) -> "_BlockFile":
         f = self.files.get(path)
         if f is None:
-            f = self.files[path] = _BlockFile(path, schema, row_group_size, compression)
+            f = self.files[path] = _BlockFile(path, schema, store, **options)
         elif not f.schema.equals(schema):
             raise ValueError(f"{path}: written with two schemas in one block")
         return f
@@ -145,29 +143,29 @@ class BlockOutputs:
 
 
 class _BlockFile:
-    def __init__(self, path: str, schema: pa.Schema, row_group_size: int | None, compression: str):
-        self.path, self.schema, self.compression = path, schema, compression
-        self.part = ParquetPart(path, schema, row_group_size=row_group_size, compression=compression)
+    def __init__(self, path: str, schema: pa.Schema, store: Store, **options):
+        self.path, self.schema, self.store, self.options = path, schema, store, options
+        self.part = ParquetPart(path, schema, store=store, **options)
         self.index: dict[str, list[int]] = {}
 
     def commit(self) -> None:
         index = canonical_json(self.index)
         if self.part.rows == 0:  # no rows: an empty file whose schema carries the index
-            ParquetPart(self.path, self.schema.with_metadata({PARTS_KEY: index}), compression=self.compression).commit()
+            ParquetPart(self.path, self.schema.with_metadata({PARTS_KEY: index}), store=self.store, **self.options).commit()
             return
         self.part.writer.add_key_value_metadata({PARTS_KEY: index})
         self.part.commit()
 
 
 class PartWriter:
-    """One partition's rows of one kind, written into its block's file (``output``): ``append``,
+    """One partition's rows of one kind, written into its block's file (``WorkDir.part``): ``append``,
     ``write``, ``commit`` as ``ParquetPart``; its rows are a range of the file, named in its index."""
 
-    def __init__(self, path: PartPath, schema: pa.Schema, row_group_size: int | None = None, compression: str = "zstd"):
+    def __init__(self, path: PartPath, schema: pa.Schema, store: Store, **options):
         block = _BLOCK.get()
         if block is None:
             raise RuntimeError(f"{path}: partition {path.part}'s output written outside its block's task")
-        self.file, self.key = block.file(str(path), schema, row_group_size, compression), str(path.part)
+        self.file, self.key = block.file(str(path), schema, store, **options), str(path.part)
         if self.key in self.file.index:
             raise RuntimeError(f"{path}: partition {path.part} written twice in one block")
         self.schema, self.start, self.rows = schema, self.file.part.rows, 0
@@ -200,12 +198,6 @@ class PartWriter:
         """Nothing to undo here: the block's files are committed with the block or not at all."""
 
 
-def output(path: str, schema: pa.Schema, row_group_size: int | None = None, compression: str = "zstd"):
-    """The writer of a work-dir output: a partition's rows of a block file (``PartPath``, inside its
-    block's task), or a whole file of its own (``ParquetPart``)."""
-    if isinstance(path, PartPath):
-        return PartWriter(path, schema, row_group_size, compression)
-    return ParquetPart(path, schema, row_group_size=row_group_size, compression=compression)
 
 
 def _parse_marker(data: bytes) -> dict | None:
@@ -230,39 +222,54 @@ _OPS = {"=": (lambda lo, hi, v: lo <= v <= hi, pc.equal), "==": (lambda lo, hi, 
 
 
 def read_parquet(path: str, columns: list[str] | None = None, filters: list[tuple] | None = None,
-                 schema: pa.Schema | None = None) -> pa.Table:
-    """``pq.read_table(path, columns=, filters=, schema=)`` for one work-dir file (a local path or
-    fsspec URL), through ``ParquetFile``; a ``PartPath``: that partition's rows of its block file.
-    The files of a step are small and read thousands of times
+                 schema: pa.Schema | None = None, store: Store | None = None) -> pa.Table:
+    """``pq.read_table(path, columns=, filters=, schema=)`` for one work-dir file of ``store`` (None:
+    the store of ``path`` with no storage options), through ``ParquetFile``. The files of a step are small and read thousands of times
     (each partition's task reads one per earlier stage; a part filter on every bucket-range file),
     and ``pq.read_table`` builds a dataset for each (discovery, a scanner, an Acero plan, thread
     pools): ~0.4-1.3 ms a small file against ~0.05-0.2 ms here (profiled at 300 partitions, its
     reads were 37% of all task time). ``filters`` are AND-ed ``(column, op, value)`` (``= == < <= >
     >= in``): row groups whose statistics exclude one are skipped, as the scanner does, and the rows
     of the rest tested with a mask (nulls never match, as in ``read_table``). Opened
-    without pre-buffering (one small file, read once)."""
+    without pre-buffering (one small file, read once). A ``PartPath``: that partition's rows of its
+    block file."""
+    store = store or Store.from_url(path)
     part = path.part if isinstance(path, PartPath) else None
     if part is not None and (block := _BLOCK.get()) is not None:  # inside a block's task: opened once for it
-        return _read_parquet(block.opened(str(path)), columns, filters, schema, part)
-    if "://" in path:
-        fs, fs_path = url_to_fs(path)
-        with fs.open(fs_path, "rb") as f:
-            return _read_parquet(pq.ParquetFile(pa.BufferReader(f.read())), columns, filters, schema, part)
-    with open_parquet(path, pre_buffer=False) as pf:
+        return _read_parquet(block.opened(str(path), store), columns, filters, schema, part)
+    if not store.is_local:  # one read of the whole object
+        return _read_parquet(pq.ParquetFile(pa.BufferReader(store.read(path))), columns, filters, schema, part)
+    with open_parquet(path, store, pre_buffer=False) as pf:
         return _read_parquet(pf, columns, filters, schema, part)
 
 
 @contextlib.contextmanager
-def open_parquet(path: str, **options):
-    """``pq.ParquetFile`` of a work-dir file, closed on exit: a local file opened as an ``OSFile``
-    (given a path string, pyarrow resolves a filesystem for each open: ~90 us, on every one of a
-    step's thousands of small files), a URL by pyarrow's own filesystems as before. A block file
-    (``PartPath``) is opened whole: ``part_row_groups`` picks a partition's rows."""
-    if "://" in path:
-        yield pq.ParquetFile(str(path), **options)
-        return
-    with pa.OSFile(str(path)) as f:
+def open_parquet(path: str, store: Store | None = None, **options):
+    """``pq.ParquetFile`` of a work-dir file of ``store`` (None: the store of ``path``), closed on exit:
+    a local file opened as an ``OSFile`` (given a path string, pyarrow resolves a filesystem for each
+    open: ~90 us, on every one of a step's thousands of small files), another through the store."""
+    store = store or Store.from_url(path)
+    with pa.OSFile(store.path(str(path))) if store.is_local else store.open(str(path)) as f:
         yield pq.ParquetFile(f, **options)
+
+
+def iter_batches(path: str, columns: list[str] | None = None, batch_size: int = 65_536, store: Store | None = None):
+    """``pq.ParquetFile(path).iter_batches(...)`` through ``open_parquet`` (the file closed when done);
+    a ``PartPath``: that partition's rows."""
+    if isinstance(path, PartPath) and (block := _BLOCK.get()) is not None:  # inside a block's task: opened once for it
+        yield from _part_batches(block.opened(str(path), store or Store.from_url(path)), path.part, columns, batch_size)
+        return
+    with open_parquet(path, store) as pf:
+        if isinstance(path, PartPath):
+            yield from _part_batches(pf, path.part, columns, batch_size)
+        else:
+            yield from pf.iter_batches(columns=columns, batch_size=batch_size)
+
+
+def _part_batches(pf: pq.ParquetFile, part: int, columns: list[str] | None, batch_size: int):
+    groups = part_row_groups(pf, part)
+    if groups:
+        yield from pf.iter_batches(columns=columns, batch_size=batch_size, row_groups=groups)
 
 
 def part_row_groups(pf: pq.ParquetFile, part: int) -> list[int]:
@@ -281,25 +288,6 @@ def part_row_groups(pf: pq.ParquetFile, part: int) -> list[int]:
             groups.append(g)
         at += n
     return groups
-
-
-def iter_batches(path: str, columns: list[str] | None = None, batch_size: int = 65_536):
-    """``pq.ParquetFile(path).iter_batches(...)`` through ``open_parquet`` (the file closed when done);
-    a ``PartPath``: that partition's rows."""
-    if isinstance(path, PartPath) and (block := _BLOCK.get()) is not None:  # inside a block's task: opened once for it
-        yield from _part_batches(block.opened(str(path)), path.part, columns, batch_size)
-        return
-    with open_parquet(path) as pf:
-        if isinstance(path, PartPath):
-            yield from _part_batches(pf, path.part, columns, batch_size)
-        else:
-            yield from pf.iter_batches(columns=columns, batch_size=batch_size)
-
-
-def _part_batches(pf: pq.ParquetFile, part: int, columns: list[str] | None, batch_size: int):
-    groups = part_row_groups(pf, part)
-    if groups:
-        yield from pf.iter_batches(columns=columns, batch_size=batch_size, row_groups=groups)
 
 
 def _read_parquet(pf: pq.ParquetFile, columns, filters, schema, part: int | None = None) -> pa.Table:
@@ -335,27 +323,45 @@ def _may_match(rg, names: list[str], filters: list[tuple]) -> bool:
     return True
 
 
+def writer(path: str, schema: pa.Schema, store: Store, **options) -> "ParquetPart | PartWriter":
+    """The writer of a work-dir file of ``store`` (``row_group_size``, ``compression``): a
+    ``ParquetPart``, or for a ``PartPath`` a partition's rows of its block file (``PartWriter``,
+    inside its block's task)."""
+    if isinstance(path, PartPath):
+        return PartWriter(path, schema, store, **options)
+    return ParquetPart(path, schema, store=store, **options)
+
+
 class WorkDir:
     """One run's directory. Small and picklable: tasks receive it and build their paths with it."""
 
-    def __init__(self, root: str, block_parts: int | None = None):
-        self.root = root.rstrip("/") if "://" in root else root
-        self.local = "://" not in root
-        if self.local:
-            os.makedirs(root, exist_ok=True)
+    def __init__(self, root: str, storage_options: dict | None = None, block_parts: int | None = None):
+        self.storage_options = dict(storage_options or {})
+        self.store = Store.from_url(root, **self.storage_options)  # pickled with it: a task opens its own
+        self.root = root if self.store.is_local else root.rstrip("/")
+        if self.store.is_local:
+            self.store.makedirs(root)
         if block_parts is not None:
             self.__dict__["block_parts"] = block_parts
 
+    def __getstate__(self) -> dict:  # a task gets the blocks with it, never reads layout.json
+        return {**self.__dict__, "block_parts": self.block_parts}
+
     @classmethod
-    def of_run(cls, work_dir: str, run_key: str) -> "WorkDir":
+    def of_run(cls, work_dir: str, run_key: str, storage_options: dict | None = None) -> "WorkDir":
         """The run dir of the job whose key is ``run_key`` under the job's ``work_dir``."""
-        return cls(os.path.join(work_dir, run_key))
+        return cls(os.path.join(work_dir, run_key), storage_options)
 
     def __repr__(self) -> str:
         return f"WorkDir({self.root!r})"
 
-    def __getstate__(self) -> dict:  # a task gets the URL, and opens its own filesystem
-        return {"root": self.root, "local": self.local, "block_parts": self.block_parts}
+    @property
+    def local(self) -> bool:
+        """Whether the run dir is on this machine's disk (it has folders to make)."""
+        return self.store.is_local
+
+    def _path(self, *parts: str) -> str:
+        return self.store.join(self.root, *parts)
 
     @functools.cached_property
     def block_parts(self) -> int:
@@ -371,7 +377,7 @@ class WorkDir:
         once: a resumed run finds the blocks its finished tasks wrote."""
         want = block_parts(partitions)
         if not self.exists(self.layout_json):
-            atomic_write(self.layout_json, canonical_json({"block_parts": want}))
+            self.write(self.layout_json, canonical_json({"block_parts": want}))
         self.__dict__.pop("block_parts", None)
         if self.block_parts != want:
             raise RuntimeError(f"{self.layout_json}: {self.block_parts} partitions a block, where this run makes {want}")
@@ -383,49 +389,44 @@ class WorkDir:
         """Partition ``part``'s rows of the kind in ``folder``: in its block's file there."""
         return PartPath(self._path(*folder, f"{prefix}block-{self.block_of(part):05d}.parquet"), part)
 
-    @property
-    def fs(self):
-        """``(fsspec filesystem, root path)``; made once per process."""
-        if "_fs" not in self.__dict__:
-            self.__dict__["_fs"] = url_to_fs(self.root)
-        return self.__dict__["_fs"]
-
-    def _path(self, *parts: str) -> str:
-        return os.path.join(self.root, *parts) if self.local else posixpath.join(self.root, *parts)
-
     def create_new(self, path: str, data: bytes = b"") -> bool:
         """Create a file holding ``data`` if nothing has the name: True if this call made it
-        (create-if-absent)."""
-        if self.local:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            try:
-                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                return False
-            try:
-                os.write(fd, data)
-            finally:
-                os.close(fd)
-            return True
-        return storage.put_new(self.fs[0], url_to_fs(path)[1], data)
+        (create-if-absent; not fsynced: bookkeeping a crash may lose)."""
+        return self.store.put_new(path, data, sync=False)
 
     def listdir(self, path: str) -> list[str]:
         """The names in a folder of this run dir (FileNotFoundError if there is none)."""
-        if self.local:
-            return os.listdir(path)
-        fs, fs_path = self.fs[0], url_to_fs(path)[1]
-        storage.refresh(fs, fs_path)
-        return [posixpath.basename(p.rstrip("/")) for p in fs.ls(fs_path, detail=False)]
+        return self.store.listdir(path)
 
     def exists(self, path: str) -> bool:
-        return os.path.exists(path) if self.local else self.fs[0].exists(url_to_fs(path)[1])
+        return self.store.exists(path)
 
     def read_bytes(self, path: str) -> bytes:
         """A whole committed file of this run dir (FileNotFoundError if absent)."""
-        if self.local:
-            with open(path, "rb") as f:
-                return f.read()
-        return storage.get(self.fs[0], path)
+        return self.store.read(path)
+
+    def part(self, path: str, schema: pa.Schema, **options) -> "ParquetPart | PartWriter":
+        """The writer of ``path`` of this run dir (``row_group_size``, ``compression``): a
+        ``ParquetPart``, or for a ``PartPath`` a partition's rows of its block file (``PartWriter``,
+        inside its block's task)."""
+        return writer(path, schema, self.store, **options)
+
+    def read_parquet(self, path: str, columns: list[str] | None = None, filters: list[tuple] | None = None,
+                     schema: pa.Schema | None = None) -> pa.Table:
+        """``read_parquet`` of a file of this run dir."""
+        return read_parquet(path, columns, filters, schema, self.store)
+
+    def open_parquet(self, path: str, **options):
+        """``open_parquet`` of a file of this run dir."""
+        return open_parquet(path, self.store, **options)
+
+    def iter_batches(self, path: str, columns: list[str] | None = None, batch_size: int = 65_536):
+        """``iter_batches`` of a file of this run dir."""
+        return iter_batches(path, columns, batch_size, self.store)
+
+    def write(self, path: str, data) -> None:
+        """Write a whole file of this run dir, replacing any older one (``Store.put``)."""
+        self.store.put(path, data)
 
     # -- per-partition rows, in block files ----------------------------------------------------
     def docs(self, part: int) -> PartPath:
@@ -485,9 +486,10 @@ class WorkDir:
         """The partitions of this run, from its document files' indexes."""
         out = []
         for f in self.docs_files():
-            with open_parquet(f) as pf:
+            with self.open_parquet(f) as pf:
                 out += map(int, json.loads((pf.metadata.metadata or {}).get(PARTS_KEY, b"{}")))
         return sorted(out)
+
 
     def removal_stages(self) -> list[str]:
         """The stages that wrote removals in this run (folder names under ``removed/``), by name."""
@@ -502,17 +504,16 @@ class WorkDir:
     def modified(self) -> float:
         """When this run last finished a step (its report, else its first partition), for ordering runs."""
         path = self.report_json if self.exists(self.report_json) else self.docs(0)
-        if self.local:
-            return os.path.getmtime(path)
-        return self.fs[0].modified(url_to_fs(path)[1]).timestamp()
+        return self.store.modified(path)
 
     @classmethod
-    def runs_at(cls, path: str) -> list["WorkDir"]:
+    def runs_at(cls, path: str, storage_options: dict | None = None) -> list["WorkDir"]:
         """The run dirs at ``path``, oldest first: itself when it is one, else those of the work
         dir it names (a directory or fsspec URL); nothing is created."""
-        if "://" not in path and not os.path.isdir(path):
+        store = Store.from_url(path, **(storage_options or {}))
+        if store.is_local and not store.isdir(path):
             return []
-        here = cls(path)
+        here = cls(path, storage_options)
         if here.is_run():
             return [here]
         try:
@@ -520,7 +521,7 @@ class WorkDir:
         except FileNotFoundError:
             return []
         paths = [here._path(n) for n in names]
-        runs = [run for p in paths if (not here.local or os.path.isdir(p)) and (run := cls(p)).is_run()]
+        runs = [run for p in paths if (not here.local or store.isdir(p)) and (run := cls(p, storage_options)).is_run()]
         return sorted(runs, key=lambda r: r.modified())
 
     # -- the run's single files ---------------------------------------------------------------
@@ -620,18 +621,10 @@ class WorkDir:
         """Commit a batch of tasks (name -> stats, in item order) with one marker, written whole
         (temp file, fsync, rename; one upload on an object store) after all their outputs: the
         fsync also commits the outputs with the filesystem's journal (ext4's ordered mode)."""
-        atomic_write(self.batch_marker(step, next(iter(stats))), canonical_json({"tasks": stats}))
+        self.store.put(self.batch_marker(step, next(iter(stats))), canonical_json({"tasks": stats}))
 
     def mark_done(self, step: str, name: str, stats: dict, *, sync: bool = True) -> None:
         """Commit a task: its marker, written under a unique name and renamed. ``sync`` fsyncs it,
         which also commits the task's outputs with the filesystem's journal (ext4's ordered mode);
         a batch of tasks syncs its last marker only (pipeline.runner.run_batch)."""
-        if sync or not self.local:  # an object store: one upload, whole or nothing, nothing to sync
-            atomic_write(self.marker(step, name), canonical_json(stats))
-            return
-        path = self.marker(step, name)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.tmp-{uuid.uuid4().hex[:12]}"
-        with open(tmp, "wb") as f:
-            f.write(canonical_json(stats))
-        os.replace(tmp, path)
+        self.store.put(self.marker(step, name), canonical_json(stats), sync=sync)

@@ -249,9 +249,10 @@ class ServeProcess:
 def write_part(path, schema, rows) -> None:
     """A partition's rows of a work-dir block file (``WorkDir.docs(3)``, ...), written as a stage's task
     writes them: through its block's outputs (here a block of its own)."""
-    from gristmill.pipeline.workdir import BlockOutputs, output
+    from gristmill.manifests.storage import Store
+    from gristmill.pipeline.workdir import BlockOutputs, writer
 
     with BlockOutputs():
-        out = output(path, schema)
+        out = writer(path, schema, Store.from_url(path))
         out.write(rows)
         out.commit()

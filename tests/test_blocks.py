@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from gristmill.pipeline.runner import SerialRunner, batches_of, blocks_of, run_batch
-from gristmill.pipeline.workdir import (BlockOutputs, PartPath, WorkDir, block_parts, iter_batches, output, part_name,
+from gristmill.pipeline.workdir import (BlockOutputs, PartPath, WorkDir, block_parts, iter_batches, part_name,
                                         read_parquet)
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
@@ -36,7 +36,7 @@ def test_a_block_file_holds_each_partition_apart(tmp_path):
     sizes = {4: 3, 5: 0, 6: 2500, 7: 1}
     with BlockOutputs():
         for p, n in sizes.items():
-            w = output(wd.docs(p), SCHEMA, row_group_size=1000)
+            w = wd.part(wd.docs(p), SCHEMA, row_group_size=1000)
             if p == 7:
                 w.append(_rows(p, n).to_pylist()[0])  # row by row, as ParquetPart
             else:
@@ -63,7 +63,7 @@ def test_a_block_task_reads_earlier_block_files_through_a_bounded_set_of_open_fi
     wd = WorkDir(str(tmp_path), block_parts=1)
     for p in range(5):  # an earlier step's files: five blocks
         with BlockOutputs():
-            w = output(wd.keys(p), SCHEMA)
+            w = wd.part(wd.keys(p), SCHEMA)
             w.write(_rows(p, p + 1))
             w.commit()
     monkeypatch.setattr(BlockOutputs, "READERS", 2)
@@ -79,16 +79,16 @@ def test_a_block_that_fails_commits_nothing_and_writes_only_inside_its_task(tmp_
     wd = WorkDir(str(tmp_path), block_parts=2)
     with pytest.raises(RuntimeError, match="killed"):
         with BlockOutputs():
-            w = output(wd.docs(0), SCHEMA)
+            w = wd.part(wd.docs(0), SCHEMA)
             w.write(_rows(0, 3))
             w.commit()
             raise RuntimeError("killed")  # partition 1 never ran: the block's files must not look finished
     assert glob.glob(str(tmp_path / "docs" / "*")) == []
     with pytest.raises(RuntimeError, match="outside its block"):
-        output(wd.docs(0), SCHEMA)
+        wd.part(wd.docs(0), SCHEMA)
     with BlockOutputs(), pytest.raises(RuntimeError, match="written twice"):
-        output(wd.docs(0), SCHEMA).commit()
-        output(wd.docs(0), SCHEMA)
+        wd.part(wd.docs(0), SCHEMA).commit()
+        wd.part(wd.docs(0), SCHEMA)
 
 
 def test_the_blocks_depend_on_the_partition_count_alone(tmp_path):
@@ -115,7 +115,7 @@ def test_a_block_is_finished_or_redone_whole(tmp_path):
 
     def fn(item):
         calls.append(item["part"])
-        w = output(wd.keys(item["part"]), SCHEMA)
+        w = wd.part(wd.keys(item["part"]), SCHEMA)
         w.write(_rows(item["part"], 2))
         w.commit()
         return {"rows": 2}
@@ -145,7 +145,7 @@ def test_a_batch_of_blocks_commits_each_block_and_a_retry_skips_the_committed_on
         calls.append(item["part"])
         if item["part"] == 3 and dies and dies.pop():
             raise KeyboardInterrupt  # the worker dies inside the second block, on the first attempt
-        w = output(wd.tokens(item["part"]), SCHEMA)
+        w = wd.part(wd.tokens(item["part"]), SCHEMA)
         w.write(_rows(item["part"], 1))
         w.commit()
         return {"part": item["part"]}

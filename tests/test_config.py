@@ -58,7 +58,7 @@ def write(path, text):
     ("decontaminate: {polcy: cut}\n",
      "decontaminate.polcy: expected one of the keys enabled, eval_sets, n, policy, margin, min_matches, min_item_words, "
      "against_validation, validation_min_matches, validation_max_doc_freq, got unknown key 'polcy'; did you mean 'policy'?"),
-    ("langauge: {}\n", "langauge: expected one of the keys inputs, output, work_dir, extract, language, exact_dedup, "
+    ("langauge: {}\n", "langauge: expected one of the keys inputs, output, work_dir, work_dir_options, extract, language, exact_dedup, "
                        "quality, fuzzy_dedup, dedup_against, decontaminate, pii, split, tokenizer, pack, partitioning, runner, got unknown key 'langauge'; did you mean 'language'?"),
     # an index two lists deep
     ("decontaminate:\n  eval_sets:\n    - {name: qa, path: evals/qa.jsonl}\n    - {name: qa, path: evals/qa.jsonl}\n",

@@ -118,15 +118,17 @@ def test_bucketed_steps_give_the_in_memory_verdicts(tmp_path, corpus, monkeypatc
 
 def test_a_bucket_task_reads_only_its_range_and_a_match_lands_in_it(tmp_path, corpus, monkeypatch):
     wd, files, _ = _setup(tmp_path, corpus, monkeypatch)
-    reads = []
-    real = da.read_parquet
+    from gristmill.pipeline import workdir
 
-    def spy(path, columns, filters=None):
-        t = real(path, columns, filters)
+    reads = []
+    real = workdir.read_parquet
+
+    def spy(path, columns=None, filters=None, schema=None, store=None):  # every read of the run dir's files
+        t = real(path, columns, filters, schema, store)
         reads.append((path, filters, t.num_rows))
         return t
 
-    monkeypatch.setattr(da, "read_parquet", spy)
+    monkeypatch.setattr(workdir, "read_parquet", spy)
     _run(wd, files, RANGES, monkeypatch)
     keys = {name: pq.read_table(wd.scratch("dedup_against", "keys", name))
             for name in [f"part-{p:05d}" for p in range(3)] + [f"file-{k:05d}" for k in range(3)]}

@@ -318,15 +318,14 @@ def test_an_unbalanced_accounting_on_an_object_store_work_dir_is_the_accounting_
 
 
 def test_an_accounting_file_that_cannot_be_written_still_reports_the_accounting_error(tmp_path, monkeypatch):
-    from gristmill.pipeline import stats
     from gristmill.pipeline.stats import AccountingError, check_balanced
     from gristmill.pipeline.workdir import WorkDir
 
     def full_disk(*a, **k):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(stats.storage, "put", full_disk)
     wd = WorkDir(str(tmp_path / "w"))
+    monkeypatch.setattr(type(wd.store), "put", full_disk)  # the run dir's store: every write of it
     accounting = {"balanced": False, "input": 3, "kept": 1, "removed": {"x": 1}, "quarantined": {}}
     with pytest.raises(AccountingError) as e:
         check_balanced(accounting, wd)

@@ -7,7 +7,10 @@ held in strings, e.g. a ``python -c`` probe):
 * the parts are libraries: none imports argparse or the application layer (`gristmill.cli`), and
   none imports the reports (`gristmill.report`), which only the commands that write a page load;
 * no import cycle between modules, lazy (function-level) imports included;
-* nothing imports a part by a bare name (`import pipeline`).
+* nothing imports a part by a bare name (`import pipeline`);
+* nothing but the storage module (manifests/storage.py) looks inside a URL: no ``"://" in path``,
+  ``split("://")`` or ``startswith("file://")`` elsewhere; callers ask a ``Store`` or the module's
+  ``is_url`` / ``split_url`` / ``local_path``.
 """
 import ast
 import functools
@@ -311,3 +314,28 @@ def test_built_wheel_installs_only_the_gristmill_import_name(tmp_path):
                          env={"PATH": os.environ["PATH"], "PYTHONPATH": f"{target}{os.pathsep}{deps}"})
     assert out.returncode == 0, out.stderr
     assert "bare names importable: []" in out.stdout
+
+
+STORAGE = ROOT / "manifests" / "storage.py"
+
+
+def url_checks(source: str) -> list[int]:
+    """The lines of each string constant that reads a URL: ``"://"`` itself (``in``, ``split``,
+    ``partition``) or a ``file://`` prefix. Pieces of an f-string that builds an address (a gRPC
+    endpoint's ``{scheme}://{host}``) do not read one."""
+    tree = ast.parse(source)
+    built = {id(v) for node in ast.walk(tree) if isinstance(node, ast.JoinedStr) for v in node.values}
+    return sorted(node.lineno for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in built
+            and (node.value == "://" or node.value.startswith("file://")))
+
+
+def test_only_the_storage_module_looks_inside_a_url():
+    found = [f"{f.relative_to(ROOT)}:{n}" for f in _gristmill_files() if f != STORAGE for n in url_checks(f.read_text())]
+    assert not found, f"URL checks outside manifests/storage.py (ask a Store, or storage.is_url/split_url): {found}"
+
+
+def test_the_url_scan_sees_checks_and_lets_addresses_be_built():
+    source = ('local = "://" not in p\nproto = u.split("://")[0]\nplain = u.removeprefix("file://")\n'
+              'endpoint = f"{scheme}://{host}"\n"""A docstring may say s3://bucket/key."""\n')
+    assert url_checks(source) == [1, 2, 3]

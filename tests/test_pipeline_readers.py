@@ -100,7 +100,7 @@ def _job(tmp_path, **extra):
 
 
 @pytest.mark.parametrize("extra,message", [
-    ({"langauge": {}}, "langauge: expected one of the keys inputs, output, work_dir, extract, language, "),
+    ({"langauge": {}}, "langauge: expected one of the keys inputs, output, work_dir, work_dir_options, extract, language, "),
     ({"language": {"threshold": 1.5}}, "language.threshold: expected a number in [0, 1], got 1.5"),
     ({"language": {"allowed": []}}, "language.allowed: expected a non-empty list of strings, got []"),
     ({"pack": {"seq_len": "long"}}, "pack.seq_len: expected an integer in [1, 2147483646], got 'long'"),

@@ -76,13 +76,12 @@ def test_bpe_training_is_deterministic(tmp_path):
 def _token_file(path, docs, first=0):
     """docs: list of (id, split, tokens) in order; ``first``: the position of the first one; ``path``
     a file or a partition's rows of a block file (``WorkDir.tokens``, a block of its own)."""
-    from gristmill.pipeline.workdir import BlockOutputs, PartPath, output
+    from gristmill.manifests.storage import Store
+    from gristmill.pipeline.workdir import BlockOutputs, writer
 
-    if isinstance(path, PartPath):
-        with BlockOutputs():
-            _token_file_rows(output(path, TOKENS_SCHEMA), docs, first)
-        return str(path)
-    return _token_file_rows(ParquetPart(str(path), TOKENS_SCHEMA), docs, first) or str(path)
+    with BlockOutputs():  # a PartPath's block (a block of its own); a plain file is written whole as ever
+        _token_file_rows(writer(path, TOKENS_SCHEMA, Store.from_url(path)), docs, first)
+    return str(path)
 
 
 def _token_file_rows(p, docs, first):
@@ -148,7 +147,7 @@ def _pack_in_ranges(tmp_path, name, docs, cuts, range_tokens):
     for o in out:
         slices.append((o["index"], len(shards)))
         shards += [Shard(**s) for s in o["shards"]]
-    merged = pack.merge_doc_index({}, slices, os.path.join(staging, "doc_index.parquet"))
+    merged = pack.merge_doc_index({}, wd, slices, os.path.join(staging, "doc_index.parquet"))
     rows = [read_rows(os.path.join(staging, s.path)) for s in shards]
     return shards, rows, merged, read_doc_index(os.path.join(staging, "doc_index.parquet")).to_pylist(), out
 

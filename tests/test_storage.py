@@ -1,7 +1,9 @@
-"""The commit primitives of manifests/storage.py, and the writers built on them, on a local disk
-and on S3 (the local moto server, tests/s3server.py): whole or nothing, one winner per name."""
+"""The storage seam (manifests/storage.py): a Store resolved once from a URL and its options, its
+capability flags, and its commit primitives and the writers built on them, on a local disk and on S3
+(the local moto server, tests/s3server.py): whole or nothing, one winner per name."""
 from __future__ import annotations
 
+import pickle
 import posixpath
 import threading
 
@@ -12,7 +14,7 @@ import pytest
 
 from gristmill.manifests import storage
 from gristmill.manifests.parquet_part import ParquetPart
-from gristmill.manifests.shards import atomic_write
+from gristmill.manifests.storage import FsspecStore, LocalStore, S3Store, Store, atomic_write
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -23,13 +25,13 @@ def where(request, tmp_path):
 
 
 def test_put_new_has_one_winner(where):
-    fs, root = fsspec.core.url_to_fs(where)
-    path = posixpath.join(root, "claimed")
+    store = Store.from_url(where)
+    path = f"{where}/claimed"
     barrier, wins = threading.Barrier(16), []
 
     def claim(i):
         barrier.wait()
-        if storage.put_new(fs, path, f"writer {i}".encode()):
+        if store.put_new(path, f"writer {i}".encode()):
             wins.append(i)
 
     threads = [threading.Thread(target=claim, args=(i,)) for i in range(16)]
@@ -38,40 +40,44 @@ def test_put_new_has_one_winner(where):
     for t in threads:
         t.join(60)
     assert len(wins) == 1
-    assert storage.get(fs, path) == f"writer {wins[0]}".encode()  # the winner's bytes, never overwritten
-    assert not storage.put_new(fs, path, b"late")
-    assert storage.get(fs, path) == f"writer {wins[0]}".encode()
+    assert store.read(path) == f"writer {wins[0]}".encode()  # the winner's bytes, never overwritten
+    assert not store.put_new(path, b"late")
+    assert store.read(path) == f"writer {wins[0]}".encode()
 
 
 def test_put_and_open_put_are_whole_or_nothing(where):
-    fs, root = fsspec.core.url_to_fs(where)
-    path = posixpath.join(root, "sub", "obj")
-    storage.put(fs, path, b"old")
-    storage.put(fs, path, b"new")
-    assert storage.get(fs, path) == b"new"
+    store = Store.from_url(where)
+    fs, root = store.fs, store.path(where)
+    path = f"{where}/sub/obj"
+    store.put(path, b"old")
+    store.put(path, b"new")
+    assert store.read(path) == b"new"
     with pytest.raises(RuntimeError, match="writer died"):
-        with storage.open_put(fs, path) as f:
+        with store.open_put(path) as f:
             f.write(b"x" * (6 << 20))  # past s3fs's 5 MiB part size: a multipart upload is under way
             f.write(b"y" * (6 << 20))
             raise RuntimeError("writer died")
-    assert storage.get(fs, path) == b"new"  # the failed write left the old object whole
+    assert store.read(path) == b"new"  # the failed write left the old object whole
     with pytest.raises(RuntimeError, match="writer died"):
-        with storage.open_put(fs, posixpath.join(root, "fresh")) as f:
+        with store.open_put(f"{where}/fresh") as f:
             f.write(b"partial")
             raise RuntimeError("writer died")
-    storage.refresh(fs, root)
+    fs.invalidate_cache(root)
     assert sorted(posixpath.basename(p) for p in fs.find(root)) == ["obj"]  # no partial object, no temp name left
-    with storage.open_put(fs, posixpath.join(root, "fresh")) as f:
+    assert not store.exists(f"{where}/fresh")
+    with store.open_put(f"{where}/fresh") as f:
         f.write(b"whole")
-    assert storage.get(fs, posixpath.join(root, "fresh")) == b"whole"
+    assert store.read(f"{where}/fresh") == b"whole"
 
 
 def test_put_new_refused_where_not_atomic(tmp_path):
     class Plain(fsspec.AbstractFileSystem):  # a filesystem with no conditional write
         protocol = ("plainfs",)
 
+    store = FsspecStore(Plain())
+    assert not store.conditional_writes
     with pytest.raises(storage.StorageError, match="plainfs:// has no atomic create-if-absent"):
-        storage.put_new(Plain(), str(tmp_path / "x"), b"1")
+        store.put_new(str(tmp_path / "x"), b"1")
 
 
 def test_parquet_part_and_atomic_write(where):
@@ -88,10 +94,10 @@ def test_parquet_part_and_atomic_write(where):
     dead = ParquetPart(f"{where}/stage/part-00002.parquet", schema)
     dead.write(pa.table({"id": ["x"], "n": [1]}))
     dead.abort()
-    storage.refresh(fs, posixpath.join(root, "stage"))
+    fs.invalidate_cache(posixpath.join(root, "stage"))
     assert sorted(posixpath.basename(p) for p in fs.find(root)) == ["part-00001.parquet"]
-    atomic_write(f"{where}/_done/stage/part-00001.json", b'{"rows": 5000}')
-    assert storage.get(fs, posixpath.join(root, "_done", "stage", "part-00001.json")) == b'{"rows": 5000}'
+    atomic_write(f"{where}/_done/stage/part-00001.json", b'{"rows": 5000}', Store.from_url(where))
+    assert Store.from_url(where).read(f"{where}/_done/stage/part-00001.json") == b'{"rows": 5000}'
 
 
 def test_an_empty_parquet_part_is_the_file_parquet_writes_for_no_rows(where, tmp_path):
@@ -105,17 +111,17 @@ def test_an_empty_parquet_part_is_the_file_parquet_writes_for_no_rows(where, tmp
     part.commit()
     with pq.ParquetWriter(str(tmp_path / "direct.parquet"), schema, compression="zstd"):
         pass
-    data = storage.get(fs, posixpath.join(root, "removed", "s", "part-00003.parquet"))
+    data = Store.from_url(where).read(f"{where}/removed/s/part-00003.parquet")
     assert data == (tmp_path / "direct.parquet").read_bytes()
     assert pq.read_table(pa.BufferReader(data)).schema == schema
     ParquetPart(f"{where}/removed/s/part-00004.parquet", schema).abort()  # an empty part aborted: no file
-    storage.refresh(fs, posixpath.join(root, "removed", "s"))
+    fs.invalidate_cache(posixpath.join(root, "removed", "s"))
     assert [posixpath.basename(p) for p in fs.find(posixpath.join(root, "removed"))] == ["part-00003.parquet"]
 
 
 def test_workdir_markers_on_any_url(where):
     """The run dir's commit (a task's marker) on a local disk and on S3; a task receives the
-    WorkDir pickled (its URL only) and reads the same markers."""
+    WorkDir pickled (its URL and store) and reads the same markers."""
     import pickle
 
     from gristmill.pipeline.workdir import WorkDir
@@ -124,7 +130,7 @@ def test_workdir_markers_on_any_url(where):
     assert wd.done("extract", "part-00000") is None
     wd.mark_done("extract", "part-00000", {"documents": 3})
     again = pickle.loads(pickle.dumps(wd))
-    assert "_fs" not in again.__dict__ and again.done("extract", "part-00000") == {"documents": 3}
+    assert again.store == wd.store and again.done("extract", "part-00000") == {"documents": 3}
     assert wd.docs(7).endswith("/work/key/docs/block-00007.parquet") and wd.docs(7).startswith(where)
 
 
@@ -147,3 +153,127 @@ def test_workdir_attempts_and_logs_on_any_url(where):
     with task_log(log):
         logging.getLogger("gristmill.task").warning("slow partition")
     assert wd.exists(log) and b"WARNING gristmill.task: slow partition" in wd.read_bytes(log)
+
+
+def test_a_store_is_resolved_from_its_url_with_its_capabilities(where):
+    store = Store.from_url(where)
+    if where.startswith("s3://"):
+        assert type(store) is S3Store and not store.is_local
+        assert store.whole_object_writes and store.conditional_writes  # one PUT; If-None-Match: *
+    else:
+        assert type(store) is LocalStore and store.is_local and store.conditional_writes
+        assert Store.from_url(f"file://{where}") == store  # file:// is the same disk
+        store.put(f"{where}/x", b"1")
+        assert Store.from_url(f"file://{where}").read(f"file://{where}/x") == b"1"
+    assert pickle.loads(pickle.dumps(store)) == store  # a task receives it and opens the same filesystem
+    memory = Store.from_url("memory://gristmill-store-test")
+    assert memory.whole_object_writes and memory.conditional_writes and not memory.is_local
+    assert FsspecStore.kinds["gs"].whole_object_writes and not FsspecStore.kinds["gs"].conditional_writes
+
+
+def test_storage_options_reach_the_store_and_the_work_dir(s3):
+    """Options given once with the URL open the store's filesystem, and travel with a pickled work dir."""
+    from gristmill.pipeline.workdir import WorkDir
+
+    options = {"default_block_size": 6 << 20}
+    wd = WorkDir(f"{s3}/work/key", options)
+    assert wd.store.fs.storage_options["default_block_size"] == 6 << 20
+    assert wd.store != Store.from_url(s3)  # another filesystem instance than the one without options
+    again = pickle.loads(pickle.dumps(wd))
+    assert again.store.fs.storage_options["default_block_size"] == 6 << 20
+    wd.mark_done("extract", "part-00000", {"documents": 1})
+    assert again.done("extract", "part-00000") == {"documents": 1}
+    wd.write(wd.docs(0), b"")  # what makes it a run dir
+    runs = WorkDir.runs_at(f"{s3}/work", options)
+    assert [r.root for r in runs] == [wd.root] and runs[0].store == wd.store
+
+
+def test_the_work_dir_options_are_not_the_jobs_content():
+    """Credentials and endpoints say where the run dir is, not what the run makes: the run key and
+    the manifest's config never hold them."""
+    from gristmill.pipeline.config import PrepareConfig
+
+    job = {"inputs": "x.jsonl", "output": {"store": "/tmp/s", "dataset": "d"}, "work_dir": "s3://b/w"}
+    plain = PrepareConfig.from_dict(job)
+    secret = PrepareConfig.from_dict({**job, "work_dir_options": {"key": "AKIA...", "secret": "..."}})
+    assert secret.work_dir_options == {"key": "AKIA...", "secret": "..."} and plain.work_dir_options == {}
+    assert secret.content_dict() == plain.content_dict()
+
+
+def test_a_new_store_is_one_class():
+    """docs/architecture.md's worked example: a subclass naming its protocols is what from_url
+    gives for them, with its flags and its own create-if-absent."""
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    class LabFS(MemoryFileSystem):  # a backend fsspec knows under its own protocol
+        protocol = "labfs"
+
+    fsspec.register_implementation("labfs", LabFS, clobber=True)
+
+    class LabStore(storage.MemoryStore):
+        protocols = ("labfs",)
+
+    try:
+        store = Store.from_url("labfs://bucket/x")
+        assert type(store) is LabStore and store.conditional_writes and store.whole_object_writes
+        assert store.put_new("labfs://bucket/x/claim", b"a") and not store.put_new("labfs://bucket/x/claim", b"b")
+        assert store.read("labfs://bucket/x/claim") == b"a" and store.listdir("labfs://bucket/x") == ["claim"]
+    finally:
+        FsspecStore.kinds.pop("labfs")
+
+
+def test_url_questions_are_answered_by_the_storage_module():
+    assert storage.is_url("s3://b/k") and storage.is_url("file:///x") and not storage.is_url("/x/y")
+    assert not storage.is_url("c:\\data")  # a Windows drive is no protocol
+    assert storage.split_url("s3://b/k") == ("s3", "b/k") and storage.split_url("rel/x") == ("", "rel/x")
+    assert storage.join_url(*storage.split_url("gs://b/k")) == "gs://b/k" and storage.join_url("", "a/b") == "a/b"
+    assert storage.local_path("file:///x/y") == "/x/y" and storage.local_path("x/y") == "x/y"
+    assert storage.local_path("s3://b/k") is None
+
+
+def test_a_prepare_reaches_its_work_dir_only_through_the_options_given(tmp_path):
+    """A work dir on a filesystem that refuses to open without an option: the job's
+    work_dir_options must reach every read and write of the run dir (tasks, markers, logs, the
+    trained tokenizer, staging, publish's copy), or the run fails. The serial runner keeps the
+    in-memory filesystem in one process."""
+    import json
+    import uuid
+
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    from gristmill.manifests import load_manifest, verify_published
+    from gristmill.pipeline.config import PrepareConfig
+    from gristmill.pipeline.executor import prepare
+
+    class TicketFS(MemoryFileSystem):
+        protocol = "gmticket"
+
+        def __init__(self, ticket=None, **kwargs):
+            if ticket != "ok":
+                raise PermissionError("gmticket:// opens only with its ticket (a storage option)")
+            super().__init__(**kwargs)
+
+    fsspec.register_implementation("gmticket", TicketFS, clobber=True)
+
+    class TicketStore(storage.MemoryStore):
+        protocols = ("gmticket",)
+
+    words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
+    docs = [{"text": " ".join(words[(i + k) % len(words)] for k in range(40 + i % 7)) + f" document {i}."}
+            for i in range(60)]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    work = f"gmticket://work-{uuid.uuid4().hex[:8]}"
+    job = {"inputs": str(tmp_path / "in.jsonl"), "output": {"store": str(tmp_path / "store"), "dataset": "t",
+                                                            "report_html": False},
+           "work_dir": work, "work_dir_options": {"ticket": "ok"}, "runner": "serial",
+           "language": {"enabled": False}, "tokenizer": {"vocab_size": 300, "sample_bytes": 50_000},
+           "pack": {"seq_len": 32, "shard_bytes": 10_000}}
+    try:
+        with pytest.raises(PermissionError):
+            Store.from_url(work)  # without its option the filesystem does not open
+        result = prepare(PrepareConfig.from_dict(job), quiet=True)
+        assert result.run_dir.startswith(work)
+        assert Store.from_url(work, ticket="ok").exists(f"{result.run_dir}/report.json")
+        assert verify_published(load_manifest(f"{tmp_path}/store/t")) == []
+    finally:
+        FsspecStore.kinds.pop("gmticket")

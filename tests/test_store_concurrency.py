@@ -15,7 +15,6 @@ import fsspec
 import pytest
 
 from gristmill.manifests import ManifestStore, VersionExistsError, read_rows, verify_published
-from gristmill.manifests import storage
 from gristmill.manifests.store import CLAIM_FILE, MANIFEST_FILE
 from gristmill.manifests.synthetic import build_synthetic
 
@@ -156,7 +155,7 @@ def test_explicit_version_and_abandoned_claim(tmp_path):
     with pytest.raises(VersionExistsError, match="already published"):
         store.publish(staged[1].manifest, staged[1].url, version=1)
     # A publisher that claimed v2 and died before its manifest: v2 is not a version, and not reused.
-    assert storage.put_new(store.fs, str(tmp_path / "store" / "race" / "v2" / CLAIM_FILE), b"{}")
+    assert store.storage.put_new(str(tmp_path / "store" / "race" / "v2" / CLAIM_FILE), b"{}")
     with pytest.raises(VersionExistsError, match="already claimed"):
         store.publish(staged[1].manifest, staged[1].url, version=2)
     pub = store.publish(staged[1].manifest, staged[1].url)

@@ -24,7 +24,7 @@ import re
 from gristmill.manifests import canonical_json, sha256_json
 from gristmill.manifests.errors import ManifestDecodeError
 from gristmill.manifests.manifest import MAX_SEQ_LEN, parse_json
-from gristmill.manifests.shards import atomic_write
+from gristmill.manifests.storage import atomic_write
 
 from .errors import CheckpointError  # noqa: F401  (raised here; trainer.errors is its home)
 

@@ -7,7 +7,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from gristmill.manifests.shards import atomic_write
+from gristmill.manifests.storage import atomic_write
 
 
 class SampleLog:

@@ -12,11 +12,10 @@ marked safe).
 from __future__ import annotations
 
 import html
-import os
 from dataclasses import dataclass, field
 from typing import Callable, Union
 
-from gristmill.manifests.shards import atomic_write
+from gristmill.manifests.storage import atomic_write
 
 EXTRA_HINT = "pip install 'gristmill[report]'"
 FOLD_ROWS = 12
@@ -220,7 +219,5 @@ def render(page: Page) -> tuple[str, bool]:
 def write_page(page: Page, path: str) -> bool:
     """Write the page atomically; True when it has figures (the extra is installed)."""
     text, full = render(page)
-    if "://" not in path:  # an object store has no folders to make
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    atomic_write(path, text.encode())
+    atomic_write(path, text.encode())  # a local one makes the folders on the way
     return full

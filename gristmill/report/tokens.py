@@ -9,6 +9,7 @@ import numpy as np
 import pyarrow.compute as pc
 
 from gristmill.manifests import Published
+from gristmill.manifests.storage import split_url
 
 from .hist import LOG_EDGES, Histogram, shown
 from .page import Figure, Html, Note, Page, Table, plot
@@ -85,7 +86,7 @@ def chain_section(page: Page, published: Published) -> None:
              f"every hash to its left, the job config and the stats</small></div>"]
     cmds = [f"gristmill manifest verify {url} --sha256 {m.sha256}",
             f"gristmill manifest show {url} --json",
-            "sha256sum " + " ".join(shlex.quote(i.uri.split("://", 1)[-1]) for i in m.inputs[:3])
+            "sha256sum " + " ".join(shlex.quote(split_url(i.uri)[1]) for i in m.inputs[:3])
             + (" ..." if len(m.inputs) > 3 else "")]
     sec.add(Html(f'<div class="chain">{"".join(boxes)}</div><p>Check it:</p><pre>'
                  + html.escape("\n".join(cmds)) + "</pre>",

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from gristmill.pipeline.documents import PART_SHIFT
-from gristmill.pipeline.workdir import WorkDir, iter_batches, read_parquet
+from gristmill.pipeline.workdir import WorkDir
 
 from .hist import LOG_EDGES, UNIT_EDGES, Histogram
 
@@ -58,14 +58,14 @@ class WorkFiles:
             return None
         before, after = Histogram(LOG_EDGES), Histogram(LOG_EDGES)
         for f in self.removed_files("language"):  # the language stage's removals are not in docs/
-            before.add(read_parquet(f, columns=["bytes"]).column("bytes").to_numpy())
+            before.add(self.wd.read_parquet(f, columns=["bytes"]).column("bytes").to_numpy())
         removed: dict[str, list[str]] = {}  # every stage's removals of a block's partitions: its block-K file
         for f in self.removed_files():
             removed.setdefault(_block_file(f), []).append(f)
         for f in docs:
             drop = pa.array(sorted({i for r in removed.get(_block_file(f), [])
-                                    for i in read_parquet(r, columns=["id"]).column("id").to_pylist()}), pa.string())
-            for batch in iter_batches(f, columns=["id", "bytes"], batch_size=BATCH):
+                                    for i in self.wd.read_parquet(r, columns=["id"]).column("id").to_pylist()}), pa.string())
+            for batch in self.wd.iter_batches(f, columns=["id", "bytes"], batch_size=BATCH):
                 before.add(batch.column(1).to_numpy())
                 after.add(batch.column(1).filter(pc.invert(pc.is_in(batch.column(0), drop))).to_numpy())
         return before, after
@@ -77,10 +77,10 @@ class WorkFiles:
             return None
         kept, removed = Histogram(UNIT_EDGES), Histogram(UNIT_EDGES)
         for f in docs:
-            for batch in iter_batches(f, columns=["lang_score"], batch_size=BATCH):
+            for batch in self.wd.iter_batches(f, columns=["lang_score"], batch_size=BATCH):
                 kept.add(pc.fill_null(batch.column(0), np.nan).to_numpy(zero_copy_only=False))
         for f in self.removed_files("language"):
-            scores = [json.loads(d).get("lang_score") for d in read_parquet(f, columns=["detail"]).column("detail").to_pylist()]
+            scores = [json.loads(d).get("lang_score") for d in self.wd.read_parquet(f, columns=["detail"]).column("detail").to_pylist()]
             removed.add([np.nan if x is None else x for x in scores])
         return kept, removed
 
@@ -93,12 +93,12 @@ class WorkFiles:
         for part, wanted in by_part.items():
             path = self.wd.docs(part)
             if self.wd.exists(path):
-                t = read_parquet(path, columns=["order", "text"], filters=[("order", "in", wanted)])
+                t = self.wd.read_parquet(path, columns=["order", "text"], filters=[("order", "in", wanted)])
                 out.update(zip(t.column("order").to_pylist(), t.column("text").to_pylist()))
         ids = list(ids)
         if ids:
             for path in self.docs_files():
-                t = read_parquet(path, columns=["id", "text"], filters=[("id", "in", ids)])
+                t = self.wd.read_parquet(path, columns=["id", "text"], filters=[("id", "in", ids)])
                 out.update(zip(t.column("id").to_pylist(), t.column("text").to_pylist()))
         return out
 

@@ -3,8 +3,8 @@ fails, keep every document's metrics.
 
 Outputs (each written atomically; the task's marker commits them):
 
-* its rows of ``quality/block-B.parquet`` (``WorkDir.part_scratch``): ``id``, ``order``, ``part``,
-  ``reason`` (null: kept) and one float column per metric (named like its rule, e.g. ``gopher_quality:word_count``; null where
+* its rows of ``quality/block-B.parquet`` (``WorkDir.part_scratch``): ``id``, ``order``, ``part``, ``reason`` (null: kept) and one
+  float column per metric (named like its rule, e.g. ``gopher_quality:word_count``; null where
   the document's input turned that rule set off), for every document the stage saw;
 * ``removed/quality/block-B.parquet``: the removed documents, ``reason`` = the rule, ``detail``
   = ``{"value": ..., "threshold": ...}``;
@@ -19,7 +19,6 @@ import pyarrow as pa
 
 from ..documents import OVERRIDE_SCHEMA, REMOVED_SCHEMA, to_removed_rows
 from ..survivors import Survivors
-from ..workdir import output
 from . import evaluate, rule_sets
 from .config import QualityConfig
 
@@ -39,9 +38,9 @@ def partition_task(item: dict, configs: list[dict], names: list[str], survivors:
     sets = [rule_sets(c) for c in cfgs]  # once per task, not per document
     schema = metrics_schema(names)
     wd, part = survivors.wd, item["part"]
-    metrics_out = output(wd.part_scratch(STAGE, "", part), schema)
-    removed_out = output(wd.removed(STAGE, part), REMOVED_SCHEMA)
-    override_out = output(wd.overrides(STAGE, part), OVERRIDE_SCHEMA)
+    metrics_out = wd.part(wd.part_scratch(STAGE, "", part), schema)
+    removed_out = wd.part(wd.removed(STAGE, part), REMOVED_SCHEMA)
+    override_out = wd.part(wd.overrides(STAGE, part), OVERRIDE_SCHEMA)
     stats = {"documents_in": 0, "bytes_in": 0, "removed": {}, "removed_bytes": 0, "texts_shortened": 0}
     for t in survivors.docs(part, COLUMNS, 1024):
         rows = t.to_pydict()

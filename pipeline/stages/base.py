@@ -44,6 +44,7 @@ class Packed:
     eos_id: int
     shards: tuple  # manifests.Shard, in manifest order
     doc_index: Any  # manifests.FileRef of the merged document index in ``staging``
+    tokenizer_store: Any = None  # manifests.storage.Store of ``tokenizer_json`` (None: its URL's)
 
 
 @dataclass

@@ -63,14 +63,14 @@ class Decontaminate(Stage):
             functools.partial(decontam.validation_docs_task, survivors=survivors, split=split))
         val_path = wd.scratch(scratch, "", "validation", "npz")
         (built,) = run(f"{step}_index", [{"name": "index", "out": val_path}],
-                       functools.partial(decontam.validation_index_task, cfg=cfg, files=files("validation")))
+                       functools.partial(decontam.validation_index_task, cfg=cfg, wd=wd, files=files("validation")))
         pruned = None
         if cfg.validation_max_doc_freq is not None:  # boilerplate is not overlap: count, in tasks, then prune
             run(f"{step}_df", ctx.per_partition(), functools.partial(
                 decontam.document_frequency_task, index_path=val_path, survivors=survivors))
             pruned_path = wd.scratch(scratch, "", "validation-pruned", "npz")
             (pruned,) = run(f"{step}_prune", [{"name": "prune", "out": pruned_path}], functools.partial(
-                decontam.prune_index_task, index_path=val_path, files=files("validation_df"),
+                decontam.prune_index_task, wd=wd, index_path=val_path, files=files("validation_df"),
                 max_doc_freq=cfg.validation_max_doc_freq))
             val_path = pruned_path
         second = self._pass(ctx, survivors, step, val_path, VALIDATION_PREFIX, split)

@@ -4,7 +4,6 @@ executor writes the manifest."""
 from __future__ import annotations
 
 import functools
-import os
 
 from gristmill.manifests import FileRef, Shard
 from gristmill.manifests.builder import DOC_INDEX_FILE
@@ -30,10 +29,10 @@ class Pack(Stage):
 
     def run(self, ctx: Context) -> StageResult:
         cfg, wd = self.cfg, ctx.wd
-        tok_path = ctx.artifact(TokenizerFile).path
-        _, vocab, eos_id = load_tokenizer(tok_path, self.eos_token)
+        tokenizer = ctx.artifact(TokenizerFile)
+        _, vocab, eos_id = load_tokenizer(tokenizer.path, self.eos_token, tokenizer.store)
         if wd.local:  # an object store has no directories to make
-            os.makedirs(wd.staged("shards"), exist_ok=True)
+            wd.store.makedirs(wd.staged("shards"))
         items = pack.plan_ranges(ctx.artifact(TokenCounts).by_split(), cfg.range_tokens)  # train, then validation
         out = ctx.runner.run(self.name, items, functools.partial(
             pack.pack_range_task, wd=wd, seq_len=cfg.seq_len, shard_bytes=cfg.shard_bytes, vocab_size=vocab))
@@ -46,7 +45,7 @@ class Pack(Stage):
         row["tokens_in"] = sum(v["tokens_in"] for v in list(row.values()))
         row["tokens_out"] = row["tokens_in"] - sum(row[s]["tokens_dropped_tail"] for s in pack.SPLITS)
         (merged,) = ctx.runner.run(f"{self.name}.doc_index", [{"name": "merge"}], functools.partial(
-            pack.merge_doc_index, slices=slices, out_path=wd.staged(DOC_INDEX_FILE)))
-        packed = Packed(wd.staging, self.dataset, cfg.seq_len, tok_path, vocab, eos_id, tuple(shards),
-                        FileRef(DOC_INDEX_FILE, merged["sha256"], merged["bytes"], merged["rows"]))
+            pack.merge_doc_index, wd=wd, slices=slices, out_path=wd.staged(DOC_INDEX_FILE)))
+        packed = Packed(wd.staging, self.dataset, cfg.seq_len, tokenizer.path, vocab, eos_id, tuple(shards),
+                        FileRef(DOC_INDEX_FILE, merged["sha256"], merged["bytes"], merged["rows"]), tokenizer.store)
         return StageResult(self.name, rows={self.name: row}, dataset=packed)

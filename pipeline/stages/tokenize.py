@@ -24,8 +24,8 @@ class TokenCounts:
         return {"train": list(self.train), "validation": list(self.validation)}
 
 
-def _task(item, tokenizer_path, cfg, split, survivors):
-    return tokenization.tokenize_partition(item["part"], tokenizer_path, cfg, split, survivors)
+def _task(item, tokenizer, cfg, split, survivors):
+    return tokenization.tokenize_partition(item["part"], tokenizer.path, cfg, split, survivors, tokenizer.store)
 
 
 class Tokenize(Stage):
@@ -40,7 +40,7 @@ class Tokenize(Stage):
 
     def run(self, ctx: Context) -> StageResult:
         stats = ctx.runner.run(self.name, ctx.per_partition(), functools.partial(
-            _task, tokenizer_path=ctx.artifact(TokenizerFile).path, cfg=self.cfg, split=self.split,
+            _task, tokenizer=ctx.artifact(TokenizerFile), cfg=self.cfg, split=self.split,
             survivors=ctx.survivors))
         row = summed(stats, ("documents_in", "bytes_in", "documents_out", "tokens_out", "splits"))
         row["splits"] = {s: {"documents": 0, "tokens": 0, **row.get("splits", {}).get(s, {})} for s in SPLITS}

@@ -7,7 +7,7 @@ import os
 import tempfile
 from dataclasses import dataclass
 
-from gristmill.manifests.shards import atomic_write
+from gristmill.manifests.storage import Store
 
 from ..config import TokenizerConfig
 from ..survivors import Survivors
@@ -31,7 +31,7 @@ def train_task(item: dict, cfg, survivors: Survivors, parts: list[int]) -> dict:
     with tempfile.TemporaryDirectory() as d:  # tokenizers saves to a local file; the work dir may be a URL
         train_bpe(sample, cfg, os.path.join(d, "tokenizer.json"))
         with open(os.path.join(d, "tokenizer.json"), "rb") as f:
-            atomic_write(item["out"], f.read())
+            survivors.wd.write(item["out"], f.read())
     return {"documents": len(sample)}
 
 
@@ -40,6 +40,7 @@ class TokenizerFile:
     """What the tokenizer stage hands on: the tokenizer.json that tokenize and pack use."""
 
     path: str
+    store: Store | None = None  # the work dir's for a trained one; None: the path's own (the job's tokenizer.path)
 
 
 class Tokenizer(Stage):
@@ -56,4 +57,4 @@ class Tokenizer(Stage):
         ctx.log(f"[tokenizer] training byte-level BPE (vocab {cfg.vocab_size}) on up to {cfg.sample_bytes:,} bytes")
         ctx.runner.run(self.name, [{"name": "train", "out": ctx.wd.tokenizer_json}], functools.partial(
             train_task, cfg=cfg, survivors=ctx.survivors, parts=ctx.part_numbers()))
-        return StageResult(self.name, artifact=TokenizerFile(ctx.wd.tokenizer_json))
+        return StageResult(self.name, artifact=TokenizerFile(ctx.wd.tokenizer_json, ctx.wd.store))
