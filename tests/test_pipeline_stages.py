@@ -11,7 +11,6 @@ from gristmill.pipeline.exact_dedup import find_exact_duplicates, keys_table, pl
 from gristmill.pipeline.executor import group_files
 from gristmill.pipeline.pack import pack_split
 from gristmill.pipeline.tokenization import TOKENS_SCHEMA, train_bpe
-from gristmill.pipeline.workdir import ParquetPart
 
 
 def _keys(rows):
