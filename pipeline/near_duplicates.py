@@ -41,7 +41,7 @@ from .config import FuzzyDedupConfig
 from .lsh import LSHParams, band_keys, bucket_pairs, pair_jaccard
 from .minhash import MinHasher
 from .survivors import Survivors
-from .workdir import WorkDir, part_name
+from .workdir import WorkDir
 
 STAGE = "fuzzy_dedup"
 REASON = "near_duplicate"
