@@ -169,7 +169,8 @@ class Loader:
         self._plans: dict[int, _Step] = {}
         self._fetch_pool: ThreadPoolExecutor | None = None
         self._assemble_pool: ThreadPoolExecutor | None = None
-        self._ensure_lock = threading.Lock()
+        self._ensure_locks: dict[int, threading.Lock] = {}  # a cache entry's: one ensure of it at a time
+        self._ensure_locks_lock = threading.Lock()
 
     # -- state ---------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -300,18 +301,27 @@ class Loader:
             del plan
 
     def _ensure(self, step: _Step) -> list[tuple[Future, bool]]:
-        """Pin a step's entries and fetch its shards in this thread (one ensure at a time)."""
+        """Pin a step's entries and fetch its shards in this thread. One ensure of an entry at a time (what
+        the pipeline's in-flight table does for its callers); ensures of different entries run at once, so
+        a stream waiting on a cold shard does not hold up the streams reading others."""
         fetches = []
         try:
-            with self._ensure_lock:  # one ensure of a shard at a time (the pipeline's in-flight table, for callers)
-                for entry in self.cache.pin_ids(step.entries).tolist():
+            for entry in self.cache.pin_ids(step.entries).tolist():
+                with self._ensure_lock(entry):
                     done: Future = Future()
                     done.set_result(self.cache.ensure(self._shard_of_entry[entry]))
-                    fetches.append((done, True))
+                fetches.append((done, True))
         except BaseException:
             self.cache.unpin_ids(step.entries)
             raise
         return fetches
+
+    def _ensure_lock(self, entry: int) -> threading.Lock:
+        with self._ensure_locks_lock:
+            lock = self._ensure_locks.get(entry)
+            if lock is None:
+                lock = self._ensure_locks[entry] = threading.Lock()
+            return lock
 
     def new_batch(self, indices: np.ndarray, step: int) -> tuple[dict, np.ndarray]:
         """The batch of the rows at global ``indices``, its tokens not yet filled in, and the numpy view of

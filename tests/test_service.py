@@ -11,7 +11,9 @@ import re
 import os
 import subprocess
 import sys
+import threading
 
+import numpy as np
 import pyarrow.flight as flight
 import pytest
 import torch
@@ -245,3 +247,40 @@ def test_the_trainer_reads_through_the_service_by_manifest_hash(data, two_server
         want = [b["indices"].tolist() for b in take(ref, 2)]
     logged = [json.loads(line) for line in open(run_dir / "samples.jsonl")]
     assert [x["indices"] for x in logged] == want, logged
+
+
+def test_a_stream_waiting_on_a_cold_shard_does_not_hold_up_one_reading_another(data, tmp_path):
+    """The server's path, Loader.rows_at_many (a stream's, in its gRPC thread): while one stream's shard is
+    being downloaded, another stream fetches and serves a different shard (one ensure of a shard at a time,
+    not one of any shard)."""
+    ld = Loader(data["toy"], Sampling(order="sequential"), caching=Caching(dir=str(tmp_path / "c")),
+                batches=Batches(token_dtype=None, pin_memory=False))
+    shard_of, row_of = ld.order.locate(np.arange(ld.order.num_samples))
+    a, b = 0, int(np.argmax(shard_of != shard_of[0]))  # the first rows of two different shards
+    slow, download = ld.shards[shard_of[a]].raw_sha256, ld.cache.fetcher.download
+    fetching, release = threading.Event(), threading.Event()
+
+    def gated(shard):  # shard a's download waits until released
+        if shard.raw_sha256 == slow:
+            fetching.set()
+            assert release.wait(120)
+        return download(shard)
+
+    ld.cache.fetcher.download = gated
+    got = {}
+
+    def stream(i):
+        got[i] = next(ld.rows_at_many([i], 1))[0]["tokens"][0, :2].tolist()
+
+    first, second = (threading.Thread(target=stream, args=(i,), daemon=True) for i in (a, b))
+    first.start()
+    assert fetching.wait(60)
+    second.start()
+    second.join(60)
+    served_meanwhile = not second.is_alive()
+    release.set()
+    first.join(60)
+    ld.close()
+    assert served_meanwhile, "the stream of another shard waited for shard a's download"
+    for i in (a, b):  # row r of shard s starts with s + 1, r (helpers.build_dataset)
+        assert got[i] == [int(shard_of[i]) + 1, int(row_of[i])]
