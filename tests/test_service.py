@@ -112,7 +112,8 @@ def test_kill_9_of_one_server_mid_run_changes_no_batch(data, tmp_path):
     a, b = (ServeProcess(data["store"], args=("--cache-dir", str(tmp_path / f"c{i}"))) for i in range(2))
     try:
         refs = loaders(data["toy"], tmp_path / "ref")
-        served = loaders(data["toy"], tmp_path / "x", [a.url, b.url], retries=3, backoff_s=0.05, service_timeout_s=10)
+        served = loaders(data["toy"], tmp_path / "x", [a.url, b.url], retries=3, backoff_s=0.05, service_timeout_s=10,
+                         service_steps_per_request=8)  # short ranges: the run asks a's after the kill
         its = [iter(s) for s in served]
         got = [[] for _ in range(W)]
         for step in range(60):
