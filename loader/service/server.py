@@ -6,7 +6,8 @@ order, window_shards, documents) it keeps one :class:`~gristmill.loader.Loader` 
 document boundaries and its view of the node-local ``ShardCache``, verified downloads and
 eviction included) in an LRU of ``max_open`` entries, and answers rank ``r``'s step ``s`` with
 ``Loader.rows_at_many`` (the one assembly of a step; a request's steps planned in one vectorised
-call, each record batch assembled when gRPC asks for it), in the shards' own token dtype.
+call, ``ASSEMBLE_BYTES`` of steps assembled at a time when gRPC asks for the next record batch, each
+step sent as a zero-copy slice), in the shards' own token dtype.
 
 Bounds: at most ``max_streams`` streams at once, ``max_streams_per_client`` per client host;
 a stream past either is refused at once (``FlightUnavailableError``: the client retries, on
