@@ -6,8 +6,8 @@ order, window_shards, documents) it keeps one :class:`~gristmill.loader.Loader` 
 document boundaries and its view of the node-local ``ShardCache``, verified downloads and
 eviction included) in an LRU of ``max_open`` entries, and answers rank ``r``'s step ``s`` with
 ``Loader.rows_at_many`` (the one assembly of a step; a request's steps planned in one vectorised
-call, ``ASSEMBLE_BYTES`` of steps assembled at a time when gRPC asks for the next record batch, each
-step sent as a zero-copy slice), in the shards' own token dtype.
+call, up to ``ASSEMBLE_BYTES`` and ``ASSEMBLE_ROWS`` of steps assembled at a time when gRPC asks for
+the next record batch, each step sent as a zero-copy slice), in the shards' own token dtype.
 
 Bounds: at most ``max_streams`` streams at once, ``max_streams_per_client`` per client host;
 a stream past either is refused at once (``FlightUnavailableError``: the client retries, on
@@ -54,7 +54,8 @@ from .protocol import (DEFAULT_MAX_REPLY_BYTES, META_REQUEST, META_SHA, SHA256, 
 log = logging.getLogger(__name__)
 
 LATENCIES_KEPT = 4096  # per-step assembly latencies the stats' percentiles are computed over
-ASSEMBLE_BYTES = 1 << 20  # a stream assembles this many bytes of steps at once (at least one step)
+ASSEMBLE_BYTES = 1 << 20  # a stream assembles at most this many bytes of steps at once (at least one step),
+ASSEMBLE_ROWS = 256  # and at most this many rows (its pins: as many shards at most, or one step's)
 TRIM_AFTER_BYTES = 16 << 20  # a stream that sent this much returns the freed heap to the system when it ends
 
 
@@ -435,7 +436,7 @@ class _Stream:
         self.session = (client, req.manifest_sha256, req.split, req.rank, req.world_size)
         self.batches = None  # Loader.rows_at_many over the request's steps, made on the first step (in gRPC's thread)
         self.step_bytes = step_bytes(m, req.local_batch, req.documents)
-        self.steps_at_once = max(1, min(req.steps, ASSEMBLE_BYTES // self.step_bytes))
+        self.steps_at_once = max(1, min(req.steps, ASSEMBLE_BYTES // self.step_bytes, ASSEMBLE_ROWS // req.local_batch))
         self.ready: collections.deque[pa.RecordBatch] = collections.deque()  # this chunk's steps not sent yet
 
     def __iter__(self):
