@@ -285,3 +285,35 @@ def test_a_stream_waiting_on_a_cold_shard_does_not_hold_up_one_reading_another(d
     assert served_meanwhile, "the stream of another shard waited for shard a's download"
     for i in (a, b):  # row r of shard s starts with s + 1, r (helpers.build_dataset)
         assert got[i] == [int(shard_of[i]) + 1, int(row_of[i])]
+
+
+def test_a_request_is_assembled_in_groups_of_steps_and_sent_a_step_a_record_batch(data, tmp_path, monkeypatch):
+    """The server's stream (in this process, no gRPC): steps assembled a group at a time (here 3 of rank 1's,
+    so 10 steps are groups of 3, 3, 3, 1) and sliced back into one record batch a step, each the in-process
+    Loader's batch, document positions included."""
+    from gristmill.loader.service import server as S
+    from gristmill.loader.service.protocol import Request
+
+    monkeypatch.setattr(S, "ASSEMBLE_ROWS", 3 * B // W)
+    srv = S.GristmillServer(S.ServeConfig((data["store"],), port=0, cache_dir=str(tmp_path / "c")))
+    try:
+        ref = loaders(data["blend"], tmp_path / "ref", documents=True, token_dtype=None)[1]
+        ref.load_state_dict({**ref.state_dict(), "next_index": 2 * B})
+        want = take(ref, 10)
+        req = Request(manifest_sha256=ref.manifest.sha256, seed=3, global_batch=B, rank=1, world_size=W, start_step=2,
+                      steps=10, documents=True)
+        srv.slots.take("here")
+        stream = S._Stream(srv, srv._acquire(req), req, "here")
+        assert stream.steps_at_once == 3
+        got = list(stream)
+        assert len(got) == 10 and srv.stats.snapshot(0)["steps"] == 10
+        for step, ((rb, meta), w) in enumerate(zip(got, want), start=2):
+            assert json.loads(meta.to_pybytes()) == {"step": step} and rb.num_rows == B // W
+            assert np.array_equal(rb.column("indices").to_numpy(), w["indices"].numpy())
+            tokens = rb.column("tokens").flatten().to_numpy().reshape(rb.num_rows, -1)  # a slice: flatten, not values
+            assert tokens.dtype == w["tokens"].numpy().dtype and np.array_equal(tokens, w["tokens"].numpy())
+            pos = rb.column("position_ids").flatten().to_numpy().reshape(rb.num_rows, -1)
+            assert np.array_equal(pos, w["position_ids"].numpy())
+        ref.close()
+    finally:
+        srv.shutdown()
