@@ -248,6 +248,15 @@ def test_the_trainer_reads_through_the_service_by_manifest_hash(data, two_server
         want = [b["indices"].tolist() for b in take(ref, 2)]
     logged = [json.loads(line) for line in open(run_dir / "samples.jsonl")]
     assert [x["indices"] for x in logged] == want, logged
+    # The checkpoint names the data by the service's URL and hash: the audit says where to point it,
+    # and given the version's URL in the store it answers, the hash still checked.
+    audit = [sys.executable, "-m", "gristmill", "audit", "seen", str(run_dir)]
+    bare = subprocess.run(audit, capture_output=True, text=True, timeout=120)
+    assert bare.returncode != 0 and "Traceback" not in bare.stderr, bare.stderr[-3000:]
+    assert "fed by gristmill serve at grpc://" in bare.stderr and "--manifest" in bare.stderr, bare.stderr
+    told = subprocess.run(audit + ["--manifest", data["toy"], "--json"], capture_output=True, text=True, timeout=120)
+    assert told.returncode == 0, told.stderr[-3000:]
+    assert json.loads(told.stdout)["manifest_sha256"] == sha
 
 
 def test_a_stream_waiting_on_a_cold_shard_does_not_hold_up_one_reading_another(data, tmp_path):
