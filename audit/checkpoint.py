@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from gristmill.errors import GristmillError
 from gristmill.manifests import ManifestNotFoundError, Published
 from gristmill.manifests.mixture import PublishedMixture, load_data
+from gristmill.manifests.storage import split_url
 from gristmill.trainer.errors import CheckpointError
 from gristmill.trainer.meta import META_FILE, STEP_DIR, read_meta
 
@@ -135,6 +136,11 @@ def open_manifest(ckpt: Checkpoint, manifest_url: str | None = None) -> Publishe
     hash; here the hash must also equal the one the checkpoint trained on.
     """
     url = manifest_url or ckpt.manifest_url
+    if split_url(url)[0].startswith("grpc"):  # data.service named the data by hash: the URL is the service's
+        raise AuditError(f"checkpoint {ckpt.path} was fed by gristmill serve at {url.split('#')[0]} (manifest "
+                         f"{ckpt.manifest_sha256}); the audit reads the manifest and its document index from the "
+                         "store: pass the version's URL with --manifest (the store the server reads, e.g. "
+                         "--manifest STORE/<dataset>/v<N>)")
     try:
         published = load_data(url)
     except ManifestNotFoundError as e:

@@ -487,8 +487,10 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=32, help="throughput: global batch")
     ap.add_argument("--ranks", type=int, nargs="+", default=[32, 64, 128])
     ap.add_argument("--local-batch", type=int, default=8, help="load, failover, memory: sequences per rank per step")
-    ap.add_argument("--load-steps", type=int, default=25)
-    ap.add_argument("--failover-steps", type=int, default=40)
+    # load and failover run past the first two ranges of 64 steps (Source.service_steps_per_request), so
+    # every rank keeps asking (and the failover's ranks ask the killed server again)
+    ap.add_argument("--load-steps", type=int, default=160)
+    ap.add_argument("--failover-steps", type=int, default=160)
     ap.add_argument("--memory-clients", type=int, default=64)
     ap.add_argument("--json", help="write the results here")
     a = ap.parse_args()

@@ -117,8 +117,9 @@ def timed_run(cmd: list[str], log: str, env: dict | None = None, lock: bool = Tr
               budget_s: float | None = None) -> dict:
     """One process tree, timed, its memory sampled. ``lock=False``: the process takes the lock itself.
     ``budget_s``: after that long the tree gets SIGKILL (a prepare keeps every committed task, kill -9
-    anywhere being safe: issue 15; the same command resumes; a SIGINT to the group did not stop a
-    local-runner prepare within 35 s on 2026-12-04); the result then says ``interrupted``."""
+    anywhere being safe: issue 15; the same command resumes. Not SIGINT: a script started in the
+    background of a shell (``nohup ... &``) has SIGINT ignored, and so have its children, so a SIGINT to
+    the group would not stop them); the result then says ``interrupted``."""
     with bvd.heavy_lock() if lock else contextlib.nullcontext(), open(log, "ab") as out:
         t0 = time.perf_counter()
         c0 = os.times()

@@ -81,6 +81,15 @@ def plan_steps(order: Order, starts: np.ndarray, offset: int, size: int, entry_o
             for k, (start, a, b) in enumerate(zip(starts.tolist(), [0] + ends[:-1], ends))]
 
 
+def _merged(steps: list[_Step]) -> _Step:
+    """Consecutive steps as one: their rows in order, each cache entry once."""
+    if len(steps) == 1:
+        return steps[0]
+    return _Step(steps[0].start, np.concatenate([s.indices for s in steps]),
+                 np.unique(np.concatenate([s.entries for s in steps])),
+                 np.concatenate([s.row_entries for s in steps]), np.concatenate([s.offsets for s in steps]))
+
+
 class Loader:
     """Batches of one rank, in step order. ``data``: a dataset or mixture URL, or a loaded
     ``Published`` / ``PublishedMixture``; the sections (loader/options.py) default to a
@@ -169,7 +178,8 @@ class Loader:
         self._plans: dict[int, _Step] = {}
         self._fetch_pool: ThreadPoolExecutor | None = None
         self._assemble_pool: ThreadPoolExecutor | None = None
-        self._ensure_lock = threading.Lock()
+        self._ensure_locks: dict[int, threading.Lock] = {}  # a cache entry's: one ensure of it at a time
+        self._ensure_locks_lock = threading.Lock()
 
     # -- state ---------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -281,37 +291,51 @@ class Loader:
         self.close()
 
     # -- assembly (runs in a worker thread) --------------------------------------------------
-    def rows_at_many(self, starts, size: int):
+    def rows_at_many(self, starts, size: int, steps_at_once: int = 1):
         """The batches of global indices ``[start, start + size)`` for each of ``starts`` in turn, as a
         generator, fetched and assembled in the calling thread: rank ``r``'s share of step ``s`` for any
         (global batch ``B``, world size ``W``) starts at ``s*B + r*B/W`` and has ``B/W`` rows.
-        Thread-safe, and independent of this loader's own sampling's batch, rank and position. The rows
-        of all of them are located in one vectorised ``plan_steps`` call, each batch fetched and assembled when it is
-        asked for (one in memory at a time). What ``gristmill serve`` answers a request with
-        (loader/service/server.py). The plan is made ``PLAN_ROWS`` rows at a time (whole steps), so a
-        request of 2^20 rows holds ~1 MB of plan, not ~50 MB."""
+        ``steps_at_once``: each batch holds the rows of that many consecutive starts (the last one fewer),
+        in order, ``size`` rows each: one pin, fetch and gather for them all (the server's per-step cost,
+        amortised; it slices the rows back into steps). Thread-safe, and independent of this loader's
+        own sampling's batch, rank and position. The rows of all of them are located in one vectorised
+        ``plan_steps`` call, each batch fetched and assembled when it is asked for (one in memory at a
+        time). What ``gristmill serve`` answers a request with (loader/service/server.py). The plan is
+        made ``PLAN_ROWS`` rows at a time (whole batches), so a request of 2^20 rows holds ~1 MB of plan,
+        not ~50 MB."""
         starts = np.asarray(starts, dtype=np.int64).reshape(-1)
-        chunk = max(1, PLAN_ROWS // max(size, 1))
+        group = max(1, steps_at_once)
+        chunk = max(1, PLAN_ROWS // max(size * group, 1)) * group
         for a in range(0, starts.size, chunk):
             plan = plan_steps(self.order, starts[a:a + chunk], 0, size, self._entry_of_shard, self._row_bytes)
-            for k in range(len(plan)):
-                step, plan[k] = plan[k], None  # each step's plan is freed once it is assembled
+            for k in range(0, len(plan), group):
+                step = _merged(plan[k:k + group])
+                plan[k:k + group] = [None] * len(plan[k:k + group])  # each step's plan is freed once it is assembled
                 yield self._assemble(step, self._ensure(step))
             del plan
 
     def _ensure(self, step: _Step) -> list[tuple[Future, bool]]:
-        """Pin a step's entries and fetch its shards in this thread (one ensure at a time)."""
+        """Pin a step's entries and fetch its shards in this thread. One ensure of an entry at a time (what
+        the pipeline's in-flight table does for its callers); ensures of different entries run at once, so
+        a stream waiting on a cold shard does not hold up the streams reading others."""
         fetches = []
         try:
-            with self._ensure_lock:  # one ensure of a shard at a time (the pipeline's in-flight table, for callers)
-                for entry in self.cache.pin_ids(step.entries).tolist():
+            for entry in self.cache.pin_ids(step.entries).tolist():
+                with self._ensure_lock(entry):
                     done: Future = Future()
                     done.set_result(self.cache.ensure(self._shard_of_entry[entry]))
-                    fetches.append((done, True))
+                fetches.append((done, True))
         except BaseException:
             self.cache.unpin_ids(step.entries)
             raise
         return fetches
+
+    def _ensure_lock(self, entry: int) -> threading.Lock:
+        with self._ensure_locks_lock:
+            lock = self._ensure_locks.get(entry)
+            if lock is None:
+                lock = self._ensure_locks[entry] = threading.Lock()
+            return lock
 
     def new_batch(self, indices: np.ndarray, step: int) -> tuple[dict, np.ndarray]:
         """The batch of the rows at global ``indices``, its tokens not yet filled in, and the numpy view of

@@ -60,8 +60,9 @@ class Source:
     service_tls_key: str | None = None
     service_timeout_s: float = 60.0  # deadline of one request (a range of steps) before it is retried elsewhere
     # steps asked for in one request (two requests in flight; threads.prefetch does not apply to a served
-    # loader); lowered to what fits the protocol's row bound and a server's default reply bound (256 MiB)
-    service_steps_per_request: int = 16
+    # loader); lowered to a reply of at most 16 MiB (loader/service/client.py RANGE_BYTES), the protocol's
+    # row bound and a server's default reply bound (256 MiB)
+    service_steps_per_request: int = 64
 
     def __post_init__(self):
         # one endpoint may be given as a string

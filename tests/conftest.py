@@ -10,7 +10,8 @@ sys.path.insert(0, os.path.dirname(__file__))  # tests/helpers.py
 RAY_FILES = {"test_deploy_ray.py", "test_local_runner.py", "test_runner.py", "test_runner_conformance.py"}
 # The groups of a minute or more in `make test` (pytest --durations), heaviest first: they start
 # first, so neither worker is left alone with one of them at the end (a missing one costs only time).
-HEAVY_FIRST = ["test_partition_scaling.py", "ray", "test_kill_anywhere.py", "test_trainer.py", "test_pipeline_s3.py"]
+HEAVY_FIRST = ["test_partition_scaling.py", "ray", "test_kill_anywhere.py", "test_trainer.py", "test_pipeline_s3.py",
+               "test_service_train.py"]
 
 
 def _group(item) -> str:

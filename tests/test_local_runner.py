@@ -184,6 +184,29 @@ def test_the_workers_die_with_the_driver(tmp_path):
     assert not (seen / "late").exists()
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_ctrl_c_in_the_driver_kills_the_workers_mid_task(tmp_path):
+    """Ctrl-C (SIGINT to the driver; the workers ignore it) kills the workers at once: none runs
+    its task to the end. (They did: the kill read the pool's process list after shutdown had
+    dropped it, and the driver's exit then waited for every running task.)"""
+    (tmp_path / "driver.py").write_text(DRIVER)
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    proc = subprocess.Popen([sys.executable, str(tmp_path / "driver.py"), str(tmp_path / "w"), str(seen)],
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60  # a hang guard, not a timing assertion
+    while len(os.listdir(seen)) < 2:
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.02)
+    workers = [int(p) for p in os.listdir(seen)]
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert "KeyboardInterrupt" in err, err[-2000:]
+    # The driver has exited; a worker still running would write "late" when its 2 s sleep ends.
+    alive = _still_alive(workers, timeout=3)
+    assert not alive and not (seen / "late").exists(), f"workers {alive} ran on after Ctrl-C"
+
+
 def test_the_runner_follows_runner_kind_and_the_cluster_address(monkeypatch):
     from pathlib import Path
 

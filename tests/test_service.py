@@ -11,7 +11,9 @@ import re
 import os
 import subprocess
 import sys
+import threading
 
+import numpy as np
 import pyarrow.flight as flight
 import pytest
 import torch
@@ -110,7 +112,8 @@ def test_kill_9_of_one_server_mid_run_changes_no_batch(data, tmp_path):
     a, b = (ServeProcess(data["store"], args=("--cache-dir", str(tmp_path / f"c{i}"))) for i in range(2))
     try:
         refs = loaders(data["toy"], tmp_path / "ref")
-        served = loaders(data["toy"], tmp_path / "x", [a.url, b.url], retries=3, backoff_s=0.05, service_timeout_s=10)
+        served = loaders(data["toy"], tmp_path / "x", [a.url, b.url], retries=3, backoff_s=0.05, service_timeout_s=10,
+                         service_steps_per_request=8)  # short ranges: the run asks a's after the kill
         its = [iter(s) for s in served]
         got = [[] for _ in range(W)]
         for step in range(60):
@@ -245,3 +248,81 @@ def test_the_trainer_reads_through_the_service_by_manifest_hash(data, two_server
         want = [b["indices"].tolist() for b in take(ref, 2)]
     logged = [json.loads(line) for line in open(run_dir / "samples.jsonl")]
     assert [x["indices"] for x in logged] == want, logged
+    # The checkpoint names the data by the service's URL and hash: the audit says where to point it,
+    # and given the version's URL in the store it answers, the hash still checked.
+    audit = [sys.executable, "-m", "gristmill", "audit", "seen", str(run_dir)]
+    bare = subprocess.run(audit, capture_output=True, text=True, timeout=120)
+    assert bare.returncode != 0 and "Traceback" not in bare.stderr, bare.stderr[-3000:]
+    assert "fed by gristmill serve at grpc://" in bare.stderr and "--manifest" in bare.stderr, bare.stderr
+    told = subprocess.run(audit + ["--manifest", data["toy"], "--json"], capture_output=True, text=True, timeout=120)
+    assert told.returncode == 0, told.stderr[-3000:]
+    assert json.loads(told.stdout)["manifest_sha256"] == sha
+
+
+def test_a_stream_waiting_on_a_cold_shard_does_not_hold_up_one_reading_another(data, tmp_path):
+    """The server's path, Loader.rows_at_many (a stream's, in its gRPC thread): while one stream's shard is
+    being downloaded, another stream fetches and serves a different shard (one ensure of a shard at a time,
+    not one of any shard)."""
+    ld = Loader(data["toy"], Sampling(order="sequential"), caching=Caching(dir=str(tmp_path / "c")),
+                batches=Batches(token_dtype=None, pin_memory=False))
+    shard_of, row_of = ld.order.locate(np.arange(ld.order.num_samples))
+    a, b = 0, int(np.argmax(shard_of != shard_of[0]))  # the first rows of two different shards
+    slow, download = ld.shards[shard_of[a]].raw_sha256, ld.cache.fetcher.download
+    fetching, release = threading.Event(), threading.Event()
+
+    def gated(shard):  # shard a's download waits until released
+        if shard.raw_sha256 == slow:
+            fetching.set()
+            assert release.wait(120)
+        return download(shard)
+
+    ld.cache.fetcher.download = gated
+    got = {}
+
+    def stream(i):
+        got[i] = next(ld.rows_at_many([i], 1))[0]["tokens"][0, :2].tolist()
+
+    first, second = (threading.Thread(target=stream, args=(i,), daemon=True) for i in (a, b))
+    first.start()
+    assert fetching.wait(60)
+    second.start()
+    second.join(60)
+    served_meanwhile = not second.is_alive()
+    release.set()
+    first.join(60)
+    ld.close()
+    assert served_meanwhile, "the stream of another shard waited for shard a's download"
+    for i in (a, b):  # row r of shard s starts with s + 1, r (helpers.build_dataset)
+        assert got[i] == [int(shard_of[i]) + 1, int(row_of[i])]
+
+
+def test_a_request_is_assembled_in_groups_of_steps_and_sent_a_step_a_record_batch(data, tmp_path, monkeypatch):
+    """The server's stream (in this process, no gRPC): steps assembled a group at a time (here 3 of rank 1's,
+    so 10 steps are groups of 3, 3, 3, 1) and sliced back into one record batch a step, each the in-process
+    Loader's batch, document positions included."""
+    from gristmill.loader.service import server as S
+    from gristmill.loader.service.protocol import Request
+
+    monkeypatch.setattr(S, "ASSEMBLE_ROWS", 3 * B // W)
+    srv = S.GristmillServer(S.ServeConfig((data["store"],), port=0, cache_dir=str(tmp_path / "c")))
+    try:
+        ref = loaders(data["blend"], tmp_path / "ref", documents=True, token_dtype=None)[1]
+        ref.load_state_dict({**ref.state_dict(), "next_index": 2 * B})
+        want = take(ref, 10)
+        req = Request(manifest_sha256=ref.manifest.sha256, seed=3, global_batch=B, rank=1, world_size=W, start_step=2,
+                      steps=10, documents=True)
+        srv.slots.take("here")
+        stream = S._Stream(srv, srv._acquire(req), req, "here")
+        assert stream.steps_at_once == 3
+        got = list(stream)
+        assert len(got) == 10 and srv.stats.snapshot(0)["steps"] == 10
+        for step, ((rb, meta), w) in enumerate(zip(got, want), start=2):
+            assert json.loads(meta.to_pybytes()) == {"step": step} and rb.num_rows == B // W
+            assert np.array_equal(rb.column("indices").to_numpy(), w["indices"].numpy())
+            tokens = rb.column("tokens").flatten().to_numpy().reshape(rb.num_rows, -1)  # a slice: flatten, not values
+            assert tokens.dtype == w["tokens"].numpy().dtype and np.array_equal(tokens, w["tokens"].numpy())
+            pos = rb.column("position_ids").flatten().to_numpy().reshape(rb.num_rows, -1)
+            assert np.array_equal(pos, w["position_ids"].numpy())
+        ref.close()
+    finally:
+        srv.shutdown()

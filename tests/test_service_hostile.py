@@ -521,8 +521,9 @@ def test_a_reply_over_the_byte_bound_is_refused_before_any_work(served, tmp_path
 
 
 def test_the_client_never_asks_more_than_the_default_reply_bound():
-    """``service_steps_per_request`` is lowered to what fits the default byte bound and the row bound."""
-    from gristmill.loader.service.client import range_steps
+    """``service_steps_per_request`` is lowered to what fits the client's range bound (RANGE_BYTES), the
+    default reply bound and the row bound."""
+    from gristmill.loader.service.client import RANGE_BYTES, range_steps
     from gristmill.loader.service.protocol import DEFAULT_MAX_REPLY_BYTES, MAX_ROWS, step_bytes
 
     def ld(seq_len, global_batch, world_size=1, steps=16, documents=False, dtype="uint32"):
@@ -537,5 +538,6 @@ def test_the_client_never_asks_more_than_the_default_reply_bound():
         n = range_steps(case)
         local = case.global_batch // case.world_size
         assert n >= 1 and n * local <= MAX_ROWS
-        assert n == 1 or n * step_bytes(case.manifest, local, case.batches.documents) <= DEFAULT_MAX_REPLY_BYTES
-    assert range_steps(ld(2048, 4096)) == 7  # 4096 rows x 8,204 bytes: 33.6 MB a step, 7 in 256 MiB
+        assert n == 1 or n * step_bytes(case.manifest, local, case.batches.documents) <= RANGE_BYTES < DEFAULT_MAX_REPLY_BYTES
+    assert range_steps(ld(2048, 64, steps=64)) == 31  # 64 rows x 8,204 bytes: 525,056 a step, 31 in 16 MiB
+    assert range_steps(ld(2048, 4096)) == 1  # 4096 rows x 8,204 bytes: 33.6 MB a step, over 16 MiB: one a request

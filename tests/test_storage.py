@@ -70,6 +70,20 @@ def test_put_and_open_put_are_whole_or_nothing(where):
     assert store.read(f"{where}/fresh") == b"whole"
 
 
+def test_an_s3_upload_buffers_one_8_mib_part_not_s3fs_50(s3):
+    """A publish streams up to 16 files at once: each open upload holds at most one part in memory
+    (s3fs's default part, 50 MiB, made that 800 MiB of the driver), and the object is whole."""
+    store = Store.from_url(f"{s3}/parts")
+    data = [bytes([i]) * (7 << 20) for i in range(3)]
+    held = []
+    with store.open_put(f"{s3}/parts/shard") as f:
+        for chunk in data:
+            f.write(chunk)
+            held.append(f.file.buffer.tell())  # bytes not yet sent as a part
+    assert max(held) < (8 << 20) + (7 << 20), held  # s3fs sends a part once 8 MiB are buffered
+    assert store.read(f"{s3}/parts/shard") == b"".join(data)
+
+
 def test_put_new_refused_where_not_atomic(tmp_path):
     class Plain(fsspec.AbstractFileSystem):  # a filesystem with no conditional write
         protocol = ("plainfs",)

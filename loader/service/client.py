@@ -3,8 +3,8 @@
 
 :class:`ServiceBatches` is what the Loader delegates to: ``pipeline(start)`` returns an object
 with the Loader's pipeline interface (``next() -> (batch, metrics)``, ``close()``). It asks for
-ranges of ``Source.service_steps_per_request`` steps (at most what the protocol's row bound and a
-server's default reply bound allow), two ranges in flight; range ``k`` goes first to endpoint
+ranges of ``Source.service_steps_per_request`` steps (at most ``RANGE_BYTES`` of reply, and what the
+protocol's row bound and a server's default reply bound allow), two ranges in flight; range ``k`` goes first to endpoint
 ``k mod n`` (a deterministic spread) and, on any error, deadline (``Source.service_timeout_s``)
 or a reply that does not check out, the whole range is asked again of the next endpoint (up to
 ``Source.retries`` rounds over all endpoints, with backoff). A range's batches are handed over
@@ -43,6 +43,7 @@ from .protocol import (DEFAULT_MAX_REPLY_BYTES, MAX_ROWS, MAX_STEPS, META_REQUES
 log = logging.getLogger(__name__)
 
 RANGES_IN_FLIGHT = 2
+RANGE_BYTES = 16 << 20  # a request's reply at most this (unless one step is more): up to 3 ranges held per loader
 
 
 class ServiceError(UsageError):
@@ -270,11 +271,12 @@ class _ServicePipeline:
 
 
 def range_steps(ld) -> int:
-    """Steps a request: ``Source.service_steps_per_request``, lowered so a request stays within the protocol's
-    row bound and a server's default reply bound (``DEFAULT_MAX_REPLY_BYTES``); at least 1."""
+    """Steps a request: ``Source.service_steps_per_request``, lowered so a reply stays within ``RANGE_BYTES``
+    (what the client holds stays bounded), the protocol's row bound and a server's default reply bound
+    (``DEFAULT_MAX_REPLY_BYTES``); at least 1."""
     local = ld.global_batch // ld.world_size
-    fit = min(MAX_STEPS, MAX_ROWS // local,
-              DEFAULT_MAX_REPLY_BYTES // step_bytes(ld.manifest, local, bool(ld.batches.documents)))
+    size = step_bytes(ld.manifest, local, bool(ld.batches.documents))
+    fit = min(MAX_STEPS, MAX_ROWS // local, min(RANGE_BYTES, DEFAULT_MAX_REPLY_BYTES) // size)
     return max(1, min(ld.source.service_steps_per_request, fit))
 
 

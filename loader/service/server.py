@@ -6,7 +6,8 @@ order, window_shards, documents) it keeps one :class:`~gristmill.loader.Loader` 
 document boundaries and its view of the node-local ``ShardCache``, verified downloads and
 eviction included) in an LRU of ``max_open`` entries, and answers rank ``r``'s step ``s`` with
 ``Loader.rows_at_many`` (the one assembly of a step; a request's steps planned in one vectorised
-call, each record batch assembled when gRPC asks for it), in the shards' own token dtype.
+call, up to ``ASSEMBLE_BYTES`` and ``ASSEMBLE_ROWS`` of steps assembled at a time when gRPC asks for
+the next record batch, each step sent as a zero-copy slice), in the shards' own token dtype.
 
 Bounds: at most ``max_streams`` streams at once, ``max_streams_per_client`` per client host;
 a stream past either is refused at once (``FlightUnavailableError``: the client retries, on
@@ -48,11 +49,13 @@ from ..loader import PLAN_ROWS, Loader
 from ..options import Batches, Caching, Sampling, Threads
 from .catalog import Catalog, UnknownManifest
 from .protocol import (DEFAULT_MAX_REPLY_BYTES, META_REQUEST, META_SHA, SHA256, TOKEN_ENV, ProtocolError, Request,
-                       json_object, one_line, reply_bytes)
+                       json_object, one_line, reply_bytes, step_bytes)
 
 log = logging.getLogger(__name__)
 
 LATENCIES_KEPT = 4096  # per-step assembly latencies the stats' percentiles are computed over
+ASSEMBLE_BYTES = 1 << 20  # a stream assembles at most this many bytes of steps at once (at least one step),
+ASSEMBLE_ROWS = 256  # and at most this many rows (its pins: as many shards at most, or one step's)
 TRIM_AFTER_BYTES = 16 << 20  # a stream that sent this much returns the freed heap to the system when it ends
 
 
@@ -432,6 +435,9 @@ class _Stream:
         self.schema = pa.schema(fields, metadata={META_SHA: req.manifest_sha256.encode(), META_REQUEST: req.encode()})
         self.session = (client, req.manifest_sha256, req.split, req.rank, req.world_size)
         self.batches = None  # Loader.rows_at_many over the request's steps, made on the first step (in gRPC's thread)
+        self.step_bytes = step_bytes(m, req.local_batch, req.documents)
+        self.steps_at_once = max(1, min(req.steps, ASSEMBLE_BYTES // self.step_bytes, ASSEMBLE_ROWS // req.local_batch))
+        self.ready: collections.deque[pa.RecordBatch] = collections.deque()  # this chunk's steps not sent yet
 
     def __iter__(self):
         return self
@@ -441,11 +447,21 @@ class _Stream:
         if self.done or self.step >= req.start_step + req.steps:
             self.finish("done")
             raise StopIteration
-        t = time.perf_counter()
+        if not self.ready:
+            self._assemble()
+        rb = self.ready.popleft()
+        self.bytes += self.step_bytes
+        meta = b'{"step": %d}' % self.step
+        self.step += 1
+        return rb, pa.py_buffer(meta)
+
+    def _assemble(self) -> None:
+        """The next ``steps_at_once`` steps, assembled in one go and sliced into a record batch a step (no copy)."""
+        req, t = self.req, time.perf_counter()
         try:
             if self.batches is None:
                 starts = [req.first_index(s) for s in range(req.start_step, req.start_step + req.steps)]
-                self.batches = self.entry.loader.rows_at_many(starts, req.local_batch)
+                self.batches = self.entry.loader.rows_at_many(starts, req.local_batch, self.steps_at_once)
             batch, metrics = next(self.batches)
         except GristmillError as e:
             self.finish(f"failed: {one_line(e)}")
@@ -455,15 +471,13 @@ class _Stream:
             self.finish(f"failed: {one_line(e)}")
             raise flight.FlightServerError(f"internal error: {one_line(e)}") from None
         rb = to_record_batch(batch, self.schema)
+        n = rb.num_rows // req.local_batch
+        self.ready.extend(rb.slice(k * req.local_batch, req.local_batch) for k in range(n))
         stats = self.server.stats
         with stats.lock:
-            stats.latencies.append(time.perf_counter() - t)
-            stats.counts.update(steps=1, bytes=rb.nbytes, cache_hits=metrics["cache_hits"],
+            stats.latencies.append((time.perf_counter() - t) / n)
+            stats.counts.update(steps=n, bytes=n * self.step_bytes, cache_hits=metrics["cache_hits"],
                                 cache_misses=metrics["cache_misses"], bytes_downloaded=metrics["bytes_downloaded"])
-        self.bytes += rb.nbytes
-        meta = json.dumps({"step": self.step}).encode()
-        self.step += 1
-        return rb, pa.py_buffer(meta)
 
     def finish(self, how: str) -> None:
         """Free the slot and the entry, once; add the stream to its session; one DEBUG line."""
@@ -471,6 +485,7 @@ class _Stream:
             return
         self.done = True
         self.batches = None  # the rest of the plan
+        self.ready.clear()
         self.server.slots.give(self.client)
         self.server._release(self.entry)
         if self.bytes >= TRIM_AFTER_BYTES or (how != "done" and self.req.steps * self.req.local_batch >= PLAN_ROWS):

@@ -116,14 +116,13 @@ class LocalRunner(Runner):
         pool, self._pool = self._pool, None
         if pool is None:
             return
-        pool.shutdown(wait=False, cancel_futures=True)
         if hasattr(pool, "kill_workers"):  # Python 3.14
             pool.kill_workers()
-        else:
+        else:  # before any shutdown: shutdown forgets the processes, and they would run their tasks to the end
             for p in list((getattr(pool, "_processes", None) or {}).values()):
                 with contextlib.suppress(OSError, ValueError):
                     p.kill()
-        pool.shutdown(wait=True)
+        pool.shutdown(wait=True, cancel_futures=True)  # the manager thread sees the pool broken and ends
 
     def _execute(self, step, todo, fn):
         from collections import deque
