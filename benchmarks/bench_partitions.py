@@ -1,6 +1,6 @@
 """How `gristmill prepare` cost grows with the partition count, the data fixed (issue 23, target 1).
 
-    .venv/bin/python benchmarks/bench_partitions.py [--partitions 8 250 1000 4000] [--budget-s 0] [--out bench-out/partitions]
+    .venv/bin/python benchmarks/bench_partitions.py [--partitions 8 250 1000 4000] [--runner auto|local|ray] [--budget-s 0] [--out bench-out/partitions]
 
 Start it without flock: it takes /tmp/gristmill-heavy.lock itself around each run (the wait is not timed).
 
@@ -12,8 +12,9 @@ are the same; only the tasks change. The job runs every per-partition step the i
 extract + language ID, exact dedup, fuzzy dedup (0.8), decontamination against a small eval set and
 the 5% validation split, PII, tokenizer training, tokenize, pack.
 
-Each run is one fresh `gristmill prepare` process (embedded Ray, ``runner.num_cpus`` 2) with a fresh work
-dir. Printed per P: partitions, tasks (completion markers), whole wall time (process start to exit)
+Each run is one fresh `gristmill prepare` process (``runner.kind`` from ``--runner``: ``auto``, the
+local runner here, or ``ray``, an embedded Ray; ``runner.num_cpus`` 2) with a fresh work dir; the files
+it left in its run dir are counted (``work_files``, benchmarks/workdir_files.py) before it is removed. Printed per P: partitions, tasks (completion markers), whole wall time (process start to exit)
 and its ratio to the first P, the wall time of every step (the progress line each step ends with),
 and orchestration per task two ways: the marginal wall time per added task against the first P
 ((wall(P) - wall(P0)) / (tasks(P) - tasks(P0)): the data is the same, so the difference is what the
@@ -64,6 +65,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))  # corpus_split, ray_cluster: sh
 from bench_vs_datatrove import TreeRSS, heavy_lock  # noqa: E402  (summed RSS of a process tree; the shared lock)
 from corpus_split import write_split_corpus  # noqa: E402
 from ray_cluster import GRISTMILL  # noqa: E402  (this interpreter: the venv's scripts may run another python)
+from workdir_files import count_files  # noqa: E402  (issue 32: files a run leaves per partition)
 
 # "[step] [####....] 12/250 tasks  3.4s ..." (pipeline.progress.Progress.line)
 STEP_LINE = re.compile(r"^\[([\w.]+)\] \[[#.]+\] (\d+)/(\d+) tasks\s+([\d,.]+)s")
@@ -94,7 +96,7 @@ def corpus(out: str, files: int, docs: int, paragraphs: int) -> dict:
     return info
 
 
-def job_dict(info: dict, run_dir: str, partitions: int, num_cpus: int) -> dict:
+def job_dict(info: dict, run_dir: str, partitions: int, num_cpus: int, runner: str = "auto") -> dict:
     per = info["files"] // partitions
     return {
         "inputs": [os.path.join(info["root"], "*.jsonl")],
@@ -106,7 +108,7 @@ def job_dict(info: dict, run_dir: str, partitions: int, num_cpus: int) -> dict:
         "split": {"validation_fraction": 0.05},
         "tokenizer": {"vocab_size": 2048, "sample_bytes": 1_000_000},
         "pack": {"seq_len": 256, "shard_bytes": 4_000_000},
-        "runner": {"num_cpus": num_cpus}, "partitioning": {"partition_bytes": per * info["file_bytes"]},
+        "runner": {"kind": runner, "num_cpus": num_cpus}, "partitioning": {"partition_bytes": per * info["file_bytes"]},
     }
 
 
@@ -157,10 +159,10 @@ class DriverPeak(TreeRSS):
         return 0
 
 
-def run_one(info: dict, out: str, partitions: int, num_cpus: int, budget_s: float) -> dict:
+def run_one(info: dict, out: str, partitions: int, num_cpus: int, budget_s: float, runner: str = "auto") -> dict:
     run_root = os.path.join(out, f"P{partitions}")
     shutil.rmtree(run_root, ignore_errors=True)
-    job = write_job(os.path.join(run_root, "job.yaml"), job_dict(info, run_root, partitions, num_cpus))
+    job = write_job(os.path.join(run_root, "job.yaml"), job_dict(info, run_root, partitions, num_cpus, runner))
     err_path = os.path.join(run_root, "stderr.log")
     with heavy_lock(), open(err_path, "w") as err:
         t0 = time.perf_counter()
@@ -199,6 +201,7 @@ def run_one(info: dict, out: str, partitions: int, num_cpus: int, budget_s: floa
             rep = json.load(f)
         res["manifest_sha256"] = rep["manifest_sha256"]
         res["accounting"] = rep["accounting"]
+        res["work_files"] = sum(count_files(os.path.dirname(report)).values())
     shutil.rmtree(os.path.join(run_root, "work"), ignore_errors=True)  # 4,000 partitions write ~10^5 files
     shutil.rmtree(os.path.join(run_root, "store"), ignore_errors=True)
     return res
@@ -215,7 +218,7 @@ def print_scaling(info: dict, runs: list[dict], num_cpus: int) -> None:
           f"runs at {', '.join(sorted({r.get('utc', '?') + ' (' + r.get('commit', '?') + ')' for r in runs}))}")
     base = runs[0]
     print(f"{'P':>6}{'tasks':>8}{'wall s':>10}{'x P0':>7}{'ms/added task':>15}{'orch ms/task':>14}{'driver MB':>11}"
-          f"{'tree MB':>9}  hash")
+          f"{'tree MB':>9}{'files/P':>9}  hash")
     for r in runs:
         mark = "~" if r["stopped"] else ""
         wall = r["wall_s"]
@@ -228,6 +231,7 @@ def print_scaling(info: dict, runs: list[dict], num_cpus: int) -> None:
         print(f"{r['partitions']:>6}{r['tasks']:>8}{mark + format(wall, ',.1f'):>10}{ratio:>7}"
               f"{'' if marginal is None else format(marginal, '.1f'):>15}{'' if orch is None else format(orch, '.1f'):>14}"
               f"{r.get('driver_peak_mb', 0):>11,.0f}{r.get('tree_peak_mb', 0):>9,.0f}"
+              f"{format(r['work_files'] / r['partitions'], '.2f') if 'work_files' in r else '':>9}"
               f"  {same} {r.get('manifest_sha256', '')[:12]}")
     names = list(dict.fromkeys(s for r in runs for s in r["steps"]))
     print("\nstep wall seconds (the step's own progress line; ~ = projected from its rate when the run was stopped)")
@@ -369,6 +373,7 @@ def main() -> None:
     ap.add_argument("--docs", type=int, default=8000)
     ap.add_argument("--paragraphs", type=int, default=13)
     ap.add_argument("--num-cpus", type=int, default=2)
+    ap.add_argument("--runner", choices=["auto", "local", "ray"], default="auto")
     ap.add_argument("--budget-s", type=float, default=0, help="stop a run after this many seconds and project (0: never)")
     ap.add_argument("--kill-trials", type=int, default=0)
     ap.add_argument("--kill", choices=["worker", "node"], default="worker")
@@ -397,7 +402,7 @@ def main() -> None:
     else:
         results = []
         for p in a.partitions:
-            results.append(run_one(info, os.path.abspath(a.out), p, a.num_cpus, a.budget_s))
+            results.append(run_one(info, os.path.abspath(a.out), p, a.num_cpus, a.budget_s, a.runner))
             print(f"P={p}: {results[-1]['wall_s']:.1f} s{' (stopped)' if results[-1]['stopped'] else ''}", flush=True)
         print_scaling(info, results, a.num_cpus)
     if a.json:

@@ -26,7 +26,7 @@ import pyarrow as pa
 from gristmill.manifests.runs import run_starts
 from gristmill.manifests.storage import Store
 
-from .workdir import ParquetPart, read_parquet
+from .workdir import read_parquet, writer
 
 _MAX_ROUNDS = 100
 
@@ -102,7 +102,7 @@ def write_edges(path: str, u: np.ndarray, v: np.ndarray, buckets: int, store: St
     ``path`` of ``store`` (None: the store of ``path``)."""
     b = bucket_of(u, buckets)
     idx = np.lexsort((v, u, b))
-    out = ParquetPart(path, EDGE_SCHEMA, row_group_size=_ROW_GROUP, store=store)
+    out = writer(path, EDGE_SCHEMA, store or Store.from_url(path), row_group_size=_ROW_GROUP)  # a partition's: its block's file
     out.write(pa.table({"bucket": b[idx], "u": u[idx], "v": v[idx]}, schema=EDGE_SCHEMA))
     out.commit()
 

@@ -200,7 +200,7 @@ def partition_task(item: dict, cfg: DecontamConfig, index_path: str, survivors: 
     rows and its cut texts; returns the verdicts (few) for the report. With ``split``, only the
     partition's train documents are checked (the pass against the validation split: its own
     reason, ``validation_overlap``, and its own ``validation_min_matches``); its files are
-    named with ``prefix`` (``val-part-N``)."""
+    named with ``prefix`` (``val-block-N``)."""
     index = _load_index(index_path)
     cols = ["id", "order", "part", "bytes", "source", "position", "text"]
     part, wd = item["part"], survivors.wd
@@ -236,7 +236,7 @@ VALIDATION_SCHEMA = pa.schema([("id", pa.string()), ("text", pa.string())])
 def validation_docs_task(item: dict, survivors: Survivors, split: Any) -> dict:
     """One partition's validation documents as they stand after the eval pass (id, text): the
     index task then reads only these, not the corpus."""
-    out = survivors.wd.part(survivors.wd.scratch(SCRATCH, "validation", item["name"]), VALIDATION_SCHEMA)
+    out = survivors.wd.part(survivors.wd.part_scratch(SCRATCH, "validation", item["part"]), VALIDATION_SCHEMA)
     n = 0
     for t in survivors.docs(item["part"], ["id", "text"], 4096):
         t = t.filter(pa.array([split_of(i, split) == "validation" for i in t.column("id").to_pylist()], pa.bool_()))
@@ -246,12 +246,12 @@ def validation_docs_task(item: dict, survivors: Survivors, split: Any) -> dict:
     return {"documents": n}
 
 
-def validation_index_task(item: dict, cfg: DecontamConfig, wd: WorkDir, names: list[str]) -> dict:
-    """The index of the validation split's texts (the files validation_docs_task wrote, ``names``
-    its tasks), saved to the work dir as ``item["out"]``."""
+def validation_index_task(item: dict, cfg: DecontamConfig, wd: WorkDir, files: list[str]) -> dict:
+    """The index of the validation split's texts (``files``: the block files validation_docs_task
+    wrote), saved to the work dir as ``item["out"]``."""
     items = []
-    for name in names:
-        t = wd.read_parquet(wd.scratch(SCRATCH, "validation", name))
+    for f in files:
+        t = wd.read_parquet(f)
         items += list(zip(t.column("id").to_pylist(), t.column("text").to_pylist()))
     index, record = reference_index(items, cfg)
     index.save(item["out"])
@@ -270,14 +270,14 @@ def document_frequency_task(item: dict, index_path: str, survivors: Survivors) -
         grams, counts = index.document_frequency([x or "" for x in t.column("text").to_pylist()])
         for g, c in zip(grams.tolist(), counts.tolist()):
             total[g] = total.get(g, 0) + c
-    out = survivors.wd.part(survivors.wd.scratch(SCRATCH, "validation_df", item["name"]), DF_SCHEMA)
+    out = survivors.wd.part(survivors.wd.part_scratch(SCRATCH, "validation_df", item["part"]), DF_SCHEMA)
     keys = sorted(total)
     out.write(pa.table({"gram": keys, "documents": [total[k] for k in keys]}, schema=DF_SCHEMA))
     out.commit()
     return {"grams": len(keys)}
 
 
-def prune_index_task(item: dict, wd: WorkDir, index_path: str, names: list[str], max_doc_freq: int) -> dict:
+def prune_index_task(item: dict, wd: WorkDir, index_path: str, files: list[str], max_doc_freq: int) -> dict:
     """The validation index without its boilerplate: grams in more than ``max_doc_freq``
     documents of the corpus (summed over the partitions' counts) are dropped, so they never
     count as overlap. Holds one count per validation gram, like the index itself."""
@@ -285,8 +285,8 @@ def prune_index_task(item: dict, wd: WorkDir, index_path: str, names: list[str],
 
     index = _load_index(index_path)
     df = np.zeros(index.ngrams, np.int64)
-    for name in names:
-        t = wd.read_parquet(wd.scratch(SCRATCH, "validation_df", name))
+    for f in files:  # the block files document_frequency_task wrote
+        t = wd.read_parquet(f)
         np.add.at(df, t.column("gram").to_numpy(), t.column("documents").to_numpy())
     drop = df > max_doc_freq
     index.without(drop).save(item["out"])

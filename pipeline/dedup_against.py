@@ -21,7 +21,7 @@ read of the earlier index, never with new partitions x index:
    sorted by the new document's partition;
 4. ``match`` (a task per new partition): its pairs from every fetch file, beside its own kept
    sketches; ``dedup_index.resolve`` gives each document's verdict (the same function the
-   in-memory ``dedup_index.match`` uses); ``removed/dedup_against/part-N`` names the earlier
+   in-memory ``dedup_index.match`` uses); ``removed/dedup_against/block-B`` names the earlier
    version and document.
 
 Task lists come from the data (partitions, index files, bucket ranges), so the result does not
@@ -181,7 +181,7 @@ def fetch_task(item: dict, wd: WorkDir, params: dict, candidates: list[str]) -> 
 # -- 4. match ------------------------------------------------------------------------------------
 def match_task(item: dict, wd: WorkDir, params: dict, threshold: float, sources: list[dict], fetched: list[str]) -> dict:
     """Partition ``item["part"]``'s verdicts from its candidate pairs (every fetch file's rows of
-    the partition) and its kept sketches: ``removed/dedup_against/part-N``. ``sources``: per index
+    the partition) and its kept sketches: its rows of ``removed/dedup_against/block-B``. ``sources``: per index
     file number, ``{"version", "url", "sha256"}`` of its version."""
     width = dx.sketch_bytes(params)
     cols = ["order", "ref", "exact", "near", "doc_id", "has_words", "sketch"]
@@ -227,7 +227,7 @@ def dedup_against(runner: Runner, survivors: Survivors, parts: list[int], params
                   files: list[dict], batch_size: int) -> tuple[Counts, dict]:
     """Every step over partitions ``parts``' surviving documents and the earlier index ``files``
     (in index order; each ``{"url", "path", "sha256", "bytes", "rows", "label", "version",
-    "version_url", "version_sha256"}``); writes ``removed/dedup_against/part-N`` and returns the
+    "version_url", "version_sha256"}``); writes ``removed/dedup_against/block-B`` and returns the
     counts and the stage's detail."""
     wd = survivors.wd
     per_part = [{"name": part_name(p), "part": p} for p in parts]

@@ -233,7 +233,7 @@ def index_task(item: dict, wd, survivors, params: dict, batch_size: int) -> dict
         tables.append(rows.replace_schema_metadata(None).append_column("id_hash", pa.array(_id_hash(ids), pa.int64())))
     t = pa.concat_tables(tables) if tables else \
         dx.schema(params).empty_table().replace_schema_metadata(None).append_column("id_hash", pa.array([], pa.int64()))
-    out = wd.part(wd.scratch(INDEX_DIR, "parts", item["name"]), t.schema, row_group_size=65_536)
+    out = wd.part(wd.part_scratch(INDEX_DIR, "parts", part), t.schema, row_group_size=65_536)
     out.write(t.sort_by("id_hash"))
     out.commit()
     return {"rows": t.num_rows}
@@ -248,8 +248,9 @@ def plan_files(rows: int) -> list[dict]:
     return [{"name": f"file-{k:05d}", "k": k, "lo": edges[k], "hi": edges[k + 1]} for k in range(n)]
 
 
-def merge_task(item: dict, wd, parts: list[str], params: dict) -> dict:
-    """Published index file ``item["k"]``: its hash range's rows of every partition's file, sorted by
+def merge_task(item: dict, wd, files: list[str], params: dict) -> dict:
+    """Published index file ``item["k"]``: its hash range's rows of every partition (``files``: the
+    block files ``index_task`` wrote), sorted by
     document id (unique), written in fixed row groups into the staging dir: equal documents, equal
     bytes. The stats pin it for the manifest."""
     import os
@@ -257,7 +258,7 @@ def merge_task(item: dict, wd, parts: list[str], params: dict) -> dict:
     from gristmill.manifests.hashing import sha256_file
 
     flt = [("id_hash", ">=", item["lo"])] + ([("id_hash", "<", item["hi"])] if item["hi"] < 1 << 63 else [])
-    tables = [wd.read_parquet(wd.scratch(INDEX_DIR, "parts", p), filters=flt) for p in parts]
+    tables = [wd.read_parquet(f, filters=flt) for f in files]
     s = dx.schema(params)
     t = pa.concat_tables([x.drop_columns(["id_hash"]).cast(s) for x in tables]) if tables else s.empty_table()
     rel = index_file(item["k"])

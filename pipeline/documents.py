@@ -35,7 +35,7 @@ DOC_SCHEMA = pa.schema([
 
 # The order of the stages (of removed/<stage>, of ``inspect removed``, of the report's stages when
 # report.json is not at hand) is ``pipeline.stages.STAGE_ORDER``, derived from ``STAGES``.
-LANGUAGE = "language"  # extract's language filter: its removals are removed/language/part-N
+LANGUAGE = "language"  # extract's language filter: its removals are removed/language/block-B
 
 # A removed document: its row plus why. `detail` is JSON with the stage's detail columns.
 # `text`: the language filter's removals carry their text (docs/ holds only the documents it
@@ -103,7 +103,7 @@ def removed_by_partition(wd, stage: str, kind: str, tasks: list[str], part: int,
                          convert=lambda t: t) -> dict:
     """A global step's verdicts delivered to one partition: partition ``part``'s rows of every
     bucket-range task's file (``<stage>/<kind>/<task>.parquet``, sorted by order, so a part filter
-    reads a few row groups), written as ``removed/<stage>/part-N`` (``convert`` makes them
+    reads a few row groups), written as its rows of ``removed/<stage>/block-B`` (``convert`` makes them
     REMOVED_SCHEMA rows); its stats."""
     t = pa.concat_tables([wd.read_parquet(wd.scratch(stage, kind, name), filters=[("part", "=", part)], schema=schema)
                           for name in tasks]).sort_by("order") if tasks else schema.empty_table()

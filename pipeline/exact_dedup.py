@@ -74,7 +74,8 @@ def dedup_task(task: dict, wd: WorkDir, parts: list[int], exclude_tasks: tuple[s
     partition: each partition's ``removed_task`` reads only its own row groups). ``exclude_tasks``:
     the unique_ids step's tasks, whose repeated ids are out of the run (neither survivor nor duplicate)."""
     flt = [("bucket", ">=", task["lo"]), ("bucket", "<", task["hi"])]
-    keys = pa.concat_tables([wd.read_parquet(wd.keys(p), filters=flt, schema=KEY_SCHEMA) for p in parts]) if parts \
+    keys = pa.concat_tables([wd.read_parquet(f, filters=flt, schema=KEY_SCHEMA)
+                             for f in wd.whole_files([wd.keys(p) for p in parts])]) if parts \
         else KEY_SCHEMA.empty_table()
     if exclude_tasks:
         from .unique_ids import repeated_ids
@@ -89,7 +90,7 @@ def dedup_task(task: dict, wd: WorkDir, parts: list[int], exclude_tasks: tuple[s
 
 
 def removed_task(item: dict, wd: WorkDir, tasks: list[str]) -> dict:
-    """Partition ``part``'s duplicates from every bucket range's file: ``removed/exact_dedup/part-N``."""
+    """Partition ``part``'s duplicates from every bucket range's file: its rows of ``removed/exact_dedup/block-B``."""
     return removed_by_partition(wd, STAGE, "duplicates", tasks, item["part"], REMOVED, REASON,
                                 convert=lambda t: to_removed_rows(t, STAGE))
 

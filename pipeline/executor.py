@@ -39,6 +39,8 @@ from .readers import special_file
 from .stats import build_report, check_balanced, export_jsonl, manifest_stats
 from .workdir import WorkDir
 
+WORK_DIR_LAYOUT = 2  # in the run key: a run dir of another layout (1: a file per partition) is never resumed
+
 
 
 
@@ -134,7 +136,7 @@ def run_key(job: PrepareConfig, tasks: list[dict]) -> str:
     """Names the run dir: the job's content, each input's identity (uri, size, mtime) and the
     partitioning (finished partitions are only reused under the same grouping)."""
     ids = [[[f["uri"], f["bytes"], f["mtime"]] for f in t["files"]] for t in tasks]
-    return sha256_json({"job": job.content_dict(), "inputs": ids})[:16]
+    return sha256_json({"job": job.content_dict(), "inputs": ids, "layout": WORK_DIR_LAYOUT})[:16]
 
 
 def check_writable(store: str, dataset: str) -> None:
@@ -215,6 +217,7 @@ class Executor:
         self.tasks = plan_inputs(job)
         check_writable(job.output.store, job.output.dataset)  # before any work, not at publish
         self.wd = WorkDir.of_run(job.work_dir, run_key(job, self.tasks), job.work_dir_options)
+        self.wd.set_blocks(len(self.tasks))  # the blocks of partitions (a function of their count), fixed for resumes
         self.stages = st.build(job)  # fails on a bad stage section before any work starts
 
     def log(self, msg: str) -> None:
@@ -298,8 +301,9 @@ class Executor:
         """The quarantine and removed records as JSONL for people to read (each partition's file
         once: O(partitions) opens per stage)."""
         parts = [t["part"] for t in self.tasks]
-        export_jsonl(self.wd, [self.wd.quarantine(p) for p in parts], self.wd.quarantine_jsonl)
-        removed = [self.wd.removed(stage, p, prefix) for stage, prefix in removed_files for p in parts]
+        whole = self.wd.whole_files  # each block file once: all its partitions' rows, in order
+        export_jsonl(self.wd, whole([self.wd.quarantine(p) for p in parts]), self.wd.quarantine_jsonl)
+        removed = whole([self.wd.removed(stage, p, prefix) for stage, prefix in removed_files for p in parts])
         # no text: the language filter removes most of a crawl, and its texts would copy most of the
         # input uncompressed; they stay in removed/language/*.parquet (what inspect removed reads)
         export_jsonl(self.wd, removed, self.wd.removed_jsonl, drop=("text",))

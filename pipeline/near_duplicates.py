@@ -41,7 +41,7 @@ from .config import FuzzyDedupConfig
 from .lsh import LSHParams, band_keys, bucket_pairs, pair_jaccard
 from .minhash import MinHasher
 from .survivors import Survivors
-from .workdir import WorkDir, part_name
+from .workdir import WorkDir
 
 STAGE = "fuzzy_dedup"
 REASON = "near_duplicate"
@@ -69,7 +69,7 @@ def _hasher(num_perm: int, ngram: int, seed: int) -> MinHasher:
 # -- 1. bands ------------------------------------------------------------------------------------
 def bands_task(item: dict, cfg: FuzzyDedupConfig, params: LSHParams, survivors: Survivors) -> dict:
     mh = _hasher(cfg.num_perm, cfg.ngram, cfg.seed)
-    out = survivors.wd.part(survivors.wd.scratch(STAGE, "bands", item["name"]), BAND_SCHEMA, row_group_size=_ROW_GROUP)
+    out = survivors.wd.part(survivors.wd.part_scratch(STAGE, "bands", item["part"]), BAND_SCHEMA, row_group_size=_ROW_GROUP)
     tables, docs, nbytes = [], 0, 0
     for t in survivors.docs(item["part"], ["id", "order", "text", "bytes"], cfg.batch_size):
         docs += t.num_rows
@@ -96,9 +96,9 @@ def plan_bucket_ranges(band_rows: int) -> list[tuple[int, int]]:
 
 
 def candidates_task(item: dict, wd: WorkDir, bands: list[str]) -> dict:
-    """One bucket range over every partition's band file (``bands``: their task names)."""
+    """One bucket range over every partition's band rows (``bands``: the block files, ``WorkDir.whole_files``)."""
     flt = [("bucket", ">=", item["lo"]), ("bucket", "<", item["hi"])]
-    t = pa.concat_tables([wd.read_parquet(wd.scratch(STAGE, "bands", b), ["band", "key", "order"], flt) for b in bands])
+    t = pa.concat_tables([wd.read_parquet(b, ["band", "key", "order"], flt) for b in bands])
     hi, lo = bucket_pairs(t.column("band").to_numpy(), t.column("key").to_numpy(), t.column("order").to_numpy())
     idx = np.lexsort((lo, hi))
     hi, lo = hi[idx], lo[idx]
@@ -121,7 +121,7 @@ def members_task(item: dict, cfg: FuzzyDedupConfig, survivors: Survivors, candid
                                        .column("order").to_numpy() for c in candidates])) if candidates \
         else np.zeros(0, np.int64)
     mh = _hasher(cfg.num_perm, cfg.ngram, cfg.seed)
-    out = wd.part(wd.scratch(STAGE, "members", item["name"]), MEMBER_SCHEMA)
+    out = wd.part(wd.part_scratch(STAGE, "members", part), MEMBER_SCHEMA)
     n = 0
     if len(wanted):
         for t in survivors.docs(part, ["id", "order", "text", "bytes"], cfg.batch_size):
@@ -148,7 +148,7 @@ def _members(wd: WorkDir, parts: set[int], orders: np.ndarray, columns: list[str
     rows: dict[int, dict] = {}
     want = pa.array(orders, pa.int64())
     for p in sorted(parts):
-        t = wd.read_parquet(wd.scratch(STAGE, "members", part_name(p)), ["order", *columns])
+        t = wd.read_parquet(wd.part_scratch(STAGE, "members", p), ["order", *columns])
         t = t.filter(pc.is_in(t.column("order"), want))
         for r in t.to_pylist():
             rows[r["order"]] = r
@@ -158,7 +158,7 @@ def _members(wd: WorkDir, parts: set[int], orders: np.ndarray, columns: list[str
 def _member_table(wd: WorkDir, parts: set[int], orders: np.ndarray, columns: list[str]) -> pa.Table:
     """The member rows of the given orders (read from their partitions' member files only), by order."""
     want = pa.array(orders, pa.int64())
-    tables = [wd.read_parquet(wd.scratch(STAGE, "members", part_name(p)), ["order", *columns]) for p in sorted(parts)]
+    tables = [wd.read_parquet(wd.part_scratch(STAGE, "members", p), ["order", *columns]) for p in sorted(parts)]
     tables = [t.filter(pc.is_in(t.column("order"), want)) for t in tables]
     return pa.concat_tables(tables).sort_by("order") if tables else MEMBER_SCHEMA.empty_table().select(["order", *columns])
 
@@ -192,12 +192,12 @@ def verify_task(item: dict, cfg: FuzzyDedupConfig, wd: WorkDir, candidates: list
         sim = (sig[a] == sig[b]).mean(axis=1) if len(a) else np.zeros(0, np.float64)
         keep = np.ones(len(hi), dtype=bool)
     hi, lo, sim = hi[keep], lo[keep], sim[keep]
-    cc.write_edges(wd.scratch(STAGE, "edges", item["name"]), np.concatenate([hi, lo]), np.concatenate([lo, hi]), item["buckets"],
+    cc.write_edges(wd.part_scratch(STAGE, "edges", part), np.concatenate([hi, lo]), np.concatenate([lo, hi]), item["buckets"],
                    wd.store)
     node, other, s2 = np.concatenate([hi, lo]), np.concatenate([lo, hi]), np.concatenate([sim, sim])
     bucket = cc.bucket_of(node, item["buckets"])  # the node's components bucket: its assign task reads it
     idx = np.lexsort((other, node, bucket))
-    links = wd.part(wd.scratch(STAGE, "links", item["name"]), LINK_SCHEMA, row_group_size=_ROW_GROUP)
+    links = wd.part(wd.part_scratch(STAGE, "links", part), LINK_SCHEMA, row_group_size=_ROW_GROUP)
     links.write(pa.table({"bucket": bucket[idx], "node": node[idx], "other": other[idx], "similarity": s2[idx]},
                          schema=LINK_SCHEMA))
     links.commit()
@@ -215,7 +215,7 @@ def assign_task(item: dict, wd: WorkDir, star_files: list[str], links: list[str]
     u, v = pairs[:, 0].astype(np.int64), pairs[:, 1].astype(np.int64)
     leaf = v < u  # at the fixed point a leaf's one row points at its root; a root's rows list its members
     node, rootv = u[leaf], v[leaf]
-    lk = pa.concat_tables([wd.read_parquet(wd.scratch(STAGE, "links", n), ["node", "other", "similarity"], [("bucket", "=", b)])
+    lk = pa.concat_tables([wd.read_parquet(n, ["node", "other", "similarity"], [("bucket", "=", b)])
                            for n in links])
     best: dict[int, tuple[float, int]] = {}
     for n_, o_, s_ in zip(*(lk.column(c).to_pylist() for c in ("node", "other", "similarity"))):

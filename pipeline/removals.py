@@ -79,7 +79,7 @@ def removed_documents(path: str, reason: str | None = None, stage: str | None = 
             wanted.setdefault(r["part"], set()).add(r["id"])
         if (sid := r["detail"].get("duplicate_of")) is not None and "earlier_url" not in r["detail"]:
             order = r["detail"].get("duplicate_of_order")
-            for p in ([part_of(order)] if order is not None else _all_parts(run)):  # runs before the order was kept
+            for p in ([part_of(order)] if order is not None else run.parts()):  # runs before the order was kept
                 wanted.setdefault(p, set()).add(sid)
     docs = _docs(run, wanted)
     out = []
@@ -101,10 +101,6 @@ def removed_documents(path: str, reason: str | None = None, stage: str | None = 
                                 "url": s.get("url"), "text": s.get("text")}
         out.append(item)
     return {"run_dir": run.root, "runs_found": len(runs), "removed_by_reason": dict(sorted(reasons.items())), "documents": out}
-
-
-def _all_parts(run: WorkDir) -> list[int]:
-    return [int(f.rsplit("/", 1)[-1][5:-len(".parquet")]) for f in run.docs_files()]
 
 
 def _schema_names(run: WorkDir, path: str) -> list[str]:

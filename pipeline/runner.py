@@ -7,6 +7,9 @@ and returns JSON-able stats; the runner commits those stats as the task's marker
 (``_done/<step>/<name>.json``) and skips every task whose marker exists, so a rerun after
 ``kill -9`` redoes only unfinished tasks inside every step. Task lists are defined by the data
 (partitions, bucket ranges), never by the number of workers, so results never depend on it.
+A per-partition step (items with a ``part``) runs block by block (``WorkDir.block_of``): a
+block's partitions run in one worker, write one file per kind of output together
+(``workdir.BlockOutputs``) and commit with one marker, so they are finished or redone together.
 
 Every runner is a ``Runner`` (here: the commit protocol every runner shares, ``run_one`` and
 ``run_batch``, and ``SerialRunner``, in this process, in item order, for unit tests of a stage and
@@ -32,7 +35,7 @@ from gristmill.errors import GristmillError, is_disk_error, os_error_text
 from gristmill.manifests.storage import Store
 
 from .progress import Progress
-from .workdir import WorkDir
+from .workdir import BlockOutputs, WorkDir
 
 logger = logging.getLogger(__name__)  # gristmill.pipeline.runner
 Measure = Callable[[dict], tuple[int, int]]
@@ -138,15 +141,18 @@ def run_one(fn: Callable[[dict], dict], item: dict, wd: WorkDir, step: str, sync
 
 
 def run_batch(fn: Callable[[dict], dict], items: list[dict], wd: WorkDir, step: str) -> list[dict]:
-    """Several items in one worker (RayRunner's unit of work), committed together by one batch
+    """Several items in one worker (a runner's unit of work), committed together by one batch
     marker (``_done/<step>/<first>.batch.json``, fsynced) once all their outputs are written: one
-    marker file for up to MAX_BATCH tasks, not one each (a file create and rename per task was a
-    good part of a tiny task's fixed cost). A batch killed before its marker is redone whole
-    (deterministic tasks rewrite the same bytes); a rerun with another batch size still finds
-    every committed task, since ``WorkDir.finished`` reads batch markers by task name. When an
-    item raises, the items before it are committed first, so only the failed one is redone. A
-    batch of one item writes that item's own marker. A retried batch (attempt > 1: Ray after its
-    worker died) skips the items a marker already lists."""
+    marker file for a batch of tasks, not one each (a file create and rename per task was a
+    good part of a tiny task's fixed cost). A batch of partitions is whole blocks (``batches_of``),
+    each run and committed on its own (``_run_block``). Another batch killed before its marker is redone whole (deterministic tasks
+    rewrite the same bytes); a rerun with another batch size still finds every committed task,
+    since ``WorkDir.finished`` reads batch markers by task name. When an item raises, the items
+    before it are committed first, so only the failed one is redone. A batch of one item writes
+    that item's own marker. A retried batch (attempt > 1: Ray after its worker died) skips the
+    items a marker already lists."""
+    if per_partition(items):
+        return [s for block in blocks_of(items, wd) for s in _run_block(fn, block, wd, step)]
     if len(items) == 1:
         return list(_run_items(fn, items, wd, step))
     # The driver hands out only tasks without a marker, so a first attempt has none to skip.
@@ -160,6 +166,28 @@ def run_batch(fn: Callable[[dict], dict], items: list[dict], wd: WorkDir, step: 
         if stats:  # the items that finished, committed even when a later one raised
             wd.mark_batch_done(step, stats)
     return [stats.get(it["name"]) or finished[it["name"]] for it in items]
+
+
+def per_partition(items: list[dict]) -> bool:
+    """Whether a step's items are partitions (each with its ``part``): they run, write and commit
+    by blocks (``WorkDir.block_of``), never alone."""
+    return bool(items) and all("part" in it for it in items)
+
+
+def _run_block(fn: Callable[[dict], dict], items: list[dict], wd: WorkDir, step: str) -> list[dict]:
+    """The partitions of one block (``items``, in order, all of them): each item's outputs go into
+    the block's files (``BlockOutputs``), committed together when every item has run, then one
+    batch marker commits the block (fsynced). An item that raises leaves nothing committed: the
+    block is redone whole, as is one killed at any point before its marker. A retried batch (attempt
+    > 1) skips a block its marker commits."""
+    if record_attempt(wd, step, items[0]["name"]) > 1:
+        finished = wd.finished(step)
+        if all(it["name"] in finished for it in items):
+            return [finished[it["name"]] for it in items]
+    with BlockOutputs():
+        stats = {it["name"]: run_one(fn, it, wd, step, commit=False) for it in items}
+    wd.mark_batch_done(step, stats)
+    return [stats[it["name"]] for it in items]
 
 
 def _run_items(fn: Callable[[dict], dict], items: list[dict], wd: WorkDir, step: str):
@@ -209,6 +237,9 @@ class Runner:
         results: dict[str, dict] = {}
         todo = []
         finished = self.wd.finished(step)  # one listing of the step's markers, not a lookup per item
+        if per_partition(items):  # a block's partitions are finished together or not at all
+            blocks = {self.wd.block_of(it["part"]) for it in items if it["name"] not in finished}
+            finished = {it["name"]: finished[it["name"]] for it in items if self.wd.block_of(it["part"]) not in blocks}
         for it in items:
             if (done := finished.get(it["name"])) is not None:
                 results[it["name"]] = done
@@ -265,9 +296,23 @@ class Runner:
                           self.wd.log(step, first["name"]))
 
 
-def batches_of(todo: list[dict], limit: int) -> list[list[dict]]:
-    """Consecutive items in batches of at most MAX_BATCH, about four per batch slot (``limit``
-    batches in flight), so the load spreads; the batching never changes an output."""
+def blocks_of(items: list[dict], wd: WorkDir) -> list[list[dict]]:
+    """Partition items grouped by their block (``WorkDir.block_of``), in order."""
+    blocks: dict[int, list[dict]] = {}
+    for it in items:
+        blocks.setdefault(wd.block_of(it["part"]), []).append(it)
+    return list(blocks.values())
+
+
+def batches_of(todo: list[dict], limit: int, wd: WorkDir) -> list[list[dict]]:
+    """A step's batches: consecutive items, at most MAX_BATCH (partitions: whole blocks, at least
+    one), about four per batch slot (``limit`` batches in flight), so the load spreads. The
+    batching never changes an output: a block's files are written by one task, whatever batch
+    it runs in."""
+    if per_partition(todo):
+        blocks = blocks_of(todo, wd)
+        size = max(1, min(MAX_BATCH // wd.block_parts, len(blocks) // (4 * limit)))
+        return [[it for b in blocks[i:i + size] for it in b] for i in range(0, len(blocks), size)]
     size = max(1, min(MAX_BATCH, len(todo) // (4 * limit)))
     return [todo[i:i + size] for i in range(0, len(todo), size)]
 
@@ -278,4 +323,8 @@ class SerialRunner(Runner):
     kind = "serial"
 
     def _execute(self, step, todo, fn):
+        if per_partition(todo):
+            for block in blocks_of(todo, self.wd):
+                yield from zip(block, run_batch(fn, block, self.wd, step))
+            return
         yield from zip(todo, _run_items(fn, todo, self.wd, step))

@@ -1,10 +1,11 @@
 """The documents still in the run: a partition's document file less what earlier stages removed,
 with the texts they shortened or redacted.
 
-Every stage delivers its verdicts by partition: ``removed/<stage>/part-N.parquet`` (REMOVED_SCHEMA)
-and ``overrides/<stage>/part-N.parquet`` (OVERRIDE_SCHEMA) hold partition N's rows only (map
-stages write their own partition's file; global steps route their verdicts to partitions first).
-So a task reads one file per earlier stage, never one per partition: the work of a step grows
+Every stage delivers its verdicts by partition: partition N's rows of ``removed/<stage>/block-B``
+(REMOVED_SCHEMA) and ``overrides/<stage>/block-B`` (OVERRIDE_SCHEMA), its block's files
+(``WorkDir.removed``/``overrides``: a ``PartPath``, read as that partition's row groups only; map
+stages write their own partitions' rows; global steps route their verdicts to partitions first).
+So a task reads one range per earlier stage, never one per partition: the work of a step grows
 with the data, not with the square of the partition count.
 
 ``Survivors`` is a small value in the stage context: the work dir and which stages' files to
@@ -23,8 +24,8 @@ from .workdir import WorkDir
 
 @dataclass(frozen=True)
 class Verdicts:
-    """Per-partition files a stage writes: ``removed/<stage>/<prefix>part-N`` (``removed``) and
-    ``overrides/<stage>/<prefix>part-N`` (``overrides``). ``stage`` None: the stage's own name.
+    """Per-partition rows a stage writes: ``removed/<stage>/<prefix>block-B`` (``removed``) and
+    ``overrides/<stage>/<prefix>block-B`` (``overrides``). ``stage`` None: the stage's own name.
     ``applied=False``: written for the record only, not applied to later stages' documents
     (extract's language removals: ``docs/`` holds only the documents it kept)."""
 

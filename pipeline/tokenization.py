@@ -70,7 +70,7 @@ def load_tokenizer(path: str, eos_token: str, store: Store | None = None):
 def tokenize_partition(part: int, tokenizer_path: str, cfg: TokenizerConfig, split: SplitConfig,
                        survivors: Survivors, tokenizer_store: Store | None = None) -> dict:
     """Partition ``part``'s surviving documents (rewritten texts applied) as token ids with EOS:
-    ``tokens/part-N.parquet``; returns its counts by split."""
+    its rows of ``tokens/block-B.parquet``; returns its counts by split."""
     wd = survivors.wd
     cpu0 = time.process_time()
     tok, _, eos_id = load_tokenizer(tokenizer_path, cfg.eos_token, tokenizer_store)

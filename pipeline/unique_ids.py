@@ -87,7 +87,8 @@ def check_task(task: dict, wd: WorkDir, parts: list[int]) -> dict:
     """One bucket range over every partition's ids: its repeated ids' rows, sorted by order (so
     by partition: each partition's ``removed_task`` reads only its own row groups)."""
     flt = [("bucket", ">=", task["lo"]), ("bucket", "<", task["hi"])]
-    ids = pa.concat_tables([wd.read_parquet(wd.ids(p), filters=flt, schema=ID_SCHEMA) for p in parts]) if parts \
+    ids = pa.concat_tables([wd.read_parquet(f, filters=flt, schema=ID_SCHEMA)
+                            for f in wd.whole_files([wd.ids(p) for p in parts])]) if parts \
         else ID_SCHEMA.empty_table()
     removed = repeated(ids)
     out = wd.part(wd.scratch(STAGE, "repeated", task["name"]), REMOVED_SCHEMA, row_group_size=16_384)
@@ -97,7 +98,7 @@ def check_task(task: dict, wd: WorkDir, parts: list[int]) -> dict:
 
 
 def removed_task(item: dict, wd: WorkDir, tasks: list[str]) -> dict:
-    """Partition ``part``'s rows from every bucket range's file: ``removed/unique_ids/part-N``."""
+    """Partition ``part``'s rows from every bucket range's file: its rows of ``removed/unique_ids/block-B``."""
     return removed_by_partition(wd, STAGE, "repeated", tasks, item["part"], REMOVED_SCHEMA, REASON)
 
 

@@ -1,26 +1,39 @@
 """The run dir: every path under ``<work_dir>/<run key>/`` is built here, nowhere else.
 
-The key hashes the job's content and its input files, so a changed job or input never reuses
-stale work. Layout (``part-00007`` is partition 7, ``part_name``)::
+The key hashes the job's content, its input files and the layout version, so a changed job or
+input never reuses stale work. Partitions are grouped into **blocks** of consecutive partitions
+(``block_parts``: up to 16, about 16 blocks below 256 partitions; a function of the partition count
+alone, fixed in ``layout.json``): every per-partition step runs a task per block, and the block
+writes ONE file per kind of output holding each of its partitions' rows in turn (``PartWriter``),
+with the row range of each partition in the file's Parquet metadata (``gristmill.parts``). A
+partition's rows are addressed by ``PartPath`` (the block file's path and the partition), which
+``read_parquet`` and ``iter_batches`` read as that partition's rows only. Layout (``block-00003``
+is block 3: partitions 3B .. 4B - 1)::
 
-    docs/part-00007.parquet          the partition's documents (extract; later stages never rewrite it)
-    keys/part-00007.parquet          its exact-dedup keys
-    ids/part-00007.parquet           its ids and their provenance (jobs with an id_field)
-    quarantine/part-00007.parquet    its unreadable records
-    removed/<stage>/<name>.parquet   what a stage removed (REMOVED_SCHEMA); <name> is the partition's
-                                     (``val-part-00007`` for decontamination's validation pass)
-    overrides/<stage>/<name>.parquet texts a stage shortened or redacted (OVERRIDE_SCHEMA)
-    <stage>/<kind>/<name>.<ext>      a stage's own bookkeeping (``scratch``: fuzzy dedup's bands, ...)
-    tokens/part-00007.parquet        the partition's token ids
+    layout.json                       {"block_parts": B}
+    docs/block-00003.parquet          its partitions' documents (extract; later stages never rewrite them)
+    keys/block-00003.parquet          their exact-dedup keys
+    ids/block-00003.parquet           their ids and provenance (jobs with an id_field)
+    quarantine/block-00003.parquet    their unreadable records
+    removed/<stage>/block-00003.parquet   what a stage removed (REMOVED_SCHEMA); ``val-block-00003``
+                                      for decontamination's validation pass
+    overrides/<stage>/block-00003.parquet texts a stage shortened or redacted (OVERRIDE_SCHEMA)
+    <stage>/<kind>/block-00003.parquet    a stage's per-partition bookkeeping (``part_scratch``:
+                                      fuzzy dedup's bands, members, edges, links; quality's metrics, ...)
+    <stage>/<kind>/<name>.<ext>       a global step's bookkeeping (``scratch``: bucket ranges, ...)
+    tokens/block-00003.parquet        their token ids
     tokenizer.json, staging/, pack_index/, report.json, quarantine.jsonl, removed.jsonl
-    _done/<step>/<task>.json         a task's completion marker: written last, holds its stats
-    _done/<step>/<task>.batch.json   the marker of a batch of tasks run together (RayRunner), named
-                                     by its first task: {"tasks": {name: stats}}, one commit for all
-    logs/<step>/<task>.log           a task's warnings and errors; <task>.attempt-N: its batch's attempts
+    _done/<step>/<task>.json          a task's completion marker: written last, holds its stats
+    _done/<step>/<task>.batch.json    the marker of a batch of tasks run together (a block, or a
+                                      batch of a global step's tasks), named by its first task:
+                                      {"tasks": {name: stats}}, one commit for all
+    logs/<step>/<task>.log            a task's warnings and errors; <task>.attempt-N: its batch's attempts
 
-A task is finished iff its marker (or its batch's) exists. A crash (even ``kill -9``) leaves at
-most temp files and outputs without a marker; a rerun rewrites those, and the output is the same
-bytes because every task is deterministic.
+So a partition leaves (kinds + 2 x steps) / B files, not kinds + 2 x steps (issue 32:
+benchmarks/workdir_files.py counts them). A task is finished iff its marker (or its batch's)
+exists, and a block's partitions are finished together: a crash (even ``kill -9``) leaves at most
+temp files and outputs without a marker; a rerun rewrites the whole block, and the output is the
+same bytes because every task is deterministic.
 
 The root may be any fsspec URL (``s3://bucket/work/<key>``), opened with the job's storage options
 into one ``manifests.storage.Store`` that every read and write of the run dir goes through: nothing
@@ -30,6 +43,7 @@ upload on an object store) and the marker, written last, is the commit.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import json
 import os
@@ -45,6 +59,145 @@ from gristmill.manifests.storage import Store
 
 
 BATCH_SUFFIX = ".batch.json"  # _done/<step>/<first task>.batch.json: a batch's marker, {"tasks": {name: stats}}
+BLOCK_PARTS = 16  # at most this many consecutive partitions share a block (its files and its task)
+PARTS_KEY = b"gristmill.parts"  # a block file's index: {"<part>": [first row, rows]}, in its Parquet metadata
+
+
+def block_parts(partitions: int) -> int:
+    """How many consecutive partitions a block holds in a run of ``partitions``: as many as keep
+    about 16 blocks (each a task that can run beside the others) up to ``BLOCK_PARTS``. A function
+    of the partition count alone, never of the workers: the files never depend on how a run was
+    scheduled."""
+    return max(1, min(BLOCK_PARTS, partitions // 16))
+
+
+class PartPath(str):
+    """Partition ``part``'s rows of one kind: the path of its block's file (a plain ``str``, so it
+    names the file), which ``read_parquet`` and ``iter_batches`` read as that partition's rows only
+    and ``output`` writes as them."""
+
+    part: int
+
+    def __new__(cls, path: str, part: int):
+        self = super().__new__(cls, path)
+        self.part = part
+        return self
+
+    def __reduce__(self):
+        return PartPath, (str(self), self.part)
+
+
+_BLOCK: contextvars.ContextVar["BlockOutputs | None"] = contextvars.ContextVar("gristmill_block", default=None)
+
+
+class BlockOutputs:
+    """The files a block's task writes: one per kind (``docs/block-00003.parquet``, ...), holding
+    the rows of each of its partitions in turn, with the index of their row ranges in the file's
+    metadata. Open it around the block's items (``with BlockOutputs():``); ``output(PartPath)``
+    inside writes into it. Committed (each file whole, ``ParquetPart``) when the block ends without
+    an error, before the task's marker; on an error nothing is committed (the block is redone whole).
+    The earlier steps' block files its partitions read are opened once for the block (``opened``,
+    the last ``READERS`` of them), not once a partition."""
+
+    READERS = 64  # block files kept open by a block's task (fuzzy dedup's verify reads other blocks' too)
+
+    def __init__(self):
+        self.files: dict[str, _BlockFile] = {}
+        self._opened: dict[str, tuple[contextlib.ExitStack, pq.ParquetFile]] = {}
+
+    def opened(self, path: str, store: Store) -> pq.ParquetFile:
+        """A committed work-dir file, opened for the rest of the block (an earlier step's block
+        file: no step reads its own outputs, so it cannot change while the block runs)."""
+        if path in self._opened:
+            self._opened[path] = self._opened.pop(path)  # the most recent last
+        else:
+            if len(self._opened) >= self.READERS:
+                self._opened.pop(next(iter(self._opened)))[0].close()
+            stack = contextlib.ExitStack()
+            self._opened[path] = (stack, stack.enter_context(open_parquet(path, store, pre_buffer=False)))
+        return self._opened[path][1]
+
+    def file(self, path: str, schema: pa.Schema, store: Store, **options) -> "_BlockFile":
+        f = self.files.get(path)
+        if f is None:
+            f = self.files[path] = _BlockFile(path, schema, store, **options)
+        elif not f.schema.equals(schema):
+            raise ValueError(f"{path}: written with two schemas in one block")
+        return f
+
+    def __enter__(self) -> "BlockOutputs":
+        if _BLOCK.get() is not None:
+            raise RuntimeError("a block's outputs opened inside another block's")
+        self._token = _BLOCK.set(self)
+        return self
+
+    def __exit__(self, kind, exc, tb) -> None:
+        _BLOCK.reset(self._token)
+        for stack, _ in self._opened.values():
+            stack.close()
+        for f in self.files.values():
+            if kind is None:
+                f.commit()
+            else:
+                f.part.abort()
+
+
+class _BlockFile:
+    def __init__(self, path: str, schema: pa.Schema, store: Store, **options):
+        self.path, self.schema, self.store, self.options = path, schema, store, options
+        self.part = ParquetPart(path, schema, store=store, **options)
+        self.index: dict[str, list[int]] = {}
+
+    def commit(self) -> None:
+        index = canonical_json(self.index)
+        if self.part.rows == 0:  # no rows: an empty file whose schema carries the index
+            ParquetPart(self.path, self.schema.with_metadata({PARTS_KEY: index}), store=self.store, **self.options).commit()
+            return
+        self.part.writer.add_key_value_metadata({PARTS_KEY: index})
+        self.part.commit()
+
+
+class PartWriter:
+    """One partition's rows of one kind, written into its block's file (``WorkDir.part``): ``append``,
+    ``write``, ``commit`` as ``ParquetPart``; its rows are a range of the file, named in its index."""
+
+    def __init__(self, path: PartPath, schema: pa.Schema, store: Store, **options):
+        block = _BLOCK.get()
+        if block is None:
+            raise RuntimeError(f"{path}: partition {path.part}'s output written outside its block's task")
+        self.file, self.key = block.file(str(path), schema, store, **options), str(path.part)
+        if self.key in self.file.index:
+            raise RuntimeError(f"{path}: partition {path.part} written twice in one block")
+        self.schema, self.start, self.rows = schema, self.file.part.rows, 0
+        self._pending: list[dict] = []
+
+    def append(self, row: dict) -> None:
+        self._pending.append(row)
+        if len(self._pending) >= 4096:
+            self._flush()
+
+    def write(self, rows: dict | pa.Table) -> None:
+        self._flush()
+        table = rows if isinstance(rows, pa.Table) else pa.table(rows, schema=self.schema)
+        if table.num_rows:  # each write starts its own row groups: the partition's rows stay apart
+            self.file.part.write(table)
+            self.rows += table.num_rows
+
+    def _flush(self) -> None:
+        if self._pending:
+            rows, self._pending = self._pending, []
+            self.write(pa.Table.from_pylist(rows, schema=self.schema))
+
+    def commit(self) -> None:
+        self._flush()
+        if self.file.part.rows != self.start + self.rows:
+            raise RuntimeError(f"{self.file.path}: partitions {self.key} and another written at once")
+        self.file.index[self.key] = [self.start, self.rows]
+
+    def abort(self) -> None:
+        """Nothing to undo here: the block's files are committed with the block or not at all."""
+
+
 
 
 def _parse_marker(data: bytes) -> dict | None:
@@ -78,12 +231,16 @@ def read_parquet(path: str, columns: list[str] | None = None, filters: list[tupl
     reads were 37% of all task time). ``filters`` are AND-ed ``(column, op, value)`` (``= == < <= >
     >= in``): row groups whose statistics exclude one are skipped, as the scanner does, and the rows
     of the rest tested with a mask (nulls never match, as in ``read_table``). Opened
-    without pre-buffering (one small file, read once)."""
+    without pre-buffering (one small file, read once). A ``PartPath``: that partition's rows of its
+    block file."""
     store = store or Store.from_url(path)
+    part = path.part if isinstance(path, PartPath) else None
+    if part is not None and (block := _BLOCK.get()) is not None:  # inside a block's task: opened once for it
+        return _read_parquet(block.opened(str(path), store), columns, filters, schema, part)
     if not store.is_local:  # one read of the whole object
-        return _read_parquet(pq.ParquetFile(pa.BufferReader(store.read(path))), columns, filters, schema)
+        return _read_parquet(pq.ParquetFile(pa.BufferReader(store.read(path))), columns, filters, schema, part)
     with open_parquet(path, store, pre_buffer=False) as pf:
-        return _read_parquet(pf, columns, filters, schema)
+        return _read_parquet(pf, columns, filters, schema, part)
 
 
 @contextlib.contextmanager
@@ -92,26 +249,60 @@ def open_parquet(path: str, store: Store | None = None, **options):
     a local file opened as an ``OSFile`` (given a path string, pyarrow resolves a filesystem for each
     open: ~90 us, on every one of a step's thousands of small files), another through the store."""
     store = store or Store.from_url(path)
-    with pa.OSFile(store.path(path)) if store.is_local else store.open(path) as f:
+    with pa.OSFile(store.path(str(path))) if store.is_local else store.open(str(path)) as f:
         yield pq.ParquetFile(f, **options)
 
 
 def iter_batches(path: str, columns: list[str] | None = None, batch_size: int = 65_536, store: Store | None = None):
-    """``pq.ParquetFile(path).iter_batches(...)`` through ``open_parquet`` (the file closed when done)."""
+    """``pq.ParquetFile(path).iter_batches(...)`` through ``open_parquet`` (the file closed when done);
+    a ``PartPath``: that partition's rows."""
+    if isinstance(path, PartPath) and (block := _BLOCK.get()) is not None:  # inside a block's task: opened once for it
+        yield from _part_batches(block.opened(str(path), store or Store.from_url(path)), path.part, columns, batch_size)
+        return
     with open_parquet(path, store) as pf:
-        yield from pf.iter_batches(columns=columns, batch_size=batch_size)
+        if isinstance(path, PartPath):
+            yield from _part_batches(pf, path.part, columns, batch_size)
+        else:
+            yield from pf.iter_batches(columns=columns, batch_size=batch_size)
 
 
-def _read_parquet(pf: pq.ParquetFile, columns, filters, schema) -> pa.Table:
+def _part_batches(pf: pq.ParquetFile, part: int, columns: list[str] | None, batch_size: int):
+    groups = part_row_groups(pf, part)
+    if groups:
+        yield from pf.iter_batches(columns=columns, batch_size=batch_size, row_groups=groups)
+
+
+def part_row_groups(pf: pq.ParquetFile, part: int) -> list[int]:
+    """The row groups of a block file that hold partition ``part``'s rows (each partition's rows
+    start their own row groups: ``PartWriter``). A partition the file's index does not name was not
+    written there: an error, never read as empty."""
+    meta = pf.metadata
+    index = json.loads((meta.metadata or {}).get(PARTS_KEY, b"{}"))
+    if str(part) not in index:
+        raise ValueError(f"partition {part} is not in the block file (it holds {sorted(map(int, index))})")
+    start, rows = index[str(part)]
+    groups, at = [], 0
+    for g in range(meta.num_row_groups):
+        n = meta.row_group(g).num_rows
+        if start <= at and at + n <= start + rows and n:
+            groups.append(g)
+        at += n
+    return groups
+
+
+def _read_parquet(pf: pq.ParquetFile, columns, filters, schema, part: int | None = None) -> pa.Table:
     want = columns if columns is not None else (schema.names if schema is not None else None)
+    groups = None if part is None else part_row_groups(pf, part)
     if not filters:
-        t = pf.read(columns=want, use_threads=False)
+        t = pf.read(columns=want, use_threads=False) if groups is None else \
+            pf.read_row_groups(groups, columns=want, use_threads=False)
     else:
         for col, op, value in filters:
             if op not in _OPS:
                 raise ValueError(f"read_parquet: unsupported filter {(col, op, value)!r}")
         names, meta = pf.schema_arrow.names, pf.metadata
-        groups = [g for g in range(meta.num_row_groups) if _may_match(meta.row_group(g), names, filters)]
+        groups = [g for g in (range(meta.num_row_groups) if groups is None else groups)
+                  if _may_match(meta.row_group(g), names, filters)]
         need = None if want is None else list(dict.fromkeys([*want, *(c for c, _, _ in filters)]))
         t = pf.read_row_groups(groups, columns=need, use_threads=False)
         if t.num_rows:
@@ -132,15 +323,29 @@ def _may_match(rg, names: list[str], filters: list[tuple]) -> bool:
     return True
 
 
+def writer(path: str, schema: pa.Schema, store: Store, **options) -> "ParquetPart | PartWriter":
+    """The writer of a work-dir file of ``store`` (``row_group_size``, ``compression``): a
+    ``ParquetPart``, or for a ``PartPath`` a partition's rows of its block file (``PartWriter``,
+    inside its block's task)."""
+    if isinstance(path, PartPath):
+        return PartWriter(path, schema, store, **options)
+    return ParquetPart(path, schema, store=store, **options)
+
+
 class WorkDir:
     """One run's directory. Small and picklable: tasks receive it and build their paths with it."""
 
-    def __init__(self, root: str, storage_options: dict | None = None):
+    def __init__(self, root: str, storage_options: dict | None = None, block_parts: int | None = None):
         self.storage_options = dict(storage_options or {})
         self.store = Store.from_url(root, **self.storage_options)  # pickled with it: a task opens its own
         self.root = root if self.store.is_local else root.rstrip("/")
         if self.store.is_local:
             self.store.makedirs(root)
+        if block_parts is not None:
+            self.__dict__["block_parts"] = block_parts
+
+    def __getstate__(self) -> dict:  # a task gets the blocks with it, never reads layout.json
+        return {**self.__dict__, "block_parts": self.block_parts}
 
     @classmethod
     def of_run(cls, work_dir: str, run_key: str, storage_options: dict | None = None) -> "WorkDir":
@@ -158,6 +363,32 @@ class WorkDir:
     def _path(self, *parts: str) -> str:
         return self.store.join(self.root, *parts)
 
+    @functools.cached_property
+    def block_parts(self) -> int:
+        """Partitions per block in this run (``layout.json``, written by ``set_blocks`` when the run
+        starts); 1 in a run dir without one (a block per partition)."""
+        try:
+            return int(json.loads(self.read_bytes(self.layout_json))["block_parts"])
+        except FileNotFoundError:
+            return 1
+
+    def set_blocks(self, partitions: int) -> None:
+        """Fix this run's blocks for ``partitions`` partitions (``block_parts``) in ``layout.json``,
+        once: a resumed run finds the blocks its finished tasks wrote."""
+        want = block_parts(partitions)
+        if not self.exists(self.layout_json):
+            self.write(self.layout_json, canonical_json({"block_parts": want}))
+        self.__dict__.pop("block_parts", None)
+        if self.block_parts != want:
+            raise RuntimeError(f"{self.layout_json}: {self.block_parts} partitions a block, where this run makes {want}")
+
+    def block_of(self, part: int) -> int:
+        return part // self.block_parts
+
+    def _part(self, folder: tuple[str, ...], part: int, prefix: str = "") -> PartPath:
+        """Partition ``part``'s rows of the kind in ``folder``: in its block's file there."""
+        return PartPath(self._path(*folder, f"{prefix}block-{self.block_of(part):05d}.parquet"), part)
+
     def create_new(self, path: str, data: bytes = b"") -> bool:
         """Create a file holding ``data`` if nothing has the name: True if this call made it
         (create-if-absent; not fsynced: bookkeeping a crash may lose)."""
@@ -174,9 +405,11 @@ class WorkDir:
         """A whole committed file of this run dir (FileNotFoundError if absent)."""
         return self.store.read(path)
 
-    def part(self, path: str, schema: pa.Schema, **options) -> ParquetPart:
-        """A ``ParquetPart`` writing ``path`` of this run dir (``row_group_size``, ``compression``)."""
-        return ParquetPart(path, schema, store=self.store, **options)
+    def part(self, path: str, schema: pa.Schema, **options) -> "ParquetPart | PartWriter":
+        """The writer of ``path`` of this run dir (``row_group_size``, ``compression``): a
+        ``ParquetPart``, or for a ``PartPath`` a partition's rows of its block file (``PartWriter``,
+        inside its block's task)."""
+        return writer(path, schema, self.store, **options)
 
     def read_parquet(self, path: str, columns: list[str] | None = None, filters: list[tuple] | None = None,
                      schema: pa.Schema | None = None) -> pa.Table:
@@ -195,32 +428,42 @@ class WorkDir:
         """Write a whole file of this run dir, replacing any older one (``Store.put``)."""
         self.store.put(path, data)
 
-    # -- per-partition files ------------------------------------------------------------------
-    def docs(self, part: int) -> str:
-        return self._path("docs", f"{part_name(part)}.parquet")
+    # -- per-partition rows, in block files ----------------------------------------------------
+    def docs(self, part: int) -> PartPath:
+        return self._part(("docs",), part)
 
-    def keys(self, part: int) -> str:
-        return self._path("keys", f"{part_name(part)}.parquet")
+    def keys(self, part: int) -> PartPath:
+        return self._part(("keys",), part)
 
-    def ids(self, part: int) -> str:
+    def ids(self, part: int) -> PartPath:
         """Its ids with their provenance (jobs with an ``id_field``: the unique_ids step's input)."""
-        return self._path("ids", f"{part_name(part)}.parquet")
+        return self._part(("ids",), part)
 
-    def quarantine(self, part: int) -> str:
-        return self._path("quarantine", f"{part_name(part)}.parquet")
+    def quarantine(self, part: int) -> PartPath:
+        return self._part(("quarantine",), part)
 
-    def tokens(self, part: int) -> str:
-        return self._path("tokens", f"{part_name(part)}.parquet")
+    def tokens(self, part: int) -> PartPath:
+        return self._part(("tokens",), part)
 
-    def removed(self, stage: str, part: int, prefix: str = "") -> str:
-        return self._path("removed", stage, f"{prefix}{part_name(part)}.parquet")
+    def removed(self, stage: str, part: int, prefix: str = "") -> PartPath:
+        return self._part(("removed", stage), part, prefix)
 
-    def overrides(self, stage: str, part: int, prefix: str = "") -> str:
-        return self._path("overrides", stage, f"{prefix}{part_name(part)}.parquet")
+    def overrides(self, stage: str, part: int, prefix: str = "") -> PartPath:
+        return self._part(("overrides", stage), part, prefix)
+
+    def part_scratch(self, stage: str, kind: str, part: int) -> PartPath:
+        """A stage's own per-partition bookkeeping: ``<stage>/<kind>/block-N.parquet``."""
+        return self._part((stage, *([kind] if kind else [])), part)
 
     def scratch(self, stage: str, kind: str, name: str, ext: str = "parquet") -> str:
         """A stage's own bookkeeping file: ``<stage>/<kind>/<name>.<ext>`` (``kind`` "" for none)."""
         return self._path(stage, *([kind] if kind else []), f"{name}.{ext}")
+
+    @staticmethod
+    def whole_files(paths: list[str]) -> list[str]:
+        """The distinct files of ``paths`` in order, each as a whole file (a block file once, all its
+        partitions' rows in partition order): what a step that reads every partition's rows opens."""
+        return list(dict.fromkeys(str(p) for p in paths))
 
     # -- reading a run back (inspect, the data card): the same layout, local or on an object store
     def is_run(self) -> bool:
@@ -237,7 +480,16 @@ class WorkDir:
         return sorted(self._path(*folder, n) for n in names if n.endswith(suffix))
 
     def docs_files(self) -> list[str]:
-        return [f for f in self.folder_files("docs") if posixpath.basename(f).startswith("part-")]
+        return [f for f in self.folder_files("docs") if posixpath.basename(f).startswith("block-")]
+
+    def parts(self) -> list[int]:
+        """The partitions of this run, from its document files' indexes."""
+        out = []
+        for f in self.docs_files():
+            with self.open_parquet(f) as pf:
+                out += map(int, json.loads((pf.metadata.metadata or {}).get(PARTS_KEY, b"{}")))
+        return sorted(out)
+
 
     def removal_stages(self) -> list[str]:
         """The stages that wrote removals in this run (folder names under ``removed/``), by name."""
@@ -291,6 +543,10 @@ class WorkDir:
     @property
     def report_json(self) -> str:
         return self._path("report.json")
+
+    @property
+    def layout_json(self) -> str:
+        return self._path("layout.json")
 
     @property
     def accounting_json(self) -> str:

@@ -114,12 +114,13 @@ def extract_files(work_root: str, files: list[tuple[str, str]], *, text_field: s
 
     from gristmill.pipeline.config import ExtractConfig, LanguageConfig
     from gristmill.pipeline.extract import extract_partition
-    from gristmill.pipeline.workdir import WorkDir
+    from gristmill.pipeline.workdir import BlockOutputs, WorkDir
 
     task = {"part": 0, "files": [{"uri": p, "format": fmt, "text_field": text_field, "id_field": id_field,
                                   "rel": os.path.basename(p), **file_options} for p, fmt in files]}
     wd = WorkDir(work_root)
-    stats = extract_partition(task, ExtractConfig(**(extract or {})), LanguageConfig(enabled=language), wd, batch_rows)
+    with BlockOutputs():  # partition 0's block, as the runner opens it around the task
+        stats = extract_partition(task, ExtractConfig(**(extract or {})), LanguageConfig(enabled=language), wd, batch_rows)
     docs = pq.read_table(wd.docs(0)).to_pylist()
     quarantine = pq.read_table(wd.quarantine(0)).to_pylist()
     return stats, docs, quarantine
@@ -243,3 +244,15 @@ class ServeProcess:
 
     def __exit__(self, *exc):
         self.kill()
+
+
+def write_part(path, schema, rows) -> None:
+    """A partition's rows of a work-dir block file (``WorkDir.docs(3)``, ...), written as a stage's task
+    writes them: through its block's outputs (here a block of its own)."""
+    from gristmill.manifests.storage import Store
+    from gristmill.pipeline.workdir import BlockOutputs, writer
+
+    with BlockOutputs():
+        out = writer(path, schema, Store.from_url(path))
+        out.write(rows)
+        out.commit()

@@ -387,20 +387,21 @@ def _validation_stage_run(tmp_path, docs_files, eval_path, work="work", stats=No
 
 
 def _write_docs(work, texts: dict, parts: list[list[str]]) -> list[str]:
-    """``work``/docs/part-N.parquet holding the documents ``parts[N]`` (ids into ``texts``), as extract writes them."""
+    """Partition N's documents in ``work``/docs holding ``parts[N]`` (ids into ``texts``), as extract writes them."""
+    from helpers import write_part
+
     from gristmill.pipeline.documents import make_order
-    from gristmill.pipeline.workdir import ParquetPart
+    from gristmill.pipeline.workdir import WorkDir
 
     schema = pa.schema([("id", pa.string()), ("order", pa.int64()), ("part", pa.int32()), ("bytes", pa.int64()),
                         ("source", pa.string()), ("position", pa.int64()), ("text", pa.string())])
     files = []
     for p, chunk in enumerate(parts):
-        out = ParquetPart(str(work / "docs" / f"part-{p:05d}.parquet"), schema)
-        out.write(pa.table({"id": chunk, "order": [make_order(p, k) for k in range(len(chunk))], "part": [p] * len(chunk),
+        path = WorkDir(str(work)).docs(p)
+        write_part(path, schema, pa.table({"id": chunk, "order": [make_order(p, k) for k in range(len(chunk))], "part": [p] * len(chunk),
                             "bytes": [len(texts[i].encode()) for i in chunk], "source": ["s"] * len(chunk),
                             "position": list(range(len(chunk))), "text": [texts[i] for i in chunk]}, schema=schema))
-        out.commit()
-        files.append(out.path)
+        files.append(path)
     return files
 
 
@@ -424,7 +425,7 @@ def test_validation_pass_redone_after_a_kill_between_its_outputs_and_its_marker(
     first = _validation_stage_run(tmp_path, docs_files, eval_path)
     assert train_ids[4] not in first and len(first) == len(val_ids + train_ids) - 1
     # kill -9 after the task's outputs were renamed into place, before its marker was written
-    os.remove(tmp_path / "work" / "_done" / "decontaminate.validation" / "part-00001.json")
+    os.remove(tmp_path / "work" / "_done" / "decontaminate.validation" / "part-00001.batch.json")
     assert _validation_stage_run(tmp_path, docs_files, eval_path) == first
 
 

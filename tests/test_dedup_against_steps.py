@@ -19,7 +19,8 @@ from gristmill.pipeline.config import FuzzyDedupConfig
 from gristmill.pipeline.documents import DOC_SCHEMA, make_order, norm_hash
 from gristmill.pipeline.runner import SerialRunner, TaskError
 from gristmill.pipeline.survivors import Survivors
-from gristmill.pipeline.workdir import ParquetPart, WorkDir
+from gristmill.pipeline.workdir import WorkDir
+from helpers import write_part
 
 PARAMS = di.index_params(FuzzyDedupConfig())
 
@@ -52,13 +53,11 @@ def _setup(tmp_path, corpus, monkeypatch):
     old, parts = corpus
     wd = WorkDir(str(tmp_path / "work"))
     for p, texts in enumerate(parts):
-        out = ParquetPart(wd.docs(p), DOC_SCHEMA)
         n = len(texts)
-        out.write(pa.table({"id": [f"new-{p}-{i}" for i in range(n)], "order": [make_order(p, i) for i in range(n)],
+        write_part(wd.docs(p), DOC_SCHEMA, pa.table({"id": [f"new-{p}-{i}" for i in range(n)], "order": [make_order(p, i) for i in range(n)],
                             "text": texts, "source": ["x"] * n, "position": list(range(n)), "lang": ["en"] * n,
                             "lang_score": [1.0] * n, "part": [p] * n, "bytes": [len(t.encode()) for t in texts],
                             "norm_hash": [norm_hash(t) for t in texts], "url": [None] * n}, schema=DOC_SCHEMA))
-        out.commit()
     monkeypatch.setattr(dx, "ROW_GROUP_ROWS", 4)  # several row groups a file: fetch reads only some
     files, tables = [], []
     for k, (lo, hi) in enumerate([(0, 14), (14, 27), (27, 40)]):

@@ -5,6 +5,7 @@ import os
 import random
 
 import numpy as np
+from helpers import write_part
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -217,9 +218,9 @@ def _index_files(tmp, texts, parts, monkeypatch):
     size = -(-len(texts) // parts)
     for p in range(parts):
         chunk = list(enumerate(texts))[p * size:(p + 1) * size]
-        os.makedirs(os.path.dirname(wd.docs(p)), exist_ok=True)
-        pq.write_table(pa.table({"id": [f"d{i:03d}" for i, _ in chunk], "order": pa.array([(p << 32) | k for k in range(len(chunk))], pa.int64()),
-                                 "text": [t for _, t in chunk], "norm_hash": [norm_hash(t) for _, t in chunk]}), wd.docs(p))
+        t = pa.table({"id": [f"d{i:03d}" for i, _ in chunk], "order": pa.array([(p << 32) | k for k in range(len(chunk))], pa.int64()),
+                      "text": [t for _, t in chunk], "norm_hash": [norm_hash(t) for _, t in chunk]})
+        write_part(wd.docs(p), t.schema, t)
 
     ctx = Context(wd=wd, runner=SerialRunner(wd), partitions=[{"part": p} for p in range(parts)],
                   survivors=Survivors(wd))

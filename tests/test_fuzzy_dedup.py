@@ -64,7 +64,9 @@ def _run(rows, cfg, work_dir, parts=1, overrides=None):
     from gristmill.pipeline.documents import OVERRIDE_SCHEMA, make_order
     from gristmill.pipeline.runner import SerialRunner
     from gristmill.pipeline.survivors import Survivors
-    from gristmill.pipeline.workdir import ParquetPart, WorkDir
+    from helpers import write_part
+
+    from gristmill.pipeline.workdir import WorkDir
 
     wd = WorkDir(str(work_dir))
     rows = sorted(rows, key=lambda r: r["order"])
@@ -72,18 +74,16 @@ def _run(rows, cfg, work_dir, parts=1, overrides=None):
     for p in range(parts):
         chunk = rows[p * size:(p + 1) * size]
         path = wd.docs(p)
-        out = ParquetPart(path, pa.schema([("id", pa.string()), ("order", pa.int64()), ("text", pa.string()),
-                                           ("bytes", pa.int64()), ("part", pa.int32())]))
-        out.write(pa.table({"id": [r["id"] for r in chunk], "order": [make_order(p, i) for i in range(len(chunk))],
-                            "text": [r["text"] for r in chunk], "bytes": [len(r["text"].encode()) for r in chunk],
-                            "part": [p] * len(chunk)}))
-        out.commit()
+        write_part(path, pa.schema([("id", pa.string()), ("order", pa.int64()), ("text", pa.string()),
+                                    ("bytes", pa.int64()), ("part", pa.int32())]),
+                   pa.table({"id": [r["id"] for r in chunk], "order": [make_order(p, i) for i in range(len(chunk))],
+                             "text": [r["text"] for r in chunk], "bytes": [len(r["text"].encode()) for r in chunk],
+                             "part": [p] * len(chunk)}))
         mine = [(r["id"], make_order(p, i)) for i, r in enumerate(chunk) if r["id"] in (overrides or {})]
         if overrides is not None:
-            ov = ParquetPart(wd.overrides("quality", p), OVERRIDE_SCHEMA)
-            ov.write(pa.table({"id": [i for i, _ in mine], "order": [o for _, o in mine], "part": [p] * len(mine),
-                               "text": [overrides[i] for i, _ in mine]}, schema=OVERRIDE_SCHEMA))
-            ov.commit()
+            write_part(wd.overrides("quality", p), OVERRIDE_SCHEMA,
+                       pa.table({"id": [i for i, _ in mine], "order": [o for _, o in mine], "part": [p] * len(mine),
+                                 "text": [overrides[i] for i, _ in mine]}, schema=OVERRIDE_SCHEMA))
     survivors = Survivors(wd).after("quality", overrides=overrides is not None)
     _, detail = find_near_duplicates(SerialRunner(wd), survivors, list(range(parts)), cfg)
     removed_t = pa.concat_tables([pq.read_table(wd.removed("fuzzy_dedup", p)) for p in range(parts)])

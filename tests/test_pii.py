@@ -79,17 +79,18 @@ def test_stage_writes_overrides_counts_and_resumes(tmp_path):
     from gristmill.pipeline.config import PrepareConfig
     from gristmill.pipeline.documents import make_order
     from gristmill.pipeline.runner import SerialRunner
-    from gristmill.pipeline.workdir import ParquetPart, WorkDir
+    from helpers import write_part
+
+    from gristmill.pipeline.workdir import WorkDir
 
     texts = [["write to a@b.com", "nothing here", "host 1.1.1.1 and 10.0.0.1"], ["c@d.org and e@f.net", "plain"]]
     schema = pa.schema([("id", pa.string()), ("order", pa.int64()), ("part", pa.int32()), ("text", pa.string())])
     docs = []
     for p, chunk in enumerate(texts):
-        out = ParquetPart(str(tmp_path / "work" / "docs" / f"part-{p:05d}.parquet"), schema)
-        out.write(pa.table({"id": [f"{p}:{k}" for k in range(len(chunk))], "order": [make_order(p, k) for k in range(len(chunk))],
+        path = WorkDir(str(tmp_path / "work")).docs(p)
+        write_part(path, schema, pa.table({"id": [f"{p}:{k}" for k in range(len(chunk))], "order": [make_order(p, k) for k in range(len(chunk))],
                             "part": [p] * len(chunk), "text": chunk}, schema=schema))
-        out.commit()
-        docs.append(out.path)
+        docs.append(path)
     job = PrepareConfig.from_dict({"inputs": ["unused.jsonl"], "output": {"store": str(tmp_path / "s"), "dataset": "d"},
                                "work_dir": str(tmp_path / "work")})
 
@@ -108,7 +109,7 @@ def test_stage_writes_overrides_counts_and_resumes(tmp_path):
     assert not stages.Pii.removes and stages.Pii.rewrites  # it rewrites texts, it removes no document
     assert pq.read_table(docs[0]).column("text").to_pylist() == texts[0]  # docs/ keeps the original
     first = [open(f, "rb").read() for p in range(2) for f in ctx.survivors.override_files(p)]
-    (tmp_path / "work" / "_done" / "pii" / "part-00001.json").unlink()  # killed before its marker: redone alone
+    (tmp_path / "work" / "_done" / "pii" / "part-00001.batch.json").unlink()  # killed before its marker: redone alone
     res2, got2, ctx2 = run()
     assert (res2, got2) == (res, got) and [open(f, "rb").read() for p in range(2) for f in ctx2.survivors.override_files(p)] == first
 

@@ -11,7 +11,6 @@ from gristmill.pipeline.exact_dedup import find_exact_duplicates, keys_table, pl
 from gristmill.pipeline.executor import group_files
 from gristmill.pipeline.pack import pack_split
 from gristmill.pipeline.tokenization import TOKENS_SCHEMA, train_bpe
-from gristmill.pipeline.workdir import ParquetPart
 
 
 def _keys(rows):
@@ -74,13 +73,21 @@ def test_bpe_training_is_deterministic(tmp_path):
 
 
 def _token_file(path, docs, first=0):
-    """docs: list of (id, split, tokens) in order; ``first``: the position of the first one."""
-    p = ParquetPart(str(path), TOKENS_SCHEMA)
+    """docs: list of (id, split, tokens) in order; ``first``: the position of the first one; ``path``
+    a file or a partition's rows of a block file (``WorkDir.tokens``, a block of its own)."""
+    from gristmill.manifests.storage import Store
+    from gristmill.pipeline.workdir import BlockOutputs, writer
+
+    with BlockOutputs():  # a PartPath's block (a block of its own); a plain file is written whole as ever
+        _token_file_rows(writer(path, TOKENS_SCHEMA, Store.from_url(path)), docs, first)
+    return str(path)
+
+
+def _token_file_rows(p, docs, first):
     p.write({"id": [d[0] for d in docs], "order": list(range(first, first + len(docs))), "source": ["src"] * len(docs),
              "position": list(range(first, first + len(docs))), "lang": ["en"] * len(docs), "split": [d[1] for d in docs],
              "tokens": [d[2] for d in docs], "url": [f"https://u/{d[0]}" for d in docs]})
     p.commit()
-    return str(path)
 
 
 def test_pack_rows_and_doc_index_reconstruct_every_document(tmp_path):
@@ -215,6 +222,8 @@ def test_survivors_apply_each_stage_file_of_the_partition(tmp_path):
     import pyarrow as pa
 
     from gristmill.pipeline.documents import OVERRIDE_SCHEMA, REMOVED_SCHEMA
+    from helpers import write_part
+
     from gristmill.pipeline.survivors import Survivors
     from gristmill.pipeline.workdir import WorkDir
 
@@ -226,9 +235,7 @@ def test_survivors_apply_each_stage_file_of_the_partition(tmp_path):
                                                                        "text": [None]}),
                                (wd.overrides("s1", 3), OVERRIDE_SCHEMA, {"id": ["c"], "order": [2], "part": [3], "text": ["c1"]}),
                                (wd.overrides("s2", 3), OVERRIDE_SCHEMA, {"id": ["c"], "order": [2], "part": [3], "text": ["c2"]})):
-        out = ParquetPart(path, schema)
-        out.write(rows)
-        out.commit()
+        write_part(path, schema, rows)
     s = Survivors(wd).after("s1", removed=True, overrides=True)
     assert s.removed_files(3) == [wd.removed("s1", 3)]
     got = [r for t in s.docs(3, ["id", "text"], 2) for r in t.to_pylist()]

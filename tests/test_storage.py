@@ -145,7 +145,7 @@ def test_workdir_markers_on_any_url(where):
     wd.mark_done("extract", "part-00000", {"documents": 3})
     again = pickle.loads(pickle.dumps(wd))
     assert again.store == wd.store and again.done("extract", "part-00000") == {"documents": 3}
-    assert wd.docs(7).endswith("/work/key/docs/part-00007.parquet") and wd.docs(7).startswith(where)
+    assert wd.docs(7).endswith("/work/key/docs/block-00007.parquet") and wd.docs(7).startswith(where)
 
 
 def test_workdir_attempts_and_logs_on_any_url(where):

@@ -59,11 +59,11 @@ class WorkFiles:
         before, after = Histogram(LOG_EDGES), Histogram(LOG_EDGES)
         for f in self.removed_files("language"):  # the language stage's removals are not in docs/
             before.add(self.wd.read_parquet(f, columns=["bytes"]).column("bytes").to_numpy())
-        removed: dict[str, list[str]] = {}  # every stage's removals delivered to a partition: its part-N file
+        removed: dict[str, list[str]] = {}  # every stage's removals of a block's partitions: its block-K file
         for f in self.removed_files():
-            removed.setdefault(_part_file(f), []).append(f)
+            removed.setdefault(_block_file(f), []).append(f)
         for f in docs:
-            drop = pa.array(sorted({i for r in removed.get(_part_file(f), [])
+            drop = pa.array(sorted({i for r in removed.get(_block_file(f), [])
                                     for i in self.wd.read_parquet(r, columns=["id"]).column("id").to_pylist()}), pa.string())
             for batch in self.wd.iter_batches(f, columns=["id", "bytes"], batch_size=BATCH):
                 before.add(batch.column(1).to_numpy())
@@ -103,8 +103,8 @@ class WorkFiles:
         return out
 
 
-def _part_file(path: str) -> str:
-    """``part-00007.parquet`` of a partition's file, whatever its prefix (``val-part-00007``: a
-    stage's second pass over the same partition)."""
+def _block_file(path: str) -> str:
+    """``block-00007.parquet`` of a block's file, whatever its prefix (``val-block-00007``: a
+    stage's second pass over the same partitions): every kind's file of a block has the name."""
     name = path.rsplit("/", 1)[-1]
-    return name[name.index("part-"):]
+    return name[name.index("block-"):]

@@ -2,7 +2,7 @@
 
 A rule's name (``<rule set>:<metric>``, e.g. ``gopher_quality:word_count``) is at once the
 reason a removed document records, the key of its count in the report, and the metric's
-column in ``quality/part-N.parquet``. ``low`` and ``high`` read the thresholds from the rule
+column in ``quality/block-B.parquet``. ``low`` and ``high`` read the thresholds from the rule
 set's config (``None``: that side is off): a value below ``low`` or above ``high`` removes.
 """
 from __future__ import annotations

@@ -3,12 +3,12 @@ fails, keep every document's metrics.
 
 Outputs (each written atomically; the task's marker commits them):
 
-* ``quality/part-N.parquet``: ``id``, ``order``, ``part``, ``reason`` (null: kept) and one
+* its rows of ``quality/block-B.parquet`` (``WorkDir.part_scratch``): ``id``, ``order``, ``part``, ``reason`` (null: kept) and one
   float column per metric (named like its rule, e.g. ``gopher_quality:word_count``; null where
   the document's input turned that rule set off), for every document the stage saw;
-* ``removed/quality/part-N.parquet``: the removed documents, ``reason`` = the rule, ``detail``
+* ``removed/quality/block-B.parquet``: the removed documents, ``reason`` = the rule, ``detail``
   = ``{"value": ..., "threshold": ...}``;
-* ``overrides/quality/part-N.parquet``: the new text of kept documents C4 dropped lines from.
+* ``overrides/quality/block-B.parquet``: the new text of kept documents C4 dropped lines from.
 
 A document's verdict is a function of its text and its input's settings only, so the output
 is the same whatever the number of workers.
@@ -38,7 +38,7 @@ def partition_task(item: dict, configs: list[dict], names: list[str], survivors:
     sets = [rule_sets(c) for c in cfgs]  # once per task, not per document
     schema = metrics_schema(names)
     wd, part = survivors.wd, item["part"]
-    metrics_out = wd.part(wd.scratch(STAGE, "", item["name"]), schema)
+    metrics_out = wd.part(wd.part_scratch(STAGE, "", part), schema)
     removed_out = wd.part(wd.removed(STAGE, part), REMOVED_SCHEMA)
     override_out = wd.part(wd.overrides(STAGE, part), OVERRIDE_SCHEMA)
     stats = {"documents_in": 0, "bytes_in": 0, "removed": {}, "removed_bytes": 0, "texts_shortened": 0}

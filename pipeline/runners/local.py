@@ -130,7 +130,7 @@ class LocalRunner(Runner):
         from concurrent.futures.process import BrokenProcessPool
 
         limit = self.max_in_flight or self.num_workers * 2
-        batches = batches_of(todo, limit)
+        batches = batches_of(todo, limit, self.wd)
         payload = _dumps(fn)
         lost = [0] * len(batches)  # per batch: attempts lost with a dead worker
         queue, pending = deque(range(len(batches))), {}

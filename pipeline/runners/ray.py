@@ -49,7 +49,7 @@ class RayRunner(Runner):
         ray = self.ray
         cpus = max(1, int(ray.available_resources().get("CPU", 1)))
         limit = self.max_in_flight or cpus * 2
-        batches = batches_of(todo, limit)
+        batches = batches_of(todo, limit, self.wd)
         # SPREAD: tasks go to every node of a cluster, not first to fill the driver's node (Ray's
         # default), so a cluster's CPUs and local disks all work; on one machine it changes nothing.
         remote = ray.remote(num_cpus=1, max_retries=self.max_retries, retry_exceptions=False,

@@ -5,8 +5,8 @@ A stage class declares what it is; the executor reads the declarations and never
 - ``name``: its name in the report, the manifest's ``stats.stages`` and ``removed/<name>/``;
   ``names``: every name its rows and files go under, in order (extract's ``("extract", "language")``);
 - ``section`` and ``config``: its key in the job (a ``PrepareConfig`` field) and that section's type;
-- ``removes`` / ``rewrites``: whether it takes documents out of the run (``removed/<name>/part-N``)
-  or rewrites their texts (``overrides/<name>/part-N``). From these (``verdicts()``) the executor
+- ``removes`` / ``rewrites``: whether it takes documents out of the run (``removed/<name>/``, a
+  partition's rows of its block's file) or rewrites their texts (``overrides/<name>/``). From these (``verdicts()``) the executor
   advances ``ctx.survivors`` after the stage ran (``Context.run``): no stage does it by hand;
 - ``from_job(job) -> Stage | None``: the one way in. It reads the job once and keeps what the stage
   needs; ``None`` when the job does not run the stage (its section absent or ``enabled: false``).
@@ -131,8 +131,8 @@ class Stage:
     names: ClassVar[tuple[str, ...]] = ()  # every name its rows and files go under; () = (name,)
     section: ClassVar[str | None] = None  # its key in the job: a PrepareConfig field
     config: ClassVar[type | None] = None  # that section's type (tests/test_stage_registry.py checks both)
-    removes: ClassVar[bool] = False  # takes documents out of the run: removed/<name>/part-N (counted as `removed`)
-    rewrites: ClassVar[bool] = False  # rewrites texts: overrides/<name>/part-N (later stages read the new texts)
+    removes: ClassVar[bool] = False  # takes documents out of the run: removed/<name>/ (counted as `removed`)
+    rewrites: ClassVar[bool] = False  # rewrites texts: overrides/<name>/ (later stages read the new texts)
 
     def __init_subclass__(cls, **kw):
         super().__init_subclass__(**kw)

@@ -14,7 +14,7 @@ from ..stats import Counts
 from ..survivors import Survivors, Verdicts
 from .base import Context, Stage, StageResult
 
-VALIDATION_PREFIX = "val-"  # removed/decontaminate/val-part-N: the validation pass's own files
+VALIDATION_PREFIX = "val-"  # removed/decontaminate/val-block-N: the validation pass's own files
 
 
 class Decontaminate(Stage):
@@ -23,7 +23,7 @@ class Decontaminate(Stage):
     def __init__(self, cfg: DecontamConfig, split: SplitConfig, max_record_bytes: int | None = None):
         self.cfg, self.split = cfg, split
         self.max_record_bytes = max_record_bytes  # eval files are read within extract's record bound
-        # the pass against the dataset's own validation split (its files: removed/decontaminate/val-part-N)
+        # the pass against the dataset's own validation split (its files: removed/decontaminate/val-block-N)
         self.against_validation = cfg.against_validation and split.validation_fraction > 0
 
     @classmethod
@@ -55,19 +55,22 @@ class Decontaminate(Stage):
     def _against_validation(self, ctx: Context, survivors: Survivors) -> tuple[list[dict], dict]:
         cfg, split, wd, run = self.cfg, self.split, ctx.wd, ctx.runner.run
         step, scratch = f"{self.name}.validation", decontam.SCRATCH
-        names = [it["name"] for it in ctx.per_partition()]
+
+        def files(kind: str) -> list[str]:  # every partition's rows of a per-partition step, block file by block file
+            return wd.whole_files([wd.part_scratch(scratch, kind, p) for p in ctx.part_numbers()])
+
         run(f"{step}_docs", ctx.per_partition(),
             functools.partial(decontam.validation_docs_task, survivors=survivors, split=split))
         val_path = wd.scratch(scratch, "", "validation", "npz")
         (built,) = run(f"{step}_index", [{"name": "index", "out": val_path}],
-                       functools.partial(decontam.validation_index_task, cfg=cfg, wd=wd, names=names))
+                       functools.partial(decontam.validation_index_task, cfg=cfg, wd=wd, files=files("validation")))
         pruned = None
         if cfg.validation_max_doc_freq is not None:  # boilerplate is not overlap: count, in tasks, then prune
             run(f"{step}_df", ctx.per_partition(), functools.partial(
                 decontam.document_frequency_task, index_path=val_path, survivors=survivors))
             pruned_path = wd.scratch(scratch, "", "validation-pruned", "npz")
             (pruned,) = run(f"{step}_prune", [{"name": "prune", "out": pruned_path}], functools.partial(
-                decontam.prune_index_task, wd=wd, index_path=val_path, names=names,
+                decontam.prune_index_task, wd=wd, index_path=val_path, files=files("validation_df"),
                 max_doc_freq=cfg.validation_max_doc_freq))
             val_path = pruned_path
         second = self._pass(ctx, survivors, step, val_path, VALIDATION_PREFIX, split)

@@ -34,7 +34,8 @@ class DedupIndex(Stage):
             di.index_task, wd=ctx.wd, survivors=ctx.survivors, params=params, batch_size=cfg.batch_size))
         n = sum(r["rows"] for r in rows)  # it removes nothing: every document in is indexed
         out = ctx.runner.run(f"{self.name}.merge", di.plan_files(n), functools.partial(
-            di.merge_task, wd=ctx.wd, parts=[p["name"] for p in parts], params=params))
+            di.merge_task, wd=ctx.wd, params=params,
+            files=ctx.wd.whole_files([ctx.wd.part_scratch(di.INDEX_DIR, "parts", p["part"]) for p in parts])))
         files = tuple(FileRef(o["path"], o["sha256"], o["bytes"], o["rows"]) for o in out)
         return StageResult(self.name, rows={self.name: {"documents_in": n, "documents_out": n, "files": len(files),
                                                         "index_bytes": sum(f.bytes for f in files)}},

@@ -1,6 +1,6 @@
 """Exact dedup (``pipeline.exact_dedup``): tasks over hash-bucket ranges of the keys extract
 wrote (the text never moves), then a task per partition that collects its duplicates from the
-ranges' files: ``removed/exact_dedup/part-N``."""
+ranges' files: its rows of ``removed/exact_dedup/block-B``."""
 from __future__ import annotations
 
 import functools

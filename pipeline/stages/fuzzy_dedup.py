@@ -28,14 +28,15 @@ class FuzzyDedup(Stage):
 def find_near_duplicates(runner: Runner, survivors: Survivors, parts: list[int], cfg: FuzzyDedupConfig
                          ) -> tuple[Counts, dict]:
     """Every step over partitions ``parts``' surviving documents (texts as rewritten by earlier
-    stages); writes ``removed/fuzzy_dedup/part-N`` and returns the counts and the detail."""
+    stages); writes ``removed/fuzzy_dedup/block-B`` and returns the counts and the detail."""
     wd, d, params = survivors.wd, fd.STAGE, cfg.lsh()
     per_part = [{"name": part_name(p), "part": p} for p in parts]
     bands = runner.run(f"{d}.bands", per_part, functools.partial(fd.bands_task, cfg=cfg, params=params, survivors=survivors))
     ranges = fd.plan_bucket_ranges(sum(s["band_rows"] for s in bands))
     cand_items = [{"name": f"task-{i:03d}", "lo": lo, "hi": hi} for i, (lo, hi) in enumerate(ranges)]
     cand = runner.run(f"{d}.candidates", cand_items,
-                      functools.partial(fd.candidates_task, wd=wd, bands=[it["name"] for it in per_part]))
+                      functools.partial(fd.candidates_task, wd=wd, bands=wd.whole_files(
+                          [wd.part_scratch(d, "bands", p) for p in parts])))
     cand_names = [it["name"] for it in cand_items]
     runner.run(f"{d}.members", per_part, functools.partial(fd.members_task, cfg=cfg, survivors=survivors,
                                                            candidates=cand_names))
@@ -44,10 +45,10 @@ def find_near_duplicates(runner: Runner, survivors: Survivors, parts: list[int],
                      functools.partial(fd.verify_task, cfg=cfg, wd=wd, candidates=cand_names))
     n_linked = sum(s["pairs_linked"] for s in ver)
     star_files = cc.connected_components(runner, wd, d, f"{d}.components",
-                                         [wd.scratch(d, "edges", it["name"]) for it in per_part], buckets) if n_linked else []
+                                         wd.whole_files([wd.part_scratch(d, "edges", p) for p in parts]), buckets) if n_linked else []
     assign_items = [{"name": f"bucket-{b:05d}", "bucket": b} for b in range(buckets)] if n_linked else []
     assigned = runner.run(f"{d}.assign", assign_items, functools.partial(
-        fd.assign_task, wd=wd, star_files=star_files, links=[it["name"] for it in per_part]))
+        fd.assign_task, wd=wd, star_files=star_files, links=wd.whole_files([wd.part_scratch(d, "links", p) for p in parts])))
     rem = runner.run(f"{d}.removed", per_part, functools.partial(
         fd.removed_task, cfg=cfg, wd=wd, assigned=[it["name"] for it in assign_items]))
     flow = Counts.of_tasks(rem)
