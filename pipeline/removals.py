@@ -21,6 +21,10 @@ def find_runs(path: str) -> list[WorkDir]:
     """The run dirs (``<work_dir>/<run key>``) at ``path`` (a directory or fsspec URL), oldest
     first: itself when it is one, else the runs in the work dir it names."""
     runs = WorkDir.runs_at(path)
+    if not runs and (older := WorkDir.runs_at(path, older=True)):
+        raise UsageError(f"{older[-1].root} is a run dir of an earlier gristmill (a file a partition; this one writes "
+                         "a file a block of partitions, docs/pipeline.md) and is not read by this version: inspect it "
+                         "with the gristmill that wrote it, or run the prepare again (a new run dir beside it)")
     if not runs:
         raise UsageError(f"{path} is neither a run dir (with docs/ and removed/) nor a work dir holding one; "
                          "give the work_dir of the prepare job or its run dir (report.json's run_dir)")

@@ -61,6 +61,7 @@ from gristmill.manifests.storage import Store
 BATCH_SUFFIX = ".batch.json"  # _done/<step>/<first task>.batch.json: a batch's marker, {"tasks": {name: stats}}
 BLOCK_PARTS = 16  # at most this many consecutive partitions share a block (its files and its task)
 PARTS_KEY = b"gristmill.parts"  # a block file's index: {"<part>": [first row, rows]}, in its Parquet metadata
+_OLDER_DOCS = ("docs", "part-00000.parquet")  # the first documents file of a run dir before the block layout
 
 
 def block_parts(partitions: int) -> int:
@@ -470,6 +471,11 @@ class WorkDir:
         """Whether this is a run dir: extract wrote its first partition's documents."""
         return self.exists(self.docs(0))
 
+    def is_older_run(self) -> bool:
+        """Whether this is a run dir of a gristmill before the block layout (a file a partition,
+        ``docs/part-00000.parquet``), which this one does not read."""
+        return not self.is_run() and self.exists(self._path(*_OLDER_DOCS))
+
     def folder_files(self, *folder: str, suffix: str = ".parquet") -> list[str]:
         """The paths of the files of one folder of this run dir ending in ``suffix``, sorted; [] if none."""
         path = self._path(*folder)
@@ -503,25 +509,29 @@ class WorkDir:
 
     def modified(self) -> float:
         """When this run last finished a step (its report, else its first partition), for ordering runs."""
-        path = self.report_json if self.exists(self.report_json) else self.docs(0)
-        return self.store.modified(path)
+        for path in (self.report_json, self.docs(0), self._path(*_OLDER_DOCS)):
+            if self.exists(path):
+                return self.store.modified(path)
+        return 0.0
 
     @classmethod
-    def runs_at(cls, path: str, storage_options: dict | None = None) -> list["WorkDir"]:
+    def runs_at(cls, path: str, storage_options: dict | None = None, *, older: bool = False) -> list["WorkDir"]:
         """The run dirs at ``path``, oldest first: itself when it is one, else those of the work
-        dir it names (a directory or fsspec URL); nothing is created."""
+        dir it names (a directory or fsspec URL); nothing is created. ``older``: the run dirs of
+        an earlier layout instead (``is_older_run``), to name them in an error."""
+        is_run = cls.is_older_run if older else cls.is_run
         store = Store.from_url(path, **(storage_options or {}))
         if store.is_local and not store.isdir(path):
             return []
         here = cls(path, storage_options)
-        if here.is_run():
+        if is_run(here):
             return [here]
         try:
             names = here.listdir(here.root)
         except FileNotFoundError:
             return []
         paths = [here._path(n) for n in names]
-        runs = [run for p in paths if (not here.local or store.isdir(p)) and (run := cls(p, storage_options)).is_run()]
+        runs = [run for p in paths if (not here.local or store.isdir(p)) and is_run(run := cls(p, storage_options))]
         return sorted(runs, key=lambda r: r.modified())
 
     # -- the run's single files ---------------------------------------------------------------

@@ -247,3 +247,23 @@ def test_kill_9_inside_a_block_step_then_rerun_gives_the_same_hash(corpus, runs,
     assert f"[quality] {committed * 16} of 256 tasks already done" in rerun.stderr, rerun.stderr[-3000:]
     got, want = _report(tmp_path), runs[256][1]
     assert got["manifest_sha256"] == want["manifest_sha256"] and got["accounting"] == want["accounting"]
+
+
+def test_a_run_dir_of_the_layout_before_blocks_is_named_not_mistaken_for_nothing(tmp_path):
+    """`inspect removed` on a run dir written before the block layout says so in one line (it said
+    the path was no run dir at all); a path with no run dir still gets the general message."""
+    from gristmill.errors import UsageError
+    from gristmill.pipeline.removals import find_runs
+
+    old = tmp_path / "work" / "0123456789abcdef"
+    (old / "docs").mkdir(parents=True)
+    pq_path = old / "docs" / "part-00000.parquet"
+    import pyarrow.parquet as pq
+
+    pq.write_table(_rows(0, 2), pq_path)
+    for where in (tmp_path / "work", old):
+        with pytest.raises(UsageError, match="is a run dir of an earlier gristmill") as e:
+            find_runs(str(where))
+        assert str(old) in str(e.value)
+    with pytest.raises(UsageError, match="neither a run dir"):
+        find_runs(str(tmp_path / "empty"))
