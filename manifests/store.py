@@ -56,7 +56,7 @@ class ManifestStore:
     def __init__(self, root: str, **storage_options):
         self.root = root.rstrip("/")
         self.storage = Store.from_url(self.root, **storage_options)  # every commit goes through it
-        self.fs, self._root_path = url_to_fs(self.root, **storage_options)  # the same filesystem, for listings
+        self.fs, self._root_path = self.storage.fs, self.storage.path(self.root)  # its filesystem, for listings
         self.storage_options = storage_options
 
     # -- reading ----------------------------------------------------------------------------

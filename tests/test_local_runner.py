@@ -184,7 +184,7 @@ def test_the_workers_die_with_the_driver(tmp_path):
     assert not (seen / "late").exists()
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="_still_alive reads the workers' state in /proc")
 def test_ctrl_c_in_the_driver_kills_the_workers_mid_task(tmp_path):
     """Ctrl-C (SIGINT to the driver; the workers ignore it) kills the workers at once: none runs
     its task to the end. (They did: the kill read the pool's process list after shutdown had
