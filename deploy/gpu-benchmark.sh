@@ -15,6 +15,9 @@
 # checkpointing none | selective | full; none: the 1B fits an H200's 141 GB without it, the
 # budget says 80 GB), COMPILE (true; tiny false), STEPS (the LR schedule's length; 2000),
 # WARMUP (steps left out of the throughput medians; 10, tiny 2), NPROC (GPUs; default all),
+# GPU_BENCH_SET (more `--set KEY=VALUE` for the train job, space-separated, e.g.
+# "model.document_mask=true"), GPU_BENCH_DOC_TOKENS (MIN,MAX: pack documents of that many tokens
+# into the rows instead of one document a row, so the document mask has boundaries to mask),
 # PYTHON (python3), OUT (where the results go; default a temp dir), GPU_BENCH_WORK (scratch
 # for data, cache and run; default a temp dir), WHEELS (a folder of wheels for packages the
 # machine lacks; default .whl when present).
@@ -39,6 +42,8 @@ MICRO=${MICRO:-8}
 AC=${AC:-none}
 STEPS=${STEPS:-2000}
 MANIFEST=${1:-}
+DOC_TOKENS=${GPU_BENCH_DOC_TOKENS:+(${GPU_BENCH_DOC_TOKENS})}; DOC_TOKENS=${DOC_TOKENS:-None}
+read -ra EXTRA_SETS <<< "${GPU_BENCH_SET:-}"
 mkdir -p "$OUT" "$WORK"
 
 case "$PRESET" in
@@ -56,9 +61,9 @@ esac
 # and the code that runs is this checkout's. Wheels for packages the machine lacks go in too.
 SITE="$WORK/site"
 rm -rf "$SITE"; mkdir -p "$SITE/gristmill"
-for f in "$PWD"/gristmill/*.py; do ln -s "$f" "$SITE/gristmill/"; done
+for f in "$PWD"/gristmill/*; do [[ "$(basename "$f")" == __pycache__ ]] || ln -s "$f" "$SITE/gristmill/"; done  # modules and subpackages (cli/, report/)
 for part in manifests pipeline loader trainer audit; do ln -s "$PWD/$part" "$SITE/gristmill/$part"; done
-WHEELS=${WHEELS:-$( [[ -d .whl ]] && echo .whl || true )}
+WHEELS=${WHEELS-$( [[ -d .whl ]] && echo .whl || true )}  # WHEELS="" : none
 if [[ -n "$WHEELS" ]]; then
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" "$WHEELS"/*.whl
 fi
@@ -83,7 +88,7 @@ export GRISTMILL_CODE_VERSION="gristmill+g$(git rev-parse --short=12 HEAD 2>/dev
 if [[ -z "$MANIFEST" ]]; then
   MANIFEST=$("$PY" -c "import sys; from gristmill.manifests.synthetic import build_synthetic; \
 print(build_synthetic(sys.argv[1], dataset='count', vocab_size=$VOCAB, seq_len=$SEQ, shard_rows=$ROWS, \
-val_rows=(16,), tokens='counting').url)" "$WORK/data")
+val_rows=(16,), tokens='counting', doc_tokens=${DOC_TOKENS}).url)" "$WORK/data")
 fi
 
 # -- train: the clock starts at the first step's record; SIGTERM stops it after a step -----------
@@ -95,6 +100,7 @@ ARGS=("configs/train-1b.yaml" --set "model.preset=$PRESET" --set "data.manifest=
       --set checkpoint.enabled=false --set eval.every=0 --set optimizer.warmup_steps=20
       --set "parallelism.mixed_precision=$PRECISION" --set "parallelism.activation_checkpoint=$AC"
       --set "parallelism.compile=$COMPILE" --set "parallelism.attention=$ATTENTION")
+for kv in "${EXTRA_SETS[@]}"; do ARGS+=(--set "$kv"); done
 if [[ "$NPROC" -gt 1 ]]; then
   LAUNCH=("$PY" -m torch.distributed.run --standalone --nproc_per_node "$NPROC" -m gristmill.trainer)
 else
@@ -135,7 +141,7 @@ nproc, warmup, micro, seq = int(nproc), int(warmup), int(micro), int(seq)
 records = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
 train = [r for r in records if r["kind"] == "train"]
 budget = next((r for r in records if r["kind"] == "budget"), None)
-memory = next((r for r in records if r["kind"] == "memory"), None)
+memory = ([r for r in records if r["kind"] == "memory"] or [None])[-1]  # step 2's: Adam moments live (trainer/run_log.py)
 steady = [r for r in train if r["step"] > warmup]
 if not steady:
     sys.exit(f"only {len(train)} steps, none after the first {warmup}: raise GPU_BENCH_SECONDS")
@@ -152,7 +158,9 @@ result = {
     "mfu": statistics.median(mfus) if mfus else None, "input_wait_pct_median": med("input_wait_pct"),
     "input_wait_pct_mean": statistics.fmean(r["input_wait_pct"] for r in steady), "step_s": med("step_s"),
     "budget_bytes": budget and budget["total_bytes"], "budget_terms": budget and budget["bytes"],
-    "max_allocated_bytes_after_step_1": memory and memory["max_allocated_bytes"],
+    "max_allocated_bytes": memory and memory["max_allocated_bytes"], "memory_after_step": memory and memory["step"],
+    "allocated_between_steps_bytes": memory and memory["allocated_bytes"], "first_step_s": train[0]["step_s"],
+    "extra_sets": os.environ.get("GPU_BENCH_SET", ""), "doc_tokens": os.environ.get("GPU_BENCH_DOC_TOKENS", ""),
     "peak_over_budget": memory and memory["ratio"], "loss_first": train[0]["loss"], "loss_last": train[-1]["loss"],
     "train_seconds": round(elapsed, 1), "loss_curve": curve,
 }
@@ -164,7 +172,9 @@ mfu_text = "unknown (device not in the peak table)" if result["mfu"] is None els
 gb = lambda b: "n/a (not CUDA)" if b is None else f"{b / 1e9:.2f} GB"
 env = open(os.path.join(out, "environment.txt")).read().strip()
 lines = [f"# gristmill trainer: {preset} preset, {nproc} device(s)", "", "```", env, "```", "",
-         f"micro-batch {micro} x seq_len {seq} per device, activation checkpointing {ac}, compile {compiled}; "
+         f"micro-batch {micro} x seq_len {seq} per device, activation checkpointing {ac}, compile {compiled}"
+         + (f", --set {result['extra_sets']}" if result["extra_sets"] else "")
+         + (f", documents of {result['doc_tokens']} tokens" if result["doc_tokens"] else "") + "; "
          f"{len(train)} steps in {elapsed:.0f} s of training (medians over steps {result['steady_steps']})", "",
          "| metric | value |", "|---|---|",
          f"| tokens/s per device | {result['tokens_per_s_per_device']:,.0f} |",
@@ -173,8 +183,10 @@ lines = [f"# gristmill trainer: {preset} preset, {nproc} device(s)", "", "```", 
          f"| step time | {result['step_s']:.3f} s |",
          f"| input wait | {result['input_wait_pct_median']:.2f}% median, {result['input_wait_pct_mean']:.2f}% mean |",
          f"| memory budget (printed at start) | {gb(result['budget_bytes'])} |",
-         f"| peak allocated after step 1 | {gb(result['max_allocated_bytes_after_step_1'])}"
-         + (f" ({result['peak_over_budget']:.2f}x the budget)" if memory else "") + " |",
+         f"| peak allocated (steps 1-{memory['step'] if memory else 2}) | {gb(result['max_allocated_bytes'])}"
+         + (f" ({result['peak_over_budget']:.2f}x the budget; {gb(memory['allocated_bytes'])} held between steps)"
+            if memory else "") + " |",
+         f"| first step (compile, allocator warm-up) | {result['first_step_s']:.1f} s |",
          f"| loss | {result['loss_first']:.3f} at step 1 -> {result['loss_last']:.3f} at step {train[-1]['step']} |",
          "", f"Loss curve (every ~{every:.0f} s of training; all steps in loss_curve.csv):", "", "| s | step | loss |", "|---|---|---|"]
 next_at = 0.0

@@ -48,14 +48,18 @@ class RunLog:
                      device_name(d.device))
 
     def report_memory(self, step: int) -> None:
-        """On CUDA, after the first step: the allocator's peak against the budget."""
+        """On CUDA, after each of the first two steps: the allocator's peak against the budget, and
+        what stays allocated between steps (weights and optimizer state). Step 1's peak misses the
+        Adam moments, which AdamW creates in its first ``step()``, after backward has freed the
+        activations; from step 2 on they are live during forward, so step 2's is the run's peak."""
         t = self.trainer
         if t.dist.device.type != "cuda":
             return
-        peak = torch.cuda.max_memory_allocated(t.dist.device)
-        log.info("rank %d: after step %d, peak memory allocated %s vs budget %s (%.2fx)", t.dist.rank, step,
-                 format_bytes(peak), format_bytes(t.budget.total), peak / t.budget.total)
-        t.metrics.write({"kind": "memory", "step": step, "max_allocated_bytes": peak,
+        peak, held = torch.cuda.max_memory_allocated(t.dist.device), torch.cuda.memory_allocated(t.dist.device)
+        log.info("rank %d: after step %d, peak memory allocated %s vs budget %s (%.2fx); %s held between steps",
+                 t.dist.rank, step, format_bytes(peak), format_bytes(t.budget.total), peak / t.budget.total,
+                 format_bytes(held))
+        t.metrics.write({"kind": "memory", "step": step, "max_allocated_bytes": peak, "allocated_bytes": held,
                          "budget_bytes": t.budget.total, "ratio": peak / t.budget.total})
 
     def report_wall_time(self, step: int, end_step: int, step_times: list[float]) -> None:

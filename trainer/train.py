@@ -173,7 +173,7 @@ class Trainer:
                 step_s = self.last_step_s = time.perf_counter() - t0
 
                 step_times.append(step_s)
-                if step == start_step + 1:
+                if step <= start_step + 2:  # step 2: the first with the optimizer state live in forward
                     self.run_log.report_memory(step)
                 if step == min(end_step, start_step + ESTIMATE_AFTER_STEPS):
                     self.run_log.report_wall_time(step, end_step, step_times)
