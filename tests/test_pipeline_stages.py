@@ -9,6 +9,7 @@ from gristmill.pipeline.config import SplitConfig, TokenizerConfig
 from gristmill.pipeline.documents import make_order, norm_hash, part_of, split_of
 from gristmill.pipeline.exact_dedup import find_exact_duplicates, keys_table, plan_tasks
 from gristmill.pipeline.executor import group_files
+from gristmill.pipeline.partitions import InputFile
 from gristmill.pipeline.pack import pack_split
 from gristmill.pipeline.tokenization import TOKENS_SCHEMA, train_bpe
 
@@ -45,12 +46,12 @@ def test_dedup_task_plan_covers_every_bucket_once_with_tasks_sized_to_the_data()
 
 def test_small_files_share_a_partition_large_ones_stand_alone():
     sizes = [5, 300, 40, 40, 30, None, 10, 10, 100, 1]
-    files = [{"uri": f"f{i}", "bytes": n} for i, n in enumerate(sizes)]
+    files = [InputFile(uri=f"f{i}", rel=f"f{i}", size=n, mtime="", input=0, format="jsonl") for i, n in enumerate(sizes)]
     groups = group_files(files, limit=100)
-    assert [[f["uri"] for f in g] for g in groups] == [
+    assert [[f.uri for f in g] for g in groups] == [
         ["f0"], ["f1"], ["f2", "f3"], ["f4"], ["f5"], ["f6", "f7"], ["f8"], ["f9"]]
     assert [f for g in groups for f in g] == files  # consecutive, in order, each file once
-    assert all(len(g) == 1 or sum(f["bytes"] for f in g) <= 100 for g in groups)
+    assert all(len(g) == 1 or sum(f.size for f in g) <= 100 for g in groups)
     assert len(group_files(files, limit=1)) == len(files)
 
 
