@@ -351,13 +351,13 @@ def test_a_prepare_reaches_inputs_eval_sets_and_its_store_only_through_their_opt
     """Each of inputs[].storage_options, decontaminate.eval_sets[].storage_options and
     output.storage_options must reach every read and write of its files (listing the glob,
     hashing and reading the inputs, checking and reading the eval file, the write probe, the
-    publish), or the run fails; and no option's value lands in the
+    publish, the data card's read back), or the run fails; and no option's value lands in the
     manifest, report.json or any file of the run dir."""
-    import hashlib
     import os
 
+    from gristmill.cli.prepare import write_data_card
     from gristmill.errors import ConfigError
-    from gristmill.manifests import load_manifest
+    from gristmill.manifests import load_manifest, verify_published
     from gristmill.pipeline.config import PrepareConfig
     from gristmill.pipeline.executor import prepare
 
@@ -369,12 +369,11 @@ def test_a_prepare_reaches_inputs_eval_sets_and_its_store_only_through_their_opt
     result = prepare(job, quiet=True)
     out = Store.from_url(job.output.store, **SECRETS["output"])
     pub = load_manifest(f"{job.output.store}/t", **SECRETS["output"])
-    assert pub.manifest.sha256 == result.manifest_sha256
-    for ref in (pub.manifest.tokenizer, *pub.manifest.shards):  # published whole (verify_published opens no options)
-        assert hashlib.sha256(out.read(f"{pub.url}/{ref.path}")).hexdigest() == ref.sha256
+    assert pub.manifest.sha256 == result.manifest_sha256 and verify_published(pub) == []  # read through pub.store
     assert [i.uri for i in pub.manifest.inputs] == [job.inputs[0].path.replace("*", n) for n in ("a", "b")]
     assert [e.name for e in pub.manifest.eval_sets][0] == "qa"
     assert pub.manifest.stats["stages"]["decontaminate"]["removed"] == {"contaminated": 1}
+    assert write_data_card(result, quiet=True, storage_options=SECRETS["output"]) == f"{result.run_dir}/report.html"
     published = [out.read(p) for p in out.fs.find(out.path(pub.url))]
     run_files = [open(os.path.join(d, f), "rb").read() for d, _, fs in os.walk(result.run_dir) for f in fs]
     assert any(b'"manifest_sha256"' in b for b in run_files) and any(b'"config"' in b for b in published)
