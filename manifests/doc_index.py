@@ -170,8 +170,11 @@ def read_published_doc_index(published, columns: list[str] | None = None, filter
     from .store import join
 
     url = join(published.url, published.manifest.doc_index.path)
-    with fsspec.open(url, "rb", **(storage_options or {})) as f:
-        data = f.read()
+    if storage_options is None and published.store is not None:  # loaded with its storage options
+        data = published.store.read(url)
+    else:
+        with fsspec.open(url, "rb", **(storage_options or {})) as f:
+            data = f.read()
     actual = sha256_bytes(data)
     if actual != published.manifest.doc_index.sha256:
         raise HashMismatchError(url, published.manifest.doc_index.sha256, actual)

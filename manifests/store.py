@@ -16,7 +16,7 @@ import socket
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fsspec.core import url_to_fs
 
@@ -50,6 +50,9 @@ def join(base: str, *parts: str) -> str:
 class Published:
     manifest: Manifest
     url: str  # the version directory: shard paths in the manifest are relative to it
+    # the store it was loaded from when that took storage options (verify and the document index
+    # read its files through it); None: the URL's, with none
+    store: Store | None = field(default=None, compare=False, repr=False)
 
 
 class ManifestStore:
@@ -165,7 +168,7 @@ class ManifestStore:
             raise VersionExistsError(f"{join(self.version_url(manifest.dataset, version), MANIFEST_FILE)} appeared while "
                                      f"this writer held the claim on v{version}: another writer ignores {CLAIM_FILE}")
         self._point_latest(manifest.dataset)
-        return Published(published, self.version_url(manifest.dataset, version))
+        return Published(published, self.version_url(manifest.dataset, version), self.storage if self.storage_options else None)
 
     @staticmethod
     def _failed(where: str, e: OSError, removed: str) -> PublishError:
@@ -327,4 +330,4 @@ def _load_as(kind, url: str, expected_sha256: str | None, storage_options: dict)
     if not fs.exists(target):
         raise ManifestNotFoundError(f"no manifest at {url} (expected {join(url, MANIFEST_FILE)})")
     manifest = kind.from_json(fs.cat_file(target), expected_sha256=expected_sha256, source=join(url, MANIFEST_FILE))
-    return Published(manifest, url)
+    return Published(manifest, url, Store.from_url(url, **storage_options) if storage_options else None)

@@ -64,7 +64,7 @@ def verify_published(published: Published, *, progress: Callable[[str], None] | 
 def _open(published: Published, rel: str, read):
     url = join(published.url, rel)
     try:
-        with fsspec.open(url, "rb") as f:
+        with published.store.open(url) if published.store is not None else fsspec.open(url, "rb") as f:
             return read(f)
     except FileNotFoundError as e:
         raise PinnedFileError(f"{rel}: missing ({url})") from e

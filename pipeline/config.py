@@ -18,6 +18,7 @@ from gristmill.config import (Bool, existing_local_file, Float, Int, NonEmptyStr
 from gristmill.config import _resolve
 from gristmill.config import load as _load
 from gristmill.manifests.manifest import MAX_SEQ_LEN
+from gristmill.manifests.storage import Store
 from gristmill.manifests.store import DATASET_NAME
 from . import ngrams
 from .lsh import MISS_RATE, LSHParams, make_params, optimal_params, recall_params
@@ -46,6 +47,13 @@ class InputSpec(Section):
     min_chars: PositiveInt | None = None  # extract.min_chars for these files
     language_threshold: Annotated[Float, Field(ge=0, le=1)] | None = None  # language.threshold for these files
     quality: dict[str, Any] | None = None  # keys of the quality section, merged onto it for these files
+    # fsspec storage options of path's filesystem (an endpoint, credentials): listing, hashing and
+    # reading these files go through one store opened with them. Not content: never in the manifest
+    storage_options: dict[str, Any] = {}
+
+    def store(self) -> Store:
+        """The store these files are listed and read through, opened with ``storage_options``."""
+        return Store.from_url(self.path, **self.storage_options)
 
     @field_validator("quality")
     @classmethod
@@ -172,6 +180,17 @@ class EvalSetSpec(Section):
     fields: Annotated[tuple[NonEmptyStr, ...], Field(min_length=1)] = ("text",)  # jsonl/parquet: the text fields of an item
     id_field: Str | None = None  # jsonl/parquet: the field naming an item; None: its number
     split: Literal[ngrams.TEXT_SPLITS] = "auto"  # text: line | paragraph | auto
+    storage_options: dict[str, Any] = {}  # fsspec storage options of path's filesystem; never in the manifest
+
+    def store(self) -> Store:
+        """The store the eval file is read through, opened with ``storage_options``."""
+        return Store.from_url(self.path, **self.storage_options)
+
+    def content_dict(self) -> dict:
+        """What the file's items depend on: all but its storage options (credentials are no content)."""
+        d = self.to_dict()
+        d.pop("storage_options")
+        return d
 
     @model_validator(mode="before")
     @classmethod
@@ -198,7 +217,8 @@ class EvalSetSpec(Section):
         return self
 
     def read_items(self, max_record_bytes: int | None = None) -> list[tuple[str, str]]:
-        return ngrams.read_eval_items(self.path, self.format, self.fields, self.id_field, self.split, max_record_bytes)
+        return ngrams.read_eval_items(self.path, self.format, self.fields, self.id_field, self.split, max_record_bytes,
+                                      store=self.store())
 
 
 class DedupAgainstSpec(Section):
@@ -238,16 +258,14 @@ class DecontamConfig(Section):
                 fail("eval set names to be unique", f"{name!r} again", at=("eval_sets", i, "name"))
         if self.enabled:  # a disabled section may name files that are not on this machine
             for i, e in enumerate(self.eval_sets):
-                if not _is_file(e.path):
+                if not _is_file(e.path, e.storage_options):
                     fail("an existing eval file", f"{e.path!r}, which does not exist", at=("eval_sets", i, "path"))
         return self
 
 
-def _is_file(path: str) -> bool:
-    import fsspec
-
-    fs, p = fsspec.core.url_to_fs(path)
-    return fs.isfile(p)
+def _is_file(path: str, storage_options: dict) -> bool:
+    store = Store.from_url(path, **storage_options)
+    return store.fs.isfile(store.path(path))
 
 
 class PiiConfig(Section):
@@ -310,6 +328,9 @@ class OutputConfig(Section):
     # A run that keeps no document is refused (nothing published, exit 2) unless this says an empty
     # version is wanted (docs/pipeline.md "A run that keeps nothing").
     allow_empty: bool = False
+    # fsspec storage options of the store's filesystem (an endpoint, credentials): the write probe,
+    # the publish and the data card's read go through one store opened with them; never in the manifest
+    storage_options: dict[str, Any] = {}
 
     @field_validator("dataset")
     @classmethod
@@ -425,10 +446,17 @@ class PrepareConfig(Section):
             raise PydanticCustomError("config", "{msg}", {"msg": msg, "at": ("inputs", i, "quality", *loc)}) from None
 
     def content_dict(self) -> dict:
-        """What determines the output: all but the work dir (and its storage options: credentials are
-        no content), the store root, the data card and parallelism."""
+        """What determines the output: all but the work dir, the store root, the data card,
+        parallelism and every storage option (work dir, inputs, eval sets, output store:
+        credentials and endpoints are no content, and the manifest must never hold them)."""
         d = self.to_dict()
         d.pop("work_dir"), d.pop("work_dir_options"), d.pop("runner"), d.pop("partitioning")
+        for spec in d["inputs"]:
+            spec.pop("storage_options")
+        if d["decontaminate"] is not None:
+            for spec in d["decontaminate"]["eval_sets"]:
+                spec.pop("storage_options")
+        d["output"].pop("storage_options")
         d["output"].pop("store")  # where a version is published is not part of its content
         d["output"].pop("report_html")  # the data card is drawn beside report.json, not into the version
         d["output"].pop("allow_empty")  # a permission to publish, not a property of what is published

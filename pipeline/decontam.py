@@ -58,7 +58,7 @@ def load_eval_sets(cfg: DecontamConfig, max_record_bytes: int | None = None) -> 
     out = []
     for spec in cfg.eval_sets:
         items = spec.read_items(max_record_bytes)
-        sha, _ = sha256_file(spec.path)
+        sha, _ = sha256_file(spec.path, store=spec.store())
         out.append(({"name": spec.name, "uri": spec.path, "sha256": sha, "items": len(items)}, items))
     return out
 
@@ -76,7 +76,7 @@ class ScanResult:
 def eval_index_path(cfg: DecontamConfig, loaded: list[tuple[dict, list]], work_dir: str | WorkDir) -> str:
     """Where the index of these eval files is cached: named by everything it depends on."""
     key = sha256_json({"hash": ngrams.HASH_VERSION, "n": cfg.n, "min_item_words": cfg.min_item_words,
-                       "sets": [{**s.to_dict(), "sha256": r["sha256"]} for s, (r, _) in zip(cfg.eval_sets, loaded)]})
+                       "sets": [{**s.content_dict(), "sha256": r["sha256"]} for s, (r, _) in zip(cfg.eval_sets, loaded)]})
     wd = work_dir if isinstance(work_dir, WorkDir) else WorkDir(work_dir)
     return wd.scratch(SCRATCH, "", f"index-{key[:16]}", "npz")
 

@@ -275,8 +275,6 @@ def load_index_file(url: str, ref, params: dict, label: str, out: str, storage_o
     run's, then kept at ``out`` of ``out_store`` (the work dir's; None: the store of ``out``) for the
     later steps (a file already there with the pinned hash is not read from the store again).
     Returns its rows (without the file's metadata)."""
-    import fsspec
-
     from gristmill.manifests.hashing import sha256_bytes
     from gristmill.manifests.storage import Store
 
@@ -288,8 +286,7 @@ def load_index_file(url: str, ref, params: dict, label: str, out: str, storage_o
     if kept is not None and sha256_bytes(kept) == ref.sha256:
         data = kept
     else:
-        with fsspec.open(url, "rb", **(storage_options or {})) as f:
-            data = f.read()
+        data = Store.from_url(url, **(storage_options or {})).read(url)
     t, theirs = dx.read_checked(data, ref, url)
     check_comparable(params, theirs, label)
     if data is not kept:
@@ -302,13 +299,13 @@ def earlier_document_text(url: str, sha256: str, doc_id: str) -> str | None:
     token spans (document index) read from the shards, each hash-checked, and decoded with the
     version's own tokenizer. None when the version has no such document. What ``gristmill inspect
     removed`` shows beside a document removed as a duplicate of an earlier version's."""
-    import fsspec
     from tokenizers import Tokenizer
 
     from gristmill.manifests import join, load_manifest
     from gristmill.manifests.doc_index import read_published_doc_index
     from gristmill.manifests.errors import HashMismatchError
     from gristmill.manifests.hashing import sha256_bytes
+    from gristmill.manifests.storage import Store
     from gristmill.manifests.verify import verified_rows
 
     pub = load_manifest(url, expected_sha256=sha256)
@@ -316,8 +313,7 @@ def earlier_document_text(url: str, sha256: str, doc_id: str) -> str | None:
     spans = read_published_doc_index(pub, columns=["shard", "row", "start", "length"], filters=[("doc_id", "=", doc_id)])
     if not spans.num_rows:
         return None
-    with fsspec.open(join(pub.url, m.tokenizer.path), "rb") as f:
-        data = f.read()
+    data = Store.from_url(pub.url).read(join(pub.url, m.tokenizer.path))
     if sha256_bytes(data) != m.tokenizer.sha256:
         raise HashMismatchError(join(pub.url, m.tokenizer.path), m.tokenizer.sha256, sha256_bytes(data))
     tok = Tokenizer.from_str(data.decode())

@@ -25,15 +25,14 @@ import threading
 import time
 from dataclasses import dataclass
 
-from fsspec.core import url_to_fs
-
 from gristmill.errors import ConfigError, GristmillError
 from gristmill.manifests import DatasetBuilder, EvalSet, Input, ManifestStore, code_version, sha256_json
-from gristmill.manifests.storage import is_url, local_path, nearest_dir, split_url
+from gristmill.manifests.storage import Store, is_url, local_path, nearest_dir, split_url
 
 from . import runners
 from . import stages as st
 from .config import PrepareConfig
+from .partitions import InputFile, Partition
 from .progress import Progress
 from .readers import special_file
 from .stats import build_report, check_balanced, export_jsonl, manifest_stats
@@ -54,29 +53,29 @@ class RunResult:
 
 
 # -- planning --------------------------------------------------------------------------------
-def plan_inputs(job: PrepareConfig) -> list[dict]:
+def plan_inputs(job: PrepareConfig) -> list[Partition]:
     """Expand every input path/glob into files in sorted URI order and group them into partitions.
 
     A partition (one task, one set of stage outputs) is a run of consecutive files: small files
     share one up to ``partitioning.partition_bytes``, a larger file is a partition of its own. Records are
     numbered in file order inside a partition, so the global document sequence is the same for
-    any grouping; only the bookkeeping (tasks, markers) changes with it.
+    any grouping; only the bookkeeping (tasks, markers) changes with it. Each input is listed
+    through its own store (``inputs[i].storage_options``).
     """
     found: dict[str, dict] = {}
     for i, spec in enumerate(job.inputs):
-        fs, _ = url_to_fs(spec.path)
+        fs = spec.store().fs
         for p, info in _input_files(fs, spec.path, f"inputs[{i}].path"):
             uri = fs.unstrip_protocol(p) if is_url(spec.path) else os.path.abspath(p)
             if uri not in found:
-                found[uri] = {"uri": uri, "input": i, "format": spec.format, "text_field": spec.text_field, "id_field": spec.id_field,
-                              "text_format": spec.text_format, "url_field": spec.url_field,
-                              "bytes": info.get("size"),
-                              "mtime": str(info.get("mtime") or info.get("LastModified") or info.get("ETag") or "")}
+                found[uri] = dict(uri=uri, input=i, format=spec.format, text_field=spec.text_field, id_field=spec.id_field,
+                                  text_format=spec.text_format, url_field=spec.url_field, size=info.get("size"),
+                                  mtime=str(info.get("mtime") or info.get("LastModified") or info.get("ETag") or ""))
     uris = sorted(found)
     paths = {u: split_url(u)[1] for u in uris}
     common = posixpath.commonpath(list(paths.values())) if len(uris) > 1 else posixpath.dirname(paths[uris[0]])
-    files = [{**found[u], "rel": posixpath.relpath(paths[u], common) if common else u} for u in uris]
-    return [{"part": part, "files": group} for part, group in enumerate(group_files(files, job.partitioning.partition_bytes))]
+    files = [InputFile(**found[u], rel=posixpath.relpath(paths[u], common) if common else u) for u in uris]
+    return [Partition(part, tuple(group)) for part, group in enumerate(group_files(files, job.partitioning.partition_bytes))]
 
 
 def _input_files(fs, pattern: str, where: str) -> list[tuple[str, dict]]:
@@ -115,7 +114,7 @@ def _input_files(fs, pattern: str, where: str) -> list[tuple[str, dict]]:
     return out
 
 
-def group_files(files: list[dict], limit: int) -> list[list[dict]]:
+def group_files(files: list[InputFile], limit: int) -> list[list[InputFile]]:
     """Consecutive files, each group at most ``limit`` bytes unless it is a single file.
 
     A file of unknown size (some HTTP servers) is taken to be large: it stands alone.
@@ -123,7 +122,7 @@ def group_files(files: list[dict], limit: int) -> list[list[dict]]:
     groups: list[list[dict]] = []
     size = 0
     for f in files:
-        n = limit if f["bytes"] is None else f["bytes"]
+        n = limit if f.size is None else f.size
         if not groups or size + n > limit:
             groups.append([])
             size = 0
@@ -132,18 +131,19 @@ def group_files(files: list[dict], limit: int) -> list[list[dict]]:
     return groups
 
 
-def run_key(job: PrepareConfig, tasks: list[dict]) -> str:
+def run_key(job: PrepareConfig, tasks: list[Partition]) -> str:
     """Names the run dir: the job's content, each input's identity (uri, size, mtime) and the
     partitioning (finished partitions are only reused under the same grouping)."""
-    ids = [[[f["uri"], f["bytes"], f["mtime"]] for f in t["files"]] for t in tasks]
+    ids = [[[f.uri, f.size, f.mtime] for f in t.files] for t in tasks]
     return sha256_json({"job": job.content_dict(), "inputs": ids, "layout": WORK_DIR_LAYOUT})[:16]
 
 
-def check_writable(store: str, dataset: str) -> None:
+def check_writable(store: str, dataset: str, storage_options: dict | None = None) -> None:
     """The output store must take a write where the version will go, checked
     before any work (an unwritable store was once found only after the whole pipeline ran). A
     local store: a temporary file in the nearest existing directory on the way to
-    ``<store>/<dataset>`` (nothing is created for good); a URL: a probe object written and deleted."""
+    ``<store>/<dataset>`` (nothing is created for good); a URL: a probe object written and deleted
+    through the store opened with ``storage_options`` (``output.storage_options``)."""
     import uuid
 
     where = f"output.store: {store}"
@@ -162,10 +162,10 @@ def check_writable(store: str, dataset: str) -> None:
                               "another store (checked before any work)") from None
         return
     try:
-        fs, root = url_to_fs(store)
-        probe = posixpath.join(root, dataset, f".gristmill-write-probe-{uuid.uuid4().hex}")
-        fs.pipe_file(probe, b"")
-        fs.rm_file(probe)
+        target = Store.from_url(store, **(storage_options or {}))
+        probe = posixpath.join(target.path(store), dataset, f".gristmill-write-probe-{uuid.uuid4().hex}")
+        target.fs.pipe_file(probe, b"")
+        target.fs.rm_file(probe)
     except Exception as e:  # noqa: BLE001 - any backend's refusal is the same finding
         raise ConfigError(f"{where}: cannot write there ({type(e).__name__}: {e}); fix its credentials or "
                           "permissions, or choose another store (checked before any work)") from None
@@ -215,7 +215,7 @@ class Executor:
         self.job, self.address, self.quiet = job, address, quiet
         runners.resolve(job.runner, address)  # a local runner with a cluster named is an error before any work
         self.tasks = plan_inputs(job)
-        check_writable(job.output.store, job.output.dataset)  # before any work, not at publish
+        check_writable(job.output.store, job.output.dataset, job.output.storage_options)  # before any work, not at publish
         self.wd = WorkDir.of_run(job.work_dir, run_key(job, self.tasks), job.work_dir_options)
         self.wd.set_blocks(len(self.tasks))  # the blocks of partitions (a function of their count), fixed for resumes
         self.stages = st.build(job)  # fails on a bad stage section before any work starts
@@ -228,10 +228,10 @@ class Executor:
 
     def run(self) -> RunResult:
         t_all = time.perf_counter()
-        self.log(f"[prepare] {sum(len(t['files']) for t in self.tasks)} input files in {len(self.tasks)} partitions; "
+        self.log(f"[prepare] {sum(len(t.files) for t in self.tasks)} input files in {len(self.tasks)} partitions; "
                  f"work dir {self.wd.root}")
         timings: dict[str, dict] = {}
-        inputs = {t["part"]: [f["uri"] for f in t["files"]] for t in self.tasks}
+        inputs = {t.part: t.uris for t in self.tasks}
         results: list[st.StageResult] = []
         try:
             with _sigterm_stops_like_ctrl_c():
@@ -268,7 +268,8 @@ class Executor:
                                     config=self.job.content_dict(), code_version=code_version(), stats=stats,
                                     eval_sets=[EvalSet(**e) for r in results for e in r.eval_sets],
                                     dedup_against=[p for r in results for p in r.dedup_against])
-        published = ManifestStore(self.job.output.store).publish(manifest, builder.dir, files_store=builder.store)
+        published = ManifestStore(self.job.output.store, **self.job.output.storage_options).publish(
+            manifest, builder.dir, files_store=builder.store)
         timings["publish"] = {"seconds": time.perf_counter() - t0}
         timings["total"]["seconds"] = time.perf_counter() - t_all
         core = {k: v for r in results for k, v in r.core_seconds.items()}
@@ -300,7 +301,7 @@ class Executor:
     def _write_records(self, removed_files: list[tuple[str, str]]) -> None:
         """The quarantine and removed records as JSONL for people to read (each partition's file
         once: O(partitions) opens per stage)."""
-        parts = [t["part"] for t in self.tasks]
+        parts = [t.part for t in self.tasks]
         whole = self.wd.whole_files  # each block file once: all its partitions' rows, in order
         export_jsonl(self.wd, whole([self.wd.quarantine(p) for p in parts]), self.wd.quarantine_jsonl)
         removed = whole([self.wd.removed(stage, p, prefix) for stage, prefix in removed_files for p in parts])

@@ -9,13 +9,16 @@ from __future__ import annotations
 import json
 import resource
 import time
+from dataclasses import dataclass
 
 from gristmill.manifests.hashing import sha256_file
+from gristmill.manifests.storage import Store
 
 from .config import ExtractConfig, LanguageConfig
 from .documents import DOC_SCHEMA, QUARANTINE_SCHEMA, REMOVED_SCHEMA, make_id, make_order, norm_hash
 from .exact_dedup import KEY_SCHEMA, keys_table
 from .langid import identify
+from .partitions import InputFile
 from .readers import read_records
 from .unique_ids import ID_SCHEMA, ids_table
 from .workdir import ParquetPart, WorkDir
@@ -23,10 +26,21 @@ from .workdir import ParquetPart, WorkDir
 STAGE = "extract"
 
 
+@dataclass(frozen=True, slots=True)
+class Source:
+    """An ``inputs[]`` entry's own settings for its files: its minimum length and language
+    threshold (None: the job-wide section's) and the store it is read through (None: the URL's)."""
+
+    min_chars: int | None = None
+    language_threshold: float | None = None
+    store: Store | None = None
+
+
 def extract_partition(task: dict, extract: ExtractConfig, language: LanguageConfig, wd: WorkDir,
-                      batch_rows: int = 1024) -> dict:
-    """Process one partition's files in order; returns its stats (``pipeline.runner`` commits
-    them as the task's marker once the outputs are in place)."""
+                      batch_rows: int = 1024, sources: tuple[Source, ...] | None = None) -> dict:
+    """Process one partition's files (``task["files"]``: ``InputFile``) in order; ``sources``: the
+    settings of each ``inputs[]`` entry, by its index (None: the defaults for every file). Returns
+    its stats (``pipeline.runner`` commits them as the task's marker once the outputs are in place)."""
     part = task["part"]
     docs = wd.part(wd.docs(part), DOC_SCHEMA)
     removed = wd.part(wd.removed("language", part), REMOVED_SCHEMA)
@@ -37,41 +51,42 @@ def extract_partition(task: dict, extract: ExtractConfig, language: LanguageConf
     ids = {k: [] for k in ID_SCHEMA.names[1:]} if task.get("check_ids") else None  # unique_ids' input
     inputs, cpu0 = [], time.process_time()
     for file in task["files"]:
-        sha, size = sha256_file(file["uri"])
-        inputs.append({"uri": file["uri"], "bytes": size, "sha256": sha})
+        source = sources[file.input] if sources is not None else Source()
+        sha, size = sha256_file(file.uri, store=source.store)
+        inputs.append({"uri": file.uri, "bytes": size, "sha256": sha})
         t0 = time.perf_counter()
         batch: list[dict] = []
-        for rec in read_records(file["uri"], file["format"], file["text_field"], file["id_field"],
+        for rec in read_records(file.uri, file.format, file.text_field, file.id_field,
                                 main_content=extract.html_main_content, batch_rows=batch_rows,
-                                html=file.get("text_format") == "html", url_field=file.get("url_field"),
-                                max_record_bytes=extract.max_record_bytes):  # reader limit
+                                html=file.text_format == "html", url_field=file.url_field,
+                                max_record_bytes=extract.max_record_bytes, store=source.store):  # reader limit
             rec["order"] = make_order(part, ex["records"])  # numbered across the partition's files, in file order
             ex["records"] += 1
             if "reason" not in rec:
                 rec["text"] = rec["text"].strip()
                 if (bad_field := _unencodable(rec)) is not None:
-                    what = {"text": "the text", "user_id": f"id field {file['id_field']!r}", "url": "the URL"}[bad_field]
+                    what = {"text": "the text", "user_id": f"id field {file.id_field!r}", "url": "the URL"}[bad_field]
                     rec.update(reason="lone_surrogate", detail=f"{what} holds a lone UTF-16 surrogate (e.g. a JSON \\ud800 "
                                "escape without its pair): not Unicode text, and not writable as UTF-8",
                                raw=rec[bad_field][:500].encode("utf-8", "backslashreplace").decode())
-                elif len(rec["text"]) < (min_chars := file.get("min_chars") or extract.min_chars):
+                elif len(rec["text"]) < (min_chars := source.min_chars or extract.min_chars):
                     rec.update(reason="empty", detail=f"{len(rec['text'])} characters after stripping (min_chars {min_chars})",
                                raw=rec["text"][:500])
                 elif len(rec["text"]) > extract.max_chars:
                     rec.update(reason="huge", detail=f"{len(rec['text'])} characters (max_chars {extract.max_chars})", raw=rec["text"][:500])
             if "reason" in rec:
                 ex["quarantined"][rec["reason"]] = ex["quarantined"].get(rec["reason"], 0) + 1
-                quarantine.append({"source": file["uri"], "position": _int64(rec["position"]), "offset": _int64(rec.get("offset")),
+                quarantine.append({"source": file.uri, "position": _int64(rec["position"]), "offset": _int64(rec.get("offset")),
                                    "end": _int64(rec.get("end")), "part": part, "reason": rec["reason"], "detail": rec["detail"],
                                    "raw": rec.get("raw", "")})
                 continue
             batch.append(rec)
             if len(batch) >= batch_rows:
                 ex["seconds"] += time.perf_counter() - t0
-                _finish_batch(batch, file, part, language, docs, removed, keys, ex, lg, ids)
+                _finish_batch(batch, file, source, part, language, docs, removed, keys, ex, lg, ids)
                 batch, t0 = [], time.perf_counter()
         ex["seconds"] += time.perf_counter() - t0
-        _finish_batch(batch, file, part, language, docs, removed, keys, ex, lg, ids)
+        _finish_batch(batch, file, source, part, language, docs, removed, keys, ex, lg, ids)
     key_file = wd.part(wd.keys(part), KEY_SCHEMA, row_group_size=4096)
     key_file.write(keys_table(keys))
     outputs = [docs, removed, quarantine, key_file]
@@ -107,7 +122,7 @@ def _unencodable(rec: dict) -> str | None:
     return None
 
 
-def _finish_batch(batch: list[dict], file: dict, part: int, language: LanguageConfig, docs: ParquetPart, removed: ParquetPart,
+def _finish_batch(batch: list[dict], file: InputFile, source: Source, part: int, language: LanguageConfig, docs: ParquetPart, removed: ParquetPart,
                   keys: dict, ex: dict, lg: dict, id_rows: dict | None = None) -> None:
     if not batch:
         return
@@ -120,17 +135,17 @@ def _finish_batch(batch: list[dict], file: dict, part: int, language: LanguageCo
         langs, scores = identify(texts, language.model)
     else:
         langs, scores = [None] * len(batch), [None] * len(batch)
-    threshold = language.threshold if file.get("language_threshold") is None else file["language_threshold"]  # per source
+    threshold = language.threshold if source.language_threshold is None else source.language_threshold  # per source
     keep = [not language.enabled or (lang in language.allowed and score >= threshold)
             for lang, score in zip(langs, scores)]
     lg["documents_in"] += len(batch)
     lg["bytes_in"] += sum(nbytes)
-    ids = [r.get("user_id") or make_id(file["rel"], r["position"]) for r in batch]
+    ids = [r.get("user_id") or make_id(file.rel, r["position"]) for r in batch]
     out = {k: [] for k in DOC_SCHEMA.names}
     for r, i, lang, score, k, n in zip(batch, ids, langs, scores, keep, nbytes):
         if id_rows is not None:  # every good record's id, kept by the language filter or not
             for key, v in (("id", i), ("order", r["order"]), ("part", part), ("bytes", n), ("kept", k),
-                           ("source", file["uri"]), ("position", r["position"])):
+                           ("source", file.uri), ("position", r["position"])):
                 id_rows[key].append(v)
         if lang is not None:
             lg["languages"][lang] = lg["languages"].get(lang, 0) + 1
@@ -142,7 +157,7 @@ def _finish_batch(batch: list[dict], file: dict, part: int, language: LanguageCo
             continue
         lg["documents_out"] += 1
         lg["bytes_out"] += n
-        for key, v in (("id", i), ("order", r["order"]), ("text", r["text"]), ("source", file["uri"]),
+        for key, v in (("id", i), ("order", r["order"]), ("text", r["text"]), ("source", file.uri),
                        ("position", r["position"]), ("lang", lang), ("lang_score", score), ("part", part), ("bytes", n), ("url", r.get("url"))):
             out[key].append(v)
     lg["seconds"] += time.perf_counter() - t0

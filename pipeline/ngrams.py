@@ -339,7 +339,8 @@ def infer_format(path: str) -> str:
 
 
 def read_eval_items(path: str, fmt: str | None = None, fields: Iterable[str] = ("text",), id_field: str | None = None,
-                    split: str = "auto", max_record_bytes: int | None = None) -> list[tuple[str, str]]:
+                    split: str = "auto", max_record_bytes: int | None = None, *,
+                    store: Store | None = None) -> list[tuple[str, str]]:
     """The items of an eval file as ``(item_id, text)``, in file order.
 
     - JSONL (optionally .gz/.zst, as input files): one object per non-blank line; the item is its
@@ -355,20 +356,22 @@ def read_eval_items(path: str, fmt: str | None = None, fields: Iterable[str] = (
     (a FIFO or /dev/zero is refused before a byte is read), decompression is bounded per call,
     and no line (JSONL, text), paragraph or item (Parquet) over ``max_record_bytes`` (default
     ``extract.max_record_bytes``'s, 64 MiB) is held: each is one ``EvalFileError`` line naming
-    the file and where. Memory is that bound plus the items kept.
+    the file and where. Memory is that bound plus the items kept. ``store``: the file's store,
+    opened with its storage options (None: the URL's, with none).
     """
+    store = store or Store.from_url(path)
     limit = max_record_bytes or readers.MAX_RECORD_BYTES
     fmt = fmt or infer_format(path)
     fields = list(fields)
     if fmt not in FORMATS:
         raise UsageError(f"eval file {path}: unknown format {fmt!r}; expected one of {FORMATS}")
-    _check_eval_file(path)
+    _check_eval_file(path, store)
     if fmt == "jsonl":
-        records = _read_jsonl(path, limit)
+        records = _read_jsonl(path, limit, store)
     elif fmt == "parquet":
-        records = _read_parquet(path, fields + ([id_field] if id_field else []))
+        records = _read_parquet(path, fields + ([id_field] if id_field else []), store)
     else:
-        return _read_text(path, split, limit)
+        return _read_text(path, split, limit, store)
     items, seen = [], set()
     for number, (where, rec) in enumerate(records):
         item_id = str(number) if id_field is None else str(_field(rec, id_field, path, where))
@@ -420,18 +423,16 @@ def _too_long(path: str, where: str, limit: int) -> EvalFileError:
                          "split it into items, or raise the limit if it really is one item")
 
 
-def _check_eval_file(path: str) -> None:
+def _check_eval_file(path: str, store: Store) -> None:
     """A regular file, in a compression the input readers decode: a FIFO would block forever and
     /dev/zero never ends; a .bz2 would be read as its compressed bytes."""
-    from fsspec.core import url_to_fs
-
     other = next((s for s in _COMPRESSION_SUFFIXES if path.lower().endswith(s) and s not in readers.COMPRESSIONS), None)
     if other:
         raise EvalFileError(f"eval file {path}: {other} is not a compression gristmill reads (it reads "
                             f"{', '.join(readers.COMPRESSIONS)}, as for input files); recompress it")
     try:
-        fs, p = url_to_fs(path)
-        info = fs.info(p)
+        p = store.path(path)
+        info = store.fs.info(p)
     except OSError as e:
         what = "no such file" if isinstance(e, FileNotFoundError) else f"cannot be read: {e.strerror or e}"
         raise EvalFileError(f"eval file {path}: {what}") from None
@@ -440,12 +441,10 @@ def _check_eval_file(path: str) -> None:
         raise EvalFileError(f"eval file {path} is {what}, not a regular file; copy its contents to a file and name that")
 
 
-def _eval_lines(path: str, limit: int) -> Iterable[tuple[int, bytes]]:
+def _eval_lines(path: str, limit: int, store: Store) -> Iterable[tuple[int, bytes]]:
     """(line number, line) of the file, decompressed by name as input files are
     (``readers.open_stream``); a line over ``limit`` bytes is an EvalFileError, read no further."""
-    import fsspec
-
-    with fsspec.open(path, "rb") as f:
+    with readers.open_file(path, store) as f:
         for lineno, (line, _, _) in enumerate(readers.bounded_lines(readers.open_stream(f, path), limit,
                                                                     read_past=False), 1):
             if line is None:
@@ -453,10 +452,10 @@ def _eval_lines(path: str, limit: int) -> Iterable[tuple[int, bytes]]:
             yield lineno, line
 
 
-def _read_jsonl(path: str, limit: int) -> list[tuple[str, dict]]:
+def _read_jsonl(path: str, limit: int, store: Store) -> list[tuple[str, dict]]:
     out, lineno = [], 0
     try:
-        for lineno, raw in _eval_lines(path, limit):
+        for lineno, raw in _eval_lines(path, limit, store):
             line = raw.decode("utf-8")
             if not line.strip():
                 continue
@@ -470,13 +469,12 @@ def _read_jsonl(path: str, limit: int) -> list[tuple[str, dict]]:
     return out
 
 
-def _read_parquet(path: str, columns: list[str]) -> list[tuple[str, dict]]:
-    import fsspec
+def _read_parquet(path: str, columns: list[str], store: Store) -> list[tuple[str, dict]]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
-        with fsspec.open(path, "rb") as f:
+        with readers.open_file(path, store) as f:
             schema = pq.read_schema(f)
             missing = [c for c in dict.fromkeys(columns) if c not in schema.names]
             if missing:
@@ -491,12 +489,12 @@ def _read_parquet(path: str, columns: list[str]) -> list[tuple[str, dict]]:
     return [(f"row {i}", r) for i, r in enumerate(rows)]
 
 
-def _read_text(path: str, split: str, limit: int) -> list[tuple[str, str]]:
+def _read_text(path: str, split: str, limit: int, store: Store) -> list[tuple[str, str]]:
     if split not in TEXT_SPLITS:
         raise EvalFileError(f"eval file {path}: split must be one of {TEXT_SPLITS}, got {split!r}")
     lines, lineno = [], 0
     try:
-        for lineno, raw in _eval_lines(path, limit):
+        for lineno, raw in _eval_lines(path, limit, store):
             lines.append(raw.decode("utf-8"))
     except UnicodeDecodeError as e:
         raise _unreadable(path, f"line {lineno}", e) from None

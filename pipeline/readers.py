@@ -22,8 +22,9 @@ import re
 import zlib
 from typing import Iterator, NamedTuple
 
-import fsspec
 from fsspec.spec import AbstractBufferedFile
+
+from gristmill.manifests.storage import Store
 
 RAW_SNIPPET = 500  # bytes of a bad record kept in quarantine, enough to find and fix it
 PIECE = 1 << 14  # compressed bytes read from a file at a time: what a damaged stream loses at most before the damage
@@ -183,6 +184,13 @@ def longer_than(text: str, limit: int) -> bool:
 COMPRESSIONS = (".gz", ".zst")  # what open_stream decodes (by the name's suffix)
 
 
+def open_file(uri: str, store: Store | None = None):
+    """``uri`` opened for reading through ``store`` (the one its owner opened with the input's or
+    eval set's storage options); None: the URL's store, with no options."""
+    store = store or Store.from_url(uri)
+    return store.fs.open(store.path(uri), "rb")
+
+
 def open_stream(f, uri: str):
     """Decompress by extension (.gz, .zst); other files are read as they are."""
     for ext, kind in ((".gz", "gz"), (".zst", "zst")):
@@ -250,11 +258,11 @@ def bounded_lines(stream, limit: int, read_past: bool = True) -> Iterator[tuple[
 
 
 def read_jsonl(uri: str, text_field: str, id_field: str | None, url_field: str | None = None,
-               max_record_bytes: int = MAX_RECORD_BYTES) -> Iterator[dict]:
+               max_record_bytes: int = MAX_RECORD_BYTES, store: Store | None = None) -> Iterator[dict]:
     """One JSON object per line; blank lines are not records and are skipped. A line over
     ``max_record_bytes`` (uncompressed, newline included) is quarantined as ``record_too_large``."""
     index = offset = 0
-    with fsspec.open(uri, "rb") as f:
+    with open_file(uri, store) as f:
         stream = open_stream(f, uri)
         try:
             for line, n, head in bounded_lines(stream, max_record_bytes):
@@ -328,7 +336,8 @@ def _jsonl_record(index: int, offset: int, line: bytes, text_field: str, id_fiel
 
 
 def read_parquet(uri: str, text_field: str, id_field: str | None, batch_rows: int = 1024,
-                 url_field: str | None = None, max_record_bytes: int = MAX_RECORD_BYTES) -> Iterator[dict]:
+                 url_field: str | None = None, max_record_bytes: int = MAX_RECORD_BYTES,
+                 store: Store | None = None) -> Iterator[dict]:
     """Row groups in order, streamed in batches. A file whose footer cannot be read is one
     quarantine record (nothing of it is readable); a row group that fails to decode is one
     record for its unread rows (position = the first of them, offset/end = the row group's
@@ -343,7 +352,7 @@ def read_parquet(uri: str, text_field: str, id_field: str | None, batch_rows: in
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    with fsspec.open(uri, "rb") as f:
+    with open_file(uri, store) as f:
         try:
             pf = pq.ParquetFile(f)
             meta, names = pf.metadata, pf.schema_arrow.names
@@ -426,10 +435,10 @@ def _row_group_bytes(rg) -> tuple[int | None, int | None]:
         return None, None
 
 
-def read_text(uri: str, max_record_bytes: int = MAX_RECORD_BYTES) -> Iterator[dict]:
+def read_text(uri: str, max_record_bytes: int = MAX_RECORD_BYTES, store: Store | None = None) -> Iterator[dict]:
     """A plain text file is one document (position 0): all of it, or quarantined whole (over
     ``max_record_bytes`` uncompressed: ``record_too_large``, read no further)."""
-    with fsspec.open(uri, "rb") as f:
+    with open_file(uri, store) as f:
         try:
             data = open_stream(f, uri).read(max_record_bytes + 1)
         except DamagedStream as e:
@@ -491,7 +500,8 @@ class _StopAtCorruption:
         pass
 
 
-def read_warc(uri: str, main_content: bool = True, max_record_bytes: int = MAX_RECORD_BYTES) -> Iterator[dict]:
+def read_warc(uri: str, main_content: bool = True, max_record_bytes: int = MAX_RECORD_BYTES,
+              store: Store | None = None) -> Iterator[dict]:
     """HTTP responses of a WARC file, HTML converted to text with resiliparse.
 
     The stream is decompressed in Python (not by FastWARC) so a damaged .warc.gz is noticed.
@@ -504,7 +514,7 @@ def read_warc(uri: str, main_content: bool = True, max_record_bytes: int = MAX_R
     """
     from fastwarc.warc import ArchiveIterator, WarcRecordType
 
-    with fsspec.open(uri, "rb") as f:
+    with open_file(uri, store) as f:
         raw_stream = open_stream(f, uri)
         # The end of a rest that is not compressed is the end of the file; of a compressed one, unknown.
         size = f.size if raw_stream is f and isinstance(getattr(f, "size", None), int) else None
@@ -516,13 +526,13 @@ def read_warc(uri: str, main_content: bool = True, max_record_bytes: int = MAX_R
                 length = record.headers.get("Content-Length")
                 if length is not None and not length.strip().isdigit():
                     yield bad(position, "malformed_warc", f"the WARC record at byte {position:,} has Content-Length {length!r}; "
-                              "the rest of the file is not read", _bytes_at(uri, position), offset=position, end=size)
+                              "the rest of the file is not read", _bytes_at(uri, position, store), offset=position, end=size)
                     return
                 if length is not None and int(length) > max_record_bytes:  # never read into memory
                     declared, head = int(length), record.reader.read(RAW_SNIPPET)
                     if declared >= _WARC_LENGTH_MAX:  # FastWARC's own count has overflowed: nothing after it is findable
                         yield bad(position, "record_too_large", f"the WARC record at byte {position:,} declares Content-Length "
-                                  f"{declared:,}, past any real file; the rest of the file is not read", _bytes_at(uri, position),
+                                  f"{declared:,}, past any real file; the rest of the file is not read", _bytes_at(uri, position, store),
                                   offset=position, end=size)
                         return
                     yield _too_large(position, position, declared, max_record_bytes, f"the WARC record at byte {position:,}", head)
@@ -541,13 +551,13 @@ def read_warc(uri: str, main_content: bool = True, max_record_bytes: int = MAX_R
                     yield _warc_record(record, body, main_content)
         except OSError as e:  # FastWARC: a record header it cannot parse
             if stream.error is None:
-                where, raw = _warc_record_end(uri, last)
+                where, raw = _warc_record_end(uri, last, store)
                 yield bad(where if where is not None else (last + 1 if last is not None else 0), "malformed_warc",
                           f"{e} in the record after {'byte ' + format(last, ',') if last is not None else 'the start of the file'}; "
                           "the rest of the file is not read", raw, offset=where, end=size if where is not None else None)
                 return
         if stream.error is not None:  # decompression stopped between two records
-            offset = _warc_record_end(uri, last)[0]
+            offset = _warc_record_end(uri, last, store)[0]
             where = offset if offset is not None else getattr(stream.error, "offset", (last or 0) + 1)
             yield _damage(where, stream.error, offset, "the rest of the WARC after the last whole record")
 
@@ -556,14 +566,14 @@ _WARC_HEAD_MAX = 1 << 16
 _WARC_LENGTH_MAX = 1 << 62  # a Content-Length at or past this is no real record (offsets are int64)
 
 
-def _warc_record_end(uri: str, start: int | None) -> tuple[int | None, bytes]:
+def _warc_record_end(uri: str, start: int | None, store: Store | None = None) -> tuple[int | None, bytes]:
     """Where the record after the one at byte ``start`` begins (0 with no ``start``), and its first bytes.
 
     FastWARC does not say where a header it rejects starts; this re-reads the (uncompressed)
     stream from the last good record: its header block, its Content-Length bytes and the blank
     line after them. Done once per malformed file. (None, b"") if it cannot tell.
     """
-    with fsspec.open(uri, "rb") as f:
+    with open_file(uri, store) as f:
         s, end, rest = _StopAtCorruption(open_stream(f, uri)), 0, b""  # reads up to damage, never past or into an error
         if start is not None:
             _skip(s, start)
@@ -580,9 +590,9 @@ def _warc_record_end(uri: str, start: int | None) -> tuple[int | None, bytes]:
     return end + gap, rest[gap:]
 
 
-def _bytes_at(uri: str, offset: int) -> bytes:
+def _bytes_at(uri: str, offset: int, store: Store | None = None) -> bytes:
     """The first bytes at ``offset`` of the uncompressed stream (for a quarantine record's ``raw``)."""
-    with fsspec.open(uri, "rb") as f:
+    with open_file(uri, store) as f:
         s = _StopAtCorruption(open_stream(f, uri))
         _skip(s, offset)
         return s.read(RAW_SNIPPET)
@@ -625,17 +635,19 @@ def _html_records(recs: Iterator[dict], main_content: bool) -> Iterator[dict]:
 
 def read_records(uri: str, fmt: str, text_field: str = "text", id_field: str | None = None, *,
                  main_content: bool = True, batch_rows: int = 1024, html: bool = False,
-                 url_field: str | None = None, max_record_bytes: int = MAX_RECORD_BYTES) -> Iterator[dict]:
-    """The records of one input file. ``html``: jsonl/parquet ``text_field`` holds HTML, turned
+                 url_field: str | None = None, max_record_bytes: int = MAX_RECORD_BYTES,
+                 store: Store | None = None) -> Iterator[dict]:
+    """The records of one input file (read through ``store``: its input's, with the entry's
+    storage options; None: the URL's, with none). ``html``: jsonl/parquet ``text_field`` holds HTML, turned
     into text by the extractor WARC pages go through (same settings); a page it cannot read is
     quarantined with the WARC reasons (``invalid_html``). ``max_record_bytes``: see
     ``MAX_RECORD_BYTES`` (extract.max_record_bytes)."""
     if fmt in ("jsonl", "parquet"):
-        recs = read_jsonl(uri, text_field, id_field, url_field, max_record_bytes) if fmt == "jsonl" \
-            else read_parquet(uri, text_field, id_field, batch_rows, url_field, max_record_bytes)
+        recs = read_jsonl(uri, text_field, id_field, url_field, max_record_bytes, store) if fmt == "jsonl" \
+            else read_parquet(uri, text_field, id_field, batch_rows, url_field, max_record_bytes, store)
         return _html_records(recs, main_content) if html else recs
     if fmt == "text":
-        return read_text(uri, max_record_bytes)
+        return read_text(uri, max_record_bytes, store)
     if fmt == "warc":
-        return read_warc(uri, main_content, max_record_bytes)
+        return read_warc(uri, main_content, max_record_bytes, store)
     raise ValueError(f"unknown input format {fmt!r}")

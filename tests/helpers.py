@@ -114,10 +114,11 @@ def extract_files(work_root: str, files: list[tuple[str, str]], *, text_field: s
 
     from gristmill.pipeline.config import ExtractConfig, LanguageConfig
     from gristmill.pipeline.extract import extract_partition
+    from gristmill.pipeline.partitions import InputFile
     from gristmill.pipeline.workdir import BlockOutputs, WorkDir
 
-    task = {"part": 0, "files": [{"uri": p, "format": fmt, "text_field": text_field, "id_field": id_field,
-                                  "rel": os.path.basename(p), **file_options} for p, fmt in files]}
+    task = {"part": 0, "files": [InputFile(uri=p, rel=os.path.basename(p), size=None, mtime="", input=0, format=fmt,
+                                           text_field=text_field, id_field=id_field, **file_options) for p, fmt in files]}
     wd = WorkDir(work_root)
     with BlockOutputs():  # partition 0's block, as the runner opens it around the task
         stats = extract_partition(task, ExtractConfig(**(extract or {})), LanguageConfig(enabled=language), wd, batch_rows)

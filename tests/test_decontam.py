@@ -378,7 +378,9 @@ def _validation_stage_run(tmp_path, docs_files, eval_path, work="work", stats=No
                                "decontaminate": {"eval_sets": [{"name": "e", "path": eval_path}], **section}})
     (stage,) = [s for s in stages.build(job) if s.name == "decontaminate"]
     wd = WorkDir(str(tmp_path / work))
-    ctx = stages.Context(wd, SerialRunner(wd), [{"part": p} for p in range(len(docs_files))])
+    from gristmill.pipeline.partitions import Partition
+
+    ctx = stages.Context(wd, SerialRunner(wd), [Partition(p, ()) for p in range(len(docs_files))])
     out = ctx.run(stage)
     if stats is not None:
         stats.update({"removed": out.flow.removed, "removed_bytes": out.flow.removed_bytes, "detail": out.detail})

@@ -222,7 +222,9 @@ def _index_files(tmp, texts, parts, monkeypatch):
                       "text": [t for _, t in chunk], "norm_hash": [norm_hash(t) for _, t in chunk]})
         write_part(wd.docs(p), t.schema, t)
 
-    ctx = Context(wd=wd, runner=SerialRunner(wd), partitions=[{"part": p} for p in range(parts)],
+    from gristmill.pipeline.partitions import Partition
+
+    ctx = Context(wd=wd, runner=SerialRunner(wd), partitions=[Partition(p, ()) for p in range(parts)],
                   survivors=Survivors(wd))
     res = ctx.run(DedupIndex(FuzzyDedupConfig()))
     return res.dedup_index, {f.path: pq.read_table(os.path.join(wd.staging, f.path)) for f in res.dedup_index}

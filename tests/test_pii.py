@@ -78,6 +78,7 @@ def test_stage_writes_overrides_counts_and_resumes(tmp_path):
     from gristmill.pipeline import stages
     from gristmill.pipeline.config import PrepareConfig
     from gristmill.pipeline.documents import make_order
+    from gristmill.pipeline.partitions import Partition
     from gristmill.pipeline.runner import SerialRunner
     from helpers import write_part
 
@@ -97,7 +98,7 @@ def test_stage_writes_overrides_counts_and_resumes(tmp_path):
     def run():
         (stage,) = [s for s in stages.build(job) if s.name == "pii"]
         wd = WorkDir(str(tmp_path / "work"))
-        ctx = stages.Context(wd, SerialRunner(wd), [{"part": p} for p in range(2)])
+        ctx = stages.Context(wd, SerialRunner(wd), [Partition(p, ()) for p in range(2)])
         res = ctx.run(stage)  # and the survivors advanced past its overrides
         got = [x for p in range(len(docs)) for t in ctx.survivors.docs(p, ["id", "text"], 10)
                for x in t.column("text").to_pylist()]

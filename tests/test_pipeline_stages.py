@@ -9,6 +9,7 @@ from gristmill.pipeline.config import SplitConfig, TokenizerConfig
 from gristmill.pipeline.documents import make_order, norm_hash, part_of, split_of
 from gristmill.pipeline.exact_dedup import find_exact_duplicates, keys_table, plan_tasks
 from gristmill.pipeline.executor import group_files
+from gristmill.pipeline.partitions import InputFile
 from gristmill.pipeline.pack import pack_split
 from gristmill.pipeline.tokenization import TOKENS_SCHEMA, train_bpe
 
@@ -45,12 +46,12 @@ def test_dedup_task_plan_covers_every_bucket_once_with_tasks_sized_to_the_data()
 
 def test_small_files_share_a_partition_large_ones_stand_alone():
     sizes = [5, 300, 40, 40, 30, None, 10, 10, 100, 1]
-    files = [{"uri": f"f{i}", "bytes": n} for i, n in enumerate(sizes)]
+    files = [InputFile(uri=f"f{i}", rel=f"f{i}", size=n, mtime="", input=0, format="jsonl") for i, n in enumerate(sizes)]
     groups = group_files(files, limit=100)
-    assert [[f["uri"] for f in g] for g in groups] == [
+    assert [[f.uri for f in g] for g in groups] == [
         ["f0"], ["f1"], ["f2", "f3"], ["f4"], ["f5"], ["f6", "f7"], ["f8"], ["f9"]]
     assert [f for g in groups for f in g] == files  # consecutive, in order, each file once
-    assert all(len(g) == 1 or sum(f["bytes"] for f in g) <= 100 for g in groups)
+    assert all(len(g) == 1 or sum(f.size for f in g) <= 100 for g in groups)
     assert len(group_files(files, limit=1)) == len(files)
 
 
@@ -250,3 +251,38 @@ def test_a_misspelt_flow_field_is_refused_not_counted_zero():
     assert Counts.of_task({"removed": {"dup": 2}, "removed_bytes": 9, "pairs": 3, "documents_out": 1}).removed_bytes == 9
     with pytest.raises(ValueError, match="'removed_byte', close to the flow field 'removed_bytes'"):
         Counts.of_tasks([{"removed": {"dup": 2}, "removed_byte": 9}])
+
+
+def test_partitions_are_records_and_the_run_key_is_as_before(tmp_path):
+    """plan_inputs gives Partition/InputFile records: a misspelt field is an AttributeError where it
+    is read (a dict's .get read None), a frozen one cannot be changed, and a task's pickle is small.
+    The run key is the dict era's (each file's [uri, bytes, mtime]), so a run dir made before resumes."""
+    import dataclasses
+    import pickle
+
+    from gristmill.manifests import sha256_json
+    from gristmill.pipeline.config import PrepareConfig
+    from gristmill.pipeline.executor import WORK_DIR_LAYOUT, plan_inputs, run_key
+    from gristmill.pipeline.partitions import Partition
+
+    for name, n in (("a.jsonl", 10), ("b.jsonl", 20), ("sub/c.jsonl", 5000)):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text("x" * n)
+    job = PrepareConfig.from_dict({"inputs": [str(tmp_path / "*.jsonl"), {"path": str(tmp_path / "sub" / "*.jsonl"),
+                                                                           "text_field": "body"}],
+                                   "output": {"store": str(tmp_path / "s"), "dataset": "d"}, "work_dir": str(tmp_path / "w"),
+                                   "partitioning": {"partition_bytes": 100}})
+    parts = plan_inputs(job)
+    assert all(type(p) is Partition for p in parts) and [p.part for p in parts] == [0, 1]
+    assert [[(f.rel, f.size, f.input, f.text_field) for f in p.files] for p in parts] == [
+        [("a.jsonl", 10, 0, "text"), ("b.jsonl", 20, 0, "text")], [("sub/c.jsonl", 5000, 1, "body")]]
+    with pytest.raises(AttributeError):
+        parts[0].files[0].byte  # noqa: B018 - the misspelling of `size` fails where it is read
+    with pytest.raises(AttributeError):
+        parts[0].file  # noqa: B018
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        parts[0].part = 3
+    assert pickle.loads(pickle.dumps(parts)) == parts and len(pickle.dumps(parts[1])) < 500
+    ids = [[[f.uri, f.size, f.mtime] for f in p.files] for p in parts]
+    assert all(isinstance(i[2], str) and i[2] for p in ids for i in p)
+    assert run_key(job, parts) == sha256_json({"job": job.content_dict(), "inputs": ids, "layout": WORK_DIR_LAYOUT})[:16]

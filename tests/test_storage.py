@@ -291,3 +291,113 @@ def test_a_prepare_reaches_its_work_dir_only_through_the_options_given(tmp_path)
         assert verify_published(load_manifest(f"{tmp_path}/store/t")) == []
     finally:
         FsspecStore.kinds.pop("gmticket")
+
+
+def _ticketed(protocol: str, ticket: str):
+    """A filesystem (fsspec's memory one, its own objects) that opens only with ``ticket=<ticket>``,
+    served by a MemoryStore subclass (create-if-absent, so a manifest store can live there)."""
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    class TicketFS(MemoryFileSystem):
+        store, pseudo_dirs = {}, [""]
+
+        def __init__(self, ticket=None, **kwargs):
+            if ticket != self.ticket:
+                raise PermissionError(f"{self.protocol}:// opens only with its ticket (a storage option)")
+            super().__init__(**kwargs)
+
+    TicketFS.protocol, TicketFS.ticket = protocol, ticket
+    fsspec.register_implementation(protocol, TicketFS, clobber=True)
+    type(f"{protocol}Store", (storage.MemoryStore,), {"protocols": (protocol,)})
+
+
+def _storage_job(tmp_path, **options) -> dict:
+    """A small serial prepare whose input, eval file and manifest store each live on a filesystem
+    that opens only with its own ticket; ``options``: the storage options to give each."""
+    import json
+    import uuid
+
+    import random
+
+    run, rng = uuid.uuid4().hex[:8], random.Random(0)
+    docs = [{"text": " ".join(f"w{rng.randrange(5000)}" for _ in range(40 + i % 7)) + f" document {i}."} for i in range(60)]
+    inputs = Store.from_url("gmin://x", ticket="in-SECRET-1")
+    inputs.put(f"gmin://in-{run}/a.jsonl", "".join(json.dumps(d) + "\n" for d in docs[:30]).encode())
+    inputs.put(f"gmin://in-{run}/b.jsonl", "".join(json.dumps(d) + "\n" for d in docs[30:]).encode())
+    Store.from_url("gmeval://x", ticket="eval-SECRET-2").put(
+        f"gmeval://ev-{run}/qa.jsonl", (json.dumps({"text": docs[3]["text"]}) + "\n").encode())
+    return {"inputs": [{"path": f"gmin://in-{run}/*.jsonl", "storage_options": options.get("inputs", {})}],
+            "output": {"store": f"gmout://out-{run}", "dataset": "t", "report_html": False,
+                       "storage_options": options.get("output", {})},
+            "decontaminate": {"eval_sets": [{"name": "qa", "path": f"gmeval://ev-{run}/qa.jsonl",
+                                             "storage_options": options.get("eval", {})}]},
+            "work_dir": str(tmp_path / "work"), "runner": "serial", "language": {"enabled": False},
+            "tokenizer": {"vocab_size": 300, "sample_bytes": 50_000}, "pack": {"seq_len": 32, "shard_bytes": 10_000}}
+
+
+SECRETS = {"inputs": {"ticket": "in-SECRET-1"}, "eval": {"ticket": "eval-SECRET-2"}, "output": {"ticket": "out-SECRET-3"}}
+
+
+@pytest.fixture
+def ticketed():
+    for protocol, ticket in (("gmin", "in-SECRET-1"), ("gmeval", "eval-SECRET-2"), ("gmout", "out-SECRET-3")):
+        _ticketed(protocol, ticket)
+    yield
+    for protocol in ("gmin", "gmeval", "gmout"):
+        FsspecStore.kinds.pop(protocol)
+
+
+def test_a_prepare_reaches_inputs_eval_sets_and_its_store_only_through_their_options(tmp_path, ticketed):
+    """Each of inputs[].storage_options, decontaminate.eval_sets[].storage_options and
+    output.storage_options must reach every read and write of its files (listing the glob,
+    hashing and reading the inputs, checking and reading the eval file, the write probe, the
+    publish, the data card's read back), or the run fails; and no option's value lands in the
+    manifest, report.json or any file of the run dir."""
+    import os
+
+    from gristmill.cli.prepare import write_data_card
+    from gristmill.errors import ConfigError
+    from gristmill.manifests import load_manifest, verify_published
+    from gristmill.pipeline.config import PrepareConfig
+    from gristmill.pipeline.executor import prepare
+
+    for role in SECRETS:  # each option missing alone: the job fails on that filesystem
+        # (the output store's refusal comes as the write probe's one line, before any work)
+        with pytest.raises((PermissionError, ConfigError), match={"inputs": "gmin", "eval": "gmeval", "output": "gmout"}[role]):
+            prepare(PrepareConfig.from_dict(_storage_job(tmp_path, **{**SECRETS, role: {}})), quiet=True)
+    job = PrepareConfig.from_dict(_storage_job(tmp_path, **SECRETS))
+    result = prepare(job, quiet=True)
+    out = Store.from_url(job.output.store, **SECRETS["output"])
+    pub = load_manifest(f"{job.output.store}/t", **SECRETS["output"])
+    assert pub.manifest.sha256 == result.manifest_sha256 and verify_published(pub) == []  # read through pub.store
+    assert [i.uri for i in pub.manifest.inputs] == [job.inputs[0].path.replace("*", n) for n in ("a", "b")]
+    assert [e.name for e in pub.manifest.eval_sets][0] == "qa"
+    assert pub.manifest.stats["stages"]["decontaminate"]["removed"] == {"contaminated": 1}
+    assert write_data_card(result, quiet=True, storage_options=SECRETS["output"]) == f"{result.run_dir}/report.html"
+    published = [out.read(p) for p in out.fs.find(out.path(pub.url))]
+    run_files = [open(os.path.join(d, f), "rb").read() for d, _, fs in os.walk(result.run_dir) for f in fs]
+    assert any(b'"manifest_sha256"' in b for b in run_files) and any(b'"config"' in b for b in published)
+    for secret in ("SECRET", "ticket"):
+        assert not [b for b in published + run_files if secret.encode() in b], f"{secret} written out"
+
+
+def test_storage_options_are_not_the_jobs_content(tmp_path):
+    """Credentials say where files are, not what the run makes: the run key (so a resume) and the
+    manifest's config are the same with or without every storage option."""
+    from gristmill.pipeline.config import PrepareConfig
+    from gristmill.pipeline.executor import plan_inputs, run_key
+
+    (tmp_path / "a.jsonl").write_text('{"text": "a"}\n')
+
+    def job(inputs, evals, output):
+        return PrepareConfig.from_dict({
+            "inputs": [{"path": str(tmp_path / "*.jsonl"), "storage_options": inputs}],
+            "output": {"store": "gmout://o", "dataset": "t", "storage_options": output}, "work_dir": str(tmp_path / "w"),
+            "decontaminate": {"enabled": False, "eval_sets": [{"name": "qa", "path": "gmeval://e/qa.jsonl",
+                                                               "storage_options": evals}]}})
+
+    secret, plain = job(SECRETS["inputs"], SECRETS["eval"], SECRETS["output"]), job({}, {}, {})
+    assert secret.inputs[0].storage_options == SECRETS["inputs"] and plain.inputs[0].storage_options == {}
+    assert secret.content_dict() == plain.content_dict() and "SECRET" not in str(secret.content_dict())
+    assert "'storage_options':" not in str(secret.content_dict())  # no key of that name at any depth
+    assert run_key(secret, plan_inputs(secret)) == run_key(plain, plan_inputs(plain))

@@ -31,14 +31,15 @@ def _prepare(args) -> int:
         print(f"gristmill: {e}", file=sys.stderr, flush=True)
         return 128 + e.signum
     if job.output.report_html:
-        write_data_card(result, quiet=args.quiet)
+        write_data_card(result, quiet=args.quiet, storage_options=job.output.storage_options)
     print(format_table(result.report))
     return 0 if result.report["accounting"]["balanced"] else 1
 
 
-def write_data_card(result, *, quiet: bool = False) -> str | None:
+def write_data_card(result, *, quiet: bool = False, storage_options: dict | None = None) -> str | None:
     """report.html beside report.json in the run dir. Drawing a page never fails a run whose data
-    is published: a broken report install or a page that cannot be drawn is one line on stderr."""
+    is published: a broken report install or a page that cannot be drawn is one line on stderr.
+    ``storage_options``: the output store's (``output.storage_options``), to read the manifest back."""
     def note(msg: str) -> None:
         if not quiet:
             print(msg, file=sys.stderr, flush=True)
@@ -49,7 +50,7 @@ def write_data_card(result, *, quiet: bool = False) -> str | None:
     except Exception as e:  # noqa: BLE001 - a broken report install must not fail prepare
         note(f"[report] report.html not written: {type(e).__name__}: {e}")
         return None
-    path = write_dataset_report(load_manifest(result.url, expected_sha256=result.manifest_sha256), result.run_dir)
+    path = write_dataset_report(load_manifest(result.url, expected_sha256=result.manifest_sha256, **(storage_options or {})), result.run_dir)
     if path:
         note(f"[report] {path}")
     return path

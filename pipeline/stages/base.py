@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, TypeVar
 
+from ..partitions import Partition
 from ..runner import Runner
 from ..stats import Accounting, Counts
 from ..survivors import Survivors, Verdicts
@@ -81,7 +82,7 @@ class Context:
 
     wd: WorkDir
     runner: Runner
-    partitions: list[dict]
+    partitions: list[Partition]
     log: Callable[[str], None] = lambda msg: None
     survivors: Survivors | None = None
     artifacts: dict[type, Any] = field(default_factory=dict)  # artifact type -> the one earlier stage's artifact
@@ -117,11 +118,11 @@ class Context:
         return time.process_time() + self.runner.task_cpu_seconds
 
     def part_numbers(self) -> list[int]:
-        return [t["part"] for t in self.partitions]
+        return [t.part for t in self.partitions]
 
     def per_partition(self, **extra) -> list[dict]:
         """One task item per partition: ``name`` (``part-N``), ``part`` and ``extra``."""
-        return [{"name": part_name(t["part"]), "part": t["part"], **extra} for t in self.partitions]
+        return [{"name": part_name(t.part), "part": t.part, **extra} for t in self.partitions]
 
 
 class Stage:

@@ -30,8 +30,8 @@ class Extract(Stage):
     def __init__(self, job):
         self.extract, self.language, self.batch_rows = job.extract, job.language, job.partitioning.records_per_batch
         self.check_ids = needs_id_check(job)
-        # each input entry's own minimum length and language threshold (per source)
-        self.per_input = [{"min_chars": spec.min_chars, "language_threshold": spec.language_threshold} for spec in job.inputs]
+        # each input entry's own minimum length, language threshold and store (per source)
+        self.sources = tuple(extract.Source(spec.min_chars, spec.language_threshold, spec.store()) for spec in job.inputs)
 
     @classmethod
     def from_job(cls, job) -> "Extract":
@@ -43,9 +43,8 @@ class Extract(Stage):
 
     def run(self, ctx: Context) -> StageResult:
         fn = functools.partial(extract.extract_partition, extract=self.extract, language=self.language, wd=ctx.wd,
-                               batch_rows=self.batch_rows)
-        items = [{**it, "check_ids": self.check_ids, "files": [{**f, **self.per_input[f["input"]]} for f in t["files"]]}
-                 for it, t in zip(ctx.per_partition(), ctx.partitions)]
+                               batch_rows=self.batch_rows, sources=self.sources)
+        items = [{**it, "check_ids": self.check_ids, "files": t.files} for it, t in zip(ctx.per_partition(), ctx.partitions)]
         stats = ctx.runner.run(self.name, items, fn,
                                measure=lambda s: (s["extract"]["records"], sum(f["bytes"] for f in s["inputs"])))
         ex = summed((s["extract"] for s in stats), ("records", "documents", "bytes_out", "quarantined", "seconds"))

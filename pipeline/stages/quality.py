@@ -27,7 +27,7 @@ class Quality(Stage):
 
     def run(self, ctx: Context) -> StageResult:
         names = list(dict.fromkeys(m for c in self.configs for m in quality_rules.metric_names(c)))
-        items = [{**it, "sources": {f["uri"]: f["input"] for f in t["files"]}}
+        items = [{**it, "sources": {f.uri: f.input for f in t.files}}
                  for it, t in zip(ctx.per_partition(), ctx.partitions)]
         stats = ctx.runner.run(self.name, items, functools.partial(
             partition_task, configs=[c.to_dict() for c in self.configs], names=names, survivors=ctx.survivors))
