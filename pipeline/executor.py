@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import glob as _glob
 import json
 import os
@@ -299,12 +300,13 @@ class Executor:
         self._write_records(removed_files)
 
     def _write_records(self, removed_files: list[tuple[str, str]]) -> None:
-        """The quarantine and removed records as JSONL for people to read (each partition's file
-        once: O(partitions) opens per stage)."""
+        """The quarantine and removed records as JSONL for people to read (each block file once, all
+        its partitions' rows in order: O(blocks) paths and opens per stage, never one per partition)."""
         parts = [t.part for t in self.tasks]
-        whole = self.wd.whole_files  # each block file once: all its partitions' rows, in order
-        export_jsonl(self.wd, whole([self.wd.quarantine(p) for p in parts]), self.wd.quarantine_jsonl)
-        removed = whole([self.wd.removed(stage, p, prefix) for stage, prefix in removed_files for p in parts])
+        files = self.wd.block_files
+        export_jsonl(self.wd, files(self.wd.quarantine, parts), self.wd.quarantine_jsonl)
+        removed = self.wd.whole_files(f for stage, prefix in removed_files
+                                      for f in files(functools.partial(self.wd.removed, stage, prefix=prefix), parts))
         # no text: the language filter removes most of a crawl, and its texts would copy most of the
         # input uncompressed; they stay in removed/language/*.parquet (what inspect removed reads)
         export_jsonl(self.wd, removed, self.wd.removed_jsonl, drop=("text",))

@@ -466,6 +466,15 @@ class WorkDir:
         partitions' rows in partition order): what a step that reads every partition's rows opens."""
         return list(dict.fromkeys(str(p) for p in paths))
 
+    def block_files(self, path_of, parts) -> list[str]:
+        """``whole_files([path_of(p) for p in parts])`` without a path per partition: ``path_of`` is
+        called for the first of ``parts`` in each block only. What the driver lists for every partition
+        (at publish: a file per block and kind, not P x kinds paths)."""
+        firsts: dict[int, int] = {}
+        for p in parts:
+            firsts.setdefault(self.block_of(p), p)
+        return self.whole_files(path_of(p) for p in firsts.values())
+
     # -- reading a run back (inspect, the data card): the same layout, local or on an object store
     def is_run(self) -> bool:
         """Whether this is a run dir: extract wrote its first partition's documents."""
