@@ -18,7 +18,8 @@ RAY_FILES = {"test_deploy_ray.py", "test_local_runner.py", "test_runner.py", "te
 HEAVY_FIRST = ["test_partition_scaling.py", "ray", "test_kill_anywhere.py", "test_trainer.py", "test_pipeline_s3.py",
                "test_service_train.py"]
 # Then the groups of 5 s or more in the quick loop (-m 'not slow', where most of the above are empty), heaviest
-# first: left in file order, test_service.py (~25 s a worker) started last and one worker ran it alone.
+# first (test_service.py, the heaviest there, came after two thirds of the files in file order): the small
+# groups left for the end even the two workers out.
 HEAVY_FIRST += ["test_service.py", "test_service_hostile.py", "test_store_concurrency.py", "test_loader_cli.py",
                 "test_loader.py", "test_hostile3_inputs.py", "test_hostile3_faults.py", "test_quality.py",
                 "test_manifest_facts.py", "test_layering.py", "test_storage.py"]
