@@ -4,6 +4,11 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))  # tests/helpers.py
+# Bytecode is cached even where PYTHONDONTWRITEBYTECODE is set (python:3.x images set it): without it each of
+# the two workers compiles (and pytest assert-rewrites) every test module and gristmill module at collection,
+# ~2.5 s of CPU a worker, and each `python -m gristmill` a test starts compiles what it imports (the children
+# read the .pyc files written here; __pycache__/ is in .gitignore).
+sys.dont_write_bytecode = False
 
 # The files whose tests start a Ray (the session's, or a cluster of their own): one xdist worker
 # runs them all, one after another; two Rays at once on two cores starve each other.
@@ -12,6 +17,12 @@ RAY_FILES = {"test_deploy_ray.py", "test_local_runner.py", "test_runner.py", "te
 # first, so neither worker is left alone with one of them at the end (a missing one costs only time).
 HEAVY_FIRST = ["test_partition_scaling.py", "ray", "test_kill_anywhere.py", "test_trainer.py", "test_pipeline_s3.py",
                "test_service_train.py"]
+# Then the groups of 5 s or more in the quick loop (-m 'not slow', where most of the above are empty), heaviest
+# first (test_service.py, the heaviest there, came after two thirds of the files in file order): the small
+# groups left for the end even the two workers out.
+HEAVY_FIRST += ["test_service.py", "test_service_hostile.py", "test_store_concurrency.py", "test_loader_cli.py",
+                "test_loader.py", "test_hostile3_inputs.py", "test_hostile3_faults.py", "test_quality.py",
+                "test_manifest_facts.py", "test_layering.py", "test_storage.py"]
 
 
 def _group(item) -> str:

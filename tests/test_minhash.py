@@ -3,8 +3,6 @@ import random
 
 import numpy as np
 import pytest
-from datasketch import MinHash
-from datasketch.lsh import _optimal_param
 
 from gristmill.pipeline.lsh import band_keys, make_params, optimal_params
 from gristmill.pipeline.minhash import MAX_HASH, MinHasher, estimate_jaccard, jaccard, numba, permutations
@@ -65,6 +63,8 @@ def test_distinct_shingles_get_distinct_hashes(vocab):
 
 @pytest.mark.parametrize("seed,num_perm", [(1, 128), (42, 64)])
 def test_signatures_equal_datasketch_fed_the_same_shingle_hashes(vocab, seed, num_perm):
+    from datasketch import MinHash  # here, not at collection: ~1 s of import (scipy) a worker
+
     rng = random.Random(seed)
     texts = [prose(rng, vocab, rng.randint(1, 300)) for _ in range(30)]
     mh = MinHasher(num_perm=num_perm, seed=seed)
@@ -90,6 +90,8 @@ def test_short_and_empty_documents():
 
 def test_jaccard_estimates_as_accurate_as_datasketch(vocab):
     """Mean absolute error against exact Jaccard, ours vs datasketch's own (SHA-1) shingle hashing."""
+    from datasketch import MinHash
+
     rng = random.Random(3)
     mh = MinHasher(num_perm=128)
     ours, theirs = [], []
@@ -116,6 +118,8 @@ def test_jaccard_estimates_as_accurate_as_datasketch(vocab):
 @pytest.mark.parametrize("threshold,num_perm,weights", [(0.8, 128, (0.5, 0.5)), (0.8, 128, (0.1, 0.9)),
                                                          (0.5, 64, (0.5, 0.5)), (0.9, 256, (0.3, 0.7))])
 def test_lsh_parameters_match_datasketch_search(threshold, num_perm, weights):
+    from datasketch.lsh import _optimal_param
+
     p = optimal_params(threshold, num_perm, *weights)
     assert (p.bands, p.rows) == _optimal_param(threshold, num_perm, *weights)
     assert 0 < p.false_positive < 0.5 and 0 < p.false_negative < 0.5

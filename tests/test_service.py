@@ -108,8 +108,9 @@ def test_resume_from_a_state_dict_and_a_client_that_reads_only_the_service(data,
     named.close()
 
 
-def test_kill_9_of_one_server_mid_run_changes_no_batch(data, tmp_path):
-    a, b = (ServeProcess(data["store"], args=("--cache-dir", str(tmp_path / f"c{i}"))) for i in range(2))
+def test_kill_9_of_one_server_mid_run_changes_no_batch(data, two_servers, tmp_path):
+    # a is this test's own (it is killed); b, the one that answers after the kill, is a module server
+    a, b = ServeProcess(data["store"], args=("--cache-dir", str(tmp_path / "c0"))), two_servers[0]
     try:
         refs = loaders(data["toy"], tmp_path / "ref")
         served = loaders(data["toy"], tmp_path / "x", [a.url, b.url], retries=3, backoff_s=0.05, service_timeout_s=10,
@@ -127,7 +128,7 @@ def test_kill_9_of_one_server_mid_run_changes_no_batch(data, tmp_path):
                 same(x, y)
             refs[r].close(), served[r].close()
     finally:
-        a.kill(), b.kill()
+        a.kill()
 
 
 def make_cert(tmp_path) -> tuple[str, str]:
@@ -232,7 +233,7 @@ def test_a_version_published_after_the_start_and_an_unknown_hash(data, tmp_path)
     assert "bad request: ticket is not a JSON request" in out, out
 
 
-def test_the_trainer_reads_through_the_service_by_manifest_hash(data, two_servers, tmp_path):
+def test_the_trainer_reads_through_the_service_by_manifest_hash(data, two_servers, tmp_path, capsys):
     """data.service: the job names the data by hash only; training, validation and checkpoints run."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     sha = Loader(data["toy"], caching=Caching(dir=str(tmp_path / "c"))).manifest.sha256
@@ -250,13 +251,16 @@ def test_the_trainer_reads_through_the_service_by_manifest_hash(data, two_server
     assert [x["indices"] for x in logged] == want, logged
     # The checkpoint names the data by the service's URL and hash: the audit says where to point it,
     # and given the version's URL in the store it answers, the hash still checked.
-    audit = [sys.executable, "-m", "gristmill", "audit", "seen", str(run_dir)]
-    bare = subprocess.run(audit, capture_output=True, text=True, timeout=120)
-    assert bare.returncode != 0 and "Traceback" not in bare.stderr, bare.stderr[-3000:]
-    assert "fed by gristmill serve at grpc://" in bare.stderr and "--manifest" in bare.stderr, bare.stderr
-    told = subprocess.run(audit + ["--manifest", data["toy"], "--json"], capture_output=True, text=True, timeout=120)
-    assert told.returncode == 0, told.stderr[-3000:]
-    assert json.loads(told.stdout)["manifest_sha256"] == sha
+    # (in this process: the command's exit code and one line, as `gristmill audit` prints them; a process
+    # start each cost ~2 s)
+    audit = ["audit", "seen", str(run_dir)]
+    capsys.readouterr()
+    bare_rc, bare = main(audit), capsys.readouterr()
+    assert bare_rc != 0 and "Traceback" not in bare.err, bare.err[-3000:]
+    assert "fed by gristmill serve at grpc://" in bare.err and "--manifest" in bare.err, bare.err
+    told_rc, told = main(audit + ["--manifest", data["toy"], "--json"]), capsys.readouterr()
+    assert told_rc == 0, told.err[-3000:]
+    assert json.loads(told.out)["manifest_sha256"] == sha
 
 
 def test_a_stream_waiting_on_a_cold_shard_does_not_hold_up_one_reading_another(data, tmp_path):

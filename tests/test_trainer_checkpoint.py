@@ -15,8 +15,23 @@ from helpers import Evil, reseal_meta, write_checkpoint_meta, write_dcp_checkpoi
 
 from gristmill.audit import read_checkpoint
 from gristmill.cli import main
-from gristmill.trainer.checkpoint import find_resumable, load_state, read_dcp_metadata, verify
 from gristmill.trainer.meta import CheckpointError
+
+
+class _Lazy:
+    """gristmill.trainer.checkpoint on first use, not at collection (torch.distributed.checkpoint: ~1 s of
+    import in each worker, of which only the one running this file needs it)."""
+
+    def __getattr__(self, name):
+        if name.startswith("_") or name.startswith("pytest"):  # what collection asks of every module attribute
+            raise AttributeError(name)
+        import gristmill.trainer.checkpoint as module
+
+        return getattr(module, name)
+
+
+checkpoint = _Lazy()
+
 
 GLOBAL = r"refusing to unpickle (posix|os)\.system"
 
@@ -29,20 +44,20 @@ def ckpt(tmp_path, toy_dataset):
 
 
 def test_a_complete_checkpoint_verifies_and_audits(ckpt):
-    assert verify(ckpt) == []
+    assert checkpoint.verify(ckpt) == []
     assert main(["audit", "seen", ckpt, "--verify-checkpoint", "--json"]) == 0
 
 
 def test_a_metadata_pickle_that_would_run_code_is_refused_naming_the_global(ckpt, tmp_path, capsys):
     marker = str(tmp_path / "PWNED")
-    md = read_dcp_metadata(ckpt)
+    md = checkpoint.read_dcp_metadata(ckpt)
     md.planner_data = Evil(marker)  # a forger's payload inside an otherwise real DCP .metadata
     with open(os.path.join(ckpt, ".metadata"), "wb") as f:
         pickle.dump(md, f)
     reseal_meta(ckpt, lambda meta: None, files=True)  # meta.json's file hashes updated to match
     with pytest.raises(CheckpointError, match=GLOBAL):
-        read_dcp_metadata(ckpt)
-    problems = verify(ckpt)
+        checkpoint.read_dcp_metadata(ckpt)
+    problems = checkpoint.verify(ckpt)
     assert len(problems) == 1 and re.search(GLOBAL, problems[0])
     assert main(["audit", "seen", ckpt, "--verify-checkpoint"]) == 2
     assert "refusing to unpickle" in capsys.readouterr().err
@@ -55,7 +70,7 @@ def test_a_non_tensor_entry_that_would_run_code_is_refused(tmp_path, toy_dataset
     path = write_checkpoint_meta(str(tmp_path / "run"), toy_dataset, step=5)
     write_dcp_checkpoint(path, {"extra": Evil(marker)})
     with pytest.raises(CheckpointError, match=r"DCP entry extra: refusing to unpickle (posix|os)\.system"):
-        load_state({"extra": None}, path, no_dist=True)
+        checkpoint.load_state({"extra": None}, path, no_dist=True)
     assert not os.path.exists(marker)
 
 
@@ -65,7 +80,7 @@ def test_a_consistent_resealed_edit_of_the_seed_is_refused_by_the_dcp_copy(ckpt,
 
     reseal_meta(ckpt, edit)
     assert read_checkpoint(ckpt).seed == 4  # without --verify-checkpoint the audit trusts meta.json as written
-    problems = verify(ckpt)
+    problems = checkpoint.verify(ckpt)
     assert len(problems) == 1 and "loader.seed is 4 in meta.json but 3 in the DCP state" in problems[0]
     assert main(["audit", "seen", ckpt, "--verify-checkpoint"]) == 2
     assert "loader.seed is 4 in meta.json but 3 in the DCP state" in capsys.readouterr().err
@@ -79,7 +94,7 @@ def test_a_consistent_resealed_edit_of_the_global_batch_is_refused_by_the_dcp_co
 
     reseal_meta(ckpt, edit)
     assert read_checkpoint(ckpt).global_batch == 16
-    assert "global_batch is 16 in meta.json but 8 in the DCP state" in verify(ckpt)[0]
+    assert "global_batch is 16 in meta.json but 8 in the DCP state" in checkpoint.verify(ckpt)[0]
 
 
 def test_an_edit_without_a_fresh_self_hash_fails_verification(ckpt):
@@ -89,14 +104,14 @@ def test_an_edit_without_a_fresh_self_hash_fails_verification(ckpt):
     meta["loader"]["seed"] = meta["job"]["data"]["seed"] = 4
     with open(meta_path, "w") as f:
         json.dump(meta, f)
-    (problem,) = verify(ckpt)
+    (problem,) = checkpoint.verify(ckpt)
     assert "meta_sha256" in problem and "edited after the trainer wrote it" in problem
 
 
 # -- storage entries, the DCP states resume checks, decompression bombs (issue 26) ------------------
 def _edit_dcp_metadata(ckpt: str, edit) -> None:
     """Rewrite the checkpoint's DCP .metadata through ``edit(md)`` and reseal meta.json's file hashes."""
-    md = read_dcp_metadata(ckpt)
+    md = checkpoint.read_dcp_metadata(ckpt)
     edit(md)
     with open(os.path.join(ckpt, ".metadata"), "wb") as f:
         pickle.dump(md, f)
@@ -125,9 +140,9 @@ def test_storage_entries_outside_the_checkpoints_data_files_are_refused_on_verif
                 info.relative_path = rel
 
     _edit_dcp_metadata(step4, splice)
-    (problem,) = verify(step4)
+    (problem,) = checkpoint.verify(step4)
     assert f"the storage entry of 'model.weight' points at {rel!r}, not a data file of this checkpoint" in problem
-    assert find_resumable(run) == (step2, [f"step-4: {problem}"])  # resume passes it over, as the audit refuses it
+    assert checkpoint.find_resumable(run) == (step2, [f"step-4: {problem}"])  # resume passes it over, as the audit refuses it
     _one_line_refusal(step4, capsys, "points at")
 
 
@@ -138,10 +153,10 @@ def test_storage_entries_past_the_end_of_their_file_or_through_a_link_are_refuse
                 info.offset = os.path.getsize(os.path.join(ckpt, "__0_0.distcp"))
 
     _edit_dcp_metadata(ckpt, past_end)
-    assert "the storage entry of 'train_state.step' spans bytes" in verify(ckpt)[0]
+    assert "the storage entry of 'train_state.step' spans bytes" in checkpoint.verify(ckpt)[0]
     os.symlink(os.path.join(ckpt, "__0_0.distcp"), os.path.join(ckpt, "__1_0.distcp"))
     reseal_meta(ckpt, lambda meta: None, files=True)
-    assert "__1_0.distcp: a link; a checkpoint holds only its own regular files" in verify(ckpt)[0]
+    assert "__1_0.distcp: a link; a checkpoint holds only its own regular files" in checkpoint.verify(ckpt)[0]
 
 
 def test_a_resealed_edit_of_meta_and_the_dcp_position_together_is_refused_by_the_dcp_loader_state(ckpt, capsys):
@@ -154,7 +169,7 @@ def test_a_resealed_edit_of_meta_and_the_dcp_position_together_is_refused_by_the
     # The forger rewrites the DCP state's data position to match (and reseals the file hashes); the
     # loader state inside the DCP state, which resume restores, still holds seed 3.
     write_dcp_checkpoint(ckpt, {"loader": original})
-    (problem,) = verify(ckpt)
+    (problem,) = checkpoint.verify(ckpt)
     assert "loader {" in problem and "differs from the DCP loader state" in problem and "'seed': 3" in problem
     _one_line_refusal(ckpt, capsys, "differs from the DCP loader state")
 
@@ -163,7 +178,7 @@ def test_a_dcp_train_state_of_another_step_is_refused(ckpt, capsys):
     meta = read_checkpoint(ckpt).meta
     write_dcp_checkpoint(ckpt, {"train_state": {"step": 4, "tokens_seen": 0, "skipped_total": 0,
                                                 "consecutive_bad": 0}})
-    assert verify(ckpt) == [f"{ckpt}/meta.json: step {meta['step']} but the DCP train state says 4"]
+    assert checkpoint.verify(ckpt) == [f"{ckpt}/meta.json: step {meta['step']} but the DCP train state says 4"]
 
 
 def test_a_checkpoint_missing_a_trainer_state_is_refused_by_verify(ckpt):
@@ -174,7 +189,7 @@ def test_a_checkpoint_missing_a_trainer_state_is_refused_by_verify(ckpt):
 
     _edit_dcp_metadata(ckpt, drop_optimizer)
     assert "optimizer" in STATES
-    assert "the DCP state has no optimizer entries" in verify(ckpt)[0]
+    assert "the DCP state has no optimizer entries" in checkpoint.verify(ckpt)[0]
 
 
 def test_a_decompression_bomb_in_a_dcp_entry_is_refused_before_it_is_inflated(ckpt, capsys):
@@ -205,7 +220,7 @@ def test_a_decompression_bomb_in_a_dcp_entry_is_refused_before_it_is_inflated(ck
                 info.offset, info.length = offset, len(bomb.getvalue())
 
     _edit_dcp_metadata(ckpt, point_at_bomb)
-    (problem,) = verify(ckpt)
+    (problem,) = checkpoint.verify(ckpt)
     assert "is compressed or larger than its entry" in problem
     _one_line_refusal(ckpt, capsys, "decompression bomb")
 
@@ -230,7 +245,7 @@ def test_dcp_stream_transforms_are_refused(tmp_path, toy_dataset, capsys):
     import shutil
     shutil.rmtree(os.path.join(ckpt, "z"))
     _edit_dcp_metadata(ckpt, adopt_transform)
-    (problem,) = verify(ckpt)
+    (problem,) = checkpoint.verify(ckpt)
     assert "the storage entry of 'loader.seed' has stream transforms" in problem
     _one_line_refusal(ckpt, capsys, "stream transforms")
 
@@ -247,5 +262,5 @@ def test_a_meta_json_with_nan_or_a_huge_number_is_a_one_line_error(ckpt, capsys,
         text = f.read()
     with open(path, "w") as f:
         f.write(text.replace('"step": 5', f'"step": 5, "extra": {literal}', 1))
-    assert verify(ckpt)[0].startswith(f"{path}: ")
+    assert checkpoint.verify(ckpt)[0].startswith(f"{path}: ")
     _one_line_refusal(ckpt, capsys, "meta.json")

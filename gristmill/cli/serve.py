@@ -41,8 +41,8 @@ def _serve(args) -> int:
     import threading
 
     from gristmill.errors import UsageError
+    from gristmill.loader.service.config import ServeConfig
     from gristmill.loader.service.protocol import TOKEN_ENV
-    from gristmill.loader.service.server import GristmillServer, ServeConfig
 
     host, sep, port = args.listen.rpartition(":")
     if not sep or not port.isdigit() or not host:
@@ -55,6 +55,8 @@ def _serve(args) -> int:
                       cache_dir=args.cache_dir, cache_limit_bytes=args.cache_limit_bytes, max_open=args.max_open,
                       max_streams=args.max_streams, max_streams_per_client=args.max_streams_per_client,
                       rescan_interval_s=args.rescan_interval_s, max_reply_bytes=args.max_reply_bytes)
+    from gristmill.loader.service.server import GristmillServer  # the loader and torch: after the checks
+
     server = GristmillServer(cfg)
     stop = threading.Event()
     received: list[int] = []
