@@ -203,6 +203,15 @@ def test_a_token_from_the_environment_and_no_token_beyond_loopback(data, tmp_pat
     assert out.stderr.strip().count("\n") == 0 and "refusing to listen on 0.0.0.0 without a token" in out.stderr
 
 
+def test_a_missing_tls_or_token_file_is_one_line_naming_its_flag(data, tmp_path):
+    for flag in ("--tls-cert", "--tls-key", "--tls-client-ca", "--token-file"):
+        missing = str(tmp_path / f"no{flag}.pem")
+        out = subprocess.run([sys.executable, "-m", "gristmill", "serve", data["store"], flag, missing],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 2, out.stderr  # was a FileNotFoundError traceback
+        assert out.stderr.strip().count("\n") == 0 and f"{flag} {missing}: cannot read it" in out.stderr
+
+
 def test_a_version_published_after_the_start_and_an_unknown_hash(data, tmp_path):
     root = tmp_path / "late"
     early = build_dataset(str(root))

@@ -28,11 +28,17 @@ def register(sub) -> None:
     p.set_defaults(handler=_serve)
 
 
-def _read(path: str | None) -> bytes | None:
+def _read(path: str | None, flag: str) -> bytes | None:
+    """The bytes of a file named on the command line, or a one-line error naming the flag."""
+    from gristmill.errors import UsageError
+
     if path is None:
         return None
-    with open(path, "rb") as f:
-        return f.read()
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise UsageError(f"{flag} {path}: cannot read it ({e.strerror or e})") from None
 
 
 def _serve(args) -> int:
@@ -47,11 +53,12 @@ def _serve(args) -> int:
     host, sep, port = args.listen.rpartition(":")
     if not sep or not port.isdigit() or not host:
         raise UsageError(f"--listen: expected HOST:PORT, got {args.listen!r}")
-    token = _read(args.token_file).decode().strip() if args.token_file else os.environ.get(TOKEN_ENV)
+    token = _read(args.token_file, "--token-file").decode().strip() if args.token_file else os.environ.get(TOKEN_ENV)
     if args.token_file and not token:
         raise UsageError(f"--token-file {args.token_file} is empty")
     cfg = ServeConfig(tuple(args.urls), host=host.strip("[]"), port=int(port), token=token or None,
-                      tls_cert=_read(args.tls_cert), tls_key=_read(args.tls_key), tls_client_ca=_read(args.tls_client_ca),
+                      tls_cert=_read(args.tls_cert, "--tls-cert"), tls_key=_read(args.tls_key, "--tls-key"),
+                      tls_client_ca=_read(args.tls_client_ca, "--tls-client-ca"),
                       cache_dir=args.cache_dir, cache_limit_bytes=args.cache_limit_bytes, max_open=args.max_open,
                       max_streams=args.max_streams, max_streams_per_client=args.max_streams_per_client,
                       rescan_interval_s=args.rescan_interval_s, max_reply_bytes=args.max_reply_bytes)
