@@ -7,6 +7,7 @@ import json
 import os
 import queue
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -257,3 +258,11 @@ def write_part(path, schema, rows) -> None:
         out = writer(path, schema, Store.from_url(path))
         out.write(rows)
         out.commit()
+
+
+def sigint_as_a_terminal_sends_it() -> None:
+    """``preexec_fn`` of a child a test stops with SIGINT: its SIGINT back to the default, as a
+    foreground process started from a terminal has it. A test run started in the background of a
+    script (``make test &``) inherits SIGINT ignored, and Python keeps an ignored SIGINT ignored,
+    so without this the test would measure how pytest was started rather than the product."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -107,7 +107,7 @@ def test_ctrl_c_during_prepare_is_one_line_exit_130_and_the_same_command_resumes
     import time
 
     import yaml
-    from helpers import demo_job_dict
+    from helpers import demo_job_dict, sigint_as_a_terminal_sends_it
 
     from gristmill.pipeline.demo_corpus import write_demo_corpus
 
@@ -115,7 +115,8 @@ def test_ctrl_c_during_prepare_is_one_line_exit_130_and_the_same_command_resumes
     job = tmp_path / "job.yaml"
     job.write_text(yaml.safe_dump(demo_job_dict(tmp_path / "demo", tmp_path)))
     cmd = [sys.executable, "-m", "gristmill", "prepare", str(job)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=sigint_as_a_terminal_sends_it)
     deadline = time.monotonic() + 180  # a hang guard, not a timing assertion
     while not glob.glob(str(tmp_path / "work" / "*" / "_done" / "extract" / "*.json")):
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]

@@ -189,11 +189,13 @@ def test_ctrl_c_in_the_driver_kills_the_workers_mid_task(tmp_path):
     """Ctrl-C (SIGINT to the driver; the workers ignore it) kills the workers at once: none runs
     its task to the end. (They did: the kill read the pool's process list after shutdown had
     dropped it, and the driver's exit then waited for every running task.)"""
+    from helpers import sigint_as_a_terminal_sends_it
+
     (tmp_path / "driver.py").write_text(DRIVER)
     seen = tmp_path / "seen"
     seen.mkdir()
     proc = subprocess.Popen([sys.executable, str(tmp_path / "driver.py"), str(tmp_path / "w"), str(seen)],
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=sigint_as_a_terminal_sends_it)
     deadline = time.monotonic() + 60  # a hang guard, not a timing assertion
     while len(os.listdir(seen)) < 2:
         assert proc.poll() is None and time.monotonic() < deadline
