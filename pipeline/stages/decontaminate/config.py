@@ -52,7 +52,7 @@ class EvalSetSpec(Section):
 
 
 class DecontamConfig(Section):
-    """The ``decontaminate`` stage (pipeline/decontam.py, docs/decontamination.md)."""
+    """The ``decontaminate`` stage (its tasks.py, docs/decontamination.md)."""
 
     SECTION = "decontaminate"
     enabled: Bool = True

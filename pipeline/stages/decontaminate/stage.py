@@ -1,4 +1,4 @@
-"""Decontamination's orchestration (``pipeline.decontam``): a per-partition map against the eval
+"""Decontamination's orchestration (its ``tasks``): a per-partition map against the eval
 n-gram index (built once on the driver from the small eval files, cached in the work dir); then,
 with ``against_validation``, the six steps of the pass against the dataset's own validation
 split: its documents, its index, the corpus' document frequencies and the pruned index (the

@@ -5,7 +5,7 @@ hash-checked), never written.
 
 The driver loads each earlier manifest (pinned by the job's ``sha256`` when it gives one; the
 hash it read goes into the new manifest's ``dedup_against``) and lists its dedup index files;
-the steps of ``pipeline.dedup_against`` (keys, candidates, fetch, match) then join the new
+the steps of its ``tasks`` (keys, candidates, fetch, match) then join the new
 documents with those files by join key, bucket range by bucket range: each index file is read
 and hash-checked by one task (a corrupted or forged file is refused like a forged shard), and no
 task reads the whole index.

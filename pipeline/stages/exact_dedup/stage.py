@@ -1,4 +1,4 @@
-"""Exact dedup (``pipeline.exact_dedup``): tasks over hash-bucket ranges of the keys extract
+"""Exact dedup (its ``tasks``): tasks over hash-bucket ranges of the keys extract
 wrote (the text never moves), then a task per partition that collects its duplicates from the
 ranges' files: its rows of ``removed/exact_dedup/block-B``."""
 from __future__ import annotations

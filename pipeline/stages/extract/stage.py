@@ -1,5 +1,5 @@
 """Extract (+ language): read every input record, quarantine the unreadable, identify the
-language, hash for exact dedup; a task per partition (``pipeline.extract``). Its two rows of the
+language, hash for exact dedup; a task per partition (``tasks.extract_partition``). Its two rows of the
 stage table (``extract``, ``language``) start the document flow."""
 from __future__ import annotations
 

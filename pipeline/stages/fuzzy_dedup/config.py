@@ -11,7 +11,7 @@ from ...lsh import MISS_RATE, LSHParams, make_params, optimal_params, recall_par
 
 
 class FuzzyDedupConfig(Section):
-    """The ``fuzzy_dedup`` stage (pipeline/near_duplicates.py, docs/fuzzy-dedup.md)."""
+    """The ``fuzzy_dedup`` stage (its tasks.py, docs/fuzzy-dedup.md)."""
 
     SECTION = "fuzzy_dedup"
     enabled: Bool = True

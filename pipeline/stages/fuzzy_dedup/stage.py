@@ -1,4 +1,4 @@
-"""Fuzzy dedup's orchestration: the steps of ``pipeline.near_duplicates`` (bands, candidates,
+"""Fuzzy dedup's orchestration: the steps of its ``tasks`` (bands, candidates,
 members, verify, components, assign, removed) as tasks over the work dir, and its statistics."""
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ MAX_PACK_SEQ_LEN = min(MAX_SEQ_LEN, (1 << 31) - 2)
 class PackConfig(Section):
     seq_len: Annotated[Int, Field(ge=1, le=MAX_PACK_SEQ_LEN)] = 2048
     shard_bytes: PositiveInt = 64 << 20  # target uncompressed size of a shard
-    # Tokens of document starts per pack task (pipeline/pack.py). Part of the output's identity:
+    # Tokens of document starts per pack task (its tasks.py). Part of the output's identity:
     # each range drops its last partial row, so changing it changes the shards. At least one row
     # (seq_len): 1 made one task per token; pack.plan_ranges also caps the tasks per split.
     range_tokens: PositiveInt = 64 << 20

@@ -1,4 +1,4 @@
-"""Pack: fixed ranges of each split's token stream packed in parallel (``pipeline.pack``), then
+"""Pack: fixed ranges of each split's token stream packed in parallel (``tasks``), then
 one task merges the document index. Hands back the packed dataset as data (``Packed``); the
 executor writes the manifest."""
 from __future__ import annotations

@@ -5,7 +5,7 @@ from gristmill.config import Bool, Section, Str
 
 
 class PiiConfig(Section):
-    """The ``pii`` stage (pipeline/pii.py, docs/pipeline.md): placeholders for personal data."""
+    """The ``pii`` stage (its tasks.py, docs/pipeline.md): placeholders for personal data."""
 
     enabled: Bool = True
     emails: Bool = True

@@ -1,4 +1,4 @@
-"""PII: placeholders for e-mails, IPs and phone numbers (``pipeline.pii``), a task per partition.
+"""PII: placeholders for e-mails, IPs and phone numbers (``tasks``), a task per partition.
 It removes nothing (``removes = False``); it rewrites texts, so it has its row in the document
 flow, and its replacement counts are part of the published statistics."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Tokenize: a task per partition (``pipeline.tokenization.tokenize_partition``); its row of the
+"""Tokenize: a task per partition (``tasks.tokenize_partition``); its row of the
 stage table counts the documents kept (the accounting's ``kept``) and their tokens by split."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from ..base import Context, JobSection, Stage, StageResult
 from ..pack.tasks import SPLITS
 from ..tokenizer.config import TokenizerConfig
 from ..tokenizer.stage import TokenizerFile
-from . import tasks as tokenization
+from . import tasks
 from .config import SplitConfig
 
 
@@ -26,11 +26,11 @@ class TokenCounts:
 
 
 def _task(item, tokenizer, cfg, split, survivors):
-    return tokenization.tokenize_partition(item["part"], tokenizer.path, cfg, split, survivors, tokenizer.store)
+    return tasks.tokenize_partition(item["part"], tokenizer.path, cfg, split, survivors, tokenizer.store)
 
 
 class Tokenize(Stage):
-    name, section, config, default = tokenization.STAGE, "split", SplitConfig, SplitConfig()  # which documents are validation
+    name, section, config, default = tasks.STAGE, "split", SplitConfig, SplitConfig()  # which documents are validation
     more_sections = (JobSection("tokenizer", TokenizerConfig, TokenizerConfig()),)  # the tokenizer stage's too
 
     def __init__(self, cfg: TokenizerConfig, split: SplitConfig):

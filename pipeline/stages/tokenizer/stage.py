@@ -1,5 +1,5 @@
 """The job's tokenizer.json, or a byte-level BPE trained (in one task) on the first surviving
-documents in global order (``pipeline.tokenization.train_bpe``)."""
+documents in global order (``tasks.train_bpe``)."""
 from __future__ import annotations
 
 import functools

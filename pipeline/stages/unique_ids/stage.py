@@ -1,4 +1,4 @@
-"""Unique ids (``pipeline.unique_ids``), for jobs whose ids come from the data (an ``id_field``):
+"""Unique ids (``tasks``), for jobs whose ids come from the data (an ``id_field``):
 tasks over hash-bucket ranges of the ids extract wrote, then a task per partition that collects
 its rows from the ranges' files: its rows of ``removed/unique_ids/block-B``. An id that more than one input
 record carries keeps none of them (docs/pipeline.md, "Document ids")."""
