@@ -30,7 +30,7 @@ from ... import ngrams
 from ...documents import OVERRIDE_SCHEMA, REMOVED_SCHEMA, split_of, to_removed_rows
 from ...survivors import Survivors
 from ...workdir import WorkDir
-from .config import DecontamConfig, EvalSetSpec
+from .config import DecontamConfig
 
 SCRATCH = "decontam"  # the work dir's folder of this stage's indexes and validation files
 
