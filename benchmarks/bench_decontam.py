@@ -141,8 +141,9 @@ def stage_throughput(texts, evals, n, docs_per_part: int = 500):
     import pyarrow.parquet as pq
     import ray
 
-    from gristmill.pipeline.decontam import (DecontamConfig, build_eval_index, decontaminate, eval_index_path,
-                                             load_eval_sets, partition_task)
+    from gristmill.pipeline.stages.decontaminate.config import DecontamConfig
+    from gristmill.pipeline.stages.decontaminate.tasks import (build_eval_index, decontaminate, eval_index_path,
+                                                               load_eval_sets, partition_task)
     from gristmill.pipeline.documents import make_order
     from gristmill.pipeline.runners.ray import RayRunner
     from gristmill.pipeline.survivors import Survivors

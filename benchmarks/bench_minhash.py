@@ -185,9 +185,9 @@ def bench_stage(n_docs: int, scales: list[int], workers: list[int], docs_per_par
     import pyarrow.parquet as pq
     import ray
 
-    from gristmill.pipeline.near_duplicates import FuzzyDedupConfig
+    from gristmill.pipeline.stages.fuzzy_dedup.config import FuzzyDedupConfig
     from gristmill.pipeline.runners.ray import RayRunner
-    from gristmill.pipeline.stages.fuzzy_dedup import find_near_duplicates
+    from gristmill.pipeline.stages.fuzzy_dedup.stage import find_near_duplicates
     from gristmill.pipeline.survivors import Survivors
     from gristmill.pipeline.workdir import WorkDir
 

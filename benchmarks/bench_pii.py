@@ -14,7 +14,7 @@ drawn, shuffled, and the first 450 labelled by hand: ``ip`` is true when the mat
 public IPv4 address in its text (an address, a network with its /n, a host:port, also a
 documentation example such as ``--address=1.2.3.4``); false for versions, section numbers,
 OIDs, CVS revisions and pieces of longer dotted numbers. Each row keeps the 60 characters
-before the match and the 40 after it: exactly what ``pipeline.pii.ip_in_context`` reads, so
+before the match and the 40 after it: exactly what ``pipeline.stages.pii.tasks.ip_in_context`` reads, so
 the measurement needs nothing but this file. The rule was written looking at the first 300
 rows (``split: dev``); the last 150 (``split: test``) were labelled after it was fixed and
 never used to change it.
@@ -36,7 +36,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))  # noqa: E402 (run from a checkout)
 
-from gristmill.pipeline.pii import IP_CANDIDATE, IPV4, _ip_ok, ip_in_context  # noqa: E402
+from gristmill.pipeline.stages.pii.tasks import IP_CANDIDATE, IPV4, _ip_ok, ip_in_context  # noqa: E402
 
 SAMPLE = os.path.join(os.path.dirname(__file__), "data", "pii_ip_sample.jsonl")
 ROOTS = ["/usr/share/doc/**/*", "/usr/share/man/man*/*", "/root/.pyenv/versions/3.13.0/lib/python3.13/*.py",

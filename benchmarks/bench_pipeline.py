@@ -143,9 +143,11 @@ def warm_up_workers(ray, num_cpus: int) -> None:
 
 def tokenize_vs_raw(run_dir: str, root: str) -> dict:
     """The tokenize stage vs raw encode_batch on the same documents, batch size and threads."""
-    from gristmill.pipeline.config import SplitConfig, TokenizerConfig
+    from gristmill.pipeline.stages.tokenize.config import SplitConfig
+    from gristmill.pipeline.stages.tokenizer.config import TokenizerConfig
     from gristmill.pipeline.survivors import Survivors
-    from gristmill.pipeline.tokenization import load_tokenizer, tokenize_partition
+    from gristmill.pipeline.tokenization import load_tokenizer
+    from gristmill.pipeline.stages.tokenize.tasks import tokenize_partition
     from gristmill.pipeline.workdir import WorkDir
 
     cfg = TokenizerConfig(batch_size=512)

@@ -79,7 +79,7 @@ def write_docs(scale: int, out: str, limit: int | None) -> str:
 
 def gristmill_main(docs: str, result: str) -> None:
     from gristmill.pipeline.quality import evaluate, rule_sets
-    from gristmill.pipeline.quality.config import QualityConfig
+    from gristmill.pipeline.stages.quality.config import QualityConfig
 
     cfg = QualityConfig()
     rows = [json.loads(line) for line in open(docs)]

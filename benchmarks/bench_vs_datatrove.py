@@ -25,7 +25,7 @@ Per scale (``gristmill demo-corpus DIR --scale N``):
   files that are not valid UTF-8 are dropped; a compressed file that does not decompress to its end
   (the demo's truncated 04/05 files) is left out whole, and so is WARC. File names stay the same, so
   document ids (``<file>:<position>``) match the demo corpus's truth files.
-* one tokenizer.json, trained once with gristmill's own trainer (``pipeline.tokenization.train_bpe``,
+* one tokenizer.json, trained once with gristmill's own trainer (``pipeline.stages.tokenizer.tasks.train_bpe``,
   vocab 4096, the first 2 MB of the scale-1 clean corpus) and given to both tools by path.
 * runs interleaved: gristmill, datatrove, gristmill, datatrove (``--runs`` pairs), each in a fresh
   process tree whose summed RSS is sampled from /proc every 0.2 s (peak = max over samples of the sum
@@ -259,8 +259,8 @@ def train_tokenizer(clean: str, out_path: str) -> None:
     """gristmill's own trainer on the first 2 MB of documents (sorted files), like its tokenize stage."""
     import pyarrow.parquet as pq
 
-    from gristmill.pipeline.config import TokenizerConfig
-    from gristmill.pipeline.tokenization import train_bpe
+    from gristmill.pipeline.stages.tokenizer.config import TokenizerConfig
+    from gristmill.pipeline.stages.tokenizer.tasks import train_bpe
 
     texts, size = [], 0
     for path in sorted(glob.glob(os.path.join(clean, "*"))):

@@ -68,6 +68,11 @@ def fail(expected: str, got: str, at: tuple = ()) -> typing.NoReturn:
     raise PydanticCustomError("config", "expected {expected}, got {got}", {"expected": expected, "got": got, "at": at})
 
 
+def no_format(path: str) -> str:
+    """The ``got`` of a file entry with no ``format`` whose name does not tell it (a job's inputs, eval sets)."""
+    return f"no format, and the name {path!r} does not tell it"
+
+
 class Section(BaseModel):
     """Base of every job-file model: unknown keys refused, immutable once validated."""
 

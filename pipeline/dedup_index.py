@@ -15,6 +15,8 @@ earlier documents they duplicate:
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -22,9 +24,11 @@ import pyarrow.parquet as pq
 from gristmill.manifests import dedup_index as dx
 from gristmill.manifests.runs import run_starts
 
-from .config import FuzzyDedupConfig
 from .documents import norm_hash
 from .minhash import MinHasher
+
+if TYPE_CHECKING:  # the fuzzy_dedup section; the stages import this library, so not at run time
+    from .stages.fuzzy_dedup.config import FuzzyDedupConfig
 
 
 SKETCH_BITS = 4  # ~75 B a document in all; 8 bits would be ~140 B (docs/benchmarks.md measures its share of a version)

@@ -113,8 +113,8 @@ def extract_files(work_root: str, files: list[tuple[str, str]], *, text_field: s
     document rows, quarantine rows)."""
     import pyarrow.parquet as pq
 
-    from gristmill.pipeline.config import ExtractConfig, LanguageConfig
-    from gristmill.pipeline.extract import extract_partition
+    from gristmill.pipeline.stages.extract.config import ExtractConfig, LanguageConfig
+    from gristmill.pipeline.stages.extract.tasks import extract_partition
     from gristmill.pipeline.partitions import InputFile
     from gristmill.pipeline.workdir import BlockOutputs, WorkDir
 

@@ -135,8 +135,9 @@ def test_bad_eval_file_is_a_one_line_error(text_run, tmp_path, capsys):
 
 def test_byte_level_bpe_text_is_recovered_from_the_tokens(tmp_path):
     """The pipeline's tokenizer (byte-level BPE): text cut across rows decodes back, accents included."""
-    from gristmill.pipeline.config import TokenizerConfig
-    from gristmill.pipeline.tokenization import load_tokenizer, train_bpe
+    from gristmill.pipeline.stages.tokenizer.config import TokenizerConfig
+    from gristmill.pipeline.tokenization import load_tokenizer
+    from gristmill.pipeline.stages.tokenizer.tasks import train_bpe
 
     rng = np.random.default_rng(1)
     vocab = ("the mill grinds grain into flour while the river turns its wheel and the café owner counts "

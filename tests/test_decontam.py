@@ -18,7 +18,8 @@ import pytest
 from gristmill.manifests import EvalSet
 from gristmill.pipeline import ngrams
 from gristmill.errors import ConfigError
-from gristmill.pipeline.decontam import DecontamConfig, cut_text, decontaminate, decontaminate_against_docs
+from gristmill.pipeline.stages.decontaminate.config import DecontamConfig
+from gristmill.pipeline.stages.decontaminate.tasks import cut_text, decontaminate, decontaminate_against_docs
 from gristmill.pipeline.ngrams import build_index, find_matches, read_eval_items, word_hashes
 from gristmill.pipeline.text import words
 
@@ -411,7 +412,7 @@ def test_validation_pass_redone_after_a_kill_between_its_outputs_and_its_marker(
     """A validation-pass task killed after committing its removed file but before its marker is
     redone on the rerun; the rerun must not read that file as an earlier stage's removals (it
     would skip the documents the file removed and rewrite it without them)."""
-    from gristmill.pipeline.config import SplitConfig
+    from gristmill.pipeline.stages.tokenize.config import SplitConfig
     from gristmill.pipeline.documents import split_of
 
     rng = np.random.default_rng(3)
@@ -435,7 +436,7 @@ def test_validation_overlap_has_its_own_reason_and_boilerplate_is_not_overlap(tm
     """A footer in many documents of both splits is boilerplate: with validation_max_doc_freq
     (default 10) it is not overlap; a passage of one validation document leaked into one train
     document is, under the reason validation_overlap."""
-    from gristmill.pipeline.config import SplitConfig
+    from gristmill.pipeline.stages.tokenize.config import SplitConfig
     from gristmill.pipeline.documents import split_of
 
     rng = np.random.default_rng(5)

@@ -13,9 +13,9 @@ import pytest
 
 from gristmill.manifests import dedup_index as dx
 from gristmill.manifests.hashing import sha256_file
-from gristmill.pipeline import dedup_against as da
+from gristmill.pipeline.stages.dedup_against import tasks as da
 from gristmill.pipeline import dedup_index as di
-from gristmill.pipeline.config import FuzzyDedupConfig
+from gristmill.pipeline.stages.fuzzy_dedup.config import FuzzyDedupConfig
 from gristmill.pipeline.documents import DOC_SCHEMA, make_order, norm_hash
 from gristmill.pipeline.runner import SerialRunner, TaskError
 from gristmill.pipeline.survivors import Survivors

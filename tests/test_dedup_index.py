@@ -18,7 +18,7 @@ from gristmill.manifests.errors import FactMismatchError, HashMismatchError, Man
 from gristmill.manifests.manifest import Input, Manifest
 from gristmill.manifests.verify import verify_published
 from gristmill.pipeline import dedup_index as di
-from gristmill.pipeline.config import FuzzyDedupConfig
+from gristmill.pipeline.stages.fuzzy_dedup.config import FuzzyDedupConfig
 from gristmill.pipeline.minhash import MinHasher, jaccard
 
 PARAMS = di.index_params(FuzzyDedupConfig())
@@ -209,7 +209,7 @@ def _index_files(tmp, texts, parts, monkeypatch):
     from gristmill.pipeline.documents import norm_hash
     from gristmill.pipeline.runner import SerialRunner
     from gristmill.pipeline.stages.base import Context
-    from gristmill.pipeline.stages.dedup_index import DedupIndex
+    from gristmill.pipeline.stages.dedup_index.stage import DedupIndex
     from gristmill.pipeline.survivors import Survivors
     from gristmill.pipeline.workdir import WorkDir
 

@@ -11,8 +11,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from gristmill.pipeline.connected_components import large_star, small_star
-from gristmill.pipeline.near_duplicates import FuzzyDedupConfig
-from gristmill.pipeline.stages.fuzzy_dedup import find_near_duplicates
+from gristmill.pipeline.stages.fuzzy_dedup.config import FuzzyDedupConfig
+from gristmill.pipeline.stages.fuzzy_dedup.stage import find_near_duplicates
 from gristmill.pipeline.minhash import MinHasher, jaccard
 
 

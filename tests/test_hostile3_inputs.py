@@ -219,7 +219,7 @@ def test_pack_range_tokens_below_a_row_is_a_config_error(tmp_path):
 
 
 def test_pack_plans_a_bounded_number_of_tasks(tmp_path):
-    from gristmill.pipeline import pack
+    from gristmill.pipeline.stages.pack import tasks as pack
 
     assert pack.MAX_PACK_TASKS <= 1 << 18
     with pytest.raises(ConfigError) as e:
@@ -288,7 +288,7 @@ def test_a_dedup_index_with_unsorted_or_repeated_ids_is_refused(tmp_path, ids):
     from gristmill.manifests.hashing import sha256_bytes
     from gristmill.manifests.manifest import FileRef
     from gristmill.pipeline import dedup_index as di
-    from gristmill.pipeline.config import FuzzyDedupConfig
+    from gristmill.pipeline.stages.fuzzy_dedup.config import FuzzyDedupConfig
 
     params = di.index_params(FuzzyDedupConfig())
     path = str(tmp_path / "part.parquet")

@@ -59,7 +59,8 @@ def test_an_error_about_a_big_aliased_value_renders_a_few_characters(tmp_path):
 
 def test_pack_seq_len_is_bounded_by_what_every_reader_serves(tmp_path):
     from gristmill.manifests.manifest import MAX_SEQ_LEN
-    from gristmill.pipeline.config import MAX_PACK_SEQ_LEN, PrepareConfig
+    from gristmill.pipeline.config import PrepareConfig
+    from gristmill.pipeline.stages.pack.config import MAX_PACK_SEQ_LEN
 
     job = {"inputs": ["/x/a.jsonl"], "output": {"store": "/s", "dataset": "d"}, "work_dir": "/w"}
     with pytest.raises(ConfigError, match=r"pack\.seq_len: expected an integer in \[1, 2147483646\], got 3000000000"):

@@ -3,8 +3,8 @@ huggingface/datatrove) on planted addresses, phone numbers, and the stage as Ray
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from gristmill.pipeline.config import PiiConfig
-from gristmill.pipeline.pii import Redactor
+from gristmill.pipeline.stages.pii.config import PiiConfig
+from gristmill.pipeline.stages.pii.tasks import Redactor
 
 IP_INVALID = ["999.999.999.999.", "108.0.0.01", "0.1.2.3", "00.0000.00.00", "192.168.l.1", "912.456.123.123",
               "192.168.o.0"]

@@ -5,13 +5,15 @@ import numpy as np
 import pytest
 
 from gristmill.manifests import DatasetBuilder, read_doc_index, read_rows
-from gristmill.pipeline.config import SplitConfig, TokenizerConfig
+from gristmill.pipeline.stages.tokenize.config import SplitConfig
+from gristmill.pipeline.stages.tokenizer.config import TokenizerConfig
 from gristmill.pipeline.documents import make_order, norm_hash, part_of, split_of
-from gristmill.pipeline.exact_dedup import find_exact_duplicates, keys_table, plan_tasks
+from gristmill.pipeline.stages.exact_dedup.tasks import find_exact_duplicates, keys_table, plan_tasks
 from gristmill.pipeline.executor import group_files
 from gristmill.pipeline.partitions import InputFile
-from gristmill.pipeline.pack import pack_split
-from gristmill.pipeline.tokenization import TOKENS_SCHEMA, train_bpe
+from gristmill.pipeline.stages.pack.tasks import pack_split
+from gristmill.pipeline.stages.tokenize.tasks import TOKENS_SCHEMA
+from gristmill.pipeline.stages.tokenizer.tasks import train_bpe
 
 
 def _keys(rows):
@@ -35,7 +37,7 @@ def test_exact_dedup_keeps_the_earliest_copy_whatever_the_input_order():
 
 
 def test_dedup_task_plan_covers_every_bucket_once_with_tasks_sized_to_the_data():
-    from gristmill.pipeline.exact_dedup import BUCKETS, KEYS_PER_TASK
+    from gristmill.pipeline.stages.exact_dedup.tasks import BUCKETS, KEYS_PER_TASK
 
     for n in (0, 10, 5_000_000, 10**10):
         tasks = plan_tasks(n)
@@ -132,7 +134,7 @@ def _pack_in_ranges(tmp_path, name, docs, cuts, range_tokens):
     import os
 
     from gristmill.manifests import Shard
-    from gristmill.pipeline import pack
+    from gristmill.pipeline.stages.pack import tasks as pack
     from gristmill.pipeline.workdir import WorkDir
 
     bounds = [0, *cuts, len(docs)]

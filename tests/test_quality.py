@@ -9,7 +9,7 @@ import pytest
 
 from gristmill.errors import ConfigError
 from gristmill.pipeline.quality import evaluate, metric_names
-from gristmill.pipeline.quality.config import QualityConfig
+from gristmill.pipeline.stages.quality.config import QualityConfig
 from gristmill.pipeline.quality.gopher import DUP_N, TOP_N, _ngram_chars
 
 VOCAB = ("the of and to that with have be river stone garden morning letter window village music harbour "

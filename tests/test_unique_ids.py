@@ -6,7 +6,7 @@ import os
 import pyarrow as pa
 import pytest
 
-from gristmill.pipeline.unique_ids import ID_SCHEMA, ids_table, repeated
+from gristmill.pipeline.stages.unique_ids.tasks import ID_SCHEMA, ids_table, repeated
 
 PROSE = ("The river runs past the old mill where farmers bring their grain every autumn and the miller weighs "
          "each sack before the stones turn it into flour for the bakers of the town, story {i}. ")

@@ -98,7 +98,7 @@ def _passage(item: str, doc: str, pad: int = 12) -> tuple[str, str]:
 
 def _eval_items(config: dict) -> dict[tuple[str, str], str]:
     """(eval set, item id) -> item text, read from the job's eval files when they are still there."""
-    from gristmill.pipeline.config import EvalSetSpec
+    from gristmill.pipeline.stages.decontaminate.config import EvalSetSpec
 
     out = {}
     for spec in (config.get("decontaminate") or {}).get("eval_sets", []):

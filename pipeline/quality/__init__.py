@@ -9,11 +9,14 @@ is the document's removal reason. See docs/quality.md.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from . import c4, classifier, fineweb, gopher
-from .config import QualityConfig
 from .rules import Rule
 from .text import Doc, words
+
+if TYPE_CHECKING:  # the quality section; the stage imports these rules, so not at run time
+    from ..stages.quality.config import QualityConfig
 
 
 @dataclass

@@ -1,7 +1,9 @@
 """The stages of ``gristmill prepare``: the interface (``base``) and ``STAGES``, the one order.
 
-Each stage is a module here that owns its orchestration and its bookkeeping; the per-task
-algorithms are the part's libraries (``pipeline.extract``, ``pipeline.near_duplicates``, ...).
+Each stage is a folder here: ``stage.py`` (its ``Stage`` subclass: orchestration and bookkeeping),
+``config.py`` (its job section's model) and ``tasks.py`` (the functions its tasks run). Libraries
+several stages share stay at ``pipeline/`` level (``text``, ``minhash``, ``lsh``, ``ngrams``,
+``dedup_index``, ``tokenization``, ``removals``, ``survivors``, ...).
 ``STAGES`` is the order they run in, each present when the job enables it (``Stage.from_job``):
 
     extract (+ language) -> unique_ids (jobs with an id_field) -> exact_dedup -> quality -> fuzzy_dedup
@@ -9,33 +11,38 @@ algorithms are the part's libraries (``pipeline.extract``, ``pipeline.near_dupli
 
 (``dedup_index`` writes the version's dedup index from the documents left after every removal, with
 their texts as fuzzy dedup compares them, before PII redaction rewrites them.) Everything else that
-needs the order derives it from ``STAGES``: ``build(job)``, ``STAGE_ORDER`` (removed/<stage>,
+needs the order derives it from ``STAGES``: the job's stage sections (``job_sections``, from which
+``pipeline.config.PrepareConfig`` is built), ``build(job)``, ``STAGE_ORDER`` (removed/<stage>,
 ``inspect removed``, the data card's fallback order) and the survivors each stage leaves
 (``Context.run``, from its ``removes``/``rewrites``). tests/test_stage_registry.py checks that
-every stage's section is a field of the job of the declared type, that the libraries' ``STAGE``
-names are stage names and that the report's stage sections name stages.
+every stage's section is a field of the job of the declared type, that the tasks' ``STAGE``
+names are stage names, that the report's stage sections name stages, and that a toy stage folder
+plus its line is all a new stage takes.
 
-A new stage: a module here with a ``Stage`` subclass (name, section and config, removes/rewrites,
-``run``), and its line in ``STAGES`` (docs/architecture.md has a worked example).
+A new stage: a folder here (``stage.py`` with a ``Stage`` subclass: name, section, config and
+default, removes/rewrites, ``run``; ``config.py``; ``tasks.py``) and its line in ``STAGES``
+(docs/architecture.md has a worked example). Nothing here imports ``pipeline.config``: it imports
+this registry to build the job model.
 """
 from __future__ import annotations
 
-from ..config import PrepareConfig
-from .base import Context, Packed, Stage, StageResult
-from .decontaminate import Decontaminate
-from .dedup_against import DedupAgainst
-from .dedup_index import DedupIndex
-from .exact_dedup import ExactDedup
-from .extract import Extract
-from .fuzzy_dedup import FuzzyDedup
-from .pack import Pack
-from .pii import Pii
-from .quality import Quality
-from .tokenize import Tokenize
-from .tokenizer import Tokenizer
-from .unique_ids import UniqueIds
+from typing import Iterable
 
-__all__ = ["STAGES", "STAGE_ORDER", "Context", "Packed", "Stage", "StageResult", "build"]
+from .base import Context, JobSection, Packed, Stage, StageResult
+from .decontaminate.stage import Decontaminate
+from .dedup_against.stage import DedupAgainst
+from .dedup_index.stage import DedupIndex
+from .exact_dedup.stage import ExactDedup
+from .extract.stage import Extract
+from .fuzzy_dedup.stage import FuzzyDedup
+from .pack.stage import Pack
+from .pii.stage import Pii
+from .quality.stage import Quality
+from .tokenize.stage import Tokenize
+from .tokenizer.stage import Tokenizer
+from .unique_ids.stage import UniqueIds
+
+__all__ = ["STAGES", "STAGE_ORDER", "Context", "JobSection", "Packed", "Stage", "StageResult", "build", "job_sections"]
 
 STAGES: tuple[type[Stage], ...] = (
     Extract,
@@ -57,6 +64,20 @@ STAGES: tuple[type[Stage], ...] = (
 STAGE_ORDER: tuple[str, ...] = tuple(n for cls in STAGES for n in cls.names)
 
 
-def build(job: PrepareConfig) -> list[Stage]:
-    """The stages this job runs, in order (every section was validated with the job)."""
-    return [stage for cls in STAGES if (stage := cls.from_job(job)) is not None]
+def job_sections(stages: Iterable[type[Stage]] = STAGES) -> list[JobSection]:
+    """The job's stage sections, in stage order: each stage's ``sections()`` in turn. A section
+    several stages declare (``tokenizer``: the tokenizer stage's and tokenize's) is one section, of
+    the one type they all name, and sits with the last of them."""
+    out: dict[str, JobSection] = {}
+    for cls in stages:
+        for sec in cls.sections():
+            if sec.name in out and out[sec.name].type != sec.type:
+                raise TypeError(f"stage {cls.name}: section {sec.name} is {out[sec.name].type}, declared as {sec.type}")
+            out.pop(sec.name, None)
+            out[sec.name] = sec
+    return list(out.values())
+
+
+def build(job, stages: Iterable[type[Stage]] = STAGES) -> list[Stage]:
+    """The stages this job (a ``PrepareConfig``) runs, in order (every section was validated with the job)."""
+    return [stage for cls in stages if (stage := cls.from_job(job)) is not None]

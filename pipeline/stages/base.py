@@ -4,7 +4,12 @@ A stage class declares what it is; the executor reads the declarations and never
 
 - ``name``: its name in the report, the manifest's ``stats.stages`` and ``removed/<name>/``;
   ``names``: every name its rows and files go under, in order (extract's ``("extract", "language")``);
-- ``section`` and ``config``: its key in the job (a ``PrepareConfig`` field) and that section's type;
+- ``section``, ``config`` and ``default``: its key in the job, that section's type (its folder's
+  ``config.py``) and the value of an absent section: ``None`` (absent means off: the field is
+  ``config | None``) or a default instance (``()`` for a list). ``PrepareConfig`` is derived from these
+  (``pipeline.config.job_model``); ``more_sections``: further sections the stage owns, after its own
+  (extract's ``language``), as ``JobSection``s. A section several stages declare is shared (tokenize
+  reads ``tokenizer`` too): each names the same type, and it sits with the last of them;
 - ``removes`` / ``rewrites``: whether it takes documents out of the run (``removed/<name>/``, a
   partition's rows of its block's file) or rewrites their texts (``overrides/<name>/``). From these (``verdicts()``) the executor
   advances ``ctx.survivors`` after the stage ran (``Context.run``): no stage does it by hand;
@@ -22,7 +27,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, TypeVar
+from typing import Any, Callable, ClassVar, NamedTuple, TypeVar
 
 from ..partitions import Partition
 from ..runner import Runner
@@ -31,6 +36,15 @@ from ..survivors import Survivors, Verdicts
 from ..workdir import WorkDir, part_name
 
 A = TypeVar("A")
+
+
+class JobSection(NamedTuple):
+    """A section of the job a stage declares: its key, its type and its value when the job omits it
+    (None: absent means off)."""
+
+    name: str
+    type: Any
+    default: Any
 
 
 @dataclass(frozen=True)
@@ -131,7 +145,9 @@ class Stage:
     name: ClassVar[str]
     names: ClassVar[tuple[str, ...]] = ()  # every name its rows and files go under; () = (name,)
     section: ClassVar[str | None] = None  # its key in the job: a PrepareConfig field
-    config: ClassVar[type | None] = None  # that section's type (tests/test_stage_registry.py checks both)
+    config: ClassVar[Any] = None  # that section's type (tests/test_stage_registry.py checks both)
+    default: ClassVar[Any] = None  # an absent section: None = the stage is off; else its default value
+    more_sections: ClassVar[tuple[JobSection, ...]] = ()  # further sections it owns, after its own
     removes: ClassVar[bool] = False  # takes documents out of the run: removed/<name>/ (counted as `removed`)
     rewrites: ClassVar[bool] = False  # rewrites texts: overrides/<name>/ (later stages read the new texts)
 
@@ -139,6 +155,12 @@ class Stage:
         super().__init_subclass__(**kw)
         if "name" in cls.__dict__ and not cls.__dict__.get("names"):
             cls.names = (cls.name,)
+
+    @classmethod
+    def sections(cls) -> tuple[JobSection, ...]:
+        """The job sections it declares, in order: its own ``section``, then ``more_sections``."""
+        own = (JobSection(cls.section, cls.config, cls.default),) if cls.section is not None else ()
+        return own + tuple(cls.more_sections)
 
     @classmethod
     def from_job(cls, job) -> "Stage | None":

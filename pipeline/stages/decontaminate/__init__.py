@@ -1,0 +1,1 @@
+"""The decontaminate stage: stage.py (orchestration), config.py (its job section), tasks.py (what its tasks run)."""

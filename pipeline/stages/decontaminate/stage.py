@@ -1,0 +1,88 @@
+"""Decontamination's orchestration (its ``tasks``): a per-partition map against the eval
+n-gram index (built once on the driver from the small eval files, cached in the work dir); then,
+with ``against_validation``, the six steps of the pass against the dataset's own validation
+split: its documents, its index, the corpus' document frequencies and the pruned index (the
+boilerplate left out), the pass itself, and its report."""
+from __future__ import annotations
+
+import functools
+from dataclasses import replace
+
+from ...stats import Counts
+from ...survivors import Survivors, Verdicts
+from ..base import Context, Stage, StageResult
+from ..tokenize.config import SplitConfig
+from . import tasks as decontam
+from .config import DecontamConfig
+
+VALIDATION_PREFIX = "val-"  # removed/decontaminate/val-block-N: the validation pass's own files
+
+
+class Decontaminate(Stage):
+    name, section, config, removes, rewrites = decontam.STAGE, "decontaminate", DecontamConfig, True, True
+    default = None  # absent (or null): the stage does not run
+
+    def __init__(self, cfg: DecontamConfig, split: SplitConfig, max_record_bytes: int | None = None):
+        self.cfg, self.split = cfg, split
+        self.max_record_bytes = max_record_bytes  # eval files are read within extract's record bound
+        # the pass against the dataset's own validation split (its files: removed/decontaminate/val-block-N)
+        self.against_validation = cfg.against_validation and split.validation_fraction > 0
+
+    @classmethod
+    def from_job(cls, job) -> "Decontaminate | None":
+        cfg = cls.section_of(job)
+        return None if cfg is None else cls(cfg, job.split, job.extract.max_record_bytes)
+
+    def verdicts(self) -> tuple[Verdicts, ...]:
+        both = Verdicts(removed=True, overrides=True)
+        return (both, replace(both, prefix=VALIDATION_PREFIX)) if self.against_validation else (both,)
+
+    def run(self, ctx: Context) -> StageResult:
+        cfg, survivors = self.cfg, ctx.survivors
+        loaded = decontam.load_eval_sets(cfg, self.max_record_bytes)
+        index = decontam.build_eval_index(cfg, loaded, ctx.wd)
+        first = self._pass(ctx, survivors, self.name, decontam.eval_index_path(cfg, loaded, ctx.wd), "", None)
+        detail = decontam.report(index, cfg, [r for r, _ in loaded], [f for s in first for f in s["found"]])
+        stats = list(first)
+        if self.against_validation:
+            # The validation pass sees the eval pass's cuts and removals, and only those: on a rerun a
+            # validation task killed after committing its files must not read them as removals.
+            second, val_detail = self._against_validation(ctx, survivors.applying(self.name, self.verdicts()[:1]))
+            detail = {**detail, "against_validation": val_detail,
+                      "eval_sets": list(detail.get("eval_sets", [])) + list(val_detail.get("eval_sets", []))}
+            stats += second
+        return StageResult(self.name, flow=Counts.of_tasks(stats), detail=detail,
+                           eval_sets=list(detail.get("eval_sets", [])))
+
+    def _against_validation(self, ctx: Context, survivors: Survivors) -> tuple[list[dict], dict]:
+        cfg, split, wd, run = self.cfg, self.split, ctx.wd, ctx.runner.run
+        step, scratch = f"{self.name}.validation", decontam.SCRATCH
+
+        def files(kind: str) -> list[str]:  # every partition's rows of a per-partition step, block file by block file
+            return wd.whole_files([wd.part_scratch(scratch, kind, p) for p in ctx.part_numbers()])
+
+        run(f"{step}_docs", ctx.per_partition(),
+            functools.partial(decontam.validation_docs_task, survivors=survivors, split=split))
+        val_path = wd.scratch(scratch, "", "validation", "npz")
+        (built,) = run(f"{step}_index", [{"name": "index", "out": val_path}],
+                       functools.partial(decontam.validation_index_task, cfg=cfg, wd=wd, files=files("validation")))
+        pruned = None
+        if cfg.validation_max_doc_freq is not None:  # boilerplate is not overlap: count, in tasks, then prune
+            run(f"{step}_df", ctx.per_partition(), functools.partial(
+                decontam.document_frequency_task, index_path=val_path, survivors=survivors))
+            pruned_path = wd.scratch(scratch, "", "validation-pruned", "npz")
+            (pruned,) = run(f"{step}_prune", [{"name": "prune", "out": pruned_path}], functools.partial(
+                decontam.prune_index_task, wd=wd, index_path=val_path, files=files("validation_df"),
+                max_doc_freq=cfg.validation_max_doc_freq))
+            val_path = pruned_path
+        second = self._pass(ctx, survivors, step, val_path, VALIDATION_PREFIX, split)
+        (val,) = run(f"{step}_report", [{"name": "report"}], functools.partial(
+            decontam.report_task, cfg=cfg, index_path=val_path, records=[built["record"]],
+            found=[f for s in second for f in s["found"]]))
+        return second, {**val["report"], "boilerplate_ngrams": pruned["boilerplate_ngrams"] if pruned else None,
+                        "max_doc_freq": cfg.validation_max_doc_freq}
+
+    def _pass(self, ctx: Context, survivors: Survivors, step: str, index_path: str, prefix: str, split) -> list[dict]:
+        return ctx.runner.run(step, ctx.per_partition(), functools.partial(
+            decontam.partition_task, cfg=self.cfg, index_path=index_path, survivors=survivors, split=split,
+            prefix=prefix))

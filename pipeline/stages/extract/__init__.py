@@ -1,0 +1,1 @@
+"""The extract stage: stage.py (orchestration), config.py (its job section), tasks.py (what its tasks run)."""

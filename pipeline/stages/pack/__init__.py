@@ -1,0 +1,1 @@
+"""The pack stage: stage.py (orchestration), config.py (its job section), tasks.py (what its tasks run)."""

@@ -1,0 +1,110 @@
+"""Document ids are unique by construction: the ``unique_ids`` step (jobs with an ``id_field``).
+
+Every later stage removes, overrides and indexes documents by id, so two documents sharing one
+(a user's ``id_field`` that repeats, in one file or across files and partitions) would stand
+for each other: removing one as a duplicate made the other vanish, uncounted. Ids derived from
+provenance (``<file>:<record>``) are unique; ids taken from the data are checked here.
+
+The rule (docs/pipeline.md, "Document ids"): **an id carried by more than one input record
+keeps none of them.** Every copy that the language filter kept is removed with reason
+``duplicate_id`` (stage ``unique_ids``), its detail naming how many records share the id and
+where the first of them is (file and record); copies the language filter removed stay counted
+there. Which of two documents called "B" the id means is not knowable, so neither is
+published under it; both stay inspectable (``gristmill inspect removed``) and the accounting
+balances. The result depends on the data only, never on the partitioning: the check is global.
+
+How it scales, like exact dedup: extract writes per partition every good record's id with a
+16-bit hash bucket of it, sorted by bucket (``ids/part-*.parquet``); a task takes a range of
+buckets and reads only those rows of every partition (row-group pruning), so it holds
+``1/tasks`` of the ids. A repeated id lives in one bucket, so tasks are independent.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+
+import numpy as np
+import pyarrow as pa
+
+from gristmill.manifests.runs import run_starts
+
+from ...documents import REMOVED_SCHEMA, bucket_range_tasks, removed_by_partition
+from ...workdir import WorkDir
+
+STAGE = "unique_ids"
+REASON = "duplicate_id"
+BUCKETS = 1 << 16  # id buckets (a 16-bit hash of the id), as exact dedup's keys: tasks take ranges of them
+KEYS_PER_TASK = 2_000_000  # as exact dedup's: about 160 MB of ids per task at most
+ID_SCHEMA = pa.schema([("bucket", pa.int32()), ("id", pa.string()), ("order", pa.int64()), ("part", pa.int32()),
+                       ("bytes", pa.int64()), ("kept", pa.bool_()), ("source", pa.string()), ("position", pa.int64())])
+
+
+def needs_id_check(job) -> bool:
+    """Ids come from the data (some input of the job, a PrepareConfig, has an id_field): check they are unique."""
+    return any(spec.id_field is not None for spec in job.inputs)
+
+
+def bucket_of(doc_id: str) -> int:
+    return int.from_bytes(hashlib.blake2b(doc_id.encode(), digest_size=2).digest(), "big") % BUCKETS
+
+
+def ids_table(rows: dict) -> pa.Table:
+    """A partition's ids (``rows``: a list per ID_SCHEMA column but ``bucket``), sorted by (bucket, order)."""
+    t = pa.table({"bucket": [bucket_of(i) for i in rows["id"]], **{k: rows[k] for k in ID_SCHEMA.names[1:]}}, schema=ID_SCHEMA)
+    return t.sort_by([("bucket", "ascending"), ("order", "ascending")])
+
+
+def plan_tasks(total_docs: int) -> list[dict]:
+    """Bucket ranges as exact dedup plans them (the same buckets, the same rows per task)."""
+    return bucket_range_tasks(total_docs, BUCKETS, KEYS_PER_TASK)
+
+
+def repeated(ids: pa.Table) -> pa.Table:
+    """The rows to remove: every language-kept row whose id another row also has, sorted by
+    order, in REMOVED_SCHEMA; ``detail`` says how many share the id and where the first is."""
+    if ids.num_rows == 0:
+        return REMOVED_SCHEMA.empty_table()
+    ids = ids.sort_by([("id", "ascending"), ("order", "ascending")])
+    key = np.asarray(ids.column("id").to_pylist(), dtype=object)
+    start = run_starts(key)
+    group = np.cumsum(start) - 1
+    first = np.flatnonzero(start)
+    size = np.diff(np.append(first, len(key)))[group]
+    take = (size > 1) & ids.column("kept").to_numpy(zero_copy_only=False)
+    rows = np.flatnonzero(take)
+    src, pos = ids.column("source").to_pylist(), ids.column("position").to_pylist()
+    details = [json.dumps({"copies": int(size[r]), "first": f"{src[first[group[r]]]} record {pos[first[group[r]]]}",
+                           "this": f"{src[r]} record {pos[r]}"}, sort_keys=True) for r in rows]
+    idx = pa.array(rows, pa.int64())
+    out = pa.table({"id": ids.column("id").take(idx), "order": ids.column("order").take(idx),
+                    "part": ids.column("part").take(idx), "bytes": ids.column("bytes").take(idx),
+                    "stage": pa.array([STAGE] * len(rows), pa.string()), "reason": pa.array([REASON] * len(rows), pa.string()),
+                    "detail": pa.array(details, pa.string()), "text": pa.nulls(len(rows), pa.string())}, schema=REMOVED_SCHEMA)
+    return out.sort_by("order")
+
+
+def check_task(task: dict, wd: WorkDir, parts: list[int]) -> dict:
+    """One bucket range over every partition's ids: its repeated ids' rows, sorted by order (so
+    by partition: each partition's ``removed_task`` reads only its own row groups)."""
+    flt = [("bucket", ">=", task["lo"]), ("bucket", "<", task["hi"])]
+    ids = pa.concat_tables([wd.read_parquet(f, filters=flt, schema=ID_SCHEMA)
+                            for f in wd.whole_files([wd.ids(p) for p in parts])]) if parts \
+        else ID_SCHEMA.empty_table()
+    removed = repeated(ids)
+    out = wd.part(wd.scratch(STAGE, "repeated", task["name"]), REMOVED_SCHEMA, row_group_size=16_384)
+    out.write(removed)
+    out.commit()
+    return {"ids": ids.num_rows, "repeated": removed.num_rows}
+
+
+def removed_task(item: dict, wd: WorkDir, tasks: list[str]) -> dict:
+    """Partition ``part``'s rows from every bucket range's file: its rows of ``removed/unique_ids/block-B``."""
+    return removed_by_partition(wd, STAGE, "repeated", tasks, item["part"], REMOVED_SCHEMA, REASON)
+
+
+def repeated_ids(wd: WorkDir, tasks: tuple[str, ...]) -> set[str]:
+    """The ids this step removed (exact dedup's keys must not stand for them): one small file a task."""
+    out: set[str] = set()
+    for name in tasks:
+        out.update(wd.read_parquet(wd.scratch(STAGE, "repeated", name), ["id"]).column("id").to_pylist())
+    return out
