@@ -109,6 +109,14 @@ def run_one(info: dict, out: str, partitions: int, trace: bool, top: int, lock: 
     t_peak, peak = max(samples, key=lambda s: s[1])
     # the step under way at the peak: the last progress line before it
     step = next((m.group(1) for t, ln in reversed(lines) if t <= t_peak and (m := STEP_LINE.match(ln))), "start")
+    # the largest RSS inside each step (its progress lines to the next step's; "publish" after the last)
+    by_step: dict[str, float] = {}
+    marks = [(t, m.group(1)) for t, ln in lines if (m := STEP_LINE.match(ln))]
+    for t, kb in samples:
+        name = next((s for ts, s in reversed(marks) if ts <= t), "start")
+        if marks and t > marks[-1][0] + 1.0 and name == marks[-1][1]:
+            name = f"after {name}"  # the last step's line, then publish (no line of its own)
+        by_step[name] = max(by_step.get(name, 0.0), kb / 1024)
     (report,) = glob.glob(os.path.join(run_root, "work", "*", "report.json"))
     with open(report) as f:
         rep = json.load(f)
@@ -116,7 +124,7 @@ def run_one(info: dict, out: str, partitions: int, trace: bool, top: int, lock: 
     partitions = next(int(m.group(1)) for _, ln in lines if (m := re.search(r"input files in (\d+) partitions", ln)))
     res = {"partitions": partitions, "trace": trace, "wall_s": wall, "cpu_s": cpu, "rss_peak_mb": peak / 1024, "hwm_mb": hwm / 1024,
            "anon_peak_mb": anon / 1024,
-           "peak_at_s": t_peak, "peak_step": step, "manifest_sha256": rep["manifest_sha256"],
+           "peak_at_s": t_peak, "peak_step": step, "rss_by_step_mb": by_step, "manifest_sha256": rep["manifest_sha256"],
            "accounting": rep["accounting"], "utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     if trace:
         with open(trace_out) as f:
@@ -226,6 +234,7 @@ def main() -> None:
         results.append(r)
         print(f"{'corpus ' + tp + ', ' if tp else ''}P={p:>5}: driver peak RSS {r['rss_peak_mb']:.0f} MB (VmHWM {r['hwm_mb']:.0f}, RssAnon {r['anon_peak_mb']:.0f}) in {r['peak_step']} at "
               f"{r['peak_at_s']:.1f}/{r['wall_s']:.1f} s ({r['cpu_s']:.0f} CPU-s); manifest {r['manifest_sha256'][:12]}", flush=True)
+        print("  largest RSS in each step (MB): " + ", ".join(f"{k} {v:.0f}" for k, v in r["rss_by_step_mb"].items()))
         if t := r.get("traced"):
             print(f"  traced heap: peak {t['traced_peak_mb']:.1f} MB (snapshot {t['snapshot_mb']:.1f} MB in "
                   f"{t['snapshot_in']}); at stage ends: "

@@ -299,6 +299,7 @@ def build(out: str, size_mb: float, seed: int, file_mb: float) -> dict:
             english, foreign, sources = pickle.load(f)
     else:
         english, foreign, sources = paragraph_pools()
+        os.makedirs(os.path.dirname(cache), exist_ok=True)  # a first build into a fresh folder
         with open(cache, "wb") as f:
             pickle.dump((english, foreign, sources), f)
     rng = random.Random(seed)

@@ -462,3 +462,30 @@ def test_validation_overlap_has_its_own_reason_and_boilerplate_is_not_overlap(tm
     assert set(train_ids) - set(kept) == set(train_ids)  # every train document shares the footer with validation
     assert everything["removed"] == {"validation_overlap": len(train_ids)}
     assert everything["detail"]["against_validation"]["boilerplate_ngrams"] is None
+
+
+def test_report_names_the_first_matches_of_a_set_and_counts_them_all(tmp_path):
+    """The report (and so the manifest) is bounded by ``limit``, not by the contamination found; the
+    counts stay exact, and the listed matches are the first in corpus order."""
+    from gristmill.pipeline.stages.decontaminate.tasks import report
+
+    rows, truth, section = planted_corpus(tmp_path)
+    cfg = DecontamConfig.from_dict(section, base_dir=str(tmp_path))
+    whole = decontaminate(pa.Table.from_pylist(rows), cfg, None).stats
+    index = build_index([(s.name, s.read_items()) for s in cfg.eval_sets], n=13)
+    found = [{"id": r["id"], "source": r["source"], "position": r["position"], "action": "drop",
+              "eval_matches": json.dumps([[r["eval_set"], r["eval_item"], r["matches"]]])}
+             for r in sorted(decontaminate(pa.Table.from_pylist(rows), cfg, None).removed.to_pylist(),
+                             key=lambda r: r["order"])]
+    short = report(index, cfg, whole["eval_sets"], iter(found), limit=1)
+    for name, per in short["per_eval_set"].items():
+        full = whole["per_eval_set"][name]
+        listed = [d for f in per["found"] for d in f["documents"]]
+        assert per["matches"] == sum(len(f["documents"]) for f in full["found"]) > 1
+        assert per["documents_listed"] == len(listed) == 1  # the first match of the set, in corpus order
+        assert listed[0]["id"] == min((d for f in full["found"] for d in f["documents"]),
+                                      key=lambda d: int(d["id"].split("-")[1]))["id"]
+        # every count as in the whole report
+        for k in ("items_found", "documents_removed", "documents_cut"):
+            assert per[k] == full[k], k
+    assert short["documents_removed"] == whole["documents_removed"] == len(truth)

@@ -143,6 +143,11 @@ def decontam_section(page: Page, stage: dict | None, config: dict, work) -> None
                           f'{html.escape(str(item))}</h4>{html.escape(item_text[:QUOTE_CHARS])}</div><div><h4>'
                           f'{html.escape(doc["id"])} ({doc["hits"]} matching n-grams, {doc["action"]})</h4>{passage}</div></div>')
     sec.add(Table(["eval set", "item", "document", "matching n-grams", "action"], rows))
+    cut_short = [f"{name}: {s['documents_listed']:,} of {s['matches']:,}" for name, s in per.items()
+                 if s.get("matches", 0) > s.get("documents_listed", 0)]
+    if cut_short:  # the manifest lists the first matches of a set only (decontaminate's LISTED_PER_SET)
+        sec.add(Note("Matches listed above (the first of each eval set; all are counted): " + "; ".join(cut_short)
+                     + ". Every removed document is in removed.jsonl with its eval item."))
     if blocks:
         sec.add(Note("Each hit: the eval item (left) and the matching passage of the training document (right)."),
                 Html("".join(blocks), ""))

@@ -1,8 +1,10 @@
 """Decontamination's orchestration (its ``tasks``): a per-partition map against the eval
-n-gram index (built once on the driver from the small eval files, cached in the work dir); then,
-with ``against_validation``, the six steps of the pass against the dataset's own validation
-split: its documents, its index, the corpus' document frequencies and the pruned index (the
-boilerplate left out), the pass itself, and its report."""
+n-gram index (built once on the driver from the small eval files, cached in the work dir) and
+its report (a task that reads the verdicts the map left in the work dir); then, with
+``against_validation``, the six steps of the pass against the dataset's own validation split:
+its documents, its index, the corpus' document frequencies and the pruned index (the
+boilerplate left out), the pass itself, and its report. The driver holds no list that grows
+with the contamination found."""
 from __future__ import annotations
 
 import functools
@@ -40,9 +42,10 @@ class Decontaminate(Stage):
     def run(self, ctx: Context) -> StageResult:
         cfg, survivors = self.cfg, ctx.survivors
         loaded = decontam.load_eval_sets(cfg, self.max_record_bytes)
-        index = decontam.build_eval_index(cfg, loaded, ctx.wd)
-        first = self._pass(ctx, survivors, self.name, decontam.eval_index_path(cfg, loaded, ctx.wd), "", None)
-        detail = decontam.report(index, cfg, [r for r, _ in loaded], [f for s in first for f in s["found"]])
+        decontam.build_eval_index(cfg, loaded, ctx.wd)  # saved in the work dir: the tasks load it there
+        index_path = decontam.eval_index_path(cfg, loaded, ctx.wd)
+        first = self._pass(ctx, survivors, self.name, index_path, "", None)
+        detail = self._report(ctx, f"{self.name}.report", index_path, [r for r, _ in loaded], "", None)
         stats = list(first)
         if self.against_validation:
             # The validation pass sees the eval pass's cuts and removals, and only those: on a rerun a
@@ -76,11 +79,20 @@ class Decontaminate(Stage):
                 max_doc_freq=cfg.validation_max_doc_freq))
             val_path = pruned_path
         second = self._pass(ctx, survivors, step, val_path, VALIDATION_PREFIX, split)
-        (val,) = run(f"{step}_report", [{"name": "report"}], functools.partial(
-            decontam.report_task, cfg=cfg, index_path=val_path, records=[built["record"]],
-            found=[f for s in second for f in s["found"]]))
-        return second, {**val["report"], "boilerplate_ngrams": pruned["boilerplate_ngrams"] if pruned else None,
+        val = self._report(ctx, f"{step}_report", val_path, [built["record"]], VALIDATION_PREFIX,
+                           cfg.validation_min_matches)
+        return second, {**val, "boilerplate_ngrams": pruned["boilerplate_ngrams"] if pruned else None,
                         "max_doc_freq": cfg.validation_max_doc_freq}
+
+    def _report(self, ctx: Context, step: str, index_path: str, records: list[dict], prefix: str,
+                min_matches: int | None) -> dict:
+        """A pass's report, built in a task from the verdicts its partition tasks left in the work dir."""
+        wd = ctx.wd
+        files = wd.block_files(functools.partial(decontam.found_path, wd, prefix=prefix), ctx.part_numbers())
+        (out,) = ctx.runner.run(step, [{"name": "report"}], functools.partial(
+            decontam.report_task, cfg=self.cfg, wd=wd, index_path=index_path, records=records, files=files,
+            min_matches=min_matches))
+        return out["report"]
 
     def _pass(self, ctx: Context, survivors: Survivors, step: str, index_path: str, prefix: str, split) -> list[dict]:
         return ctx.runner.run(step, ctx.per_partition(), functools.partial(

@@ -20,7 +20,7 @@ import functools
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterable
 
 import pyarrow as pa
 
@@ -43,6 +43,13 @@ ACTION, EVAL_SET, EVAL_ITEM, MATCHES, EVAL_MATCHES, CUT_TEXT = (
 VERDICT = {ACTION: pa.string(), EVAL_SET: pa.string(), EVAL_ITEM: pa.string(), MATCHES: pa.int64(),
            EVAL_MATCHES: pa.string(), CUT_TEXT: pa.string()}  # eval_matches: JSON [[set, item, hits], ...]
 BATCH_SIZE = 512
+# The report names at most this many matched documents per eval set (every match is counted): the
+# manifest, and whatever reads the report, stay bounded by it, not by the contamination found. Every
+# removed document is in the run's removed files with its eval item (``gristmill inspect removed``).
+LISTED_PER_SET = 1000
+# A pass's verdicts, one row per matched document, as each partition task writes them for the report
+FOUND_SCHEMA = pa.schema([("id", pa.string()), ("source", pa.string()), ("position", pa.int64()),
+                          (ACTION, pa.string()), (EVAL_MATCHES, pa.string())])
 
 
 # --------------------------------------------------------------------------------------
@@ -205,7 +212,8 @@ def partition_task(item: dict, cfg: DecontamConfig, index_path: str, survivors: 
     part, wd = item["part"], survivors.wd
     removed_out = wd.part(wd.removed(STAGE, part, prefix), REMOVED_SCHEMA)
     override_out = wd.part(wd.overrides(STAGE, part, prefix), OVERRIDE_SCHEMA)
-    found_all, n_docs, n_bytes, removed_bytes, n_removed = [], 0, 0, 0, 0
+    found_out = wd.part(found_path(wd, part, prefix), FOUND_SCHEMA)
+    n_found, n_docs, n_bytes, removed_bytes, n_removed = 0, 0, 0, 0, 0
     for t in survivors.docs(part, cols, 4096):
         if split is not None:
             t = t.filter(pa.array([split_of(i, split) == "train" for i in t.column("id").to_pylist()], pa.bool_()))
@@ -221,10 +229,14 @@ def partition_task(item: dict, cfg: DecontamConfig, index_path: str, survivors: 
         cut_ids = {r["id"] for r in found if r[ACTION] == "cut"}
         cut = kept.filter(pa.array([i in cut_ids for i in kept.column("id").to_pylist()], pa.bool_()))
         override_out.write(cut.select(OVERRIDE_SCHEMA.names).cast(OVERRIDE_SCHEMA))
-        found_all += found
+        found_out.write(pa.Table.from_pylist(found, FOUND_SCHEMA))
+        n_found += len(found)
     removed_out.commit()
     override_out.commit()
-    return {"documents_in": n_docs, "bytes_in": n_bytes, "found": found_all,
+    found_out.commit()
+    # the verdicts stay in the work dir (report_task reads them): the driver never holds a list that
+    # grows with the contamination found
+    return {"documents_in": n_docs, "bytes_in": n_bytes, "found": n_found,
             "removed": {REASON if split is None else VALIDATION_REASON: n_removed} if n_removed else {},
             "removed_bytes": removed_bytes}
 
@@ -292,10 +304,23 @@ def prune_index_task(item: dict, wd: WorkDir, index_path: str, files: list[str],
     return {"boilerplate_ngrams": int(drop.sum()), "max_doc_freq": max_doc_freq}
 
 
-def report_task(item: dict, cfg: DecontamConfig, index_path: str, records: list[dict], found: list[dict]) -> dict:
-    """``report`` for an index that lives in the work dir: the validation index holds every
-    validation n-gram, so it is loaded in a worker, never in the driver."""
-    return {"report": report(_load_index(index_path), cfg, records, found, cfg.validation_min_matches)}
+def found_path(wd: WorkDir, part: int, prefix: str = "") -> str:
+    """A pass's verdict rows of one partition (``FOUND_SCHEMA``): ``decontam/found`` for the eval
+    pass, ``decontam/val-found`` for the pass against the validation split."""
+    return wd.part_scratch(SCRATCH, f"{prefix}found", part)
+
+
+def report_task(item: dict, cfg: DecontamConfig, wd: WorkDir, index_path: str, records: list[dict],
+                files: list[str], min_matches: int | None = None) -> dict:
+    """``report`` of one pass, in a worker: its index loaded from the work dir (the validation index
+    holds every validation n-gram) and its verdicts read from ``files`` (the block files of
+    ``found_path``, in partition order), never held whole: the driver gets a report bounded by
+    ``LISTED_PER_SET``."""
+    def rows():
+        for f in files:
+            for batch in wd.iter_batches(f, batch_size=4096):
+                yield from batch.to_pylist()
+    return {"report": report(_load_index(index_path), cfg, records, rows(), min_matches)}
 
 
 def _decide(text: str, matches: list[ngrams.Match], policy: str, margin: int) -> tuple[str, str | None]:
@@ -328,34 +353,43 @@ def cut_text(text: str, word_spans: list[tuple[int, int]], margin: int) -> str |
 
 
 # -- report ----------------------------------------------------------------------------------
-def report(index: ngrams.NgramIndex, cfg: DecontamConfig, records: list[dict], found: list[dict],
-           min_matches: int | None = None) -> dict:
-    """Per eval set: items found, the documents they were found in (id, provenance), removed/cut counts.
+def report(index: ngrams.NgramIndex, cfg: DecontamConfig, records: list[dict], found: Iterable[dict],
+           min_matches: int | None = None, limit: int = LISTED_PER_SET) -> dict:
+    """Per eval set: items found, removed/cut counts, and the documents the items were found in
+    (id, provenance), the first ``limit`` (item, document) matches of the set by name
+    (``documents_listed``; every match is counted).
 
-    ``found`` is the scan's verdict rows in (order, id) order, so the report is deterministic.
-    A document that contains items of two eval sets counts in both.
+    ``found`` is the scan's verdict rows in corpus order (partition, then (order, id)), read once,
+    so the report is deterministic. A document that contains items of two eval sets counts in both.
     """
-    per_set, by_item = {}, {}
+    per_set, by_item, hit = {}, {}, {}
     for s, name in enumerate(index.set_names):
         first, last = index.set_first[s], index.set_first[s + 1]
         per_set[name] = {"items": int(last - first), "items_indexed": int((index.item_grams[first:last] > 0).sum()),
-                         "items_found": 0, "documents_removed": 0, "documents_cut": 0, "found": []}
-        by_item[name] = {item: [] for item in index.items_of(name)}  # file order
+                         "items_found": 0, "documents_removed": 0, "documents_cut": 0, "matches": 0,
+                         "documents_listed": 0, "found": []}
+        by_item[name], hit[name] = {item: [] for item in index.items_of(name)}, set()  # file order
+    actions = {"removed": 0, "cut": 0}
     for row in found:
         action = "removed" if row[ACTION] == "drop" else "cut"
+        actions[action] += 1
         matches = json.loads(row[EVAL_MATCHES])
         for eval_set, item, hits in matches:
-            by_item[eval_set][item].append({"id": row["id"], "source": row["source"], "position": row["position"],
-                                            "hits": hits, "action": action})
+            this = per_set[eval_set]
+            this["matches"] += 1
+            hit[eval_set].add(item)
+            if this["documents_listed"] < limit:
+                this["documents_listed"] += 1
+                by_item[eval_set][item].append({"id": row["id"], "source": row["source"], "position": row["position"],
+                                                "hits": hits, "action": action})
         for eval_set in dict.fromkeys(m[0] for m in matches):
             per_set[eval_set][f"documents_{action}"] += 1
     for name, items in by_item.items():
         per_set[name]["found"] = [{"item": item, "documents": docs} for item, docs in items.items() if docs]
-        per_set[name]["items_found"] = len(per_set[name]["found"])
-    actions = [r[ACTION] for r in found]
+        per_set[name]["items_found"] = len(hit[name])
     return {
         "n": cfg.n, "policy": cfg.policy, "margin": cfg.margin if cfg.policy == "cut" else None,
         "min_matches": cfg.min_matches if min_matches is None else min_matches, "ngrams": index.ngrams,
-        "documents_removed": actions.count("drop"), "documents_cut": actions.count("cut"),
+        "documents_removed": actions["removed"], "documents_cut": actions["cut"], "listed_per_set": limit,
         "eval_sets": records, "per_eval_set": per_set,
     }
