@@ -62,14 +62,14 @@ def _proc_kb(pid: int, key: str) -> int:
 
 
 def run_one(info: dict, out: str, partitions: int, trace: bool, top: int, lock: bool = True,
-            throughput: str | None = None) -> dict:
+            throughput: str | None = None, keep: bool = False) -> dict:
     run_root = os.path.join(out, f"{'T' + os.path.basename(throughput) if throughput else 'P'}{partitions}"
                                  f"{'-trace' if trace else ''}")
     shutil.rmtree(run_root, ignore_errors=True)
     if throughput:  # bench_throughput.py's corpus and job (every stage), its own partitioning
-        from bench_throughput import gristmill_job
+        from bench_throughput import ensure_tokenizer, gristmill_job
 
-        job = gristmill_job(throughput, run_root, os.path.join(throughput, "tokenizer.json"), 2)
+        job = gristmill_job(throughput, run_root, ensure_tokenizer(throughput), 2)  # trained once per corpus
         if partitions:
             job["partitioning"] = {"partition_bytes": partitions}
     else:
@@ -129,8 +129,9 @@ def run_one(info: dict, out: str, partitions: int, trace: bool, top: int, lock: 
     if trace:
         with open(trace_out) as f:
             res["traced"] = json.load(f)
-    shutil.rmtree(os.path.join(run_root, "work"), ignore_errors=True)
-    shutil.rmtree(os.path.join(run_root, "store"), ignore_errors=True)
+    if not keep:  # kept: a resumed run (the same command) then repeats only the publish
+        shutil.rmtree(os.path.join(run_root, "work"), ignore_errors=True)
+        shutil.rmtree(os.path.join(run_root, "store"), ignore_errors=True)
     return res
 
 
@@ -215,6 +216,7 @@ def main() -> None:
                          "--partition-bytes (default the job's)")
     ap.add_argument("--partition-bytes", type=int, default=0)
     ap.add_argument("--no-lock", action="store_true", help="without the shared lock (a smoke run of a few CPU-seconds)")
+    ap.add_argument("--keep", action="store_true", help="keep each run's work dir and store (to rerun its publish)")
     a = ap.parse_args()
     os.environ.setdefault("GRISTMILL_CODE_VERSION", "bench_driver_memory")  # the same manifest hash at every P
     for p in a.partitions:
@@ -229,7 +231,7 @@ def main() -> None:
         runs = [(p, None) for p in a.partitions]
     results = []
     for p, tp in runs:
-        r = run_one(info, os.path.abspath(a.out), p, a.trace, a.top, not a.no_lock, tp)
+        r = run_one(info, os.path.abspath(a.out), p, a.trace, a.top, not a.no_lock, tp, a.keep)
         p = r["partitions"]
         results.append(r)
         print(f"{'corpus ' + tp + ', ' if tp else ''}P={p:>5}: driver peak RSS {r['rss_peak_mb']:.0f} MB (VmHWM {r['hwm_mb']:.0f}, RssAnon {r['anon_peak_mb']:.0f}) in {r['peak_step']} at "

@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import os
 import posixpath
+import shutil
 import threading
 import uuid
 from typing import ClassVar
@@ -278,6 +279,22 @@ class LocalStore(Store):
 
     def pending(self, path: str) -> "Pending":
         return _LocalPending(self.path(path))
+
+    def put_file(self, src: str, path: str) -> None:
+        """Copy the local file ``src`` to ``path`` whole or not at all, in the kernel (``shutil.copyfile``
+        uses ``sendfile``): no buffer in this process, whatever the file's size or how many copy at once."""
+        path = self.path(path)
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        tmp = temp_name(path)
+        try:
+            shutil.copyfile(src, tmp)
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
 
 
 class _LocalPending(Pending):

@@ -34,9 +34,10 @@ LATEST_FILE = "latest"
 CLAIM_FILE = ".claim"  # v<N>/.claim: the create-if-absent that gives one publish the number N
 _TWIN_WAIT_S = 600.0  # how long a publish waits for another host's publish of the same content to commit
 _CLAIM_GRACE_S = 2.0  # how long a local v<N>/ may stand without its .claim before it counts as abandoned
-# A publish copies up to _COPY_THREADS files at once, each through one buffer of _COPY_CHUNK: 16 MiB of
-# the driver's memory at most (8 MiB chunks made it 128 MiB and up, and a 2 GB run's driver peak 393 MB
-# against 221 MB at 200 MB: issue 32, docs/benchmarks.md)
+# A publish copies up to _COPY_THREADS files at once, each through one buffer of _COPY_CHUNK where
+# an object store is on either side: 16 MiB of the driver's memory at most (8 MiB chunks made it 128
+# MiB and up, and a 2 GB run's driver peak 393 MB against 221 MB at 200 MB: issue 32,
+# docs/benchmarks.md); disk to disk, the kernel copies (LocalStore.put_file)
 _COPY_THREADS = 16
 _COPY_CHUNK = 1 << 20
 
@@ -144,6 +145,9 @@ class ManifestStore:
             src, dst = posixpath.join(src_root, rel), posixpath.join(vdir, rel)
             if same_store:  # object store to itself: a server-side copy, visible only when complete
                 self.fs.copy(src, dst)
+                return
+            if source.is_local and self.storage.is_local:  # disk to disk: in the kernel, no buffer here
+                self.storage.put_file(src, dst)
                 return
             with src_fs.open(src, "rb") as fi, self.storage.open_put(dst) as fo:
                 while chunk := fi.read(_COPY_CHUNK):

@@ -70,6 +70,33 @@ def test_put_and_open_put_are_whole_or_nothing(where):
     assert store.read(f"{where}/fresh") == b"whole"
 
 
+def test_a_local_file_is_put_whole_or_not_at_all(tmp_path, monkeypatch):
+    """LocalStore.put_file (a publish's disk-to-disk copy, in the kernel): the bytes whole at the
+    name, or, when the copy fails part way, the old file unchanged and no temp file left."""
+    import shutil
+
+    store = LocalStore()
+    src = tmp_path / "shard.bin"
+    src.write_bytes(bytes(range(256)) * 20_000)  # 5 MB
+    dst = tmp_path / "out" / "v1" / "shard.bin"
+    store.put_file(str(src), str(dst))
+    assert dst.read_bytes() == src.read_bytes()
+    real = shutil.copyfile
+
+    def dies(a, b, **kw):  # the disk fills half way through
+        real(a, b, **kw)
+        with open(b, "r+b") as f:
+            f.truncate(1000)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(shutil, "copyfile", dies)
+    src.write_bytes(b"new content" * 1000)
+    with pytest.raises(OSError, match="No space"):
+        store.put_file(str(src), str(dst))
+    assert dst.read_bytes() == bytes(range(256)) * 20_000  # the old file, whole
+    assert sorted(p.name for p in dst.parent.iterdir()) == ["shard.bin"]  # no temp name left
+
+
 def test_an_s3_upload_buffers_one_8_mib_part_not_s3fs_50(s3):
     """A publish streams up to 16 files at once: each open upload holds at most one part in memory
     (s3fs's default part, 50 MiB, made that 800 MiB of the driver), and the object is whole."""
