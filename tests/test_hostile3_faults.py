@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import signal
+import shutil
 import subprocess
 import sys
 import time
@@ -106,7 +107,18 @@ def full_disk(request, tmp_path, monkeypatch):
                 return _Spending(f, disk)
             return f
 
+        real_copyfile = shutil.copyfile
+
+        def spending_copyfile(src, dst, *args, **kwargs):  # a publish's disk-to-disk copy is the kernel's
+            if os.path.abspath(dst).startswith(path + os.sep):
+                n = os.path.getsize(src)
+                if n > disk.budget:
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                disk.budget -= n
+            return real_copyfile(src, dst, *args, **kwargs)
+
         monkeypatch.setattr(builtins, "open", spending_open)
+        monkeypatch.setattr(shutil, "copyfile", spending_copyfile)
     try:
         yield disk
     finally:
