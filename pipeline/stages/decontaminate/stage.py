@@ -62,7 +62,7 @@ class Decontaminate(Stage):
         step, scratch = f"{self.name}.validation", decontam.SCRATCH
 
         def files(kind: str) -> list[str]:  # every partition's rows of a per-partition step, block file by block file
-            return wd.whole_files([wd.part_scratch(scratch, kind, p) for p in ctx.part_numbers()])
+            return wd.block_files(functools.partial(wd.part_scratch, scratch, kind), ctx.part_numbers())
 
         run(f"{step}_docs", ctx.per_partition(),
             functools.partial(decontam.validation_docs_task, survivors=survivors, split=split))
