@@ -147,6 +147,13 @@ class Store:
         """When the object was last written (seconds since the epoch)."""
         raise NotImplementedError
 
+    def escapes(self, path: str, root: str) -> str | None:
+        """Where ``path`` really is when a symlink on its way takes it outside the folder ``root``
+        (``root`` itself resolved: a linked root is the user's own choice); None when it stays inside.
+        Asked before a file found in a folder gristmill does not trust is opened (docs/security.md):
+        only a store with symlinks can answer anything but None."""
+        return None
+
     def rm(self, path: str) -> None:
         """Remove one object (FileNotFoundError if absent)."""
         raise NotImplementedError
@@ -236,6 +243,10 @@ class LocalStore(Store):
 
     def rm(self, path: str) -> None:
         os.unlink(self.path(path))
+
+    def escapes(self, path: str, root: str) -> str | None:
+        real, base = os.path.realpath(self.path(path)), os.path.realpath(self.path(root))
+        return None if os.path.commonpath([real, base]) == base else real
 
     def makedirs(self, path: str) -> None:
         """Make the folder ``path`` and those on the way (only a local disk has folders to make)."""
