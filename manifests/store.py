@@ -18,8 +18,6 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from fsspec.core import url_to_fs
-
 from gristmill.errors import os_error_text
 
 from .errors import LatestPointerError, ManifestError, ManifestNotFoundError, PublishError, VersionExistsError
@@ -336,7 +334,8 @@ def load_manifest(url: str, *, expected_sha256: str | None = None, confined: boo
 def _load_as(kind, url: str, expected_sha256: str | None, storage_options: dict, confined: bool = False) -> Published:
     """``kind.from_json`` (``Manifest`` or ``manifests.mixture.MixtureManifest``) of the manifest.json a URL names."""
     url = url.rstrip("/")
-    fs, path = url_to_fs(url, **storage_options)
+    store = Store.from_url(url, **storage_options)  # a local path is a local path, `::` in it too
+    fs, path = store.fs, store.path(url)
     if path.endswith("/" + MANIFEST_FILE) or path == MANIFEST_FILE:
         url, path = url[: -len(MANIFEST_FILE) - 1], posixpath.dirname(path)
     root = url
