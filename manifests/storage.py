@@ -112,7 +112,7 @@ class Store:
         if not is_url(url):
             return LocalStore()  # a plain path resolves no filesystem: a task makes thousands of these
         fs = url_to_fs(url, **storage_options)[0]
-        if isinstance(fs, LocalFileSystem):
+        if type(fs) is LocalFileSystem:  # a subclass (the loader's simulated remote, gmsim://) is its own filesystem
             return LocalStore()
         protocols = {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
         kind = next((FsspecStore.kinds[p] for p in sorted(protocols) if p in FsspecStore.kinds), FsspecStore)

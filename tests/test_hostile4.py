@@ -220,3 +220,53 @@ def test_dedup_against_a_version_linked_outside_its_folder_is_refused_unread(ear
     _one_line(capsys.readouterr().err, "symlink_outside_root", str(outside / "file"), "follow_symlinks")
     assert cli.main(["prepare", "--quiet", _job(inputs, out, fuzzy_dedup={}, tokenizer=tokenizer, dedup_against=[
         {"url": str(copy), "follow_symlinks": True}])]) == 0, capsys.readouterr().err
+
+
+# -- 3. `::` in a local path: a local path is a local path (never an fsspec chain) -------------------
+@pytest.fixture
+def plain_corpus(tmp_path):
+    os.makedirs(tmp_path / "in")
+    _write_jsonl(tmp_path / "in" / "a.jsonl", [{"id": f"a{i}", "text": t} for i, t in enumerate(_texts(8, 30))])
+    return [{"path": str(tmp_path / "in" / "a.jsonl"), "id_field": "id"}]
+
+
+def test_a_store_path_with_double_colons_publishes_what_every_reader_opens(plain_corpus, tmp_path, capsys):
+    from gristmill.loader import Loader, Sampling
+    from gristmill.manifests import load_manifest, verify_published
+
+    out = tmp_path / "run::1"
+    os.makedirs(out)
+    job = _job(plain_corpus, out)
+    assert cli.main(["prepare", "--quiet", job]) == 0, capsys.readouterr().err
+    store = str(out / "store")
+    for args in (["manifest", "show", f"{store}/t"], ["manifest", "verify", f"{store}/t"], ["manifest", "list", store]):
+        assert cli.main(args) == 0, (args, capsys.readouterr())
+    pub = load_manifest(f"{store}/t")
+    assert pub.url == f"{store}/t/v1" and verify_published(pub) == []
+    with Loader(pub.url, Sampling(global_batch=2, seed=0)) as ld:
+        assert next(iter(ld))["tokens"].shape[0] == 2
+    assert cli.main(["prepare", "--quiet", job]) == 0  # the rerun finds its version (no v2)
+    assert sorted(os.listdir(f"{store}/t")) == ["latest", "v1"]
+    mix = tmp_path / "mix.yaml"
+    mix.write_text(yaml.safe_dump({"name": "m", "store": str(tmp_path / "mixes::2"), "components": [
+        {"dataset": f"{store}/t", "weight": 1}]}))
+    assert cli.main(["mix", str(mix)]) == 0
+    capsys.readouterr()
+    from gristmill.manifests.mixture import load_data
+
+    mixture = load_data(str(tmp_path / "mixes::2" / "m"))
+    assert mixture.url == str(tmp_path / "mixes::2" / "m" / "v1")
+    with Loader(mixture.url, Sampling(global_batch=2, seed=0)) as ld:  # the loader opens the mixture
+        assert next(iter(ld))["tokens"].shape[0] == 2
+
+
+def test_audit_leak_reads_an_eval_path_with_double_colons_as_a_local_file(tmp_path, capsys):
+    from helpers import write_checkpoint_meta
+    from test_audit_leak import build_text_dataset, words
+
+    published, docs, *_ = build_text_dataset(str(tmp_path / "data"))
+    ckpt = write_checkpoint_meta(str(tmp_path / "run"), published, step=2, global_batch=4, world_size=2)
+    ev = tmp_path / "evals::x.jsonl"
+    _write_jsonl(ev, [{"text": words(docs[0])}])
+    assert cli.main(["audit", "leak", ckpt, "--eval", str(ev), "--json"]) == 0, capsys.readouterr().err
+    assert json.loads(capsys.readouterr().out)["eval_file"] == str(ev)
