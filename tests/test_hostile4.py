@@ -270,3 +270,32 @@ def test_audit_leak_reads_an_eval_path_with_double_colons_as_a_local_file(tmp_pa
     _write_jsonl(ev, [{"text": words(docs[0])}])
     assert cli.main(["audit", "leak", ckpt, "--eval", str(ev), "--json"]) == 0, capsys.readouterr().err
     assert json.loads(capsys.readouterr().out)["eval_file"] == str(ev)
+
+
+# -- 3b. a mixture whose validation documents another component trains on --------------------------
+@pytest.mark.slow
+def test_a_mixture_of_two_differently_split_versions_is_refused_unless_allowed(plain_corpus, tmp_path, capsys):
+    from gristmill.manifests.mixture import load_data
+
+    out = tmp_path / "run"
+    os.makedirs(out)
+    split = {"validation_fraction": 0.3, "seed": 0}
+    assert cli.main(["prepare", "--quiet", _job(plain_corpus, out, split=split, fuzzy_dedup={})]) == 0
+    v1 = out / "store" / "t" / "v1"
+    assert cli.main(["prepare", "--quiet", _job(plain_corpus, out, split={**split, "seed": 1}, fuzzy_dedup={},
+                                                tokenizer={"path": str(v1 / "tokenizer.json")})]) == 0
+    capsys.readouterr()
+    job = {"name": "m", "store": str(out / "store"), "components": [
+        {"dataset": "t", "version": 1, "name": "one", "weight": 1}, {"dataset": "t", "version": 2, "name": "two", "weight": 1}]}
+    (tmp_path / "mix.yaml").write_text(yaml.safe_dump(job))
+    assert cli.main(["mix", str(tmp_path / "mix.yaml")]) == 2
+    err = _one_line(capsys.readouterr().err, "validation documents are in component", "training split", "allow_split_overlap")
+    assert not os.path.exists(out / "store" / "m")
+    (tmp_path / "mix.yaml").write_text(yaml.safe_dump({**job, "allow_split_overlap": True}))
+    assert cli.main(["mix", str(tmp_path / "mix.yaml")]) == 0
+    assert "split overlap (allow_split_overlap: true)" in capsys.readouterr().out
+    m = load_data(str(out / "store" / "m")).manifest  # hash-checked with the record in it
+    pairs = {(o["validation"], o["training"]): o for o in m.split_overlaps}
+    assert set(pairs) == {("one", "two"), ("two", "one")} and all(o["by"] == "content" for o in pairs.values())
+    assert 0 < pairs[("one", "two")]["documents"] <= pairs[("one", "two")]["of"]
+    assert "of component 'one'" in err
