@@ -299,3 +299,54 @@ def test_a_mixture_of_two_differently_split_versions_is_refused_unless_allowed(p
     assert set(pairs) == {("one", "two"), ("two", "one")} and all(o["by"] == "content" for o in pairs.values())
     assert 0 < pairs[("one", "two")]["documents"] <= pairs[("one", "two")]["of"]
     assert "of component 'one'" in err
+
+
+# -- 4. work_dir_options reach every read of the run dir; --print-config masks credentials --------
+def test_decontamination_and_the_data_card_read_the_run_dir_with_work_dir_options(plain_corpus, tmp_path, capsys):
+    """A work dir that opens only with its storage option (credentials nowhere else): the eval
+    index the tasks load and report.html (read and written) must go through work_dir_options."""
+    from test_storage import _ticketed
+
+    from gristmill.manifests.storage import FsspecStore, Store
+
+    _ticketed("gmticket4", "ok")
+    try:
+        (tmp_path / "ev.jsonl").write_text(json.dumps({"text": _texts(8, 30)[2]}) + "\n")
+        out = tmp_path / "run"
+        os.makedirs(out)
+        job = _job(plain_corpus, out, work_dir=f"gmticket4://w-{uuid.uuid4().hex[:8]}", work_dir_options={"ticket": "ok"},
+                   runner="serial", decontaminate={"eval_sets": [{"name": "ev", "path": str(tmp_path / "ev.jsonl")}]})
+        doc = yaml.safe_load(open(job))
+        doc["output"]["report_html"] = True
+        open(job, "w").write(yaml.safe_dump(doc))
+        assert cli.main(["prepare", job]) == 0
+        err = capsys.readouterr().err
+        assert "Traceback" not in err and "could not write" not in err, err[-3000:]
+        store = Store.from_url(doc["work_dir"], ticket="ok")
+        (run,) = [n for n in store.listdir(doc["work_dir"])]
+        assert store.exists(f"{doc['work_dir']}/{run}/report.html")
+    finally:
+        FsspecStore.kinds.pop("gmticket4", None)
+
+
+def test_print_config_masks_the_credentials_in_every_storage_option(plain_corpus, tmp_path, capsys):
+    secrets = {f"SECRET{i}{uuid.uuid4().hex[:6]}" for i in range(6)}
+    s = sorted(secrets)
+    out = tmp_path / "run"
+    os.makedirs(out)
+    (tmp_path / "ev.jsonl").write_text('{"text": "x"}\n')
+    job = _job([{**plain_corpus[0], "storage_options": {"token": s[0]}}], out,
+               work_dir_options={"key": s[1], "secret": s[2], "client_kwargs": {"endpoint_url": "http://127.0.0.1:9",
+                                                                                 "aws_session_token": s[3]}},
+               decontaminate={"eval_sets": [{"name": "e", "path": str(tmp_path / "ev.jsonl"),
+                                             "storage_options": {"account_key": s[4]}}]})
+    doc = yaml.safe_load(open(job))
+    doc["output"]["storage_options"] = {"password": s[5], "anon": False}
+    open(job, "w").write(yaml.safe_dump(doc))
+    assert cli.main(["prepare", job, "--print-config"]) == 0
+    printed = capsys.readouterr().out
+    assert not [x for x in secrets if x in printed], printed
+    shown = yaml.safe_load(printed)
+    assert shown["work_dir_options"]["client_kwargs"] == {"endpoint_url": "http://127.0.0.1:9", "aws_session_token": "<masked>"}
+    assert shown["output"]["storage_options"] == {"password": "<masked>", "anon": False}
+    assert shown["tokenizer"]["vocab_size"] == 300  # a key named like a secret outside storage options is not masked
