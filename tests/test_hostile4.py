@@ -270,3 +270,83 @@ def test_audit_leak_reads_an_eval_path_with_double_colons_as_a_local_file(tmp_pa
     _write_jsonl(ev, [{"text": words(docs[0])}])
     assert cli.main(["audit", "leak", ckpt, "--eval", str(ev), "--json"]) == 0, capsys.readouterr().err
     assert json.loads(capsys.readouterr().out)["eval_file"] == str(ev)
+
+
+# -- 3b. a mixture whose validation documents another component trains on --------------------------
+@pytest.mark.slow
+def test_a_mixture_of_two_differently_split_versions_is_refused_unless_allowed(plain_corpus, tmp_path, capsys):
+    from gristmill.manifests.mixture import load_data
+
+    out = tmp_path / "run"
+    os.makedirs(out)
+    split = {"validation_fraction": 0.3, "seed": 0}
+    assert cli.main(["prepare", "--quiet", _job(plain_corpus, out, split=split, fuzzy_dedup={})]) == 0
+    v1 = out / "store" / "t" / "v1"
+    assert cli.main(["prepare", "--quiet", _job(plain_corpus, out, split={**split, "seed": 1}, fuzzy_dedup={},
+                                                tokenizer={"path": str(v1 / "tokenizer.json")})]) == 0
+    capsys.readouterr()
+    job = {"name": "m", "store": str(out / "store"), "components": [
+        {"dataset": "t", "version": 1, "name": "one", "weight": 1}, {"dataset": "t", "version": 2, "name": "two", "weight": 1}]}
+    (tmp_path / "mix.yaml").write_text(yaml.safe_dump(job))
+    assert cli.main(["mix", str(tmp_path / "mix.yaml")]) == 2
+    err = _one_line(capsys.readouterr().err, "validation documents are in component", "training split", "allow_split_overlap")
+    assert not os.path.exists(out / "store" / "m")
+    (tmp_path / "mix.yaml").write_text(yaml.safe_dump({**job, "allow_split_overlap": True}))
+    assert cli.main(["mix", str(tmp_path / "mix.yaml")]) == 0
+    assert "split overlap (allow_split_overlap: true)" in capsys.readouterr().out
+    m = load_data(str(out / "store" / "m")).manifest  # hash-checked with the record in it
+    pairs = {(o["validation"], o["training"]): o for o in m.split_overlaps}
+    assert set(pairs) == {("one", "two"), ("two", "one")} and all(o["by"] == "content" for o in pairs.values())
+    assert 0 < pairs[("one", "two")]["documents"] <= pairs[("one", "two")]["of"]
+    assert "of component 'one'" in err
+
+
+# -- 4. work_dir_options reach every read of the run dir; --print-config masks credentials --------
+def test_decontamination_and_the_data_card_read_the_run_dir_with_work_dir_options(plain_corpus, tmp_path, capsys):
+    """A work dir that opens only with its storage option (credentials nowhere else): the eval
+    index the tasks load and report.html (read and written) must go through work_dir_options."""
+    from test_storage import _ticketed
+
+    from gristmill.manifests.storage import FsspecStore, Store
+
+    _ticketed("gmticket4", "ok")
+    try:
+        (tmp_path / "ev.jsonl").write_text(json.dumps({"text": _texts(8, 30)[2]}) + "\n")
+        out = tmp_path / "run"
+        os.makedirs(out)
+        job = _job(plain_corpus, out, work_dir=f"gmticket4://w-{uuid.uuid4().hex[:8]}", work_dir_options={"ticket": "ok"},
+                   runner="serial", decontaminate={"eval_sets": [{"name": "ev", "path": str(tmp_path / "ev.jsonl")}]})
+        doc = yaml.safe_load(open(job))
+        doc["output"]["report_html"] = True
+        open(job, "w").write(yaml.safe_dump(doc))
+        assert cli.main(["prepare", job]) == 0
+        err = capsys.readouterr().err
+        assert "Traceback" not in err and "could not write" not in err, err[-3000:]
+        store = Store.from_url(doc["work_dir"], ticket="ok")
+        (run,) = [n for n in store.listdir(doc["work_dir"])]
+        assert store.exists(f"{doc['work_dir']}/{run}/report.html")
+    finally:
+        FsspecStore.kinds.pop("gmticket4", None)
+
+
+def test_print_config_masks_the_credentials_in_every_storage_option(plain_corpus, tmp_path, capsys):
+    secrets = {f"SECRET{i}{uuid.uuid4().hex[:6]}" for i in range(6)}
+    s = sorted(secrets)
+    out = tmp_path / "run"
+    os.makedirs(out)
+    (tmp_path / "ev.jsonl").write_text('{"text": "x"}\n')
+    job = _job([{**plain_corpus[0], "storage_options": {"token": s[0]}}], out,
+               work_dir_options={"key": s[1], "secret": s[2], "client_kwargs": {"endpoint_url": "http://127.0.0.1:9",
+                                                                                 "aws_session_token": s[3]}},
+               decontaminate={"eval_sets": [{"name": "e", "path": str(tmp_path / "ev.jsonl"),
+                                             "storage_options": {"account_key": s[4]}}]})
+    doc = yaml.safe_load(open(job))
+    doc["output"]["storage_options"] = {"password": s[5], "anon": False}
+    open(job, "w").write(yaml.safe_dump(doc))
+    assert cli.main(["prepare", job, "--print-config"]) == 0
+    printed = capsys.readouterr().out
+    assert not [x for x in secrets if x in printed], printed
+    shown = yaml.safe_load(printed)
+    assert shown["work_dir_options"]["client_kwargs"] == {"endpoint_url": "http://127.0.0.1:9", "aws_session_token": "<masked>"}
+    assert shown["output"]["storage_options"] == {"password": "<masked>", "anon": False}
+    assert shown["tokenizer"]["vocab_size"] == 300  # a key named like a secret outside storage options is not masked
