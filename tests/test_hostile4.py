@@ -350,3 +350,37 @@ def test_print_config_masks_the_credentials_in_every_storage_option(plain_corpus
     assert shown["work_dir_options"]["client_kwargs"] == {"endpoint_url": "http://127.0.0.1:9", "aws_session_token": "<masked>"}
     assert shown["output"]["storage_options"] == {"password": "<masked>", "anon": False}
     assert shown["tokenizer"]["vocab_size"] == 300  # a key named like a secret outside storage options is not masked
+
+
+# -- 5. a damaged run dir: one line naming the file and the way out (--fresh) ---------------------
+def _run_dir(out) -> str:
+    (run,) = glob.glob(str(out / "work" / "*" / "layout.json"))
+    return os.path.dirname(run)
+
+
+@pytest.mark.parametrize("tamper", ["other-blocks", "not-json", "damaged-block"])
+def test_a_damaged_run_dir_is_one_line_with_the_way_out_and_fresh_takes_it(plain_corpus, tmp_path, capsys, tamper):
+    out = tmp_path / "run"
+    os.makedirs(out)
+    job = _job(plain_corpus, out)
+    assert cli.main(["prepare", "--quiet", job]) == 0
+    run = _run_dir(out)
+    if tamper == "other-blocks":
+        (open(os.path.join(run, "layout.json"), "w")).write('{"block_parts": 3}')
+    elif tamper == "not-json":
+        (open(os.path.join(run, "layout.json"), "w")).write("nonsense{")
+    else:  # a bit flipped in the middle of the extracted documents, read again by every later step
+        from helpers import flip_byte
+
+        flip_byte(os.path.join(run, "docs", "block-00000.parquet"))
+        for name in os.listdir(os.path.join(run, "_done")):
+            if name != "extract":
+                shutil.rmtree(os.path.join(run, "_done", name))
+    capsys.readouterr()
+    for _ in range(2):  # a rerun fails the same way, and says so the same way
+        assert cli.main(["prepare", "--quiet", job]) == 2
+        _one_line(capsys.readouterr().err, "--fresh", "delete its run dir",
+                  "docs/block-00000.parquet is damaged" if tamper == "damaged-block" else "layout.json")
+    assert cli.main(["prepare", "--quiet", "--fresh", job]) == 0, capsys.readouterr().err
+    assert cli.main(["prepare", "--quiet", job]) == 0  # the fresh run dir resumes as any other
+    assert sorted(os.listdir(out / "store" / "t")) == ["latest", "v1"]
