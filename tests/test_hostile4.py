@@ -384,3 +384,26 @@ def test_a_damaged_run_dir_is_one_line_with_the_way_out_and_fresh_takes_it(plain
     assert cli.main(["prepare", "--quiet", "--fresh", job]) == 0, capsys.readouterr().err
     assert cli.main(["prepare", "--quiet", job]) == 0  # the fresh run dir resumes as any other
     assert sorted(os.listdir(out / "store" / "t")) == ["latest", "v1"]
+
+
+# -- 6. manifest verify: a doc id in two dedup index files ------------------------------------------
+def test_manifest_verify_refuses_a_doc_id_in_two_dedup_index_files(earlier_version, tmp_path, capsys):
+    from test_manifest_facts import forge
+
+    from gristmill.manifests import load_manifest
+
+    copy = tmp_path / "store" / "old" / "v1"
+    shutil.copytree(earlier_version, copy)
+    pub = load_manifest(str(copy))
+    (ref,) = pub.manifest.dedup_index
+    twin = ref.path.replace(".parquet", "-twin.parquet")
+    shutil.copyfile(copy / ref.path, copy / twin)  # every id of the first file again, in a second one
+
+    def edit(d):
+        d["dedup_index"].append({**d["dedup_index"][0], "path": twin})
+
+    forge(pub, edit)
+    capsys.readouterr()
+    assert cli.main(["manifest", "verify", str(copy)]) == 1  # each file alone verifies; together they do not
+    text = "".join(capsys.readouterr())
+    assert "dedup index holds doc_id" in text and "more than once" in text, text
