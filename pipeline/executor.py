@@ -166,6 +166,9 @@ def check_writable(store: str, dataset: str, storage_options: dict | None = None
             path = nearest_dir(os.path.join(local, dataset))
         except NotADirectoryError as e:
             raise ConfigError(f"{where}: {e} exists and is not a directory; point output.store elsewhere") from None
+        if os.path.isdir(latest := os.path.join(local, dataset, "latest")):  # the pointer must be a file to replace
+            raise ConfigError(f"{where}: {latest} is a directory, where the dataset's latest pointer (a file holding "
+                              "a version number) goes; move it away (checked before any work)")
         try:
             with contextlib.ExitStack() as stack:
                 import tempfile

@@ -407,3 +407,42 @@ def test_manifest_verify_refuses_a_doc_id_in_two_dedup_index_files(earlier_versi
     assert cli.main(["manifest", "verify", str(copy)]) == 1  # each file alone verifies; together they do not
     text = "".join(capsys.readouterr())
     assert "dedup index holds doc_id" in text and "more than once" in text, text
+
+
+# -- 7. the latest pointer: a directory in its place, a full disk exactly at its write ---------------
+def test_a_latest_that_is_a_directory_is_refused_before_any_work(plain_corpus, tmp_path, capsys):
+    out = tmp_path / "run"
+    os.makedirs(out / "store" / "t" / "latest")
+    assert cli.main(["prepare", "--quiet", _job(plain_corpus, out)]) == 2
+    _one_line(capsys.readouterr().err, "latest", "is a directory", "before any work")
+    assert sorted(os.listdir(out / "store" / "t")) == ["latest"] and not os.path.exists(out / "work")
+
+
+def test_a_failed_latest_write_after_the_commit_is_unambiguous_and_the_rerun_mends_it(plain_corpus, tmp_path, capsys,
+                                                                                    monkeypatch):
+    import errno
+
+    from gristmill.manifests.storage import LocalStore
+    from gristmill.manifests.store import ManifestStore
+
+    out = tmp_path / "run"
+    os.makedirs(out)
+    assert cli.main(["prepare", "--quiet", _job(plain_corpus, out)]) == 0
+    job2 = _job(plain_corpus, out, extract={"min_chars": 2})  # other content: v2
+    real_put = LocalStore.put
+
+    def full_at_latest(self, path, data, **kw):
+        if path.endswith("/latest"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+        return real_put(self, path, data, **kw)
+
+    monkeypatch.setattr(LocalStore, "put", full_at_latest)
+    capsys.readouterr()
+    assert cli.main(["prepare", "--quiet", job2]) == 2
+    _one_line(capsys.readouterr().err, "t v2 is published", "No space left on device", "run the same command again",
+              "nothing is published twice")
+    store = ManifestStore(str(out / "store"))
+    assert store.versions("t") == [1, 2] and store.latest("t") == 1  # the state the line describes
+    monkeypatch.setattr(LocalStore, "put", real_put)
+    assert cli.main(["prepare", "--quiet", job2]) == 0
+    assert store.versions("t") == [1, 2] and store.latest("t") == 2  # mended, not published again
