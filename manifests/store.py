@@ -121,6 +121,8 @@ class ManifestStore:
             # Read back as the same kind of manifest (a dataset's or a mixture's: manifests.mixture).
             latest = _load_as(type(manifest), self.version_url(manifest.dataset, existing[-1]), None, self.storage_options)
             if latest.manifest.sha256 == manifest.sha256:
+                if self._pointer(manifest.dataset) != existing[-1]:  # an earlier publish committed it, then failed
+                    self._point_latest_or_say(manifest.dataset, existing[-1])
                 return latest
         elif version in existing:
             raise VersionExistsError(f"{manifest.dataset} v{version} is already published; published versions are never overwritten")
@@ -169,8 +171,28 @@ class ManifestStore:
         if not committed:
             raise VersionExistsError(f"{join(self.version_url(manifest.dataset, version), MANIFEST_FILE)} appeared while "
                                      f"this writer held the claim on v{version}: another writer ignores {CLAIM_FILE}")
-        self._point_latest(manifest.dataset)
+        self._point_latest_or_say(manifest.dataset, version)
         return Published(published, self.version_url(manifest.dataset, version), self.storage if self.storage_options else None)
+
+    def _pointer(self, dataset: str) -> int | None:
+        """The version ``latest`` names; None where it is missing or unreadable (a directory, garbage)."""
+        try:
+            return self.latest(dataset) if self.storage.exists(join(self.root, dataset, LATEST_FILE)) else None
+        except (OSError, ManifestError):
+            return None
+
+    def _point_latest_or_say(self, dataset: str, version: int) -> None:
+        """``_point_latest`` after v<version> committed; a failure (a full disk, ``latest`` a directory)
+        is one PublishError that says the version IS published and how a rerun finishes the pointer."""
+        try:
+            self._point_latest(dataset)
+        except OSError as e:
+            pointer = join(self.root, dataset, LATEST_FILE)
+            raise PublishError(f"{dataset} v{version} is published ({self.version_url(dataset, version)}/{MANIFEST_FILE} "
+                               f"is committed and loads by its URL), but {pointer} was not updated: "
+                               f"{os_error_text(e, 'move it away: it must be a file' if isinstance(e, IsADirectoryError) else '')}; "
+                               f"then run the same command again: it finds v{version} and points latest at it "
+                               "(nothing is published twice)") from e
 
     @staticmethod
     def _failed(where: str, e: OSError, removed: str) -> PublishError:

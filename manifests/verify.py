@@ -49,7 +49,10 @@ def verify_published(published: Published, *, progress: Callable[[str], None] | 
     checks = [("manifest.json", lambda: check_shard_order(m)), (m.tokenizer.path, lambda: _check_tokenizer(published)),
               (m.doc_index.path, doc_index)]
     checks += [(s.path, lambda i=i, s=s: _check_shard(published, s, i, bool(index_ok))) for i, s in enumerate(m.shards)]
-    checks += [(f.path, lambda f=f: _check_dedup_index(published, f)) for f in m.dedup_index]
+    ids: list = []  # every dedup index file's doc ids: docs/format.md allows each in one file only
+    checks += [(f.path, lambda f=f: ids.append(_check_dedup_index(published, f))) for f in m.dedup_index]
+    if len(m.dedup_index) > 1:
+        checks.append(("dedup_index", lambda: _check_ids_across_files(published, ids)))
     problems = []
     for rel, check in checks:
         if progress:
@@ -146,10 +149,23 @@ def _check_doc_index(published: Published) -> None:
     _open(published, ref.path, lambda f: check_doc_index(f, published.manifest))
 
 
-def _check_dedup_index(published: Published, ref) -> None:
+def _check_dedup_index(published: Published, ref):
+    """One dedup index file checked; its doc ids, for the check across files."""
     from .dedup_index import read_checked
 
-    read_checked(_open(published, ref.path, lambda f: f.read()), ref, ref.path)
+    return read_checked(_open(published, ref.path, lambda f: f.read()), ref, ref.path)[0].column("doc_id")
+
+
+def _check_ids_across_files(published: Published, ids: list) -> None:
+    """No doc id in two dedup index files (each file's are strictly increasing: ``read_checked``);
+    a file that failed its own check is not counted twice."""
+    import pyarrow as pa
+
+    from .dedup_index import check_unique_ids
+
+    if ids:
+        check_unique_ids(pa.chunked_array([c for col in ids for c in col.chunks] or [pa.array([], pa.string())]),
+                         published.url)
 
 
 def _check_tokenizer(published: Published) -> None:

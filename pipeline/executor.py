@@ -166,6 +166,9 @@ def check_writable(store: str, dataset: str, storage_options: dict | None = None
             path = nearest_dir(os.path.join(local, dataset))
         except NotADirectoryError as e:
             raise ConfigError(f"{where}: {e} exists and is not a directory; point output.store elsewhere") from None
+        if os.path.isdir(latest := os.path.join(local, dataset, "latest")):  # the pointer must be a file to replace
+            raise ConfigError(f"{where}: {latest} is a directory, where the dataset's latest pointer (a file holding "
+                              "a version number) goes; move it away (checked before any work)")
         try:
             with contextlib.ExitStack() as stack:
                 import tempfile
@@ -225,12 +228,14 @@ class EmptyRunError(GristmillError):
 
 # -- the run -----------------------------------------------------------------------------------
 class Executor:
-    def __init__(self, job: PrepareConfig, *, address: str | None = None, quiet: bool = False):
+    def __init__(self, job: PrepareConfig, *, address: str | None = None, quiet: bool = False, fresh: bool = False):
         self.job, self.address, self.quiet = job, address, quiet
         runners.resolve(job.runner, address)  # a local runner with a cluster named is an error before any work
         self.tasks = plan_inputs(job)
         check_writable(job.output.store, job.output.dataset, job.output.storage_options)  # before any work, not at publish
         self.wd = WorkDir.of_run(job.work_dir, run_key(job, self.tasks), job.work_dir_options)
+        if fresh:  # the user's way out of a damaged run dir (workdir.FRESH_HINT): nothing of it is reused
+            self.wd.remove()
         self.wd.set_blocks(len(self.tasks))  # the blocks of partitions (a function of their count), fixed for resumes
         self.stages = st.build(job)  # fails on a bad stage section before any work starts
 
@@ -325,7 +330,7 @@ class Executor:
         export_jsonl(self.wd, removed, self.wd.removed_jsonl, drop=("text",))
 
 
-def prepare(job: PrepareConfig, *, address: str | None = None, quiet: bool = False) -> RunResult:
+def prepare(job: PrepareConfig, *, address: str | None = None, quiet: bool = False, fresh: bool = False) -> RunResult:
     """Run the job's stages and publish its dataset; the data card is the command's to write
     (``RunResult.url``, ``RunResult.run_dir``)."""
-    return Executor(job, address=address, quiet=quiet).run()
+    return Executor(job, address=address, quiet=quiet, fresh=fresh).run()

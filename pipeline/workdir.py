@@ -53,6 +53,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from gristmill.errors import GristmillError
 from gristmill.manifests.hashing import canonical_json
 from gristmill.manifests.parquet_part import ParquetPart  # noqa: F401  (the stages' output writer)
 from gristmill.manifests.storage import Store
@@ -62,6 +63,26 @@ BATCH_SUFFIX = ".batch.json"  # _done/<step>/<first task>.batch.json: a batch's 
 BLOCK_PARTS = 16  # at most this many consecutive partitions share a block (its files and its task)
 PARTS_KEY = b"gristmill.parts"  # a block file's index: {"<part>": [first row, rows]}, in its Parquet metadata
 _OLDER_DOCS = ("docs", "part-00000.parquet")  # the first documents file of a run dir before the block layout
+
+
+FRESH_HINT = "rerun the prepare with --fresh (it starts this run over), or delete its run dir"
+
+
+class DamagedRunDir(GristmillError):
+    """A finished step's file in a run dir that cannot be read back (edited, cut, bit-flipped): the
+    run cannot resume from it; the message names the file and the way out (``FRESH_HINT``)."""
+
+
+@contextlib.contextmanager
+def damage_named(path: str):
+    """pyarrow's words for a work-dir file it cannot decode, as one ``DamagedRunDir`` line with the
+    way out. The machine's errors (an errno: a full disk, a missing file) keep their own message."""
+    try:
+        yield
+    except (pa.ArrowException, OSError) as e:
+        if isinstance(e, OSError) and e.errno is not None:
+            raise
+        raise DamagedRunDir(f"{path} is damaged ({type(e).__name__}: {' '.join(str(e).split())}); {FRESH_HINT}") from e
 
 
 def block_parts(partitions: int) -> int:
@@ -115,7 +136,8 @@ class BlockOutputs:
             if len(self._opened) >= self.READERS:
                 self._opened.pop(next(iter(self._opened)))[0].close()
             stack = contextlib.ExitStack()
-            self._opened[path] = (stack, stack.enter_context(open_parquet(path, store, pre_buffer=False)))
+            with damage_named(path):  # its reads are checked where they happen (read_parquet, iter_batches)
+                self._opened[path] = (stack, stack.enter_context(open_parquet(path, store, pre_buffer=False)))
         return self._opened[path][1]
 
     def file(self, path: str, schema: pa.Schema, store: Store, **options) -> "_BlockFile":
@@ -237,9 +259,13 @@ def read_parquet(path: str, columns: list[str] | None = None, filters: list[tupl
     store = store or Store.from_url(path)
     part = path.part if isinstance(path, PartPath) else None
     if part is not None and (block := _BLOCK.get()) is not None:  # inside a block's task: opened once for it
-        return _read_parquet(block.opened(str(path), store), columns, filters, schema, part)
+        pf = block.opened(str(path), store)
+        with damage_named(str(path)):
+            return _read_parquet(pf, columns, filters, schema, part)
     if not store.is_local:  # one read of the whole object
-        return _read_parquet(pq.ParquetFile(pa.BufferReader(store.read(path))), columns, filters, schema, part)
+        data = store.read(path)
+        with damage_named(str(path)):
+            return _read_parquet(pq.ParquetFile(pa.BufferReader(data)), columns, filters, schema, part)
     with open_parquet(path, store, pre_buffer=False) as pf:
         return _read_parquet(pf, columns, filters, schema, part)
 
@@ -251,14 +277,20 @@ def open_parquet(path: str, store: Store | None = None, **options):
     open: ~90 us, on every one of a step's thousands of small files), another through the store."""
     store = store or Store.from_url(path)
     with pa.OSFile(store.path(str(path))) if store.is_local else store.open(str(path)) as f:
-        yield pq.ParquetFile(f, **options)
+        if not store.is_local:  # a remote read's own errors are the store's, not the file's
+            yield pq.ParquetFile(f, **options)
+            return
+        with damage_named(str(path)):  # the footer, and every read of the file inside the block
+            yield pq.ParquetFile(f, **options)
 
 
 def iter_batches(path: str, columns: list[str] | None = None, batch_size: int = 65_536, store: Store | None = None):
     """``pq.ParquetFile(path).iter_batches(...)`` through ``open_parquet`` (the file closed when done);
     a ``PartPath``: that partition's rows."""
     if isinstance(path, PartPath) and (block := _BLOCK.get()) is not None:  # inside a block's task: opened once for it
-        yield from _part_batches(block.opened(str(path), store or Store.from_url(path)), path.part, columns, batch_size)
+        pf = block.opened(str(path), store or Store.from_url(path))
+        with damage_named(str(path)):
+            yield from _part_batches(pf, path.part, columns, batch_size)
         return
     with open_parquet(path, store) as pf:
         if isinstance(path, PartPath):
@@ -356,6 +388,14 @@ class WorkDir:
     def __repr__(self) -> str:
         return f"WorkDir({self.root!r})"
 
+    def remove(self) -> None:
+        """Delete this run dir and everything in it (``prepare --fresh``: a run started over)."""
+        if self.store.exists(self.root):
+            self.store.fs.rm(self.store.path(self.root), recursive=True)
+        self.__dict__.pop("block_parts", None)
+        if self.store.is_local:
+            self.store.makedirs(self.root)
+
     @property
     def local(self) -> bool:
         """Whether the run dir is on this machine's disk (it has folders to make)."""
@@ -369,9 +409,17 @@ class WorkDir:
         """Partitions per block in this run (``layout.json``, written by ``set_blocks`` when the run
         starts); 1 in a run dir without one (a block per partition)."""
         try:
-            return int(json.loads(self.read_bytes(self.layout_json))["block_parts"])
+            raw = self.read_bytes(self.layout_json)
         except FileNotFoundError:
             return 1
+        try:
+            n = json.loads(raw)["block_parts"]
+        except (ValueError, KeyError, TypeError):
+            n = None
+        if type(n) is not int or n < 1:
+            raise DamagedRunDir(f"{self.layout_json} holds {raw[:80]!r}, not this run's block layout "
+                                f"({{\"block_parts\": N}}); {FRESH_HINT}")
+        return n
 
     def set_blocks(self, partitions: int) -> None:
         """Fix this run's blocks for ``partitions`` partitions (``block_parts``) in ``layout.json``,
@@ -381,7 +429,8 @@ class WorkDir:
             self.write(self.layout_json, canonical_json({"block_parts": want}))
         self.__dict__.pop("block_parts", None)
         if self.block_parts != want:
-            raise RuntimeError(f"{self.layout_json}: {self.block_parts} partitions a block, where this run makes {want}")
+            raise DamagedRunDir(f"{self.layout_json} says {self.block_parts} partitions a block where this run makes "
+                                f"{want} (edited?); the files of its finished steps cannot be found; {FRESH_HINT}")
 
     def block_of(self, part: int) -> int:
         return part // self.block_parts

@@ -18,6 +18,7 @@ import pyarrow as pa
 import pytest
 import yaml
 
+from gristmill.errors import GristmillError
 from gristmill.pipeline.runner import SerialRunner, batches_of, blocks_of, run_batch
 from gristmill.pipeline.workdir import (BlockOutputs, PartPath, WorkDir, block_parts, iter_batches, part_name,
                                         read_parquet)
@@ -105,7 +106,7 @@ def test_the_blocks_depend_on_the_partition_count_alone(tmp_path):
     run = WorkDir(str(tmp_path / "run"))
     run.set_blocks(250)
     assert WorkDir(str(tmp_path / "run")).block_parts == 15
-    with pytest.raises(RuntimeError, match="15 partitions a block"):
+    with pytest.raises(GristmillError, match="says 15 partitions a block"):
         run.set_blocks(4000)
 
 

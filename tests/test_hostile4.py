@@ -350,3 +350,99 @@ def test_print_config_masks_the_credentials_in_every_storage_option(plain_corpus
     assert shown["work_dir_options"]["client_kwargs"] == {"endpoint_url": "http://127.0.0.1:9", "aws_session_token": "<masked>"}
     assert shown["output"]["storage_options"] == {"password": "<masked>", "anon": False}
     assert shown["tokenizer"]["vocab_size"] == 300  # a key named like a secret outside storage options is not masked
+
+
+# -- 5. a damaged run dir: one line naming the file and the way out (--fresh) ---------------------
+def _run_dir(out) -> str:
+    (run,) = glob.glob(str(out / "work" / "*" / "layout.json"))
+    return os.path.dirname(run)
+
+
+@pytest.mark.parametrize("tamper", ["other-blocks", "not-json", "damaged-block"])
+def test_a_damaged_run_dir_is_one_line_with_the_way_out_and_fresh_takes_it(plain_corpus, tmp_path, capsys, tamper):
+    out = tmp_path / "run"
+    os.makedirs(out)
+    job = _job(plain_corpus, out)
+    assert cli.main(["prepare", "--quiet", job]) == 0
+    run = _run_dir(out)
+    if tamper == "other-blocks":
+        (open(os.path.join(run, "layout.json"), "w")).write('{"block_parts": 3}')
+    elif tamper == "not-json":
+        (open(os.path.join(run, "layout.json"), "w")).write("nonsense{")
+    else:  # a bit flipped in the middle of the extracted documents, read again by every later step
+        from helpers import flip_byte
+
+        flip_byte(os.path.join(run, "docs", "block-00000.parquet"))
+        for name in os.listdir(os.path.join(run, "_done")):
+            if name != "extract":
+                shutil.rmtree(os.path.join(run, "_done", name))
+    capsys.readouterr()
+    for _ in range(2):  # a rerun fails the same way, and says so the same way
+        assert cli.main(["prepare", "--quiet", job]) == 2
+        _one_line(capsys.readouterr().err, "--fresh", "delete its run dir",
+                  "docs/block-00000.parquet is damaged" if tamper == "damaged-block" else "layout.json")
+    assert cli.main(["prepare", "--quiet", "--fresh", job]) == 0, capsys.readouterr().err
+    assert cli.main(["prepare", "--quiet", job]) == 0  # the fresh run dir resumes as any other
+    assert sorted(os.listdir(out / "store" / "t")) == ["latest", "v1"]
+
+
+# -- 6. manifest verify: a doc id in two dedup index files ------------------------------------------
+def test_manifest_verify_refuses_a_doc_id_in_two_dedup_index_files(earlier_version, tmp_path, capsys):
+    from test_manifest_facts import forge
+
+    from gristmill.manifests import load_manifest
+
+    copy = tmp_path / "store" / "old" / "v1"
+    shutil.copytree(earlier_version, copy)
+    pub = load_manifest(str(copy))
+    (ref,) = pub.manifest.dedup_index
+    twin = ref.path.replace(".parquet", "-twin.parquet")
+    shutil.copyfile(copy / ref.path, copy / twin)  # every id of the first file again, in a second one
+
+    def edit(d):
+        d["dedup_index"].append({**d["dedup_index"][0], "path": twin})
+
+    forge(pub, edit)
+    capsys.readouterr()
+    assert cli.main(["manifest", "verify", str(copy)]) == 1  # each file alone verifies; together they do not
+    text = "".join(capsys.readouterr())
+    assert "dedup index holds doc_id" in text and "more than once" in text, text
+
+
+# -- 7. the latest pointer: a directory in its place, a full disk exactly at its write ---------------
+def test_a_latest_that_is_a_directory_is_refused_before_any_work(plain_corpus, tmp_path, capsys):
+    out = tmp_path / "run"
+    os.makedirs(out / "store" / "t" / "latest")
+    assert cli.main(["prepare", "--quiet", _job(plain_corpus, out)]) == 2
+    _one_line(capsys.readouterr().err, "latest", "is a directory", "before any work")
+    assert sorted(os.listdir(out / "store" / "t")) == ["latest"] and not os.path.exists(out / "work")
+
+
+def test_a_failed_latest_write_after_the_commit_is_unambiguous_and_the_rerun_mends_it(plain_corpus, tmp_path, capsys,
+                                                                                    monkeypatch):
+    import errno
+
+    from gristmill.manifests.storage import LocalStore
+    from gristmill.manifests.store import ManifestStore
+
+    out = tmp_path / "run"
+    os.makedirs(out)
+    assert cli.main(["prepare", "--quiet", _job(plain_corpus, out)]) == 0
+    job2 = _job(plain_corpus, out, extract={"min_chars": 2})  # other content: v2
+    real_put = LocalStore.put
+
+    def full_at_latest(self, path, data, **kw):
+        if path.endswith("/latest"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+        return real_put(self, path, data, **kw)
+
+    monkeypatch.setattr(LocalStore, "put", full_at_latest)
+    capsys.readouterr()
+    assert cli.main(["prepare", "--quiet", job2]) == 2
+    _one_line(capsys.readouterr().err, "t v2 is published", "No space left on device", "run the same command again",
+              "nothing is published twice")
+    store = ManifestStore(str(out / "store"))
+    assert store.versions("t") == [1, 2] and store.latest("t") == 1  # the state the line describes
+    monkeypatch.setattr(LocalStore, "put", real_put)
+    assert cli.main(["prepare", "--quiet", job2]) == 0
+    assert store.versions("t") == [1, 2] and store.latest("t") == 2  # mended, not published again

@@ -13,6 +13,8 @@ def register(sub) -> None:
                                      "(default: RAY_ADDRESS under `ray job submit`, else worker processes on this "
                                      "machine; see runner.kind)")
     p.add_argument("--quiet", action="store_true", help="no per-stage progress lines")
+    p.add_argument("--fresh", action="store_true", help="delete this job's run dir first and start the run over (the "
+                                                        "way out of a damaged run dir; finished steps are redone)")
     p.set_defaults(handler=_prepare)
 
 
@@ -26,7 +28,7 @@ def _prepare(args) -> int:
     from gristmill.pipeline.stats import format_table
 
     try:
-        result = prepare(job, address=args.address, quiet=args.quiet)
+        result = prepare(job, address=args.address, quiet=args.quiet, fresh=args.fresh)
     except PrepareInterrupted as e:  # Ctrl-C or SIGTERM: workers are down, finished tasks are kept; one line
         print(f"gristmill: {e}", file=sys.stderr, flush=True)
         return 128 + e.signum
