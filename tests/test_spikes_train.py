@@ -78,6 +78,13 @@ def test_spike_rewinds_skips_and_the_audit_stays_exact(poisoned, tmp_path):
     assert [(e["step"], e["rewound"]) for e in losses] == [(17, True), (18, True), (17, False), (18, False)]
     assert losses[1]["loss"] > losses[3]["loss"] + 1  # the spike, then the same step on other data
 
+    # The run report's spike section lists the window's documents, the poison flagged as skipped.
+    from gristmill.report.training import run_page
+
+    section = next(s for s in run_page(run).sections if s.id == "spikes")
+    rows = [row for item in section.items if hasattr(item, "rows") and "document" in item.headers for row in item.rows]
+    assert {row[0] for row in rows if row[-1]} >= poison_docs
+
     # The trainer's own record of the indices it read agrees (samples.jsonl, later lines win).
     logged = {}
     with open(os.path.join(run, "samples.jsonl")) as f:
