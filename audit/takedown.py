@@ -63,7 +63,7 @@ def takedown(url: str, request: Request, *, runs: list[str] = (), repin_mixtures
         entry = {"component": component, "dataset": m.dataset, "parent": {"url": pub.url, "version": m.version,
                                                                            "sha256": m.sha256},
                  "threshold": found.threshold, "minhash": found.params, "removed": removed,
-                 "not_found": found.not_found, "new": None}
+                 "kept_below_threshold": found.kept, "not_found": found.not_found, "new": None}
         missing = set(found.not_found) if missing is None else missing & set(found.not_found)
         all_removed |= set(found.doc_ids)
         if found.doc_ids and not dry_run:
@@ -122,12 +122,15 @@ def report_markdown(report: dict) -> str:
             out.append(f"| `{d['doc_id']}` | {d['match']} | {d['target']} | {sim} | {d.get('source') or ''} "
                        f"{'' if d.get('position') is None else '@' + str(d['position'])} | {d.get('url') or ''} | "
                        f"{d.get('tokens', '')} |")
+        if v["kept_below_threshold"]:
+            out += ["", f"Considered and kept (estimated Jaccard below {v['threshold']}, at least 0.5): " + ", ".join(
+                f"`{k['doc_id']}` ({k['similarity']:.3f} to {k['target']})" for k in v["kept_below_threshold"])]
         n = v["new"]
         if n:
             out += ["", f"Published **{v['dataset']} v{n['version']}** at `{n['url']}` (sha256 `{n['sha256']}`), whose "
                     f"manifest names this parent and the removals (`stats.takedown`). Shards rewritten: "
                     f"{len(n['shards_rewritten'])} ({', '.join(n['shards_rewritten'])}); dropped: "
-                    f"{len(n['shards_dropped'])}; reused byte for byte: {n['shards_reused']}. Tokens removed: "
+                    f"{len(n['shards_dropped'])}{' (' + ', '.join(n['shards_dropped']) + ')' if n['shards_dropped'] else ''}; reused byte for byte: {n['shards_reused']}. Tokens removed: "
                     f"{n['tokens_removed']:,}; dropped as a rewritten shard's partial last row: {n['tokens_dropped_tail']:,}. "
                     f"Check it with `gristmill manifest verify {n['url']}`."]
     if report["mixtures"]:

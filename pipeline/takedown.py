@@ -64,6 +64,7 @@ class Request:
         return {"doc_ids": list(self.doc_ids), "urls": list(self.urls), "texts": len(self.texts), "reason": self.reason}
 
 
+KEPT_FLOOR = 0.5  # a reviewer sees the candidates the threshold kept down to this estimated Jaccard
 REMOVAL_SCHEMA = pa.schema([("doc_id", pa.string()), ("match", pa.string()), ("target", pa.string()),
                             ("similarity", pa.float64())])
 
@@ -78,6 +79,7 @@ class Found:
     not_found: list[str]
     threshold: float
     params: dict = field(default_factory=dict)
+    kept: list[dict] = field(default_factory=list)  # near candidates below the threshold (estimate >= KEPT_FLOOR): shown, not removed
 
     @property
     def doc_ids(self) -> list[str]:
@@ -120,6 +122,7 @@ def find_documents(published: Published, request: Request, threshold: float | No
         targets += [(f"text #{k + 1}", "text", -1, tsk[k], thas[k], tex[k]) for k in range(len(request.texts))]
     band_keys = dx.sketch_band_keys(sk, params)
     best: dict[int, tuple] = {}  # index position -> (match, target, similarity): the strongest reason wins
+    kept: dict[int, tuple] = {}  # candidates below the threshold: (target, similarity)
     for label, kind, p, tsk, thas, tex in targets:
         if p >= 0:
             best[p] = ("requested", label, None)
@@ -132,6 +135,9 @@ def find_documents(published: Published, request: Request, threshold: float | No
             est = dx.estimate(sk[cand], np.broadcast_to(tsk, (len(cand), len(tsk))), params)
             near[cand[est >= threshold]] = True
             similarity = dict(zip(cand.tolist(), est.tolist()))
+            for q in cand[(est < threshold) & (est >= KEPT_FLOOR)].tolist():
+                if similarity[q] > kept.get(q, ("", -1.0))[1]:
+                    kept[q] = (label, round(similarity[q], 4))
         for q in np.flatnonzero(same | near).tolist():
             reason = ("exact copy", label, 1.0) if same[q] else ("near copy", label, round(similarity[q], 4))
             if q not in best or _rank(reason) > _rank(best[q]):
@@ -140,7 +146,9 @@ def find_documents(published: Published, request: Request, threshold: float | No
     removals = pa.table({"doc_id": ids.take(pa.array(order, pa.int64())) if order else pa.array([], pa.string()),
                          "match": [best[q][0] for q in order], "target": [best[q][1] for q in order],
                          "similarity": pa.array([best[q][2] for q in order], pa.float64())}, schema=REMOVAL_SCHEMA)
-    return Found(removals.sort_by("doc_id"), not_found, threshold, params)
+    kept_rows = [{"doc_id": ids[q].as_py(), "target": t, "similarity": sim} for q, (t, sim) in sorted(kept.items())
+                 if q not in best]
+    return Found(removals.sort_by("doc_id"), not_found, threshold, params, sorted(kept_rows, key=lambda r: r["doc_id"]))
 
 
 def _rank(reason: tuple) -> tuple:

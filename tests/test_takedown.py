@@ -133,6 +133,8 @@ def test_takedown_by_id_removes_near_copies_and_publishes_a_cheap_verified_versi
     removed = {d["doc_id"]: d for d in report["versions"][0]["removed"]}
     assert removed["t010"]["match"] == "requested" and removed["t030"]["match"] == "near copy"
     assert removed["t030"]["similarity"] >= 0.8 and removed["t030"]["url"] == "https://example.org/page/30"
+    kept = {k["doc_id"]: k["similarity"] for k in report["versions"][0]["kept_below_threshold"]}
+    assert kept.keys() <= {"t040"} and all(v < 0.8 for v in kept.values())  # the hard negative: shown, not removed
 
     # The new version verifies, names its parent and the removals, and reuses every other shard as is.
     assert main(["manifest", "verify", v2]) == 0

@@ -181,8 +181,8 @@ def _steps(args) -> int:
         write_table(report.samples, args.samples_out)
     s = report.summary
     if args.json:
-        json.dump({**s, "documents": report.documents.to_pylist()}, sys.stdout, indent=1, sort_keys=True, default=str)
-        print()
+        # One line, by json's C encoder: a window holds 10^5 documents (indented, json.dump takes ~10x longer)
+        sys.stdout.write(json.dumps({**s, "documents": report.documents.to_pylist()}, sort_keys=True, default=str) + "\n")
         return 0
     print(f"checkpoint   {ckpt.path} (step {ckpt.step}, global batch {ckpt.global_batch})")
     print(f"manifest     {s['dataset']} v{s['version']} {s['manifest_sha256']}")
