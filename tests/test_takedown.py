@@ -11,14 +11,13 @@ import sys
 
 import pytest
 import yaml
-from helpers import write_checkpoint_meta
+from helpers import doc_tokens, write_checkpoint_meta
 
 from gristmill.cli import main
 from gristmill.loader.order import samples_at
 from gristmill.manifests import load_manifest
 from gristmill.manifests.doc_index import read_published_doc_index
 from gristmill.manifests.mixture import load_data
-from gristmill.manifests.shards import read_rows
 from gristmill.trainer import skips
 
 pytestmark = pytest.mark.slow
@@ -60,17 +59,6 @@ def version(tmp_path_factory):
 
 def _ids(url):
     return set(read_published_doc_index(load_manifest(url), columns=["doc_id"]).column("doc_id").to_pylist())
-
-
-def _doc_tokens(url):
-    """doc_id -> its tokens, read from the shards through the document index."""
-    pub = load_manifest(url)
-    spans = read_published_doc_index(pub).to_pylist()
-    rows = {i: read_rows(os.path.join(url, s.path)) for i, s in enumerate(pub.manifest.shards)}
-    out = {}
-    for s in spans:
-        out.setdefault(s["doc_id"], []).extend(rows[s["shard"]][s["row"], s["start"]:s["start"] + s["length"]].tolist())
-    return out
 
 
 def _replay(url, run_dirs, removed):
@@ -156,7 +144,7 @@ def test_takedown_by_id_removes_near_copies_and_publishes_a_cheap_verified_versi
         assert new_by_path[s.path] == s
     # Every kept document keeps its tokens, but for a rewritten shard's partial row: dropped from the start
     # of a document that goes on into the next shard, else from the end; never a hole in a document.
-    t1, t2 = _doc_tokens(v1), _doc_tokens(v2)
+    t1, t2 = doc_tokens(load_manifest(v1)), doc_tokens(load_manifest(v2))
     cut = [d for d in t2 if t2[d] != t1[d]]
     assert all(t1[d][:len(t2[d])] == t2[d] or t1[d][-len(t2[d]):] == t2[d] for d in cut)
     assert len(cut) <= len(rewritten) and set(t1) - set(t2) == {"t010", "t030"}

@@ -6,12 +6,12 @@ import random
 from dataclasses import replace
 
 import pytest
+from helpers import doc_tokens
 
 from gristmill.manifests import FileRef, ManifestStore, load_manifest
 from gristmill.manifests import dedup_index as dx
 from gristmill.manifests.doc_index import read_published_doc_index
 from gristmill.manifests.hashing import sha256_file
-from gristmill.manifests.shards import read_rows
 from gristmill.manifests.synthetic import build_synthetic
 from gristmill.manifests.verify import verify_published
 from gristmill.pipeline.dedup_index import index_params, index_rows
@@ -42,15 +42,6 @@ def staged_with_index(root: str):
     return replace(staged.manifest, dedup_index=(FileRef(rel, sha, size, table.num_rows),)), staged.url
 
 
-def _tokens(pub, local_root):
-    spans = read_published_doc_index(pub).to_pylist()
-    rows = {i: read_rows(os.path.join(local_root, s.path)) for i, s in enumerate(pub.manifest.shards)}
-    out = {}
-    for s in spans:
-        out.setdefault(s["doc_id"], []).extend(rows[s["shard"]][s["row"], s["start"]:s["start"] + s["length"]].tolist())
-    return out
-
-
 def test_find_and_rebuild_keep_every_other_document_whole_and_the_version_valid(tmp_path):
     manifest, staging = staged_with_index(str(tmp_path / "build"))
     v1 = ManifestStore(str(tmp_path / "store")).publish(manifest, staging)
@@ -64,7 +55,7 @@ def test_find_and_rebuild_keep_every_other_document_whole_and_the_version_valid(
     spans = read_published_doc_index(v1, columns=["shard", "doc_id"]).to_pylist()
     holding = {v1.manifest.shards[s["shard"]].path for s in spans if s["doc_id"] in found.doc_ids}
     assert set(rebuilt.rewritten) | set(rebuilt.dropped) == holding and len(rebuilt.reused) == 8 - len(holding)
-    t1, t2 = _tokens(v1, v1.url), _tokens(v2, v2.url)
+    t1, t2 = doc_tokens(v1), doc_tokens(v2)
     assert not set(t2) & set(found.doc_ids)
     for d, toks in t2.items():  # whole, or cut only at one end by a rewritten shard's partial row
         assert toks == t1[d] or t1[d][:len(toks)] == toks or t1[d][-len(toks):] == toks, d
