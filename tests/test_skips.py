@@ -138,3 +138,35 @@ def test_spike_detector_warms_up_then_flags_a_rise_and_ignores_falls():
     assert det.check(44, float(loss[-1] - 1.5), 1.0) is None  # a fall is no spike
     g = det.check(45, float(loss[-1]), 40.0)
     assert g is not None and g.metric == "grad_norm"
+
+
+class _Metrics:
+    def __init__(self):
+        self.records = []
+
+    def write(self, record):
+        self.records.append(record)
+
+
+class _Trainer:
+    """What trainer.rewind.on_spike reads of a Trainer, for the actions that do not rewind."""
+
+    def __init__(self, action, rewinds=0):
+        self.cfg = type("Cfg", (), {"spikes": SpikesConfig(action=action, max_rewinds=2)})()
+        self.metrics, self.rank0, self.run_dir, self.rewinds = _Metrics(), True, "runs/x", rewinds
+
+
+@pytest.mark.parametrize("action, rewinds, stops", [("log", 0, False), ("stop", 0, True), ("rewind_skip", 2, True)])
+def test_spike_actions_log_or_stop_naming_the_audit_command(action, rewinds, stops):
+    from gristmill.trainer.errors import TrainingError
+    from gristmill.trainer.rewind import on_spike
+    from gristmill.trainer.spikes import Spike
+
+    trainer, spike = _Trainer(action, rewinds), Spike(40, "loss", 7.5, 2.5, 0.3, 16.7)
+    if stops:
+        with pytest.raises(TrainingError, match=r"loss spike at step 40.*gristmill audit steps runs/x --steps 38:40"):
+            on_spike(trainer, spike)
+    else:
+        assert on_spike(trainer, spike) is False
+    (rec,) = trainer.metrics.records
+    assert rec["kind"] == "spike" and rec["step"] == 40 and rec["action"] == ("stop" if stops else "log")
