@@ -152,12 +152,13 @@ def _index_columns(published: Published) -> list[str]:
 
     from gristmill.manifests.store import join
 
+    from gristmill.manifests.storage import Store
+
+    url = join(published.url, published.manifest.doc_index.path)
     try:
-        store = published.store
-        url = join(published.url, published.manifest.doc_index.path)
-        with (store.open(url, "rb") if store is not None else open(url, "rb")) as f:
+        with (published.store or Store.from_url(url)).open(url) as f:
             return pq.read_schema(f).names
-    except (OSError, ValueError):
+    except (OSError, ValueError):  # read_spans reads (and hash-checks) it next, and says what is wrong
         return []
 
 
