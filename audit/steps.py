@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 from gristmill.manifests import Published
 
 from .checkpoint import Checkpoint
-from .consumed import Consumed, consumed, skipped
+from .consumed import Consumed, order_at, ranks, skipped_indices, trained_indices
 from .seen import DOC_COLUMNS, read_spans, row_offsets
 
 SCORE_COLUMNS = ("lang_score", "quality", "quality_score")  # reported where the document index has them
@@ -82,23 +82,88 @@ def run_metrics(ckpt: Checkpoint, steps: tuple[int, int]) -> dict:
     return out
 
 
-def window_samples(published: Published, ckpt: Checkpoint, steps: tuple[int, int]) -> tuple[Consumed, np.ndarray]:
-    """The trained and the skipped samples of the window, together, and per sample its skip (-1: trained)."""
-    used = consumed(published.manifest, ckpt, steps)
-    sk, which = skipped(published.manifest, ckpt, steps)
-    both = Consumed(*(np.concatenate([getattr(used, f), getattr(sk, f)]) for f in ("index", "step", "rank", "shard", "row")))
-    return both, np.concatenate([np.full(len(used), -1, dtype=np.int64), which])
+@dataclass(frozen=True)
+class Part:
+    """The window's samples of one dataset (a plain checkpoint's, or one mixture component's), in that
+    dataset's own shards and rows: ``skip_of`` is each sample's position in ``ckpt.skips`` (-1: trained);
+    ``prior`` the row keys of the samples of the steps before the window (for ``seen_before``)."""
+
+    name: str | None  # the mixture component; None for a dataset
+    published: Published
+    window: Consumed
+    skip_of: np.ndarray
+    micro: np.ndarray
+    prior: np.ndarray
 
 
-def audit_steps(published: Published, ckpt: Checkpoint, steps: tuple[int, int]) -> StepsReport:
+def parts(published, ckpt: Checkpoint, steps: tuple[int, int]) -> list[Part]:
+    """The window (trained and skipped samples) and the samples before it, per dataset of the data."""
+    from gristmill.manifests.mixture import is_mixture
+
+    index, step = trained_indices(ckpt, steps)
+    sk_index, sk_step, which = skipped_indices(ckpt, steps)
+    index, step = np.concatenate([index, sk_index]), np.concatenate([step, sk_step])
+    skip_of = np.concatenate([np.full(len(index) - len(sk_index), -1, np.int64), which])
+    rank = ranks(index, step, ckpt)
+    rewound = np.zeros(len(index), bool)  # a rewind's samples: no rank trained them
+    rewound[len(index) - len(which):] = [ckpt.skips[w]["kind"] == "rewind" for w in which]
+    rank[rewound] = -1
+    before = trained_indices(ckpt, (ckpt.first_step, steps[0] - 1))[0] if steps[0] > ckpt.first_step else \
+        np.zeros(0, np.int64)
+    if not is_mixture(published):
+        shard, row = order_at(published.manifest, ckpt, index)
+        pshard, prow = order_at(published.manifest, ckpt, before)
+        window = Consumed(index, step, rank, shard, row)
+        return [Part(None, published, window, skip_of, micro_batches(window, ckpt),
+                     row_offsets(published.manifest)[pshard] + prow)]
+    from .mixture import mixture_order
+
+    order = mixture_order(published, ckpt)
+    comp, _, shard, row = order.locate_components(index)
+    pcomp, _, pshard, prow = order.locate_components(before)
+    out = []
+    for c, (spec, pub) in enumerate(zip(published.manifest.components, published.components)):
+        sel, psel = comp == c, pcomp == c
+        window = Consumed(index[sel], step[sel], rank[sel], shard[sel], row[sel])
+        out.append(Part(spec.name, pub, window, skip_of[sel], micro_batches(window, ckpt),
+                        row_offsets(pub.manifest)[pshard[psel]] + prow[psel]))
+    return out
+
+
+def audit_steps(published, ckpt: Checkpoint, steps: tuple[int, int]) -> StepsReport:
+    """The window's documents and samples (a mixture's per component, ids ``<component>/<doc_id>``)."""
+    skip_reason = np.array([f"{s['kind']} at step {s['step']}: {s['reason']}" for s in ckpt.skips] + [None], dtype=object)
+    ps = parts(published, ckpt, steps)
+    tables = [_part_tables(p, skip_reason) for p in ps]
+    samples = pa.concat_tables([t[0] for t in tables], promote_options="permissive") \
+        .sort_by([("step", "ascending"), ("index", "ascending"), ("tokens", "descending")])
+    documents = pa.concat_tables([t[1] for t in tables], promote_options="permissive") \
+        .sort_by([("first_step", "ascending"), ("_first_index", "ascending")]).drop_columns(["_first_index"])
     m = published.manifest
-    offsets = row_offsets(m)
-    first_step = ckpt.first_step
-    window, skip_of = window_samples(published, ckpt, steps)
-    micro = micro_batches(window, ckpt)
+    metrics = run_metrics(ckpt, steps)
+    skips = [s for s in ckpt.skips if s["step"] >= steps[0] and (s.get("after_step") or s["step"] - 1) < steps[1]]
+    summary = {
+        "checkpoint": ckpt.path, "steps": [steps[0], steps[1]], "dataset": getattr(m, "dataset", None) or m.name,
+        "components": [p.name for p in ps] if ps[0].name else None,
+        "version": m.version, "manifest_sha256": m.sha256, "manifest_url": published.url,
+        "global_batch": ckpt.global_batch,
+        "samples_trained": sum(int((p.skip_of < 0).sum()) for p in ps),
+        "samples_skipped": sum(int((p.skip_of >= 0).sum()) for p in ps),
+        "documents": documents.num_rows, "skips": skips, **metrics,
+    }
+    return StepsReport(summary, samples, documents)
 
-    columns = DOC_COLUMNS + [c for c in SCORE_COLUMNS if c in _index_columns(published)]
-    spans = read_spans(published, columns=columns)
+
+def _part_tables(part: Part, skip_reason: np.ndarray) -> tuple[pa.Table, pa.Table]:
+    """(samples, documents, part) of one dataset's share of the window."""
+    pub, window, skip_of, micro = part.published, part.window, part.skip_of, part.micro
+    m = pub.manifest
+    offsets = row_offsets(m)
+    columns = DOC_COLUMNS + [c for c in SCORE_COLUMNS if c in _index_columns(pub)]
+    spans = read_spans(pub, columns=columns)
+    if part.name is not None:  # a mixture's documents are (component, id), as everywhere in the audit
+        spans = spans.set_column(spans.schema.get_field_index("doc_id"), "doc_id",
+                                 pc.binary_join_element_wise(part.name, spans.column("doc_id"), "/"))
     span_keys = offsets[spans.column("shard").to_numpy()] + spans.column("row").to_numpy()
     by_key = np.argsort(span_keys, kind="stable")
     sorted_keys = span_keys[by_key]
@@ -114,8 +179,7 @@ def audit_steps(published: Published, ckpt: Checkpoint, steps: tuple[int, int]) 
     span_of = by_key[np.repeat(lo, counts) + (np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts))]
 
     # Seen before: samples of the run's earlier steps (on this manifest) holding a span of the document.
-    before = consumed(m, ckpt, (first_step, steps[0] - 1)) if steps[0] > first_step else None
-    prior = np.sort(offsets[before.shard] + before.row) if before is not None else np.zeros(0, np.int64)
+    prior = np.sort(part.prior)
     in_window = np.zeros(n_docs, dtype=bool)
     in_window[codes[span_of]] = True
     wanted = np.flatnonzero(in_window[codes])  # only the spans of the window's documents are counted
@@ -123,8 +187,7 @@ def audit_steps(published: Published, ckpt: Checkpoint, steps: tuple[int, int]) 
     seen_before = np.bincount(codes[wanted], weights=prior_hits, minlength=n_docs).astype(np.int64)
     total_tokens = np.bincount(codes[wanted], weights=length[wanted], minlength=n_docs).astype(np.int64)
 
-    skip_reason = np.array([f"{s['kind']} at step {s['step']}: {s['reason']}" for s in ckpt.skips] + [None], dtype=object)
-    paths = pa.array([s.path for s in m.shards], pa.string())
+    paths = pa.array([(f"{part.name}/" if part.name else "") + s.path for s in m.shards], pa.string())
     trained = skip_of[sample_of] < 0
     samples = pa.table({
         "step": window.step[sample_of], "rank": window.rank[sample_of], "micro_batch": micro[sample_of],
@@ -132,19 +195,10 @@ def audit_steps(published: Published, ckpt: Checkpoint, steps: tuple[int, int]) 
         "row": window.row[sample_of], "doc_id": spans.column("doc_id").take(span_of),
         "tokens": length[span_of], "trained": trained,
         "skipped": pa.array(skip_reason[skip_of[sample_of]], pa.string()),
-    }).sort_by([("step", "ascending"), ("index", "ascending"), ("tokens", "descending")])
-
+    })
     documents = _documents(spans, span_of, codes, sample_of, window, micro, trained, skip_reason[skip_of[sample_of]],
                            seen_before, total_tokens, columns)
-    metrics = run_metrics(ckpt, steps)
-    skips = [s for s in ckpt.skips if s["step"] >= steps[0] and (s.get("after_step") or s["step"] - 1) < steps[1]]
-    summary = {
-        "checkpoint": ckpt.path, "steps": [steps[0], steps[1]], "dataset": m.dataset, "version": m.version,
-        "manifest_sha256": m.sha256, "manifest_url": published.url, "global_batch": ckpt.global_batch,
-        "samples_trained": int((skip_of < 0).sum()), "samples_skipped": int((skip_of >= 0).sum()),
-        "documents": documents.num_rows, "skips": skips, **metrics,
-    }
-    return StepsReport(summary, samples, documents)
+    return samples, documents
 
 
 def _index_columns(published: Published) -> list[str]:
@@ -192,5 +246,4 @@ def _documents(spans, span_of, codes, sample_of, window, micro, trained, skipped
         "skipped": g.column("skipped_distinct"),  # why its skipped samples were (empty: all trained)
         "_first_index": g.column("index_min"),
     })
-    docs = pa.table(out).sort_by([("first_step", "ascending"), ("_first_index", "ascending")])
-    return docs.drop_columns(["_first_index"])
+    return pa.table(out)  # sorted, and _first_index dropped, once the parts are together

@@ -2,6 +2,7 @@
 skips, on meta.json written through trainer.meta and the real loader order (fast; the trained run
 with a planted spike is tests/test_spikes_train.py)."""
 import json
+import os
 
 import numpy as np
 import pytest
@@ -170,3 +171,40 @@ def test_spike_actions_log_or_stop_naming_the_audit_command(action, rewinds, sto
         assert on_spike(trainer, spike) is False
     (rec,) = trainer.metrics.records
     assert rec["kind"] == "spike" and rec["step"] == 40 and rec["action"] == ("stop" if stops else "log")
+
+
+def test_audit_steps_on_a_mixture_names_each_component_and_honours_a_rewind(tmp_path, capsys):
+    import yaml
+
+    from gristmill.loader.mixture import MixtureOrder
+    from gristmill.manifests.mixture import load_data
+    from gristmill.manifests.synthetic import build_synthetic
+    from gristmill.trainer.meta import data_fields
+
+    root = str(tmp_path / "data")
+    build_synthetic(root, dataset="web", shard_rows=(40, 30), val_rows=(), seed=1)
+    build_synthetic(root, dataset="code", shard_rows=(20,), val_rows=(), seed=2)
+    job = tmp_path / "mix.yaml"
+    job.write_text(yaml.safe_dump({"name": "blend", "store": os.path.join(root, "store"), "components": [
+        {"dataset": "web", "weight": 0.75}, {"dataset": "code", "weight": 0.25}]}))
+    assert main(["mix", str(job)]) == 0
+    mix = load_data(os.path.join(root, "store", "blend"))
+    recs = [REWIND]
+    ckpt_dir = write_checkpoint_meta(str(tmp_path / "run"), mix, step=8, skips=recs,
+                                     loader__next_index=skips.next_index(8, B, recs),
+                                     **{f"data__{k}": v for k, v in data_fields(mix).items()})
+    ckpt = read_checkpoint(ckpt_dir)
+    report = audit_steps(mix, ckpt, (6, 7))
+    # trained: steps 6-7 after the skip, [64, 80); skipped: what steps 6-7 would have read, [40, 56)
+    index = np.r_[64:80, 40:56]
+    comp, _, shard, row = MixtureOrder(mix, "train", 3, "global").locate_components(index)
+    names = ["web", "code"]
+    expected = {f"{names[c]}/doc-{s}-{r}" for c, s, r in zip(comp.tolist(), shard.tolist(), row.tolist())}
+    docs = {d["doc_id"]: d for d in report.documents.to_pylist()}
+    assert set(docs) == expected and report.summary["components"] == names
+    assert report.summary["samples_trained"] == 16 and report.summary["samples_skipped"] == 16
+    assert {d for d, x in docs.items() if x["samples_skipped"]} == \
+        {f"{names[c]}/doc-{s}-{r}" for c, s, r in zip(comp[16:].tolist(), shard[16:].tolist(), row[16:].tolist())}
+    capsys.readouterr()
+    assert main(["audit", "steps", ckpt_dir, "--steps", "6:7"]) == 0
+    assert "code/doc-" in capsys.readouterr().out

@@ -164,16 +164,12 @@ def _steps(args) -> int:
     from gristmill.audit.checkpoint import AuditError
     from gristmill.audit.output import check_output_path, write_table
     from gristmill.audit.steps import audit_steps
-    from gristmill.manifests.mixture import is_mixture
 
     if not args.steps:
         raise AuditError("audit steps: --steps A:B is required (the window to list, e.g. the steps around a spike)")
     check_output_path(args.out)
     check_output_path(args.samples_out)
     ckpt, published, steps, _ = _open(args)
-    if is_mixture(published):
-        raise AuditError(f"audit steps: {published.url} is a mixture; audit one component's version with "
-                         f"`gristmill audit seen --steps` (per component), or its documents with `audit doc`")
     report = audit_steps(published, ckpt, steps)
     if args.out:
         write_table(report.documents, args.out)
@@ -185,7 +181,8 @@ def _steps(args) -> int:
         sys.stdout.write(json.dumps({**s, "documents": report.documents.to_pylist()}, sort_keys=True, default=str) + "\n")
         return 0
     print(f"checkpoint   {ckpt.path} (step {ckpt.step}, global batch {ckpt.global_batch})")
-    print(f"manifest     {s['dataset']} v{s['version']} {s['manifest_sha256']}")
+    print(f"{'mixture ' if s['components'] else 'manifest'}     {s['dataset']} v{s['version']} {s['manifest_sha256']}"
+          + (f" (components {', '.join(s['components'])}: documents named <component>/<doc_id>)" if s["components"] else ""))
     print(f"steps        {steps[0]}:{steps[1]}  {s['samples_trained']:,} samples trained, {s['samples_skipped']:,} "
           f"skipped, {s['documents']:,} documents")
     for e in s["losses"]:

@@ -196,7 +196,6 @@ def spikes_section(page: Page, spikes: list[dict], run_dir: str) -> None:
     from gristmill.audit import open_manifest, read_checkpoint
     from gristmill.audit.steps import audit_steps
     from gristmill.errors import GristmillError
-    from gristmill.manifests.mixture import is_mixture
 
     sec = page.section("spikes", "Loss spikes and the documents behind them")
     sec.add(Table(["step", "metric", "value", "running mean", "spreads above", "action"],
@@ -206,10 +205,6 @@ def spikes_section(page: Page, spikes: list[dict], run_dir: str) -> None:
         published = open_manifest(ckpt)
     except GristmillError as e:
         sec.add(Note(f"The audit could not list the spikes' documents: {e}", missing=True))
-        return
-    if is_mixture(published):
-        sec.add(Note("Trained on a mixture: list a spike's documents per component with gristmill audit doc / seen "
-                     "--steps.", missing=True))
         return
     for r in spikes[:5]:
         window = (max(ckpt.first_step, r["step"] - 2), r["step"])
