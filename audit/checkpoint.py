@@ -31,7 +31,8 @@ class CheckpointNotFoundError(AuditError, FileNotFoundError):
 @dataclass(frozen=True)
 class Checkpoint:
     """Optimizer step n (1-based, as in step-<N>/, metrics.jsonl, samples.jsonl) consumed global
-    sample indices [(n-1)*B, n*B); checkpoint step-<N> holds the model after samples [0, N*B)."""
+    sample indices [(n-1)*B, n*B) shifted past the rewinds' skips before it; checkpoint step-<N> holds
+    the model after samples [0, next_index) less the skipped ones (trainer/skips.py)."""
 
     path: str  # the checkpoint directory
     step: int  # optimizer steps completed
@@ -47,6 +48,7 @@ class Checkpoint:
     manifest_changes: tuple[dict, ...]  # resumes onto another manifest, explicitly allowed (trainer)
     world_sizes: tuple[tuple[int, int | None], ...]  # (last step, world size) per segment of the run; None: unknown
     meta: dict
+    skips: tuple[dict, ...] = ()  # samples no update came from: rewinds past a spike, bad steps (trainer/skips.py)
 
     @property
     def first_step(self) -> int:
@@ -92,6 +94,7 @@ def read_checkpoint(path: str) -> Checkpoint:
         manifest_changes=tuple(meta.get("manifest_changes") or ()),
         world_sizes=world_size_segments(ckpt_dir, meta),
         meta=meta,
+        skips=tuple(meta.get("skips") or ()),
     )
 
 

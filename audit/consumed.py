@@ -2,7 +2,10 @@
 
 Optimizer step ``n`` (1-based, the trainer's numbering in ``step-<N>/``, metrics.jsonl and
 samples.jsonl) with global batch ``B`` consumed global indices ``[(n-1)*B, n*B)``; rank ``r``
-of ``W`` took the contiguous slice ``[(n-1)*B + r*B/W, (n-1)*B + (r+1)*B/W)``. The loader's
+of ``W`` took the contiguous slice ``[(n-1)*B + r*B/W, (n-1)*B + (r+1)*B/W)``. Skips move that
+(trainer/skips.py, one implementation): a rewind past a loss spike shifts every later step by the
+indices it passed over, and a bad step's samples (a skipped non-finite update) count as consumed by
+no update, so neither is ever "seen"; :func:`skipped` lists them for ``audit doc`` and ``audit steps``. The loader's
 pure order function maps each global index to ``(shard, row)``. The audit calls that same
 function, never a copy of it, so its answer is the loader's answer by construction.
 """
@@ -13,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gristmill.manifests import Manifest
+from gristmill.trainer import skips as skips_
 
 from .checkpoint import AuditError, Checkpoint
 
@@ -69,12 +73,37 @@ def order_at(manifest: Manifest, ckpt: Checkpoint, indices: np.ndarray) -> tuple
 
 def consumed(manifest: Manifest, ckpt: Checkpoint, steps: tuple[int, int] | None = None) -> Consumed:
     """The samples of steps ``first..last`` inclusive (default: every step on this manifest)."""
-    first, last = steps if steps is not None else parse_steps(None, ckpt)
-    B = ckpt.global_batch
-    index = np.arange((first - 1) * B, last * B, dtype=np.int64)
+    index, step = trained_indices(ckpt, steps if steps is not None else parse_steps(None, ckpt))
     shard, row = order_at(manifest, ckpt, index)
-    step = index // B + 1
     return Consumed(index=index, step=step, rank=ranks(index, step, ckpt), shard=shard, row=row)
+
+
+def trained_indices(ckpt: Checkpoint, steps: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """(global index, step) of the samples steps ``first..last`` trained on: past the rewinds, less bad steps."""
+    index, step = skips_.step_indices(steps[0], steps[1], ckpt.global_batch, ckpt.skips)
+    trained = ~skips_.bad_step_mask(index, ckpt.skips)
+    return index[trained], step[trained]
+
+
+def skipped_indices(ckpt: Checkpoint, steps: tuple[int, int] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(global index, step, position in ``ckpt.skips``) of the skipped samples whose step (the one that
+    read it, or would have before a rewind) lies in ``steps`` (default: all)."""
+    index, step, which = skips_.skipped_samples(ckpt.skips, ckpt.global_batch)
+    if steps is not None:
+        sel = (step >= steps[0]) & (step <= steps[1])
+        index, step, which = index[sel], step[sel], which[sel]
+    return index, step, which
+
+
+def skipped(manifest: Manifest, ckpt: Checkpoint, steps: tuple[int, int] | None = None) -> tuple[Consumed, np.ndarray]:
+    """The skipped samples whose step (the one that read it, or would have before a rewind) lies in
+    ``steps`` (default: all), and for each its position in ``ckpt.skips``. A rewind's samples have rank -1:
+    no rank trained them."""
+    index, step, which = skipped_indices(ckpt, steps)
+    shard, row = order_at(manifest, ckpt, index)
+    rank = ranks(index, step, ckpt)
+    rank[np.array([ckpt.skips[w]["kind"] == "rewind" for w in which], dtype=bool)] = -1
+    return Consumed(index=index, step=step, rank=rank, shard=shard, row=row), which
 
 
 def ranks(index: np.ndarray, step: np.ndarray, ckpt: Checkpoint) -> np.ndarray:

@@ -11,8 +11,11 @@ from .consumed import Consumed
 from .seen import read_spans, row_offsets
 
 
-def audit_doc(published: Published, ckpt: Checkpoint, used: Consumed, doc_id: str) -> dict:
-    """Every consumption of any row holding a span of ``doc_id``, plus its provenance."""
+def audit_doc(published: Published, ckpt: Checkpoint, used: Consumed, doc_id: str,
+              skipped: tuple[Consumed, np.ndarray] | None = None) -> dict:
+    """Every consumption of any row holding a span of ``doc_id``, plus its provenance; with ``skipped``
+    (audit.consumed.skipped: the skipped samples and their skip records) also every sample of it that
+    was skipped, "skipped at step s" (never counted as seen)."""
     m = published.manifest
     # A predicate pushed into the Parquet reader: row groups whose doc_id statistics exclude it are skipped.
     spans = read_spans(published, filters=[("doc_id", "=", doc_id)])
@@ -31,6 +34,15 @@ def audit_doc(published: Published, ckpt: Checkpoint, used: Consumed, doc_id: st
          "shard": m.shards[used.shard[i]].path, "row": int(used.row[i]), "tokens": lengths[span_of_key[int(keys[i])]]}
         for i in np.flatnonzero(hit)
     ]
+    passed_over = []
+    if skipped is not None:
+        sk, which = skipped
+        sk_keys = offsets[sk.shard] + sk.row
+        for i in np.flatnonzero(np.isin(sk_keys, doc_keys)):
+            rec = ckpt.skips[int(which[i])]
+            passed_over.append({"step": int(sk.step[i]), "skipped_at_step": int(rec["step"]), "kind": rec["kind"],
+                                "reason": rec["reason"], "index": int(sk.index[i]), "shard": m.shards[sk.shard[i]].path,
+                                "row": int(sk.row[i]), "tokens": lengths[span_of_key[int(sk_keys[i])]]})
     first = spans.slice(0, 1).to_pylist()[0]
     inputs = {i.uri: i for i in m.inputs}
     source = inputs.get(first["source"])
@@ -45,6 +57,7 @@ def audit_doc(published: Published, ckpt: Checkpoint, used: Consumed, doc_id: st
         "steps": sorted({o["step"] for o in occurrences}),
         "ranks": sorted({o["rank"] for o in occurrences}),
         "occurrences": occurrences,
+        "skipped": passed_over,
         "provenance": {
             "source": first["source"], "position": first["position"], "lang": first["lang"], "url": first.get("url"),
             "input_sha256": source.sha256 if source else None, "input_bytes": source.bytes if source else None,

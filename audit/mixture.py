@@ -14,7 +14,7 @@ import pyarrow as pa
 from gristmill.manifests.mixture import PublishedMixture
 
 from .checkpoint import AuditError, Checkpoint
-from .consumed import Consumed, ranks
+from .consumed import Consumed, ranks, trained_indices
 
 
 def mixture_order(mix: PublishedMixture, ckpt: Checkpoint):
@@ -27,11 +27,8 @@ def mixture_order(mix: PublishedMixture, ckpt: Checkpoint):
 
 def consumed_components(mix: PublishedMixture, ckpt: Checkpoint, steps: tuple[int, int]) -> list[Consumed]:
     """Per component (manifest order), the samples of steps ``first..last`` it served, shard and row in its own manifest."""
-    first, last = steps
-    B = ckpt.global_batch
-    index = np.arange((first - 1) * B, last * B, dtype=np.int64)
+    index, step = trained_indices(ckpt, steps)  # past the rewinds, less bad steps (trainer/skips.py)
     comp, _, shard, row = mixture_order(mix, ckpt).locate_components(index)
-    step = index // B + 1
     rank = ranks(index, step, ckpt)
     return [Consumed(index=index[sel], step=step[sel], rank=rank[sel], shard=shard[sel], row=row[sel])
             for sel in (comp == c for c in range(len(mix.components)))]

@@ -11,6 +11,9 @@ Row content (``tokens``):
   tokens of a served sample say which row it is (tests check rows against content, not against the order);
 - ``"counting"``: each row counts up by 1 or 2 from a random start (a tiny model learns it in a few steps).
 
+``poison=((shard, row, token), ...)`` overwrites those rows with one token repeated: a planted
+"poison" document that a model trained on the rest finds very surprising (a loss spike, tests/test_spikes_train.py).
+
 Documents (the doc index): by default one per row, ``doc-<shard>-<row>`` from source
 ``source_uri(shard)`` at position ``row``. With ``doc_tokens=(lo, hi)`` documents of ``lo..hi``
 tokens are laid end to end over each split and cut at row boundaries, as the pipeline packs
@@ -123,7 +126,8 @@ def build_synthetic(root: str, *, dataset: str = "synthetic", seq_len: int = 16,
                     shard_rows: tuple[int, ...] = (40, 30, 50), val_rows: tuple[int, ...] = (8,),
                     vocab_size: int = 512, seed: int = 0, tokens: str = "marked",
                     doc_tokens: tuple[int, int] | None = None, sources: int = 1, langs: tuple[str, ...] = ("en",),
-                    publish: bool = True, stats: dict | None = None) -> Published:
+                    publish: bool = True, stats: dict | None = None,
+                    poison: tuple[tuple[int, int, int], ...] = ()) -> Published:
     """Write a dataset under ``root`` and publish it to ``<root>/store/<dataset>`` (the new version).
 
     ``shard_rows`` / ``val_rows``: rows of each train / validation shard. With ``publish=False``
@@ -143,6 +147,9 @@ def build_synthetic(root: str, *, dataset: str = "synthetic", seq_len: int = 16,
     for split, sizes in (("train", shard_rows), ("validation", val_rows)):
         ids = list(range(len(b.shards), len(b.shards) + len(sizes)))
         rows = [_rows(rng, tokens, n, width, vocab_size, i) for i, n in zip(ids, sizes)]
+        for shard, row, token in poison:
+            if shard in ids:
+                rows[ids.index(shard)][row, :] = token
         if sizes and doc_tokens is None:
             parts.append(_one_doc_per_row(ids, list(sizes), width, langs[0]))
         elif sizes:
@@ -155,7 +162,8 @@ def build_synthetic(root: str, *, dataset: str = "synthetic", seq_len: int = 16,
                                    for p in parts]))  # no url column: the writer adds it (null)
     n_sources = sources if doc_tokens is not None else len(b.shards)
     config = {"synthetic": {"tokens": tokens, "seed": seed, "shard_rows": list(shard_rows), "val_rows": list(val_rows),
-                            "doc_tokens": list(doc_tokens) if doc_tokens else None}}
+                            "doc_tokens": list(doc_tokens) if doc_tokens else None,
+                            **({"poison": [list(p) for p in poison]} if poison else {})}}
     m = b.manifest(inputs=[Input(source_uri(i), 1, "0" * 64) for i in range(n_sources)], config=config,
                    code_version="synthetic", stats=stats if stats is not None else {"pack": {"rows": sum(shard_rows)}})
     if not publish:

@@ -266,3 +266,17 @@ def sigint_as_a_terminal_sends_it() -> None:
     script (``make test &``) inherits SIGINT ignored, and Python keeps an ignored SIGINT ignored,
     so without this the test would measure how pytest was started rather than the product."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def doc_tokens(published, root: str | None = None) -> dict[str, list[int]]:
+    """doc_id -> its tokens, read from the shards (under ``root``, default the version dir) through the
+    document index: what a takedown must leave whole (tests/test_takedown*.py)."""
+    from gristmill.manifests.doc_index import read_published_doc_index
+    from gristmill.manifests.shards import read_rows
+
+    root = root or published.url
+    rows = {i: read_rows(os.path.join(root, s.path)) for i, s in enumerate(published.manifest.shards)}
+    out: dict[str, list[int]] = {}
+    for s in read_published_doc_index(published).to_pylist():
+        out.setdefault(s["doc_id"], []).extend(rows[s["shard"]][s["row"], s["start"]:s["start"] + s["length"]].tolist())
+    return out

@@ -221,6 +221,8 @@ def test_non_finite_steps_are_skipped_then_stop_the_run(data, tmp_path):
     assert recs[6]["skipped_total"] == 4
     assert all(np.isfinite(recs[s]["loss"]) for s in (1, 3))
     assert meta(run_dir, 3)["bad_steps"] == {"skipped_total": 1, "consecutive": 0}
+    # step 2's samples trained nothing: recorded for the audit (trainer/skips.py), which leaves them out
+    assert [(r["kind"], r["start"], r["end"], r["step"]) for r in meta(run_dir, 3)["skips"]] == [("bad_step", 8, 16, 2)]
 
 
 def test_resume_passes_over_forged_checkpoints_without_running_their_code(reference, data, tmp_path):

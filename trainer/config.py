@@ -96,6 +96,20 @@ class EvalConfig(Section):
     global_batch: Annotated[Int, Field(ge=0, le=MAX_BATCH)] = 0  # 0 = data.global_batch
 
 
+class SpikesConfig(Section):
+    """Loss-spike detection (trainer/spikes.py, docs/trainer.md "Spikes"): a value is a spike when it
+    exceeds its running forecast by ``z`` running spreads (exponentially smoothed level, trend and error variance)."""
+
+    action: Literal["log", "stop", "rewind_skip"] = "log"
+    loss_z: PositiveFloat = 6.0  # loss spread units above the running mean that make a spike
+    grad_norm_z: PositiveFloat | None = None  # the same for the gradient norm; None: not watched
+    warmup_steps: NonNegativeInt = 20  # steps that only feed the running statistics (early loss falls fast)
+    ema_steps: PositiveInt = 50  # the running statistics' horizon (smoothing weight 1/ema_steps)
+    min_spread: Annotated[Float, Field(ge=0)] = 0.01  # the spread is at least this fraction of the mean: a flat loss is no hair trigger
+    skip_steps: NonNegativeInt = 0  # rewind_skip: skip this many steps' samples from the checkpoint; 0: the spike's window
+    max_rewinds: PositiveInt = 3  # rewinds in one process before a spike stops the run instead
+
+
 class TrainConfig(Section):
     run: RunConfig = RunConfig()
     # validate_default: a job without a data section still gets `data.manifest: ... required`.
@@ -105,6 +119,7 @@ class TrainConfig(Section):
     optimizer: OptimizerConfig = OptimizerConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     eval: EvalConfig = EvalConfig()
+    spikes: SpikesConfig | None = None  # absent: no detection
 
 
 def load(path: str, overrides: Iterable[str] = ()) -> TrainConfig:

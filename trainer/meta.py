@@ -26,6 +26,7 @@ from gristmill.manifests.errors import ManifestDecodeError
 from gristmill.manifests.manifest import MAX_SEQ_LEN, parse_json
 from gristmill.manifests.storage import atomic_write
 
+from . import skips as skips_
 from .errors import CheckpointError  # noqa: F401  (raised here; trainer.errors is its home)
 
 FORMAT = "gristmill-checkpoint-v2"
@@ -39,19 +40,21 @@ REQUIRED = ("step", "world_size", "global_batch", "seq_len", "loader.next_index"
             "data.manifest_sha256", "data.manifest_url")
 DATA_KINDS = ("dataset", "mixture")  # what data.manifest_sha256 names; absent: dataset
 DATA_POSITION = ("step", "world_size", "global_batch", "loader", "data.manifest_sha256", "data.split",
-                 "manifest_changes")
+                 "manifest_changes", "skips")
+OPTIONAL_POSITION = ("skips",)  # absent in checkpoints written before skips were recorded (none then)
 
 
 def new_meta(*, step: int, world_size: int, global_batch: int, seq_len: int, loader: dict, manifest_sha256: str,
              manifest_url: str, split: str = "train", data: dict | None = None, manifest_changes: list | tuple = (),
-             resumed_from: str | None = None, job: dict | None = None, **extra) -> dict:
+             resumed_from: str | None = None, job: dict | None = None, skips: list | tuple = (), **extra) -> dict:
     """A meta.json's content: the required fields plus ``extra`` (the trainer adds RNG, model,
     scheduler, versions...). ``loader`` is the loader's state_dict(); ``data`` adds fields to the
-    ``data`` section (dataset name, version)."""
+    ``data`` section (dataset name, version); ``skips`` the skipped sample ranges (trainer/skips.py)."""
     return {"format": FORMAT, "step": step, "world_size": world_size, "global_batch": global_batch, "seq_len": seq_len,
             "tokens_seen": step * global_batch * seq_len, "loader": dict(loader),
             "data": {**(data or {}), "manifest_sha256": manifest_sha256, "manifest_url": manifest_url, "split": split},
-            "manifest_changes": list(manifest_changes), "resumed_from": resumed_from, "job": job or {}, **extra}
+            "manifest_changes": list(manifest_changes), "skips": [dict(s) for s in skips], "resumed_from": resumed_from,
+            "job": job or {}, **extra}
 
 
 def data_fields(published) -> dict:
@@ -125,9 +128,14 @@ def validate(meta: dict, where: str) -> None:
     if isinstance(step, bool) or step < 0:
         raise CheckpointError(f"{where}: step {step!r} is negative: a checkpoint is saved after optimizer step 0 or later")
     _check_tokens_seen(meta, where)
-    if loader["next_index"] != step * B:
-        raise CheckpointError(f"{where}: loader.next_index {loader['next_index']} is not step {step} x global_batch {B} "
-                              f"= {step * B}; optimizer step n consumes samples [(n-1)*B, n*B)")
+    skips = meta.get("skips", [])
+    if (bad := skips_.problem(skips, step, B)) is not None:
+        raise CheckpointError(f"{where}: {bad}")
+    expected, shift = skips_.next_index(step, B, skips), skips_.shift_before(skips, step + 1)
+    if loader["next_index"] != expected:
+        raise CheckpointError(f"{where}: loader.next_index {loader['next_index']} is not step {step} x global_batch {B}"
+                              + (f" + {shift} skipped at rewinds" if shift else "") + f" = {expected}; optimizer "
+                              f"step n consumes samples [(n-1)*B, n*B) after the skips before it (trainer/skips.py)")
     if loader.get("global_batch", B) != B:
         raise CheckpointError(f"{where}: loader.global_batch {loader['global_batch']} differs from global_batch {B}")
     data_sha = meta["data"]["manifest_sha256"]
@@ -171,6 +179,8 @@ def data_position(meta: dict) -> dict:
     """The fields of :data:`DATA_POSITION`, flattened to dotted names (``loader.seed``, ...)."""
     out = {}
     for dotted in DATA_POSITION:
+        if dotted in OPTIONAL_POSITION and dotted not in meta:
+            continue
         value = get(meta, dotted, META_FILE)
         if isinstance(value, dict):
             out.update({f"{dotted}.{k}": v for k, v in value.items()})

@@ -33,7 +33,10 @@ from .optim import build_optimizer
 from .parallelize import build_mesh, build_model, init_distributed, resolve_attention, resolve_mixed_precision
 from .resume import check_model_args, check_resume, check_states_match_meta
 from .run_log import RunLog, report_interval
+from .rewind import on_spike
 from .sample_log import SampleLog
+from .skips import record as skip_record
+from .spikes import SpikeDetector
 from .signals import StopSignals
 from .state import LoaderState, ModelState, OptimizerState, TrainState, WarmupCosine
 from .step import local_batch_sizes, train_step
@@ -96,6 +99,9 @@ class Trainer:
                                          before_commit=self.hooks.before_commit, enabled=cfg.checkpoint.enabled,
                                          every=cfg.checkpoint.every)
         self.manifest_changes: list[dict] = []
+        self.skips: list[dict] = []  # samples trained on by no update (trainer/skips.py), carried in every meta.json
+        self.spikes = SpikeDetector(cfg.spikes) if cfg.spikes is not None else None
+        self.rewinds = 0
         self.resumed_from: str | None = None
         self.flops_per_token = flops_per_token(self.args, self.seq_len)
         self.peak = peak_flops(device_name(d.device))
@@ -139,6 +145,7 @@ class Trainer:
         self.loader_state.manifest_sha256 = self.manifest.sha256  # a change was allowed, or there is none
         self.checkpointer.load(path, self.states, meta)
         check_states_match_meta(meta, path, self.train_state, self.loader_state.loaded)
+        self.skips = list(meta.get("skips") or [])
         if self.dist.rank < len(meta["rng"]):
             set_rng_state(meta["rng"][self.dist.rank])
         self.resumed_from = path
@@ -158,7 +165,9 @@ class Trainer:
         it = iter(self.loader)
         self.model.train()
         with StopSignals() as stop:
-            for step in range(start_step + 1, end_step + 1):
+            step = start_step
+            while step < end_step:
+                step += 1
                 t0 = time.perf_counter()
                 batch = self.next_batch(it, step)
                 wait_s = time.perf_counter() - t0
@@ -184,6 +193,10 @@ class Trainer:
                 losses.append(loss)
                 if not ok:
                     self.check_bad_steps(step, loss, grad_norm)
+                elif self.spikes and (spike := self.spikes.check(step, loss, grad_norm)) and on_spike(self, spike):
+                    it.close()  # rewound (trainer/rewind.py): on from the checkpoint's step, past the skipped samples
+                    step, it = ts.step, iter(self.loader)
+                    continue
 
                 if cfg.eval.every and step % cfg.eval.every == 0:
                     self.evaluate(step)
@@ -230,6 +243,8 @@ class Trainer:
 
     def check_bad_steps(self, step: int, loss: float, grad_norm: float) -> None:
         ts, limit = self.train_state, self.cfg.optimizer.max_bad_steps
+        end = self.loader.next_index  # this step's samples trained nothing: recorded, the audit leaves them out
+        self.skips.append(skip_record("bad_step", end - self.global_batch, end, step, "non-finite loss or grad norm"))
         if self.rank0:
             log.warning("step %d: non-finite loss %s or grad norm %s: optimizer step skipped (%d in a row, %d total)",
                         step, loss, grad_norm, ts.consecutive_bad, ts.skipped_total)
@@ -245,7 +260,7 @@ class Trainer:
         return new_meta(
             step=step, world_size=self.dist.world_size, global_batch=self.global_batch, seq_len=self.seq_len,
             loader=self.loader.state_dict(), manifest_sha256=self.manifest.sha256, manifest_url=self.pub.url,
-            split="train", manifest_changes=self.manifest_changes, resumed_from=self.resumed_from,
+            split="train", manifest_changes=self.manifest_changes, resumed_from=self.resumed_from, skips=self.skips,
             job=self.cfg.to_dict(), tokens_seen=ts.tokens_seen,
             data=data_fields(self.pub),
             scheduler=self.scheduler.describe(),

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import argparse
 
-from . import audit, demo_corpus, export, inspection, loader, manifest, mix, prepare, report, serve, train
+from . import audit, demo_corpus, export, inspection, loader, manifest, mix, prepare, report, serve, takedown, train
 from .common import run
 
 # Each module has `register(subparsers)`; its handlers return an exit code. In `--help` order.
-COMMANDS = (prepare, inspection, manifest, mix, export, loader, serve, train, audit, report, demo_corpus)
+COMMANDS = (prepare, inspection, manifest, mix, export, loader, serve, train, audit, takedown, report, demo_corpus)
 
 
 def build_parser() -> argparse.ArgumentParser:

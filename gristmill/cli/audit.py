@@ -1,4 +1,4 @@
-"""``gristmill audit seen|doc|leak``: what a checkpoint's model was trained on."""
+"""``gristmill audit seen|doc|steps|leak``: what a checkpoint's model was trained on."""
 from __future__ import annotations
 
 import json
@@ -30,6 +30,12 @@ def register(sub) -> None:
     common(doc)
     doc.add_argument("doc_id")
     doc.set_defaults(handler=_doc)
+
+    steps = asub.add_parser("steps", help="the documents a window of steps trained on (and skipped), with the losses")
+    common(steps)
+    steps.add_argument("--out", help="write one row per document of the window to FILE.parquet or FILE.jsonl")
+    steps.add_argument("--samples-out", help="write one row per (sample, document) to FILE.parquet or FILE.jsonl")
+    steps.set_defaults(handler=_steps)
 
     leak = asub.add_parser("leak", help="did any item of an eval set occur in the text the model saw")
     common(leak)
@@ -121,8 +127,13 @@ def _doc(args) -> int:
     from gristmill.audit.doc import audit_doc
     from gristmill.audit.mixture import audit_doc_mixture
 
+    from gristmill.audit.consumed import skipped
+
     ckpt, published, steps, used = _open(args)
-    answer = (audit_doc_mixture if is_mixture(published) else audit_doc)(published, ckpt, used, args.doc_id)
+    if is_mixture(published):
+        answer = audit_doc_mixture(published, ckpt, used, args.doc_id)
+    else:
+        answer = audit_doc(published, ckpt, used, args.doc_id, skipped(published.manifest, ckpt, steps))
     if args.json:
         json.dump(answer, sys.stdout, indent=1, sort_keys=True)
         print()
@@ -136,6 +147,9 @@ def _doc(args) -> int:
         print(f"  step {o['step']:>8} rank {o['rank']:>4} index {o['index']:>12}  {where} row {o['row']} ({o['tokens']} tokens)")
     if len(answer["occurrences"]) > MAX_LINES:
         print(f"  ... {len(answer['occurrences']) - MAX_LINES:,} more (--json has all of them)")
+    for o in answer.get("skipped", [])[:MAX_LINES]:
+        print(f"  skipped at step {o['skipped_at_step']} ({o['kind']}: {o['reason']}): step {o['step']} index "
+              f"{o['index']}  {o['shard']} row {o['row']} ({o['tokens']} tokens), not trained on")
     print(f"source       {p['source']} position {p['position']} lang {p['lang']}")
     if p.get("url"):
         print(f"url          {p['url']}")
@@ -144,6 +158,54 @@ def _doc(args) -> int:
     print(f"dataset      {p['dataset']} v{p['version']} {p['manifest_sha256']}"
           + (f" (component {p['component']} of mixture {p['mixture']} {p['mixture_sha256']})" if "mixture" in p else ""))
     return 0 if answer["seen"] else 1
+
+
+def _steps(args) -> int:
+    from gristmill.audit.checkpoint import AuditError
+    from gristmill.audit.output import check_output_path, write_table
+    from gristmill.audit.steps import audit_steps
+
+    if not args.steps:
+        raise AuditError("audit steps: --steps A:B is required (the window to list, e.g. the steps around a spike)")
+    check_output_path(args.out)
+    check_output_path(args.samples_out)
+    ckpt, published, steps, _ = _open(args)
+    report = audit_steps(published, ckpt, steps)
+    if args.out:
+        write_table(report.documents, args.out)
+    if args.samples_out:
+        write_table(report.samples, args.samples_out)
+    s = report.summary
+    if args.json:
+        # One line, by json's C encoder: a window holds 10^5 documents (indented, json.dump takes ~10x longer)
+        sys.stdout.write(json.dumps({**s, "documents": report.documents.to_pylist()}, sort_keys=True, default=str) + "\n")
+        return 0
+    print(f"checkpoint   {ckpt.path} (step {ckpt.step}, global batch {ckpt.global_batch})")
+    print(f"{'mixture ' if s['components'] else 'manifest'}     {s['dataset']} v{s['version']} {s['manifest_sha256']}"
+          + (f" (components {', '.join(s['components'])}: documents named <component>/<doc_id>)" if s["components"] else ""))
+    print(f"steps        {steps[0]}:{steps[1]}  {s['samples_trained']:,} samples trained, {s['samples_skipped']:,} "
+          f"skipped, {s['documents']:,} documents")
+    for e in s["losses"]:
+        flags = (" (bad step: no update)" if e["skipped"] else "") + (" (before a rewind)" if e["rewound"] else "")
+        print(f"  step {e['step']:>8}  loss {e['loss']:.4f}  grad_norm {e['grad_norm']:.4f}{flags}")
+    for e in s["spikes"]:
+        print(f"  SPIKE step {e['step']}: {e['metric']} {e['value']:.4g}, {e['z']:.1f} spreads above its mean "
+              f"{e['mean']:.4g}; action {e['action']}")
+    for e in s["skips"]:
+        print(f"  skipped    samples [{e['start']}, {e['end']}) at step {e['step']} ({e['kind']}: {e['reason']})")
+    print("documents (by first step in the window)")
+    for d in report.documents.slice(0, MAX_LINES).to_pylist():
+        why = f"  SKIPPED ({'; '.join(d['skipped'])})" if d["skipped"] else ""
+        print(f"  steps {d['first_step']}:{d['last_step']} ranks {d['ranks']} micro {d['micro_batches']}  {d['doc_id']}  "
+              f"{d['tokens']:,} tokens ({d['tokens_in_steps']:,} here), seen {d['seen_before']}x before{why}")
+        print(f"      {d['source']}" + (f"  {d['url']}" if d.get("url") else "") + f"  lang {d['lang']}"
+              + "".join(f"  {k} {d[k]}" for k in ("lang_score", "quality", "quality_score") if d.get(k) is not None))
+    if report.documents.num_rows > MAX_LINES:
+        print(f"  ... {report.documents.num_rows - MAX_LINES:,} more (--json or --out has all of them)")
+    for path in (args.out, args.samples_out):
+        if path:
+            print(f"wrote {path}")
+    return 0
 
 
 def _leak(args) -> int:

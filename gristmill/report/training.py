@@ -92,6 +92,7 @@ def run_page(run_dir: str) -> Page:
     speed_section(page, train)
     ranks_section(page, train)
     checkpoint_section(page, saves, metas, train)
+    spikes_section(page, rec.get("spike", []), run_dir)
     seen_section(page, summary, why)
     return page
 
@@ -185,6 +186,38 @@ def checkpoint_section(page: Page, saves: list[dict], metas: list[dict], train: 
                       [[f"step-{m['step']}", m.get("created_at"), m.get("save_seconds"), m.get("tokens_seen"),
                         m.get("world_size"), m["data"]["manifest_sha256"][:16]] for m in metas],
                       caption="committed checkpoints (meta.json); older ones were removed by checkpoint.keep"))
+
+
+def spikes_section(page: Page, spikes: list[dict], run_dir: str) -> None:
+    """The loss spikes the trainer's detector logged (spikes: section) and, from the newest checkpoint,
+    the documents of each spike's window (``gristmill audit steps``), skipped ones flagged."""
+    if not spikes:
+        return
+    from gristmill.audit import open_manifest, read_checkpoint
+    from gristmill.audit.steps import audit_steps
+    from gristmill.errors import GristmillError
+
+    sec = page.section("spikes", "Loss spikes and the documents behind them")
+    sec.add(Table(["step", "metric", "value", "running mean", "spreads above", "action"],
+                  [[r["step"], r["metric"], r["value"], r["mean"], round(r["z"], 1), r["action"]] for r in spikes]))
+    try:
+        ckpt = read_checkpoint(run_dir)
+        published = open_manifest(ckpt)
+    except GristmillError as e:
+        sec.add(Note(f"The audit could not list the spikes' documents: {e}", missing=True))
+        return
+    for r in spikes[:5]:
+        window = (max(ckpt.first_step, r["step"] - 2), r["step"])
+        if window[1] > ckpt.step:
+            sec.add(Note(f"Spike at step {r['step']}: after the newest checkpoint (step {ckpt.step}).", missing=True))
+            continue
+        docs = sorted(audit_steps(published, ckpt, window).documents.to_pylist(),
+                      key=lambda d: (not d["skipped"], -d["tokens_in_steps"], d["doc_id"]))
+        sec.add(Table(["document", "steps", "tokens here", "seen before", "source", "url", "skipped"],
+                      [[d["doc_id"], f"{d['first_step']}:{d['last_step']}", d["tokens_in_steps"], d["seen_before"],
+                        d["source"], d.get("url"), "; ".join(d["skipped"])] for d in docs[:20]],
+                      caption=f"steps {window[0]}:{window[1]}, skipped first, then most tokens (all of them: gristmill audit steps "
+                              f"{run_dir} --steps {window[0]}:{window[1]})"))
 
 
 def seen_section(page: Page, summary: dict | None, why: str | None) -> None:
