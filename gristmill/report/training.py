@@ -89,9 +89,11 @@ def run_page(run_dir: str) -> Page:
         page.totals += [("documents_seen", "documents seen", summary["documents_seen"]),
                         ("manifest_sha256", "manifest sha256", summary["manifest_sha256"])]
     loss_section(page, train, evals)
-    speed_section(page, train)
-    ranks_section(page, train, rec.get("straggler", []))
-    checkpoint_section(page, saves, metas, train)
+    # a skipped step read between records (log_every > 1) has a record of its own without timings
+    timed = [r for r in train if "step_s" in r]
+    speed_section(page, timed)
+    ranks_section(page, timed, rec.get("straggler", []))
+    checkpoint_section(page, saves, metas, timed)
     seen_section(page, summary, why)
     return page
 
