@@ -148,3 +148,26 @@ def test_steps_without_a_record_add_no_collective_and_no_host_read(data, tmp_pat
                 assert c.get("all_reduce", 0) == 1, (step, c)  # the loss (logged at the record)
             else:  # a record: one gather of every rank's window, then the reads
                 assert gathers == 1, (step, c)
+
+
+def test_a_bad_step_read_at_the_next_record_is_skipped_exactly_as_one_read_at_once(data, tmp_path):
+    """The skip is decided on the device (fused AdamW's found_inf): a run that reads its losses
+    only every 4 steps skips step 2 exactly as one that reads every step, records it, and counts it."""
+    runs = {}
+    for every in (1, 4):
+        run_dir = str(tmp_path / f"every-{every}")
+        cmd = [sys.executable, LAUNCHER, "--fault=nan_loss@2", JOB]
+        for s in (f"data.manifest={data}", f"run.dir={run_dir}", f"data.cache_dir={run_dir}-cache", "run.steps=8",
+                  f"run.log_every={every}", "checkpoint.every=3", "checkpoint.keep=5", "eval.every=0", "run.tensorboard=false"):
+            cmd += ["--set", s]
+        proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True,
+                              text=True, timeout=240)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs[every] = records(run_dir)
+        assert "step 2: non-finite loss nan or grad norm nan: optimizer step skipped" in proc.stderr
+    assert runs[4][2]["skipped"] is True and runs[4][4]["skipped"] is False and runs[4][8]["skipped_total"] == 1
+    assert sorted(runs[4]) == [2, 4, 8]  # the records, and the skipped step's own
+    for step in (4, 8):
+        assert float.hex(runs[4][step]["loss"]) == float.hex(runs[1][step]["loss"])
+    with open(os.path.join(str(tmp_path / "every-4"), "checkpoints", "step-3", "meta.json")) as f:
+        assert json.load(f)["bad_steps"] == {"skipped_total": 1, "consecutive": 0}  # read before the save
