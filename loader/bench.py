@@ -6,6 +6,10 @@ request, bandwidth) twice: first with an empty cache (cold), then again with the
 first pass filled (warm). Per pass it reports the input wait per step (p50, p95, max after the
 first batch, and as a fraction of step time), time to first batch, tokens/s, bytes fetched.
 
+With ``ranks`` > 1 each pass runs as that many processes, rank r of ``ranks`` of one simulated
+job, sharing one cache directory as the ranks of a node do, all started together: every rank
+reports its own wait (``PassResult.rank``), so a rank starved by the others shows.
+
 With ``service`` (:func:`served_passes`) the same trainer reads its batches from ``gristmill
 serve`` endpoints instead (``Source.service``): two passes over the same steps, ``first`` and
 ``again`` (the second finds the servers' caches as the first left them); bytes served and the
@@ -14,7 +18,9 @@ client's retries replace bytes fetched and cache hits.
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
+import queue
 import shutil
 import tempfile
 import time
@@ -45,6 +51,7 @@ class PassResult:
     cache_misses: int
     bytes_served: int = 0  # through `gristmill serve` (Source.service)
     service_retries: int = 0
+    rank: int = 0  # of ``ranks`` processes (cold_and_warm)
 
 
 def run_pass(name: str, url: str, *, steps: int, step_s: float, storage_options: dict | None = None,
@@ -75,7 +82,7 @@ def run_pass(name: str, url: str, *, steps: int, step_s: float, storage_options:
         tokens = samples * ld.manifest.seq_len
     after = np.array(waits[1:] or [0.0])
     return PassResult(
-        name=name, steps=len(waits), time_to_first_batch_s=round(ttfb, 4),
+        name=name, rank=loader_kw.get("rank", 0), steps=len(waits), time_to_first_batch_s=round(ttfb, 4),
         wait_p50_ms=round(float(np.percentile(after, 50)) * 1e3, 3), wait_p95_ms=round(float(np.percentile(after, 95)) * 1e3, 3),
         wait_max_ms=round(float(after.max()) * 1e3, 3),
         wait_fraction=round(float(after.sum() / max(sum(step_times[1:]), 1e-12)), 5),
@@ -85,8 +92,9 @@ def run_pass(name: str, url: str, *, steps: int, step_s: float, storage_options:
 
 
 def cold_and_warm(url: str, *, steps: int, step_s: float, latency_s: float, bandwidth_bps: float | None,
-                  cache_dir: str | None = None, **loader_kw) -> list[PassResult]:
-    """The cold pass (empty cache) then the warm pass (the cache it left), through the simulated store."""
+                  cache_dir: str | None = None, ranks: int = 1, **loader_kw) -> list[PassResult]:
+    """The cold pass (empty cache) then the warm pass (the cache it left), through the simulated
+    store; with ``ranks`` > 1 each pass is that many processes at once (one result per rank)."""
     opts = None
     if (local := local_path(url)) is not None:  # a local dataset: serve it as a slow remote
         register()
@@ -98,10 +106,50 @@ def cold_and_warm(url: str, *, steps: int, step_s: float, latency_s: float, band
         os.makedirs(cache_dir, exist_ok=True)
     cache_dir = tempfile.mkdtemp(prefix="gristmill-bench-cache-", dir=cache_dir)
     try:
-        return [run_pass(name, url, steps=steps, step_s=step_s, storage_options=opts, cache_dir=cache_dir, **loader_kw)
-                for name in ("cold", "warm")]
+        if ranks == 1:
+            return [run_pass(name, url, steps=steps, step_s=step_s, storage_options=opts, cache_dir=cache_dir,
+                             **loader_kw) for name in ("cold", "warm")]
+        return [r for name in ("cold", "warm") for r in _ranks_at_once(
+            ranks, dict(name=name, url=url, steps=steps, step_s=step_s, storage_options=opts, cache_dir=cache_dir,
+                        world_size=ranks, **loader_kw))]
     finally:
         shutil.rmtree(cache_dir, ignore_errors=True)
+
+
+def _ranks_at_once(ranks: int, kw: dict) -> list[PassResult]:
+    """One pass as ``ranks`` processes (spawned, not forked: a fork would copy this process's
+    loader threads' locks), released together by a barrier; their results in rank order."""
+    ctx = multiprocessing.get_context("spawn")
+    barrier, results = ctx.Barrier(ranks), ctx.Queue()
+    procs = [ctx.Process(target=_rank_pass, args=(barrier, results, {**kw, "rank": r}), daemon=True)
+             for r in range(ranks)]
+    for p in procs:
+        p.start()
+    out: list = []
+    try:
+        while len(out) < ranks:
+            try:
+                out.append(results.get(timeout=1.0))
+            except queue.Empty:  # a rank killed outright never answers: say so instead of waiting
+                dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
+                if dead:
+                    raise RuntimeError(f"loader bench: rank {dead[0]} exited with code {procs[dead[0]].exitcode}") from None
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+    failed = [o for o in out if isinstance(o, str)]
+    if failed:
+        raise RuntimeError(f"loader bench rank failed: {failed[0]}")
+    return sorted(out, key=lambda r: r.rank)
+
+
+def _rank_pass(barrier, results, kw: dict) -> None:
+    register()  # the simulated store, in this process too
+    barrier.wait()
+    try:
+        results.put(run_pass(kw.pop("name"), kw.pop("url"), **kw))
+    except Exception as e:  # the parent names it; a traceback from a child would be lost
+        results.put(f"rank {kw.get('rank')}: {type(e).__name__}: {e}")
 
 
 def served_passes(url: str, service: tuple[str, ...], *, steps: int, step_s: float, **loader_kw) -> list[PassResult]:
@@ -111,7 +159,7 @@ def served_passes(url: str, service: tuple[str, ...], *, steps: int, step_s: flo
             for name in ("first", "again")]
 
 
-COLUMNS = [("pass", "name", "{}"), ("steps", "steps", "{}"), ("first batch s", "time_to_first_batch_s", "{:.3f}"),
+COLUMNS = [("pass", "name", "{}"), ("rank", "rank", "{}"), ("steps", "steps", "{}"), ("first batch s", "time_to_first_batch_s", "{:.3f}"),
            ("wait p50 ms", "wait_p50_ms", "{:.2f}"), ("wait p95 ms", "wait_p95_ms", "{:.2f}"),
            ("wait max ms", "wait_max_ms", "{:.2f}"), ("wait/step", "wait_fraction", "{:.2%}"),
            ("tokens/s", "tokens_per_s", "{:,.0f}"), ("MB fetched", "bytes_fetched", "{}"),
@@ -126,6 +174,8 @@ def table(results: list[PassResult]) -> str:
         v = getattr(r, key)
         return f"{v / 1e6:,.1f}" if key.startswith("bytes_") else fmt.format(v)
     columns = SERVED_COLUMNS if any(r.bytes_served for r in results) else COLUMNS
+    if not any(r.rank for r in results):  # one process: no rank column
+        columns = [c for c in columns if c[1] != "rank"]
     rows = [[h for h, _, _ in columns]] + [[cell(r, k, f) for _, k, f in columns] for r in results]
     widths = [max(len(row[i]) for row in rows) for i in range(len(columns))]
     lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in rows]

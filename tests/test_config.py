@@ -129,7 +129,8 @@ def test_set_overrides_both_jobs_with_yaml_values(prepare_dir):
 
 @pytest.mark.parametrize("load, override, message", [
     (load_train, "run.stepz=3", "--set run.stepz=3: run.stepz: expected one of the keys dir, steps, seed, log_every, "
-                                "tensorboard, log_samples, got unknown key 'stepz'; did you mean 'steps'?"),
+                                "tensorboard, log_samples, hang_timeout_s, straggler_fraction, straggler_windows, got unknown key "
+                                "'stepz'; did you mean 'steps'?"),
     (load_train, "run.steps.x=3", "--set run.steps.x=3: run.steps: expected an integer >= 1, got a key below it ('x')"),
     (load_job, "inputs[5].path=x", "--set inputs[5].path=x: inputs[5]: expected an index below 2 (the job's list has 2 entries), got 5"),
     (load_train, "run.dir.x=3", "--set run.dir.x=3: run.dir: expected a string, got a key below it ('x')"),

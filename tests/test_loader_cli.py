@@ -2,6 +2,8 @@
 import json
 import os
 
+import pytest
+
 from gristmill.cli import main
 
 
@@ -23,6 +25,24 @@ def test_bench_synthetic_reports_cold_and_warm_as_json(capsys):
     assert cold["bytes_fetched"] > 0 and cold["cache_misses"] > 0
     assert warm["bytes_fetched"] == 0 and warm["cache_misses"] == 0 and warm["cache_hits"] > 0
     assert cold["tokens_per_s"] > 0 and config["order"] == "window"
+
+
+@pytest.mark.slow  # spawns two processes per pass
+def test_bench_ranks_reports_every_ranks_wait_from_processes_sharing_one_cache(capsys):
+    rc = main(["loader", "bench", "--synthetic", "--sequences", "96", "--seq-len", "16", "--shard-rows", "16",
+               "--steps", "4", "--global-batch", "8", "--step-ms", "1", "--latency-ms", "20", "--window-shards", "2",
+               "--ranks", "2", "--json", "-"])
+    assert rc == 0
+    passes = json.loads(capsys.readouterr().out)["passes"]
+    assert [(p["name"], p["rank"]) for p in passes] == [("cold", 0), ("cold", 1), ("warm", 0), ("warm", 1)]
+    assert all(p["steps"] == 4 and p["wait_max_ms"] >= p["wait_p50_ms"] >= 0 for p in passes)
+    cold, warm = passes[:2], passes[2:]
+    assert sum(p["bytes_fetched"] for p in cold) > 0  # each rank fetched its own slice into the shared cache
+    assert all(p["cache_misses"] == 0 and p["bytes_fetched"] == 0 for p in warm)  # both found it there
+    # a rank starts waiting for its first batch when the barrier releases it: the cold wait shows the 20 ms store
+    assert all(p["time_to_first_batch_s"] >= 0.02 for p in cold)
+    assert main(["loader", "bench", "--synthetic", "--ranks", "3", "--global-batch", "8"]) == 2
+    assert "--ranks 3: expected a positive divisor of --global-batch 8" in capsys.readouterr().err
 
 
 def test_bench_on_a_published_url_prints_a_table(toy_dataset, capsys):

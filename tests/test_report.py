@@ -97,7 +97,11 @@ def _fake_run(run_dir, published, steps=6):
             f.write(json.dumps({"kind": "train", "step": s, "loss": 5.0 - 0.1 * s, "grad_norm": 1.0, "lr": 1e-3,
                                 "tokens_seen": s * 8 * 16, "tokens_per_s": 1000.0 + s, "tokens_per_s_per_device": 500.0,
                                 "mfu": None, "input_wait_s": 0.01, "input_wait_pct": 3.0 + s, "step_s": 0.3,
-                                "rank_step_s": [0.1, 0.3], "skipped": False, "skipped_total": 0}) + "\n")
+                                "rank_step_s": [0.1, 0.3], "rank_input_wait_s": [0.01, 0.2],
+                                "rank_collective_wait_s": [0.19, 0.0], "skipped": False, "skipped_total": 0}) + "\n")
+            if s == steps:
+                f.write(json.dumps({"kind": "straggler", "step": s, "rank": 1, "host": "node-b", "own_step_s": 0.3,
+                                    "median_own_step_s": 0.2, "windows": 3, "input_wait_s": 0.2}) + "\n")
             if s % 3 == 0:
                 f.write(json.dumps({"kind": "eval", "step": s, "val_loss": 5.5 - 0.1 * s}) + "\n")
                 f.write(json.dumps({"kind": "checkpoint", "step": s, "blocked_s": 0.05, "young_daly_interval_s": 93.0}) + "\n")
@@ -111,8 +115,9 @@ def test_run_page_numbers_are_the_metrics_and_the_audits(toy_dataset, tmp_path, 
     assert capsys.readouterr().out.strip() == f"wrote {run}/report.html"
     html = open(os.path.join(run, "report.html")).read()
     figs = figures_in(html)
-    assert {"loss", "tokens_per_s", "input_wait", "rank_step_s", "checkpoint_save_s", "seen_per_source",
-            "seen_per_language", "seen_per_file"} <= set(figs)
+    assert {"loss", "tokens_per_s", "input_wait", "rank_step_s", "rank_input_wait_s", "rank_collective_wait_s",
+            "checkpoint_save_s", "seen_per_source", "seen_per_language", "seen_per_file"} <= set(figs)
+    assert re.search(r"<td>\d+</td><td>1</td><td>node-b</td>", html)  # the straggler, named with its host
     assert "mfu" not in figs and "MFU: not reported" in html  # no peak known: said, not drawn
     assert 'data-total="steps" data-value="6"' in html and 'data-total="val_loss" data-value="4.9"' in html
     # rank 1 is the straggler: three times the fastest rank's step time

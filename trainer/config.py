@@ -24,11 +24,19 @@ class RunConfig(Section):
     dir: Str = "runs/default"  # run directory: metrics.jsonl, checkpoints/ (and samples.jsonl with log_samples)
     steps: PositiveInt = 100  # optimizer steps of the whole run (the LR schedule's length)
     seed: Int = 0  # model init and per-rank RNG
-    log_every: PositiveInt = 1
+    log_every: PositiveInt = 1  # steps per train record; every rank's timings are gathered then (docs/trainer.md)
     tensorboard: Bool = True  # when torch.utils.tensorboard is importable
     # samples.jsonl: every step's global sample indices as the ranks' batches carried them (one
     # all-gather per step). Off by default: the indices follow from the loader state in the checkpoint.
     log_samples: Bool = False
+    # A step, save, evaluation or resume running longer than this on any rank is a hang: that rank
+    # dumps its stacks and exits (trainer/watchdog.py) so the launcher restarts the job; the
+    # process-group timeout is the same value. 0 turns the watchdog off (the group keeps it).
+    hang_timeout_s: Annotated[Float, Field(ge=0)] = 600.0
+    # A rank whose own time per step (its step time less its wait in the step's first collective)
+    # exceeds the median rank's by this fraction, in this many log windows in a row, is named.
+    straggler_fraction: PositiveFloat = 0.2
+    straggler_windows: PositiveInt = 3
 
 
 class DataConfig(Section):

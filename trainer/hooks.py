@@ -11,3 +11,4 @@ import torch
 class Hooks:
     loss: Callable[[int, torch.Tensor], torch.Tensor] | None = None  # (step, micro-batch loss) -> loss to backpropagate
     before_commit: Callable[[int, str], None] | None = None  # (step, temp dir) before a save's commit (Checkpointer)
+    data: Callable[[int], None] | None = None  # (step) in the data path, before the step's batch is taken

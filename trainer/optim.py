@@ -11,6 +11,7 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimizerConfig, device: torch.
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    # Fused on CUDA: one kernel for all parameters instead of a few per tensor. CPU keeps the
-    # for-each path, which the bitwise CPU tests were written against.
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, fused=device.type == "cuda")
+    # Fused (CUDA and CPU): one kernel for all parameters instead of a few per tensor, and the only
+    # implementation that takes ``found_inf``: a bad step is skipped inside the kernel, decided on
+    # the device, so no step waits for the host to read the loss (trainer/train.py optimizer_step).
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, fused=True)

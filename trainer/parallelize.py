@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from datetime import timedelta
 from functools import partial
 
 import torch
@@ -13,7 +14,11 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.constants import default_pg_timeout
+
 from gristmill.errors import UsageError
+
+from .rendezvous import agent_store, round_store, uses_agent_store
 
 
 @dataclass(frozen=True)
@@ -24,10 +29,13 @@ class Dist:
     device: torch.device
 
 
-def init_distributed() -> Dist:
+def init_distributed(timeout_s: float = 0) -> Dist:
     """Join the torchrun process group (NCCL on GPU, gloo on CPU) from torchrun's environment
     (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT). A plain ``python`` start (no RANK) is a group
     of one over an in-process store, so the same FSDP and DCP code paths run in every test.
+    Under torchrun's agent-hosted store the group's keys live in a namespace of this restart round
+    (trainer/rendezvous.py: torch reuses that store across rounds without one). ``timeout_s``
+    (run.hang_timeout_s; 0: torch's default) bounds the rendezvous and every collective.
     ``os.environ`` is only read, never written: a library must not change its caller's environment."""
     single = "RANK" not in os.environ
     local_rank = 0 if single else int(os.environ.get("LOCAL_RANK", 0))
@@ -38,8 +46,18 @@ def init_distributed() -> Dist:
     else:
         device, backend = torch.device("cpu"), "gloo"
     if not dist.is_initialized():
-        explicit = {"rank": 0, "world_size": 1, "store": dist.HashStore()} if single else {}
-        dist.init_process_group(backend=backend, device_id=device if device.type == "cuda" else None, **explicit)
+        timeout = {"timeout": timedelta(seconds=timeout_s)} if timeout_s > 0 else {}
+        if single:
+            explicit = {"rank": 0, "world_size": 1, "store": dist.HashStore()}
+        elif uses_agent_store():
+            rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+            wait = timedelta(seconds=timeout_s) if timeout_s > 0 else default_pg_timeout
+            explicit = {"rank": rank, "world_size": world_size,
+                        "store": round_store(agent_store(wait), rank, world_size, wait)}
+        else:
+            explicit = {}
+        dist.init_process_group(backend=backend, device_id=device if device.type == "cuda" else None,
+                                **explicit, **timeout)
     return Dist(dist.get_rank(), dist.get_world_size(), local_rank, device)
 
 

@@ -1,5 +1,5 @@
-"""What a run tells as it goes: the memory budget and planned compute at the start, each logged
-step (metrics.jsonl and the log line), the allocator's peak after the first step, the expected
+"""What a run tells as it goes: the memory budget and planned compute at the start, each train
+record (metrics.jsonl and the log line, with every rank's timings and the straggler rule), the allocator's peak after the first step, the expected
 wall time after the first few, and the Young/Daly interval after each save."""
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import logging
 import statistics
 
 import torch
-import torch.distributed as dist
 
 from .budget import expected_wall_s, format_bytes, format_seconds, planned_flops
 from .config import TrainConfig
 from .metrics import device_name, format_step, mfu
 from .model import count_params, flops_per_token_terms
+from .rank_stats import rank_fields
 
 log = logging.getLogger("gristmill.trainer")
 
@@ -81,23 +81,40 @@ class RunLog:
         log.info("measured over steps ..%d: %.3f s/step, %s tokens/s, %s; expected wall time for the %d remaining "
                  "steps: %s", step, measured, f"{tps:,.0f}", at, end_step - step, format_seconds(rest))
 
-    def log_step(self, step: int, *, loss: float, grad_norm: float, lr: float, wait_s: float, step_s: float,
-                 ok: bool) -> None:
+    def log_step(self, step: int, value: tuple, *, lr: float, windows: list[dict]) -> None:
+        """The train record of ``step``: its loss, norm and flag (``value``, read by Trainer.settle)
+        and every rank's timings over the window since the last record (``windows``, gathered by
+        trainer/rank_stats.py; times are means per step over the window). Rank 0 writes it; every
+        rank runs the straggler rule alike."""
         t = self.trainer
         d = t.dist
-        times = [torch.zeros(1, device=d.device) for _ in range(d.world_size)]
-        dist.all_gather(times, torch.tensor([step_s], device=d.device))
+        loss, grad_norm, ok = value[:3]
+        ranks = rank_fields(windows)
+        mine = windows[d.rank]
+        n = max(1, mine["steps"])
+        step_s, wait_s = mine["step_sum"] / n, mine["input_wait_sum"] / n
+        t.last_step_s = step_s
         tps = t.global_batch * t.seq_len / step_s
         record = {"kind": "train", "step": step, "loss": loss, "grad_norm": grad_norm, "lr": lr,
                   "tokens_seen": t.train_state.tokens_seen, "tokens_per_s": tps,
                   "tokens_per_s_per_device": tps / d.world_size,
                   "mfu": mfu(tps / d.world_size, t.flops_per_token, t.peak), "input_wait_s": wait_s,
-                  "input_wait_pct": 100.0 * wait_s / step_s, "step_s": step_s,
-                  "rank_step_s": [x.item() for x in times], "skipped": not ok,
+                  "input_wait_pct": 100.0 * wait_s / step_s, "step_s": step_s, **ranks, "skipped": not ok,
                   "skipped_total": t.train_state.skipped_total}
+        stragglers = t.stragglers.update(ranks)
+        if stragglers:
+            record["stragglers"] = [s["rank"] for s in stragglers]
         t.metrics.write(record)
+        for s in stragglers:
+            t.metrics.write({"kind": "straggler", "step": step, **s})
         if t.rank0:
             log.info(format_step(record))
+            for s in stragglers:
+                log.warning("straggler: rank %d on host %s took %.3f s per step of its own (step time less its "
+                            "collective wait) against the median rank's %.3f s, %d windows in a row "
+                            "(run.straggler_fraction=%g); its input wait: %.3f s per step", s["rank"], s["host"],
+                            s["own_step_s"], s["median_own_step_s"], s["windows"], t.cfg.run.straggler_fraction,
+                            s["input_wait_s"])
 
 
 def report_interval(save_s: float, interval: float, cfg: TrainConfig, step_s: float | None) -> None:

@@ -6,9 +6,6 @@ import signal
 import threading
 import time
 
-import torch
-import torch.distributed as dist
-
 log = logging.getLogger("gristmill.trainer")
 
 
@@ -44,11 +41,12 @@ class StopSignals:
         for s, handler in self._previous.items():
             signal.signal(s, handler)
 
-    def agreed(self, d) -> int:
+    def agreed(self, windows: list[dict] | None) -> int:
         """The stop signal any rank got (0: none). Every rank must stop after the same step, or the
-        others would wait forever in the next step's collectives: one tiny all-reduce per step."""
-        if d.world_size == 1:
-            return self.signum
-        t = torch.tensor([self.signum], device=d.device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return int(t.item())
+        others would wait forever in the next step's collectives. The signals travel in the
+        gather of a train record (trainer/rank_stats.py: ``windows``, every rank's), so agreeing
+        costs no collective or host sync of its own; a signal stops the run at the next record
+        (``run.log_every``). ``None``: no record at this step (with one rank its own signal counts)."""
+        if windows is None:
+            return 0
+        return int(max(w["signum"] for w in windows))

@@ -1,5 +1,6 @@
 """One training step: the batch to int64 inputs and labels on the device, forward and backward
-over the micro-batches, the loss reduced over ranks and the gradient clipped."""
+over the micro-batches, the loss reduced over ranks and the gradient clipped. Nothing is read
+back to the host here: the loss and the norm stay on the device until a train record."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -48,10 +49,10 @@ def inputs_and_labels(batch: dict, device) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def train_step(model, batch: dict, n_micro: int, grad_clip: float, device, *, step: int = 0,
-               loss_hook: Callable[[int, torch.Tensor], torch.Tensor] | None = None) -> tuple[float, float]:
+               loss_hook: Callable[[int, torch.Tensor], torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Forward and backward over ``n_micro`` micro-batches, then clip. Returns the global mean loss
-    and the global gradient norm; the caller decides whether to step. ``loss_hook(step, loss)``
-    may replace each micro-batch's loss before backward (Hooks.loss)."""
+    and the global gradient norm as 0-d device tensors (no host sync); the caller decides whether
+    to step. ``loss_hook(step, loss)`` may replace each micro-batch's loss before backward (Hooks.loss)."""
     inputs, labels = inputs_and_labels(batch, device)
     inputs, labels = inputs.chunk(n_micro), labels.chunk(n_micro)
     positions = position_ids(batch, device, n_micro)  # document mask: per-document rope and attention
@@ -71,4 +72,4 @@ def train_step(model, batch: dict, n_micro: int, grad_clip: float, device, *, st
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
     if hasattr(norm, "full_tensor"):  # a DTensor: the norm over every shard
         norm = norm.full_tensor()
-    return loss_sum.item(), norm.item()
+    return loss_sum, norm

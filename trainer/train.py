@@ -10,7 +10,6 @@ One optimizer step n (1-based) consumes the loader's step n-1, i.e. the global s
 from __future__ import annotations
 
 import logging
-import math
 import os
 import time
 from dataclasses import asdict, replace
@@ -32,14 +31,16 @@ from .model import count_params, flops_per_token, model_args
 from .optim import build_optimizer
 from .parallelize import build_mesh, build_model, init_distributed, resolve_attention, resolve_mixed_precision
 from .resume import check_model_args, check_resume, check_states_match_meta
-from .run_log import RunLog, report_interval
+from .rank_stats import StragglerRule, WindowStats, gather_hostnames
 from .rewind import on_spike
+from .run_log import RunLog, report_interval
 from .sample_log import SampleLog
 from .skips import record as skip_record
 from .spikes import SpikeDetector
 from .signals import StopSignals
 from .state import LoaderState, ModelState, OptimizerState, TrainState, WarmupCosine
 from .step import local_batch_sizes, train_step
+from .watchdog import Watchdog, group_timeout_s
 
 log = logging.getLogger("gristmill.trainer")
 
@@ -56,7 +57,7 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, *, allow_manifest_change: bool = False, hooks: Hooks | None = None):
         self.cfg, self.hooks = cfg, hooks or Hooks()
         self.allow_manifest_change = allow_manifest_change or cfg.checkpoint.allow_manifest_change
-        self.dist = d = init_distributed()
+        self.dist = d = init_distributed(group_timeout_s(cfg.run.hang_timeout_s))
         self.rank0 = d.rank == 0
         self.run_dir = cfg.run.dir
         os.makedirs(self.run_dir, exist_ok=True)
@@ -99,6 +100,7 @@ class Trainer:
                                          before_commit=self.hooks.before_commit, enabled=cfg.checkpoint.enabled,
                                          every=cfg.checkpoint.every)
         self.manifest_changes: list[dict] = []
+        self.bad_limit_step: int | None = None  # the step at which optimizer.max_bad_steps was reached
         self.skips: list[dict] = []  # samples trained on by no update (trainer/skips.py), carried in every meta.json
         self.spikes = SpikeDetector(cfg.spikes) if cfg.spikes is not None else None
         self.rewinds = 0
@@ -107,6 +109,11 @@ class Trainer:
         self.peak = peak_flops(device_name(d.device))
         self.last_step_s: float | None = None
         self.run_log = RunLog(self)
+        # every rank's timings, gathered at each train record (trainer/rank_stats.py)
+        self.window = WindowStats(self.model, d.device)
+        self.stragglers = StragglerRule(cfg.run.straggler_fraction, cfg.run.straggler_windows,
+                                        gather_hostnames(d.world_size))
+        self.watchdog = Watchdog(cfg.run.hang_timeout_s, d.rank)
 
         # Last, the two that hold threads and files (close() releases them). Always gristmill's
         # Loader: the audit answers from its pure order, so no other loader may stand in.
@@ -129,6 +136,7 @@ class Trainer:
         self.close()
 
     def close(self) -> None:
+        self.watchdog.close()
         self.loader.close()  # its prefetch threads must not outlive the run, whatever ended it
         self.metrics.close()
 
@@ -137,9 +145,10 @@ class Trainer:
         """Load the newest checkpoint that verifies; its manifest must match unless overridden."""
         if not (self.cfg.checkpoint.enabled and self.cfg.checkpoint.resume):
             return
+        self.watchdog.arm(0, "resume")
         path, meta = self.checkpointer.latest()
         if path is None:
-            return
+            return self.watchdog.disarm()
         self.manifest_changes = check_resume(meta, path, self.pub, self.cfg, self.allow_manifest_change)
         check_model_args(meta, path, self.args)
         self.loader_state.manifest_sha256 = self.manifest.sha256  # a change was allowed, or there is none
@@ -149,6 +158,7 @@ class Trainer:
         if self.dist.rank < len(meta["rng"]):
             set_rng_state(meta["rng"][self.dist.rank])
         self.resumed_from = path
+        self.watchdog.disarm()
         if self.rank0:
             log.info("resumed from %s (step %d, next sample %d, world size %d -> %d)", path, self.train_state.step,
                      meta["loader"]["next_index"], meta["world_size"], self.dist.world_size)
@@ -162,12 +172,15 @@ class Trainer:
                             resume_step=start_step)
         self.run_log.log_start(start_step, end_step)
         losses, step_times = [], []
+        pending: list[tuple] = []  # (step, lr, loss, grad norm, finite, next index) not yet read on the host
         it = iter(self.loader)
         self.model.train()
         with StopSignals() as stop:
             step = start_step
             while step < end_step:
                 step += 1
+                self.watchdog.arm(step, "training step")
+                self.window.begin_step()
                 t0 = time.perf_counter()
                 batch = self.next_batch(it, step)
                 wait_s = time.perf_counter() - t0
@@ -175,11 +188,11 @@ class Trainer:
                 lr = self.scheduler.step(step)
                 loss, grad_norm = train_step(self.model, batch, self.n_micro, cfg.optimizer.grad_clip, d.device,
                                              step=step, loss_hook=self.hooks.loss)
-                ok = self.optimizer_step(loss, grad_norm)
+                finite = self.optimizer_step(loss, grad_norm)
                 ts.step, ts.tokens_seen = step, ts.tokens_seen + self.global_batch * self.seq_len
-                if d.device.type == "cuda":
-                    torch.cuda.synchronize()
-                step_s = self.last_step_s = time.perf_counter() - t0
+                step_s = time.perf_counter() - t0  # the host's; on GPU the record reads CUDA events
+                self.window.end_step(wait_s, step_s)
+                pending.append((step, lr, loss, grad_norm, finite, self.loader.next_index))
 
                 step_times.append(step_s)
                 if step <= start_step + 2:  # step 2: the first with the optimizer state live in forward
@@ -187,53 +200,94 @@ class Trainer:
                 if step == min(end_step, start_step + ESTIMATE_AFTER_STEPS):
                     self.run_log.report_wall_time(step, end_step, step_times)
                 samples.append(step, batch["indices"], d.device)
-                if step % cfg.run.log_every == 0 or not ok or step == end_step:
-                    self.run_log.log_step(step, loss=loss, grad_norm=grad_norm, lr=lr, wait_s=wait_s, step_s=step_s,
-                                          ok=ok)
-                losses.append(loss)
-                if not ok:
-                    self.check_bad_steps(step, loss, grad_norm)
-                elif self.spikes and (spike := self.spikes.check(step, loss, grad_norm)) and on_spike(self, spike):
+                windows = None
+                at_record = step % cfg.run.log_every == 0 or step == end_step
+                # a record reads the window's values (the only host syncs); the spike detector needs every
+                # step's loss, so with a spikes: section each step is read (one sync a step)
+                values = self.settle(pending) if at_record or self.spikes else []
+                losses += [v[0] for v in values]
+                if at_record:
+                    windows = self.window.gather(d.world_size, stop.signum)
+                    self.run_log.log_step(step, values[-1], lr=lr, windows=windows)
+                self.check_bad_steps()
+                if self.spikes and values[-1][2] and (spike := self.spikes.check(step, values[-1][0], values[-1][1])) \
+                        and on_spike(self, spike):
                     it.close()  # rewound (trainer/rewind.py): on from the checkpoint's step, past the skipped samples
                     step, it = ts.step, iter(self.loader)
                     continue
 
                 if cfg.eval.every and step % cfg.eval.every == 0:
+                    self.watchdog.arm(step, "evaluation")
                     self.evaluate(step)
 
                 self.checkpointer.poll()
                 if self.checkpointer.due(step):
+                    losses += [v[0] for v in self.settle(pending)]  # meta.json's bad-step counts are exact
+                    self.check_bad_steps()
+                    self.watchdog.arm(step, "checkpoint save")
                     self.save(step)
-                if signum := stop.agreed(d):
+                if signum := (stop.signum if d.world_size == 1 else stop.agreed(windows)):
                     self.checkpointer.wait()  # a save in flight is finished and committed, never abandoned half-written
                     latest = committed(self.run_dir)
                     raise Interrupted(signum, step, latest[-1][1] if latest else None)
 
+        self.watchdog.arm(end_step, "final checkpoint save")
         if self.checkpointer.due_at_end(end_step):
             self.save(end_step)
         self.checkpointer.wait()
+        self.watchdog.disarm()
         return {"start_step": start_step, "end_step": end_step, "losses": losses, "skipped_total": ts.skipped_total,
                 "resumed_from": self.resumed_from}
 
     # -- pieces of the loop ---------------------------------------------------------------------
     def next_batch(self, it, step: int) -> dict:
+        if self.hooks.data is not None:
+            self.hooks.data(step)
         try:
             return next(it)
         except StopIteration:
             raise TrainingError(f"the loader ran out of training data at step {step}") from None
 
-    def optimizer_step(self, loss: float, grad_norm: float) -> bool:
-        """Step the optimizer unless the loss or gradient norm is not finite (a skipped bad step)."""
-        ts = self.train_state
-        ok = math.isfinite(loss) and math.isfinite(grad_norm)
-        if ok:
-            self.optimizer.step()
-            ts.consecutive_bad = 0
-        else:
+    def optimizer_step(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> torch.Tensor:
+        """Step the optimizer unless the loss or gradient norm is not finite (a skipped bad step),
+        decided on the device: the fused AdamW skips its update inside the kernel when
+        ``found_inf`` is set (as AMP's GradScaler uses it), so no step waits for the host to read
+        a flag. Both values are global (all-reduced), so every rank decides alike. Returns the
+        step's flag (a device bool), read with the rest at the next record or save."""
+        finite = torch.isfinite(loss) & torch.isfinite(grad_norm)
+        self.optimizer.found_inf = (~finite).float()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return finite
+
+    def settle(self, pending: list[tuple]) -> list[tuple]:
+        """Read the pending steps' losses, norms and flags (one host sync) and account for the
+        skipped ones: train_state's counts, a warning and a record each (as they were when every
+        step was read). Returns [(loss, grad norm, ok, step, lr)] in step order and empties ``pending``."""
+        if not pending:
+            return []
+        ts, limit = self.train_state, self.cfg.optimizer.max_bad_steps
+        read = torch.stack([torch.stack((p[2], p[3], p[4].float())) for p in pending]).tolist()
+        values = [(loss, norm, ok == 1.0, p[0], p[1]) for (loss, norm, ok), p in zip(read, pending)]
+        ends = [p[5] for p in pending]
+        pending.clear()
+        for (loss, norm, ok, step, lr), end in zip(values, ends):
+            if ok:
+                ts.consecutive_bad = 0
+                continue
+            # this step's samples trained nothing: recorded, the audit leaves them out (trainer/skips.py)
+            self.skips.append(skip_record("bad_step", end - self.global_batch, end, step, "non-finite loss or grad norm"))
             ts.skipped_total += 1
             ts.consecutive_bad += 1
-        self.optimizer.zero_grad(set_to_none=True)
-        return ok
+            if ts.consecutive_bad >= limit and self.bad_limit_step is None:
+                self.bad_limit_step = step
+            if self.rank0:
+                log.warning("step %d: non-finite loss %s or grad norm %s: optimizer step skipped (%d in a row, %d total)",
+                            step, loss, norm, ts.consecutive_bad, ts.skipped_total)
+            if step != values[-1][3]:  # the last one is written by its record (or is not at a record)
+                self.metrics.write({"kind": "train", "step": step, "loss": loss, "grad_norm": norm, "lr": lr,
+                                    "skipped": True, "skipped_total": ts.skipped_total})
+        return values
 
     def evaluate(self, step: int) -> None:
         val = evaluate(self.model, self.cfg, self.pub, self.dist, self.loader.source)
@@ -241,18 +295,16 @@ class Trainer:
         if self.rank0:
             log.info("step %6d  val_loss %.4f", step, val)
 
-    def check_bad_steps(self, step: int, loss: float, grad_norm: float) -> None:
-        ts, limit = self.train_state, self.cfg.optimizer.max_bad_steps
-        end = self.loader.next_index  # this step's samples trained nothing: recorded, the audit leaves them out
-        self.skips.append(skip_record("bad_step", end - self.global_batch, end, step, "non-finite loss or grad norm"))
-        if self.rank0:
-            log.warning("step %d: non-finite loss %s or grad norm %s: optimizer step skipped (%d in a row, %d total)",
-                        step, loss, grad_norm, ts.consecutive_bad, ts.skipped_total)
-        if ts.consecutive_bad >= limit:
-            raise TrainingError(
-                f"{ts.consecutive_bad} consecutive steps (up to step {step}) had a non-finite loss or gradient norm "
-                f"(optimizer.max_bad_steps={limit}); stopping. Resume from the last "
-                f"checkpoint in {self.run_dir}/checkpoints with a lower optimizer.lr or a tighter grad_clip")
+    def check_bad_steps(self) -> None:
+        """Stop when ``optimizer.max_bad_steps`` steps in a row were skipped (seen at a record or
+        before a save: up to ``run.log_every`` - 1 steps after the one that reached the limit)."""
+        step, ts, limit = self.bad_limit_step, self.train_state, self.cfg.optimizer.max_bad_steps
+        if step is None:
+            return
+        raise TrainingError(
+            f"{limit} consecutive steps (up to step {step}) had a non-finite loss or gradient norm "
+            f"(optimizer.max_bad_steps={limit}); stopping. Resume from the last "
+            f"checkpoint in {self.run_dir}/checkpoints with a lower optimizer.lr or a tighter grad_clip")
 
     def meta(self, step: int) -> dict:
         """meta.json's content for a save after optimizer step ``step``."""

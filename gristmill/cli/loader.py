@@ -28,6 +28,9 @@ def register(sub) -> None:
     b.add_argument("--workers", type=int, default=2, help="batch-assembly threads")
     b.add_argument("--fetch-workers", type=int, default=8, help="download threads")
     b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--ranks", type=int, default=1,
+                   help="run each pass as N processes, ranks 0..N-1 of one job sharing one cache (as a node's "
+                        "ranks do), all at once: every rank's own wait is reported")
     b.add_argument("--cache-dir", help="put the bench's temporary cache under this directory (e.g. the NVMe); "
                                        "removed afterwards, an existing cache is never touched")
     b.add_argument("--cache-limit-bytes", type=int)
@@ -51,6 +54,10 @@ def _bench(args) -> int:
 
     if bool(args.url) == bool(args.synthetic):
         raise UsageError("give either a dataset URL or --synthetic")
+    if args.ranks < 1 or args.global_batch % args.ranks:
+        raise UsageError(f"--ranks {args.ranks}: expected a positive divisor of --global-batch {args.global_batch}")
+    if args.service and args.ranks > 1:
+        raise UsageError("--ranks applies to the simulated store; with --service run one bench per client")
     if args.service and args.synthetic:
         raise UsageError("--service reads a dataset the servers publish: give its URL, name or sha256, not --synthetic")
     tmp = None
@@ -71,7 +78,8 @@ def _bench(args) -> int:
             results = cold_and_warm(
                 url, steps=args.steps, step_s=args.step_ms / 1e3, latency_s=args.latency_ms / 1e3,
                 bandwidth_bps=args.bandwidth_mbps * 1e6 or None, cache_dir=args.cache_dir, workers=args.workers,
-                fetch_workers=args.fetch_workers, cache_limit_bytes=args.cache_limit_bytes, **sampling)
+                fetch_workers=args.fetch_workers, cache_limit_bytes=args.cache_limit_bytes, ranks=args.ranks,
+                **sampling)
         if args.json != "-":
             print(table(results))
         if args.json:

@@ -89,9 +89,11 @@ def run_page(run_dir: str) -> Page:
         page.totals += [("documents_seen", "documents seen", summary["documents_seen"]),
                         ("manifest_sha256", "manifest sha256", summary["manifest_sha256"])]
     loss_section(page, train, evals)
-    speed_section(page, train)
-    ranks_section(page, train)
-    checkpoint_section(page, saves, metas, train)
+    # a skipped step read between records (log_every > 1) has a record of its own without timings
+    timed = [r for r in train if "step_s" in r]
+    speed_section(page, timed)
+    ranks_section(page, timed, rec.get("straggler", []))
+    checkpoint_section(page, saves, metas, timed)
     spikes_section(page, rec.get("spike", []), run_dir)
     seen_section(page, summary, why)
     return page
@@ -142,14 +144,21 @@ def speed_section(page: Page, train: list[dict]) -> None:
                      "or hardware not in the table).", missing=True))
 
 
-def ranks_section(page: Page, train: list[dict]) -> None:
+def rank_series(per: list[dict], key: str, world: int) -> dict[str, tuple[list, list]]:
+    """One line per rank of a per-rank list field (``rank_step_s``, ``rank_input_wait_s``, ...)."""
+    return {f"rank {k}": ([r["step"] for r in per if len(r.get(key) or []) > k],
+                          [r[key][k] for r in per if len(r.get(key) or []) > k]) for k in range(world)}
+
+
+def ranks_section(page: Page, train: list[dict], stragglers: list[dict]) -> None:
+    """Every rank's input wait and step time (means per step over each record's window, see
+    docs/trainer.md), its wait in the step's first collective, and the straggler rule's findings."""
     per = [r for r in train if r.get("rank_step_s")]
     if not per:
         return
-    sec = page.section("ranks", "Step time per rank")
+    sec = page.section("ranks", "Every rank: input wait and step time")
     world = max(len(r["rank_step_s"]) for r in per)
-    series = {f"rank {k}": ([r["step"] for r in per if len(r["rank_step_s"]) > k],
-                            [r["rank_step_s"][k] for r in per if len(r["rank_step_s"]) > k]) for k in range(world)}
+    series = rank_series(per, "rank_step_s", world)
     rows = []
     for k in range(world):
         own = np.array(series[f"rank {k}"][1])
@@ -160,6 +169,22 @@ def ranks_section(page: Page, train: list[dict]) -> None:
                    lambda: plot().lines(series, xlabel="step", ylabel="seconds"),
                    Table(["rank", "median step s", "max step s", "median x fastest rank"], rows),
                    caption=f"{world} rank(s)"))
+    for key, name, title in (("rank_input_wait_s", "rank_input_wait_s", "Each rank's input wait per step "
+                              "(a slow data path shows here, on its own rank)"),
+                             ("rank_collective_wait_s", "rank_collective_wait_s", "Each rank's wait in the step's "
+                              "first collective (the others wait here for a straggler)")):
+        lines = rank_series(per, key, world)
+        if not any(xs for xs, _ in lines.values()):
+            continue
+        sec.add(Figure(name, title, lambda lines=lines: plot().lines(lines, xlabel="step", ylabel="seconds"),
+                       Table(["rank", "median s", "max s"],
+                             [[k, float(np.median(ys)), float(np.max(ys))] for k, (_, ys) in
+                              enumerate(lines.values()) if ys])))
+    if stragglers:
+        sec.add(Table(["step", "rank", "host", "own step s", "median rank's s", "windows in a row"],
+                      [[r["step"], r["rank"], r.get("host"), r.get("own_step_s"), r.get("median_own_step_s"),
+                        r.get("windows")] for r in stragglers],
+                      caption="stragglers named by the rule (run.straggler_fraction, run.straggler_windows)"))
 
 
 def checkpoint_section(page: Page, saves: list[dict], metas: list[dict], train: list[dict]) -> None:
