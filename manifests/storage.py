@@ -166,6 +166,11 @@ class Store:
         """A binary file streaming into an object that appears at ``path`` only on ``commit()``."""
         raise NotImplementedError
 
+    def put_file(self, src: str, path: str) -> None:
+        """Copy the local file ``src`` to ``path`` whole or not at all, streamed (no copy of it in memory)."""
+        with open(src, "rb") as f, self.open_put(path) as out:
+            shutil.copyfileobj(f, out.file, 8 << 20)
+
     @contextlib.contextmanager
     def open_put(self, path: str):
         """A :class:`Pending` object committed when the block ends without an error, aborted otherwise."""

@@ -161,7 +161,8 @@ def test_kill_during_checkpoint_save_resumes_from_previous(reference, data, tmp_
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     ckpts = sorted(os.listdir(os.path.join(run_dir, "checkpoints")))
-    assert ckpts == [".tmp-step-8", "step-4"]  # the half-written save never looks committed
+    assert ckpts == ["step-4", "step-8"]  # the half-written save never looks committed: it has no meta.json
+    assert not os.path.exists(os.path.join(run_dir, "checkpoints", "step-8", "meta.json"))
     out = train(data, run_dir)
     assert "step-4" in out.stderr
     assert sorted(os.listdir(os.path.join(run_dir, "checkpoints"))) == ["step-12", "step-8"]

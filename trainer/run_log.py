@@ -1,6 +1,6 @@
 """What a run tells as it goes: the memory budget and planned compute at the start, each logged
 step (metrics.jsonl and the log line), the allocator's peak after the first step, the expected
-wall time after the first few, and the Young/Daly interval after each save."""
+wall time after the first few (each save's cadence: trainer/cadence.py)."""
 from __future__ import annotations
 
 import logging
@@ -10,7 +10,6 @@ import torch
 import torch.distributed as dist
 
 from .budget import expected_wall_s, format_bytes, format_seconds, planned_flops
-from .config import TrainConfig
 from .metrics import device_name, format_step, mfu
 from .model import count_params, flops_per_token_terms
 
@@ -99,10 +98,3 @@ class RunLog:
         if t.rank0:
             log.info(format_step(record))
 
-
-def report_interval(save_s: float, interval: float, cfg: TrainConfig, step_s: float | None) -> None:
-    """Print the Young/Daly interval for the measured save cost (the time training was blocked)
-    and the configured MTBF."""
-    steps = f" = about {max(1, round(interval / step_s)):,} steps at {step_s:.3f} s/step" if step_s else ""
-    log.info("checkpoint saved in %.2f s; Young/Daly interval for MTBF %.1f h: every %.0f s%s (checkpoint.every=%d)",
-             save_s, cfg.checkpoint.mtbf_hours, interval, steps, cfg.checkpoint.every)
