@@ -361,7 +361,9 @@ class FsspecStore(Store):
         return self.fs.open(self.path(path), mode)
 
     def exists(self, path: str) -> bool:
-        return self.fs.exists(self.path(path))
+        path = self.path(path)
+        self.fs.invalidate_cache(path)  # as listdir: another writer (or process) may have removed or made it since
+        return self.fs.exists(path)
 
     def isdir(self, path: str) -> bool:
         return self.fs.isdir(self.path(path))

@@ -35,6 +35,7 @@ import random
 import re
 import shutil
 import sys
+import tempfile
 import threading
 import time
 import warnings
@@ -471,6 +472,27 @@ def verify(path: str, actual: dict[str, dict] | None = None) -> list[str]:
         except CheckpointError as e:
             problems.append(str(e))
     return problems
+
+
+def verify_copy(url: str) -> list[str]:
+    """:func:`verify` of a committed checkpoint on any store (``s3://.../step-<N>``): its meta.json and the
+    files it lists are downloaded to a temporary directory first (the DCP metadata is read only there,
+    through the restricted unpickler, like any other)."""
+    parent, name = url.rstrip("/").rsplit("/", 1)
+    m = STEP_DIR.match(name)
+    if not m:
+        return [f"{url}: not a step-<N> checkpoint directory"]
+    store, step = CheckpointStore(parent), int(m.group(1))
+    with tempfile.TemporaryDirectory(prefix="gristmill-verify-") as tmp:
+        try:
+            meta_bytes = store.read_meta_bytes(step)
+            files = parse_meta(meta_bytes, store.file_url(step, META_FILE)).get("files")
+            for rel in files if isinstance(files, dict) else {}:
+                store.download(step, rel, tmp)
+        except (CheckpointError, OSError) as e:
+            return [str(e)]
+        atomic_write(os.path.join(tmp, META_FILE), meta_bytes)
+        return [p.replace(tmp, url) for p in verify(tmp)]
 
 
 def find_resumable(run_dir: str, checksums=file_checksums) -> tuple[str | None, list[str]]:
