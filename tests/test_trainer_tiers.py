@@ -130,7 +130,7 @@ def test_prune_removes_only_committed_steps_beyond_retention(where, tmp_path):
         ckpts.upload(local, step, "__0_0.distcp")
         ckpts.commit(step, b"{}\n")
     ckpts.upload(local, 10, "__0_0.distcp")  # in flight: not committed, not pruned
-    assert ckpts.prune(keep=2, keep_every=4) == [2]
+    assert ckpts.prune(ckpts.committed(), keep=2, keep_every=4) == [2]
     assert ckpts.steps() == [4, 6, 8, 10] and ckpts.committed() == [4, 6, 8]
 
 

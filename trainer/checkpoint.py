@@ -1,18 +1,20 @@
 """Checkpoints: DCP shards plus a ``meta.json`` that ties the weights to the exact data they saw.
 
-Layout (docs/trainer.md has every field)::
+Two tiers (docs/trainer.md, "Checkpoints", has every step and field)::
 
-    <run_dir>/checkpoints/step-<N>/       committed: N optimizer steps done
+    <checkpoint.local_dir>/step-<N>/      each rank's DCP files, written first; training resumes after this
         .metadata, __<rank>_0.distcp      torch.distributed.checkpoint files (model, optimizer, scheduler, loader, train state: trainer/state.py)
-        meta.json                         step, data manifest, loader state, RNG, config, sha256 of files
-    <run_dir>/checkpoints/.tmp-step-<N>/  being written; never read
+        rank-<r>.json                     rank r's manifest (sha256 and bytes of its files)
+        meta.json                         step, data manifest, loader state, RNG, config, run record, sha256 of files
+    <checkpoint.dir>/step-<N>/            the same files uploaded in the background (trainer/checkpoint_store.py);
+                                          meta.json created last, by rank 0, with the store's conditional create
 
-A save writes everything under the temporary name; rank 0 hashes the files and writes meta.json
-only after a barrier proves every rank finished, then renames the directory. A crash at any point
-before the rename leaves only a ``.tmp-`` directory, which resume ignores and the next start
-deletes. Resume walks committed checkpoints newest first and takes the first that verifies: meta.json
-intact (trainer/meta.py), every file matching its sha256, and the data position stored in the
-DCP state equal to meta.json's.
+With ``checkpoint.dir`` the local directory itself (the default) the two are one and nothing is
+uploaded. A step directory without meta.json is never read, and the next start deletes it: a crash
+at any point before the create leaves nothing a resume would take. Resume walks committed
+checkpoints newest first, makes a local copy of each (kept when its meta.json is the store's, else
+downloaded) and takes the first that verifies: meta.json intact (trainer/meta.py), every file
+matching its sha256, and the data position stored in the DCP state equal to meta.json's.
 
 DCP's ``.metadata`` is a pickle, and the non-tensor entries of the state (optimizer
 hyper-parameters) are ``torch.save`` blobs: a checkpoint is untrusted input, so both are read
@@ -562,13 +564,14 @@ class Checkpointer:
         # Async writes run collectives from a background thread: give them their own gloo group so
         # they never interleave with the training step's collectives.
         self._async_group = dist.new_group(backend="gloo") if async_save else None
-        self._stale_remote: set[int] = set()
+        self.committed: list[int] = []  # rank 0: the committed steps on the store, kept as saves commit and prune
         if enabled:
             if local_rank == 0:
                 self._remove_uncommitted_local()
-            if rank == 0 and self.two_tier:
-                self.remote.remove_uncommitted()
-                self._stale_remote = set(self.remote.committed())  # replaced if this run saves one of these steps
+            if rank == 0:
+                if self.two_tier:
+                    self.remote.remove_uncommitted()
+                self.committed = self.remote.committed()
         dist.barrier()
 
     def local_step_dir(self, step: int) -> str:
@@ -586,7 +589,7 @@ class Checkpointer:
 
     def newest(self) -> str | None:
         """Where the newest committed checkpoint is (a URL with two tiers), or None."""
-        steps = self.remote.committed()
+        steps = self.remote.committed() if self.enabled else []
         return self.remote.step_url(steps[-1]) if steps else None
 
     def source_of(self, path: str) -> str:
@@ -614,8 +617,12 @@ class Checkpointer:
         waited = self.wait(reason=f"the step-{step} save")  # one upload in flight
         self.last_step = step
         staging = self.local_step_dir(step)
-        if self.rank == 0 and step in self._stale_remote:  # a step of an abandoned lineage (resumed from before it)
-            self.remote.remove(step)
+        for later in [s for s in self.committed if s >= step] if self.rank == 0 else ():
+            # of an abandoned lineage (this run resumed from before it, or does not resume): never
+            # kept in favour of this run's saves, which it would outlive by step number
+            log.warning("removing checkpoint step-%d: this run, at step %d, did not resume from it", later, step)
+            self.remote.remove(later)
+            self.committed.remove(later)
         if self.local_rank == 0:
             _remove_local(staging)
             os.makedirs(staging)
@@ -654,15 +661,15 @@ class Checkpointer:
                 atomic_write(os.path.join(staging, rank_file(self.rank)), manifest)
             self.remote.put(step, rank_file(self.rank), manifest)  # last: this rank's part is on the store
             if self.rank == 0:
-                self._commit(step, staging, meta, started)
+                self._commit(step, staging, meta, started, manifest)
             if self.two_tier and self.local_rank == 0 and self.previous_step is not None:
                 self._prune_local(self.previous_step)
             up.seconds = time.perf_counter() - started
         except BaseException as e:  # noqa: BLE001 - handed to the training thread (wait / poll raise it)
             up.error = e
 
-    def _commit(self, step: int, staging: str, meta: dict, started: float) -> None:
-        files = self.remote.gather_ranks(step, self.world_size)
+    def _commit(self, step: int, staging: str, meta: dict, started: float, manifest: bytes) -> None:
+        files = self.remote.gather_ranks(step, self.world_size, known={0: manifest})
         meta = {**meta, "files": files, "save_seconds": round(time.perf_counter() - started, 3),
                 "created_at": dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat()}
         _, data = seal_meta(meta)
@@ -671,7 +678,9 @@ class Checkpointer:
         self.remote.commit(step, data)  # the commit: meta.json created, last
         if self.two_tier:
             atomic_write(os.path.join(staging, META_FILE), data)
-        for gone in self.remote.prune(self.keep, self.keep_every):
+        self.committed.append(step)
+        for gone in self.remote.prune(self.committed, self.keep, self.keep_every):
+            self.committed.remove(gone)
             log.info("removed checkpoint step-%d (checkpoint.keep=%d, keep_every=%d)", gone, self.keep, self.keep_every)
         for path in self.run_files:
             self.remote.put_run_file(path)

@@ -122,9 +122,12 @@ class CheckpointStore:
     def put(self, step: int, rel: str, data: bytes) -> None:
         self.store.put(self.file_url(step, rel), data)
 
-    def gather_ranks(self, step: int, world_size: int, *, poll_s: float = 0.05, say_every_s: float = 60.0) -> dict:
+    def gather_ranks(self, step: int, world_size: int, *, known: dict[int, bytes] | None = None, poll_s: float = 0.05,
+                     say_every_s: float = 60.0) -> dict:
         """Wait until every rank's manifest is on the store, check every file each lists is there with its
-        size, and return meta.json's ``files`` table (the rank manifests included)."""
+        size, and return meta.json's ``files`` table (the rank manifests included). ``known``: manifests
+        the caller already holds (rank 0's own), by rank: not read back."""
+        known = known or {}
         waited_since, pause = time.monotonic(), poll_s
         said = waited_since
         while True:
@@ -140,7 +143,7 @@ class CheckpointStore:
             pause = min(2.0, pause * 1.5)
         files: dict[str, dict] = {}
         for r in range(world_size):
-            data = self.store.read(self.file_url(step, rank_file(r)))
+            data = known[r] if r in known else self.store.read(self.file_url(step, rank_file(r)))
             manifest = json.loads(data)
             if manifest.get("step") != step or manifest.get("rank") != r or manifest.get("world_size") != world_size:
                 raise CheckpointError(f"{self.file_url(step, rank_file(r))}: a manifest of step {manifest.get('step')}, "
@@ -185,9 +188,10 @@ class CheckpointStore:
             self.remove(step)
         return gone
 
-    def prune(self, keep: int, keep_every: int) -> list[int]:
-        """Retention, after a commit: see :func:`to_prune`."""
-        gone = to_prune(self.committed(), keep, keep_every)
+    def prune(self, committed: list[int], keep: int, keep_every: int) -> list[int]:
+        """Retention, after a commit, of the ``committed`` steps (the caller keeps the list: no listing per
+        save): see :func:`to_prune`. Returns the steps removed."""
+        gone = to_prune(committed, keep, keep_every)
         for step in gone:
             self.remove(step)
         return gone

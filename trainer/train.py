@@ -242,7 +242,7 @@ class Trainer:
             raise TrainingError(
                 f"{ts.consecutive_bad} consecutive steps (up to step {step}) had a non-finite loss or gradient norm "
                 f"(optimizer.max_bad_steps={limit}); stopping. Resume from the last "
-                f"checkpoint in {self.run_dir}/checkpoints with a lower optimizer.lr or a tighter grad_clip")
+                f"checkpoint in {self.cfg.checkpoint_dir()} with a lower optimizer.lr or a tighter grad_clip")
 
     def meta(self, step: int) -> dict:
         """meta.json's content for a save after optimizer step ``step``."""
