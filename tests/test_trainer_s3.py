@@ -97,9 +97,18 @@ def test_s3_checkpoints_survive_kill_9_mid_upload_and_resume_anywhere(data, s3, 
     assert len(meta12["run_record"]["hostnames"]) == 2 and meta12["run_record"]["device"] == "cpu"
 
     # 3. The killed run's own dir, one process: its local step-6 copy is the store's (the copy's), so it is
-    #    used without a download, and resharded 2 -> 1 it continues the same losses (to float reordering).
-    out = run(data, killed, f"checkpoint.dir={copy}", nproc=1)
+    #    used without a download, and resharded 2 -> 1 it continues the same losses (to float reordering);
+    #    checkpoints at the cadence from the failure rate.
+    with open(os.path.join(killed, "metrics.jsonl")) as f:
+        before = len(f.readlines())
+    out = run(data, killed, f"checkpoint.dir={copy}", "checkpoint.every=auto", "checkpoint.auto_first_steps=2", nproc=1)
     assert "world size 2 -> 1" in out and "downloading checkpoint" not in out
+    # every=auto: the first save 2 steps after the resume measures a save; Young/Daly for a 1-device job
+    # (50,000 h MTBF) is then far beyond step 12, the end, which is always saved
+    with open(os.path.join(killed, "metrics.jsonl")) as f:
+        saves = [r for r in map(json.loads, f.readlines()[before:]) if r["kind"] == "checkpoint"]
+    assert [r["step"] for r in saves] == [8, 12]
+    assert saves[-1]["every"] == "auto" and saves[-1]["young_daly_every"] > STEPS and saves[-1]["waste_fixed"] is None
     np.testing.assert_allclose([losses(killed)[s] for s in range(7, STEPS + 1)],
                                [losses(reference)[s] for s in range(7, STEPS + 1)], rtol=1e-5, atol=0)
 

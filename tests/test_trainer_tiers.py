@@ -160,6 +160,9 @@ def test_auto_saves_first_after_a_few_steps_then_at_the_young_daly_interval_re_e
     assert second["save_cost_s"] == 10.0 and second["young_daly_every"] == 190 and c.next_due == 320
     assert second["waste_fixed"] is None and second["every"] == AUTO
     assert "checkpoint.every=auto: next save in 190 steps" in describe(second)
+    resumed = Cadence(AUTO, mtbf_s=mtbf, first_steps=10)
+    resumed.start(500)  # a resume after step 500: the first save measures this process's cost, 10 steps on
+    assert not resumed.due(509) and resumed.due(510)
 
 
 def test_a_fixed_cadence_reports_its_waste_beside_young_dalys():

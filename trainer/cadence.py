@@ -43,8 +43,15 @@ class Cadence:
         self.auto = every == AUTO
         self.every = 0 if self.auto else int(every)
         self.mtbf_s = mtbf_s
+        self.first_steps = first_steps
         self.next_due = first_steps if self.auto else None  # auto: the step of the next save
         self.costs: list[float] = []
+
+    def start(self, step: int) -> None:
+        """The run (re)starts after ``step`` (a resume): auto's first save is ``first_steps`` later, to
+        measure this process's cost of a save."""
+        if self.auto:
+            self.next_due = step + self.first_steps
 
     def due(self, step: int) -> bool:
         if self.auto:

@@ -624,6 +624,9 @@ class Checkpointer:
             self.remote.remove(later)
             self.committed.remove(later)
         if self.local_rank == 0:
+            for later, path in committed_in(self.local_dir) if self.two_tier else ():
+                if later >= step:  # local copies of that lineage too: a resume must never prefer them
+                    _remove_local(path)
             _remove_local(staging)
             os.makedirs(staging)
         dist.barrier()
@@ -822,3 +825,4 @@ class Checkpointer:
         load_state(state, path)
         compare_data_position(meta, state[DCP_KEY].numpy().tobytes(), os.path.join(path, META_FILE))
         self.last_step = meta["step"]
+        self.cadence.start(self.last_step)
