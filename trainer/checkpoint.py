@@ -628,7 +628,7 @@ class Checkpointer:
                 if later >= step:  # local copies of that lineage too: a resume must never prefer them
                     _remove_local(path)
             _remove_local(staging)
-            os.makedirs(staging)
+            os.makedirs(staging, exist_ok=True)  # every node's local rank 0 does this: local_dir may be shared
         dist.barrier()
         rngs = [None] * self.world_size
         dist.all_gather_object(rngs, rng_state())
@@ -760,6 +760,12 @@ class Checkpointer:
         dist.broadcast_object_list(meta_bytes, src=0)
         if isinstance(meta_bytes[0], str):
             return [meta_bytes[0]]
+        if not on_store:  # a local copy alone (not on the store): only if every rank's node holds one
+            here = torch.tensor([int(os.path.isfile(os.path.join(self.local_step_dir(step), META_FILE)))],
+                                device=self.device)
+            dist.all_reduce(here, op=dist.ReduceOp.MIN)
+            if not here.item():
+                return [f"step-{step} is not on {self.remote.url} and not in every node's {self.local_dir}"]
         problems: list[str] = []
         for download_all in ((False, True) if on_store else (False,)):  # a bad local copy: once more from the store
             path = self.local_step_dir(step)
@@ -800,7 +806,8 @@ class Checkpointer:
                 os.unlink(meta_path)  # the copy is no checkpoint until its files are the store's
             os.makedirs(path, exist_ok=True)
             for name in set(os.listdir(path)) - set(files):  # files of another save of this step
-                os.unlink(os.path.join(path, name))
+                with contextlib.suppress(FileNotFoundError):  # another node's local rank 0 (a shared local_dir)
+                    os.unlink(os.path.join(path, name))
         dist.barrier()
         if not keep:
             if self.local_rank == 0 and not download_all:
