@@ -1,4 +1,6 @@
 """What the audit needs from a checkpoint: the data position and the manifest it was trained on.
+The checkpoint may be on a local disk or on any store (``s3://bucket/run/checkpoints/step-<N>``,
+or the checkpoint dir for the newest), read through ``manifests.storage.Store``.
 
 Everything comes from ``meta.json``, read and checked by the trainer's own torch-free reader
 (trainer/meta.py: format, self-hash, fields recorded twice agree): the loader state (next
@@ -15,9 +17,9 @@ from dataclasses import dataclass
 from gristmill.errors import GristmillError
 from gristmill.manifests import ManifestNotFoundError, Published
 from gristmill.manifests.mixture import PublishedMixture, load_data
-from gristmill.manifests.storage import split_url
+from gristmill.manifests.storage import Store, local_path, split_url
 from gristmill.trainer.errors import CheckpointError
-from gristmill.trainer.meta import META_FILE, STEP_DIR, read_meta
+from gristmill.trainer.meta import LOCAL, META_FILE, STEP_DIR, read_meta
 
 
 class AuditError(GristmillError):
@@ -34,7 +36,7 @@ class Checkpoint:
     sample indices [(n-1)*B, n*B) shifted past the rewinds' skips before it; checkpoint step-<N> holds
     the model after samples [0, next_index) less the skipped ones (trainer/skips.py)."""
 
-    path: str  # the checkpoint directory
+    path: str  # the checkpoint directory (a URL on an object store)
     step: int  # optimizer steps completed
     world_size: int
     global_batch: int
@@ -56,19 +58,35 @@ class Checkpoint:
         return 1 + max((int(c["step"]) for c in self.manifest_changes), default=0)
 
 
+def _store(path: str) -> tuple[Store, str]:
+    """The store a checkpoint path or URL is on, and the path as that store names it (local: absolute)."""
+    local = local_path(path)
+    if local is not None:
+        return LOCAL, os.path.abspath(local)
+    return Store.from_url(path), path.rstrip("/")
+
+
+def _listdir(store: Store, path: str) -> list[str]:
+    try:
+        return store.listdir(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
 def find_checkpoint(path: str) -> str:
-    """A checkpoint directory from a step dir, its meta.json, or a run dir (newest checkpoint)."""
-    path = os.path.abspath(path)
+    """A checkpoint directory from a step dir, its meta.json, a run dir or a checkpoint dir (newest
+    committed checkpoint), on a local disk or any store (``s3://bucket/run/checkpoints``)."""
+    store, path = _store(path)
     if os.path.basename(path) == META_FILE:
         return os.path.dirname(path)
-    if os.path.isfile(os.path.join(path, META_FILE)):
+    if store.exists(store.join(path, META_FILE)):
         return path
-    for ckpts in (os.path.join(path, "checkpoints"), path):
-        steps = [(int(m.group(1)), d) for d in (os.listdir(ckpts) if os.path.isdir(ckpts) else [])
-                 if (m := STEP_DIR.match(d)) and os.path.isfile(os.path.join(ckpts, d, META_FILE))]
+    for ckpts in (store.join(path, "checkpoints"), path):
+        steps = [(int(m.group(1)), d) for d in _listdir(store, ckpts)
+                 if (m := STEP_DIR.match(d)) and store.exists(store.join(ckpts, d, META_FILE))]
         if steps:
-            return os.path.join(ckpts, max(steps)[1])
-    raise CheckpointNotFoundError(f"no checkpoint at {path}{'' if os.path.exists(path) else ' (no such file or directory)'}: "
+            return store.join(ckpts, max(steps)[1])
+    raise CheckpointNotFoundError(f"no checkpoint at {path}{'' if store.exists(path) else ' (no such file or directory)'}: "
                                   f"expected a step-<N>/ directory holding {META_FILE}, or a run directory with "
                                   f"checkpoints/step-<N>/{META_FILE}; check the path")
 
@@ -77,7 +95,8 @@ def read_checkpoint(path: str) -> Checkpoint:
     """Read a checkpoint's meta.json (layout: docs/trainer.md). A missing, inconsistent or edited
     field is a CheckpointError naming it."""
     ckpt_dir = find_checkpoint(path)
-    meta = read_meta(ckpt_dir)
+    store = _store(ckpt_dir)[0]
+    meta = read_meta(ckpt_dir, store)
     loader = meta["loader"]
     return Checkpoint(
         path=ckpt_dir,
@@ -92,13 +111,13 @@ def read_checkpoint(path: str) -> Checkpoint:
         manifest_sha256=str(meta["data"]["manifest_sha256"]),
         manifest_url=str(meta["data"]["manifest_url"]),
         manifest_changes=tuple(meta.get("manifest_changes") or ()),
-        world_sizes=world_size_segments(ckpt_dir, meta),
+        world_sizes=world_size_segments(ckpt_dir, meta, store),
         meta=meta,
         skips=tuple(meta.get("skips") or ()),
     )
 
 
-def world_size_segments(ckpt_dir: str, meta: dict) -> tuple[tuple[int, int | None], ...]:
+def world_size_segments(ckpt_dir: str, meta: dict, store: Store = LOCAL) -> tuple[tuple[int, int | None], ...]:
     """(last step, world size) of each segment of the run, oldest first, from the ``resumed_from`` chain.
 
     A resume may change the world size (the loader's order does not depend on it, but the
@@ -119,11 +138,11 @@ def world_size_segments(ckpt_dir: str, meta: dict) -> tuple[tuple[int, int | Non
                                   f"step-<N> than step {segments[-1][0]} (chain {' -> '.join(chain + [name])}): "
                                   f"{META_FILE} was edited or the checkpoints mixed up")
         chain.append(name)
-        prev = os.path.join(os.path.dirname(ckpt_dir), name)
-        if not os.path.isfile(os.path.join(prev, META_FILE)):
+        prev = store.join(os.path.dirname(ckpt_dir), name)
+        if not store.exists(store.join(prev, META_FILE)):
             segments.append((int(step.group(1)), None))
             break
-        meta = read_meta(prev)
+        meta = read_meta(prev, store)
         if int(meta["step"]) != int(step.group(1)):
             raise CheckpointError(f"{os.path.join(prev, META_FILE)}: step {meta['step']} in a directory named {name}")
         segments.append((int(meta["step"]), int(meta["world_size"])))
@@ -162,8 +181,8 @@ def verify_files(ckpt: Checkpoint) -> None:
     """The trainer's own check (imports torch): every file matches meta.json's sha256, and the
     data position inside the DCP state equals meta.json's, so a consistent, re-hashed edit of
     meta.json is refused too. The DCP metadata is read only through the restricted unpickler."""
-    from gristmill.trainer.checkpoint import verify
+    from gristmill.trainer.checkpoint import verify, verify_copy
 
-    problems = verify(ckpt.path)
+    problems = verify(ckpt.path) if local_path(ckpt.path) is not None else verify_copy(ckpt.path)
     if problems:
         raise CheckpointError(f"checkpoint {ckpt.path} does not verify: " + "; ".join(problems[:5]))

@@ -20,7 +20,12 @@
 # into the rows instead of one document a row, so the document mask has boundaries to mask),
 # PYTHON (python3), OUT (where the results go; default a temp dir), GPU_BENCH_WORK (scratch
 # for data, cache and run; default a temp dir), WHEELS (a folder of wheels for packages the
-# machine lacks; default .whl when present).
+# machine lacks; default .whl when present), GPU_BENCH_CKPT_EVERY (steps between checkpoints; 0 =
+# none, the default: then this measures the step and the input pipeline alone). With
+# GPU_BENCH_CKPT_EVERY > 0 the checkpoints go to a local object store, the tests' moto S3 server
+# (tests/s3server.py on 127.0.0.1; needs moto[server], boto3 and s3fs, as wheels if missing), through
+# the two tiers (DCP to local disk, background upload, commit): results gain each save's blocked time
+# (training stopped for it) and its time to commit on the store (checkpoint.md has the table).
 #
 # Install: none. The checkout is put on PYTHONPATH as `gristmill` (a folder of links), with the
 # wheels in WHEELS installed beside it (--no-index: no network needed). An image with torch but
@@ -29,7 +34,7 @@
 #     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \
 #     pydantic pydantic-core annotated-types typing-inspection zstandard
 # (pydantic and pydantic-core at matching versions: pip download pydantic==X resolves them together
-# without --no-deps.) Checkpoints and validation are off: this measures the step and the input pipeline.
+# without --no-deps.) Validation is off; checkpoints too unless GPU_BENCH_CKPT_EVERY is set.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -44,6 +49,7 @@ STEPS=${STEPS:-2000}
 MANIFEST=${1:-}
 DOC_TOKENS=${GPU_BENCH_DOC_TOKENS:+(${GPU_BENCH_DOC_TOKENS})}; DOC_TOKENS=${DOC_TOKENS:-None}
 read -ra EXTRA_SETS <<< "${GPU_BENCH_SET:-}"
+CKPT_EVERY=${GPU_BENCH_CKPT_EVERY:-0}
 mkdir -p "$OUT" "$WORK"
 
 case "$PRESET" in
@@ -91,13 +97,32 @@ print(build_synthetic(sys.argv[1], dataset='count', vocab_size=$VOCAB, seq_len=$
 val_rows=(16,), tokens='counting', doc_tokens=${DOC_TOKENS}).url)" "$WORK/data")
 fi
 
+# -- checkpoints (GPU_BENCH_CKPT_EVERY > 0): to a local S3 server, through local disk -------------
+CKPT_SETS=(--set checkpoint.enabled=false)
+if (( CKPT_EVERY > 0 )); then
+  PORT=$("$PY" -c "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
+  export AWS_ACCESS_KEY_ID=testing AWS_SECRET_ACCESS_KEY=testing AWS_SESSION_TOKEN=testing \
+    AWS_DEFAULT_REGION=us-east-1 AWS_EC2_METADATA_DISABLED=true \
+    AWS_ENDPOINT_URL="http://127.0.0.1:$PORT" AWS_ENDPOINT_URL_S3="http://127.0.0.1:$PORT"
+  "$PY" tests/s3server.py "$PORT" > "$WORK/moto.log" 2>&1 &
+  MOTO=$!
+  trap 'kill $MOTO 2>/dev/null || true' EXIT
+  for _ in $(seq 60); do
+    "$PY" -c "import urllib.request; urllib.request.urlopen('$AWS_ENDPOINT_URL/moto-api/', timeout=1)" 2>/dev/null && break
+    sleep 0.5
+  done
+  "$PY" -c "import boto3; boto3.client('s3').create_bucket(Bucket='gpu-bench')"
+  CKPT_SETS=(--set checkpoint.enabled=true --set "checkpoint.every=$CKPT_EVERY" --set checkpoint.keep=2
+             --set checkpoint.dir=s3://gpu-bench/run/checkpoints --set "checkpoint.local_dir=$WORK/run/checkpoints")
+fi
+
 # -- train: the clock starts at the first step's record; SIGTERM stops it after a step -----------
 RUN="$WORK/run"
 rm -rf "$RUN"
 ARGS=("configs/train-1b.yaml" --set "model.preset=$PRESET" --set "data.manifest=$MANIFEST" --set "run.dir=$RUN"
       --set "run.steps=$STEPS" --set run.log_every=1 --set run.tensorboard=false --set "data.cache_dir=$WORK/cache"
       --set "data.global_batch=$((NPROC * MICRO))" --set "data.micro_batch=$MICRO" --set data.order=global
-      --set checkpoint.enabled=false --set eval.every=0 --set optimizer.warmup_steps=20
+      "${CKPT_SETS[@]}" --set eval.every=0 --set optimizer.warmup_steps=20
       --set "parallelism.mixed_precision=$PRECISION" --set "parallelism.activation_checkpoint=$AC"
       --set "parallelism.compile=$COMPILE" --set "parallelism.attention=$ATTENTION")
 for kv in "${EXTRA_SETS[@]}"; do ARGS+=(--set "$kv"); done
@@ -142,6 +167,7 @@ records = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))
 train = [r for r in records if r["kind"] == "train"]
 budget = next((r for r in records if r["kind"] == "budget"), None)
 memory = ([r for r in records if r["kind"] == "memory"] or [None])[-1]  # step 2's: Adam moments live (trainer/run_log.py)
+saves = [r for r in records if r["kind"] == "checkpoint"]  # GPU_BENCH_CKPT_EVERY: one per save
 steady = [r for r in train if r["step"] > warmup]
 if not steady:
     sys.exit(f"only {len(train)} steps, none after the first {warmup}: raise GPU_BENCH_SECONDS")
@@ -163,6 +189,8 @@ result = {
     "extra_sets": os.environ.get("GPU_BENCH_SET", ""), "doc_tokens": os.environ.get("GPU_BENCH_DOC_TOKENS", ""),
     "peak_over_budget": memory and memory["ratio"], "loss_first": train[0]["loss"], "loss_last": train[-1]["loss"],
     "train_seconds": round(elapsed, 1), "loss_curve": curve,
+    "checkpoints": [{k: r.get(k) for k in ("step", "blocked_s", "waited_s", "young_daly_interval_s", "young_daly_every")}
+                    for r in saves],
 }
 json.dump(result, open(os.path.join(out, "results.json"), "w"), indent=1)
 with open(os.path.join(out, "loss_curve.csv"), "w") as f:
@@ -188,7 +216,15 @@ lines = [f"# gristmill trainer: {preset} preset, {nproc} device(s)", "", "```", 
             if memory else "") + " |",
          f"| first step (compile, allocator warm-up) | {result['first_step_s']:.1f} s |",
          f"| loss | {result['loss_first']:.3f} at step 1 -> {result['loss_last']:.3f} at step {train[-1]['step']} |",
-         "", f"Loss curve (every ~{every:.0f} s of training; all steps in loss_curve.csv):", "", "| s | step | loss |", "|---|---|---|"]
+         ]
+if saves:
+    blocked = statistics.median(r["blocked_s"] for r in saves)
+    lines += [f"| checkpoint: training blocked per save (to s3:// on a local moto server, through local disk) | "
+              f"{blocked:.2f} s median over {len(saves)} saves (" + ", ".join(f"{r['blocked_s']:.2f}" for r in saves)
+              + f"; of it waiting for the previous upload: {max(r['waited_s'] for r in saves):.2f} s at most) |",
+              f"| checkpoint: Young/Daly interval for that cost | {saves[-1]['young_daly_interval_s']:.0f} s "
+              f"= {saves[-1]['young_daly_every']} steps |"]
+lines += ["", f"Loss curve (every ~{every:.0f} s of training; all steps in loss_curve.csv):", "", "| s | step | loss |", "|---|---|---|"]
 next_at = 0.0
 for c in curve:
     if c["elapsed_s"] >= next_at or c is curve[-1]:

@@ -173,6 +173,11 @@ class Store:
         """A binary file streaming into an object that appears at ``path`` only on ``commit()``."""
         raise NotImplementedError
 
+    def put_file(self, src: str, path: str) -> None:
+        """Copy the local file ``src`` to ``path`` whole or not at all, streamed (no copy of it in memory)."""
+        with open(src, "rb") as f, self.open_put(path) as out:
+            shutil.copyfileobj(f, out.file, 8 << 20)
+
     @contextlib.contextmanager
     def open_put(self, path: str):
         """A :class:`Pending` object committed when the block ends without an error, aborted otherwise."""
@@ -367,7 +372,9 @@ class FsspecStore(Store):
         return self.fs.open(self.path(path), mode)
 
     def exists(self, path: str) -> bool:
-        return self.fs.exists(self.path(path))
+        path = self.path(path)
+        self.fs.invalidate_cache(path)  # as listdir: another writer (or process) may have removed or made it since
+        return self.fs.exists(path)
 
     def isdir(self, path: str) -> bool:
         return self.fs.isdir(self.path(path))

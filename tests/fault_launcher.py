@@ -3,7 +3,10 @@ main with faults injected through its hooks (trainer.hooks.Hooks), for subproces
 
 Faults: ``nan_loss@N`` makes step N's loss NaN (the step must be skipped); ``hang_before_commit@N``
 blocks the step-N save after meta.json is written and before the rename that commits it, after
-writing the marker file ``<run_dir>/HANGING-hang_before_commit-N`` (the test then kill -9s it).
+writing the marker file ``<run_dir>/HANGING-hang_before_commit-N`` (the test then kill -9s it);
+``stall_upload@N`` stalls the step-N upload of the last rank (``$WORLD_SIZE - 1``) before its first file,
+after writing ``<run_dir>/HANGING-stall_upload-N``: training goes on, the step is never committed.
+Markers assume the default ``checkpoint.local_dir`` (``<run_dir>/checkpoints``).
 
 Under torchrun, faults of one rank (rank 1), in the first round only (TORCHELASTIC_RESTART_COUNT 0,
 so the restarted job runs clean): ``hang@N`` blocks rank 1 before step N's backward, so rank 0
@@ -26,7 +29,7 @@ import time
 from gristmill.cli.train import main
 from gristmill.trainer.hooks import Hooks
 
-FAULTS = ("nan_loss", "hang_before_commit", "hang", "pid", "slow_data")
+FAULTS = ("nan_loss", "hang_before_commit", "hang", "pid", "slow_data", "stall_upload")
 COUNTED = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter_tensor", "broadcast", "barrier",
            "all_gather_object", "reduce_scatter", "all_to_all_single")
 
@@ -54,14 +57,20 @@ def hooks(faults: dict[str, set[int]], marker_dir: str, counter=None) -> Hooks:
                 time.sleep(60)
         return value * float("nan") if step in faults["nan_loss"] else value
 
-    def before_commit(step, tmp_dir):
-        if step not in faults["hang_before_commit"]:
-            return
-        run_dir = os.path.dirname(os.path.dirname(tmp_dir))  # <run_dir>/checkpoints/.tmp-step-N
-        with open(os.path.join(run_dir, f"HANGING-hang_before_commit-{step}"), "w") as f:
+    def hang(name, step, local_dir):
+        run_dir = os.path.dirname(os.path.dirname(local_dir))  # <run_dir>/checkpoints/step-N
+        with open(os.path.join(run_dir, f"HANGING-{name}-{step}"), "w") as f:
             f.write(str(os.getpid()))
         while True:
             time.sleep(60)
+
+    def before_commit(step, local_dir):
+        if step in faults["hang_before_commit"]:
+            hang("hang_before_commit", step, local_dir)
+
+    def upload(step, rank, rel, local_dir):
+        if step in faults["stall_upload"] and rank == int(os.environ.get("WORLD_SIZE", 1)) - 1:
+            hang("stall_upload", step, local_dir)
 
     def data(step):
         if counter is not None:
@@ -72,7 +81,7 @@ def hooks(faults: dict[str, set[int]], marker_dir: str, counter=None) -> Hooks:
         if faults["slow_data"] and rank == 1:
             time.sleep(max(faults["slow_data"]) / 1000)
 
-    return Hooks(loss=loss, before_commit=before_commit, data=data)
+    return Hooks(loss=loss, before_commit=before_commit, upload=upload, data=data)
 
 
 class Counter:

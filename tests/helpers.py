@@ -96,6 +96,18 @@ def reseal_meta(ckpt_dir: str, edit, *, files: bool = False) -> dict:
     return write_meta(ckpt_dir, meta)
 
 
+def kill_at_marker(proc, marker: str, what: str, timeout_s: float = 240) -> None:
+    """Wait until the fault launcher's ``proc`` (started in a new session) writes ``marker`` (tests/fault_launcher.py),
+    then SIGKILL its whole process group; ``what`` names the point it never reached."""
+    deadline = time.monotonic() + timeout_s
+    while not os.path.exists(marker):
+        assert proc.poll() is None, proc.stdout.read()
+        assert time.monotonic() < deadline, f"the trainer never reached {what}"
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
 class Evil:
     """An object whose unpickling runs ``touch marker`` (os.system): what a forged checkpoint could hold."""
 

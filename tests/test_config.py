@@ -78,7 +78,8 @@ def test_prepare_errors_name_section_key_expected_and_got(prepare_dir, extra, me
     ("run: {steps: ten}\n", "run.steps: expected an integer >= 1, got 'ten'"),
     ("optimizer: {lr: 0}\n", "optimizer.lr: expected a number > 0, got 0"),
     ("parallelism: {attention: xformers}\n", "parallelism.attention: expected one of auto, sdpa, flash, got 'xformers'"),
-    ("checkpoint: {kep: 2}\n", "checkpoint.kep: expected one of the keys enabled, every, keep, async_save, mtbf_hours, resume, "
+    ("checkpoint: {kep: 2}\n", "checkpoint.kep: expected one of the keys enabled, dir, storage_options, local_dir, every, auto_first_steps, keep, "
+                               "keep_every, async_save, device_mtbf_hours, mtbf_hours, resume, "
                                "allow_manifest_change, got unknown key 'kep'; did you mean 'keep'?"),
     ("optimizer: {betas: [0.9, high]}\n", "optimizer.betas[1]: expected a number, got 'high'"),
     ("optimizer: {betas: [0.9]}\n", "optimizer.betas: expected a list of 2 numbers, got [0.9]"),

@@ -1,5 +1,6 @@
-"""deploy/gpu-benchmark.sh in its CPU dry-run mode (GPU_BENCH_PRESET=tiny): the same script a GPU
-machine runs in one go, end to end, so it is ready when one is lent."""
+"""deploy/gpu-benchmark.sh in its CPU dry-run mode (GPU_BENCH_PRESET=tiny), with checkpoints to a local
+moto S3 server (GPU_BENCH_CKPT_EVERY): the same script a GPU machine runs in one go, end to end, so it is
+ready when one is lent."""
 import json
 import os
 import subprocess
@@ -16,7 +17,8 @@ def test_the_gpu_benchmark_dry_run_records_throughput_budget_and_a_loss_curve(tm
     out = tmp_path / "out"
     env = {**os.environ, "GPU_BENCH_PRESET": "tiny", "GPU_BENCH_SECONDS": "4", "OUT": str(out),
            "GPU_BENCH_WORK": str(tmp_path / "work"), "PYTHON": sys.executable, "OMP_NUM_THREADS": "1",
-           "CUDA_VISIBLE_DEVICES": "", "WHEELS": ""}  # none: this venv has them (a .whl/ may hold a device's)
+           "CUDA_VISIBLE_DEVICES": "", "WHEELS": "",  # none: this venv has them (a .whl/ may hold a device's)
+           "GPU_BENCH_CKPT_EVERY": "2"}  # checkpoints to a local moto S3 server, through local disk
     proc = subprocess.run(["bash", os.path.join(ROOT, "deploy", "gpu-benchmark.sh")], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -30,6 +32,10 @@ def test_the_gpu_benchmark_dry_run_records_throughput_budget_and_a_loss_curve(tm
     assert r["loss_last"] < r["loss_first"]  # the counting rows are learnable
     assert "SIGTERM after step" in (out / "train.log").read_text()  # stopped by the clock, cleanly
     assert "| tokens/s per device |" in (out / "results.md").read_text()
+    saves = r["checkpoints"]  # every 2 steps, and the last at the SIGTERM stop
+    assert len(saves) >= 2 and all(c["blocked_s"] > 0 and c["step"] % 2 == 0 for c in saves[:-1])
+    assert "| checkpoint: training blocked per save (to s3://" in (out / "results.md").read_text()
+    assert "committed checkpoint s3://gpu-bench/run/checkpoints/step-" in (out / "train.log").read_text()
     # the checkout ran through the script's links (a machine without an install), not an installed copy
     # every part of the package is linked, subpackages too (gristmill.cli was missing on the first device run)
     assert (tmp_path / "work" / "site" / "gristmill" / "cli" / "train.py").exists()

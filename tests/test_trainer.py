@@ -12,12 +12,11 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
 
-from helpers import Evil, build_dataset, flip_byte, reseal_meta
+from helpers import Evil, build_dataset, flip_byte, kill_at_marker, reseal_meta
 from gristmill.manifests.synthetic import build_synthetic
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -152,16 +151,10 @@ def test_interrupt_and_resume_is_bitwise(reference, data, tmp_path):
 def test_kill_during_checkpoint_save_resumes_from_previous(reference, data, tmp_path):
     run_dir = str(tmp_path / "killed")
     proc = train(data, run_dir, faults=["hang_before_commit@8"], popen=True)
-    marker = os.path.join(run_dir, "HANGING-hang_before_commit-8")
-    deadline = time.monotonic() + 120
-    while not os.path.exists(marker):
-        assert proc.poll() is None, proc.stdout.read()
-        assert time.monotonic() < deadline, "the trainer never reached the step-8 save"
-        time.sleep(0.1)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    kill_at_marker(proc, os.path.join(run_dir, "HANGING-hang_before_commit-8"), "the step-8 save")
     ckpts = sorted(os.listdir(os.path.join(run_dir, "checkpoints")))
-    assert ckpts == [".tmp-step-8", "step-4"]  # the half-written save never looks committed
+    assert ckpts == ["step-4", "step-8"]  # the half-written save never looks committed: it has no meta.json
+    assert not os.path.exists(os.path.join(run_dir, "checkpoints", "step-8", "meta.json"))
     out = train(data, run_dir)
     assert "step-4" in out.stderr
     assert sorted(os.listdir(os.path.join(run_dir, "checkpoints"))) == ["step-12", "step-8"]

@@ -1,18 +1,20 @@
 """Checkpoints: DCP shards plus a ``meta.json`` that ties the weights to the exact data they saw.
 
-Layout (docs/trainer.md has every field)::
+Two tiers (docs/trainer.md, "Checkpoints", has every step and field)::
 
-    <run_dir>/checkpoints/step-<N>/       committed: N optimizer steps done
+    <checkpoint.local_dir>/step-<N>/      each rank's DCP files, written first; training resumes after this
         .metadata, __<rank>_0.distcp      torch.distributed.checkpoint files (model, optimizer, scheduler, loader, train state: trainer/state.py)
-        meta.json                         step, data manifest, loader state, RNG, config, sha256 of files
-    <run_dir>/checkpoints/.tmp-step-<N>/  being written; never read
+        rank-<r>.json                     rank r's manifest (sha256 and bytes of its files)
+        meta.json                         step, data manifest, loader state, RNG, config, run record, sha256 of files
+    <checkpoint.dir>/step-<N>/            the same files uploaded in the background (trainer/checkpoint_store.py);
+                                          meta.json created last, by rank 0, with the store's conditional create
 
-A save writes everything under the temporary name; rank 0 hashes the files and writes meta.json
-only after a barrier proves every rank finished, then renames the directory. A crash at any point
-before the rename leaves only a ``.tmp-`` directory, which resume ignores and the next start
-deletes. Resume walks committed checkpoints newest first and takes the first that verifies: meta.json
-intact (trainer/meta.py), every file matching its sha256, and the data position stored in the
-DCP state equal to meta.json's.
+With ``checkpoint.dir`` the local directory itself (the default) the two are one and nothing is
+uploaded. A step directory without meta.json is never read, and the next start deletes it: a crash
+at any point before the create leaves nothing a resume would take. Resume walks committed
+checkpoints newest first, makes a local copy of each (kept when its meta.json is the store's, else
+downloaded) and takes the first that verifies: meta.json intact (trainer/meta.py), every file
+matching its sha256, and the data position stored in the DCP state equal to meta.json's.
 
 DCP's ``.metadata`` is a pickle, and the non-tensor entries of the state (optimizer
 hyper-parameters) are ``torch.save`` blobs: a checkpoint is untrusted input, so both are read
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import base64
 import collections
+import contextlib
 import datetime as dt
 import io
 import json
@@ -34,10 +37,11 @@ import random
 import re
 import shutil
 import sys
+import tempfile
+import threading
 import time
 import warnings
 import zipfile
-from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata
 
@@ -53,9 +57,14 @@ from torch.distributed.checkpoint.stateful import Stateful
 
 import gristmill
 from gristmill.manifests import sha256_file
+from gristmill.manifests.storage import atomic_write
 
+from .cadence import Cadence
+from .checkpoint_store import (RANK_FILE, CheckpointStore, check_file_name, local_file_ok, owner, rank_file,
+                               rank_manifest)
 from .errors import CheckpointError
-from .meta import DCP_KEY, META_FILE, STEP_DIR, compare_data_position, encode_data_position, read_meta, write_meta
+from .meta import (DCP_KEY, META_FILE, STEP_DIR, compare_data_position, encode_data_position, parse_meta, read_meta,
+                   seal_meta)
 
 log = logging.getLogger("gristmill.trainer")
 
@@ -67,16 +76,18 @@ def checkpoints_dir(run_dir: str) -> str:
     return os.path.join(run_dir, "checkpoints")
 
 
-def step_dir(run_dir: str, step: int) -> str:
-    return os.path.join(checkpoints_dir(run_dir), f"step-{step}")
-
-
 def committed(run_dir: str) -> list[tuple[int, str]]:
-    """(step, path) of every committed checkpoint, oldest first."""
-    root = checkpoints_dir(run_dir)
+    """(step, path) of every committed checkpoint in ``<run_dir>/checkpoints``, oldest first."""
+    return committed_in(checkpoints_dir(run_dir))
+
+
+def committed_in(root: str) -> list[tuple[int, str]]:
+    """(step, path) of every committed checkpoint (a step-<N> directory holding meta.json) in the
+    local directory ``root``, oldest first."""
     if not os.path.isdir(root):
         return []
-    found = [(int(m.group(1)), os.path.join(root, name)) for name in os.listdir(root) if (m := STEP_DIR.match(name))]
+    found = [(int(m.group(1)), os.path.join(root, name)) for name in os.listdir(root)
+             if (m := STEP_DIR.match(name)) and os.path.exists(os.path.join(root, name, META_FILE))]
     return sorted(found)
 
 
@@ -465,6 +476,27 @@ def verify(path: str, actual: dict[str, dict] | None = None) -> list[str]:
     return problems
 
 
+def verify_copy(url: str) -> list[str]:
+    """:func:`verify` of a committed checkpoint on any store (``s3://.../step-<N>``): its meta.json and the
+    files it lists are downloaded to a temporary directory first (the DCP metadata is read only there,
+    through the restricted unpickler, like any other)."""
+    parent, name = url.rstrip("/").rsplit("/", 1)
+    m = STEP_DIR.match(name)
+    if not m:
+        return [f"{url}: not a step-<N> checkpoint directory"]
+    store, step = CheckpointStore(parent), int(m.group(1))
+    with tempfile.TemporaryDirectory(prefix="gristmill-verify-") as tmp:
+        try:
+            meta_bytes = store.read_meta_bytes(step)
+            files = parse_meta(meta_bytes, store.file_url(step, META_FILE)).get("files")
+            for rel in files if isinstance(files, dict) else {}:
+                store.download(step, rel, tmp)
+        except (CheckpointError, OSError) as e:
+            return [str(e)]
+        atomic_write(os.path.join(tmp, META_FILE), meta_bytes)
+        return [p.replace(tmp, url) for p in verify(tmp)]
+
+
 def find_resumable(run_dir: str, checksums=file_checksums) -> tuple[str | None, list[str]]:
     """The newest committed checkpoint that verifies, and why any newer ones were passed over."""
     passed_over = []
@@ -477,149 +509,318 @@ def find_resumable(run_dir: str, checksums=file_checksums) -> tuple[str | None, 
 
 
 # -- save -----------------------------------------------------------------------------------
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _position_tensor(data: bytes) -> torch.Tensor:
     # A plain (replicated) tensor: DCP writes it once, and its bytes land in a file meta.json hashes.
     return torch.frombuffer(bytearray(data), dtype=torch.uint8)
 
 
+def _remove_local(path: str) -> None:
+    """Remove a local checkpoint directory, its meta.json first (from then on it is no checkpoint)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(os.path.join(path, META_FILE))
+    shutil.rmtree(path, ignore_errors=True)
+
+
 @dataclass
-class PendingSave:
-    """An asynchronous save in flight: committed once every rank's write has finished."""
+class Upload:
+    """One rank's background upload of one save (and, on rank 0, its commit)."""
 
     step: int
-    tmp: str
-    meta: dict
-    future: object
-    started: float
+    thread: threading.Thread | None = None
+    error: BaseException | None = None
+    seconds: float | None = None  # from the start of the save to the end of this rank's upload (and commit)
 
 
 class Checkpointer:
-    """Saves, prunes and restores the checkpoints of one run, and says when a save is due. Collective:
-    every rank calls it."""
+    """Saves, uploads, commits, prunes and restores the checkpoints of one run, and says when a save is
+    due. Two tiers: each rank writes its DCP shards to ``local_dir`` (training resumes once that local
+    write is done), a background thread per rank uploads them to ``dir_url`` (trainer/checkpoint_store.py)
+    and rank 0's thread commits once every rank's files are there. With ``dir_url`` the local directory
+    itself (the default) there is nothing to upload and the same commit runs in place. One upload is in
+    flight per rank: a save waits for the previous one only while it still runs, and says so. Collective
+    (save, latest, load): every rank calls it; the background threads issue no collective."""
 
-    def __init__(self, run_dir: str, *, keep: int, async_save: bool, rank: int, world_size: int,
-                 device: torch.device, before_commit: Callable[[int, str], None] | None = None,
-                 enabled: bool = True, every: int = 0):
-        """``before_commit(step, tmp_dir)``, when given, runs on rank 0 after meta.json is written and
-        before the rename that commits the save (tests use it to crash at exactly that point).
-        ``every``: steps between saves (0: only at the end); ``enabled`` False: never due."""
-        self.run_dir, self.keep, self.async_save = run_dir, keep, async_save
-        self.enabled, self.every = enabled, every
+    def __init__(self, dir_url: str, *, local_dir: str, keep: int, async_save: bool, rank: int, world_size: int,
+                 device: torch.device, storage_options: dict | None = None, keep_every: int = 0,
+                 local_rank: int = 0, local_world_size: int = 1, hooks=None, enabled: bool = True,
+                 cadence: Cadence | None = None, run_files: tuple[str, ...] = ()):
+        """``hooks`` (trainer.hooks.Hooks): ``before_commit(step, local_dir)`` runs on rank 0 before meta.json
+        is created, ``upload(step, rank, file, local_dir)`` on each rank before each file's upload (tests
+        stall or crash there). ``local_rank``/``local_world_size``: the ranks sharing ``local_dir`` (a node's)
+        split the downloads of a resume. ``run_files``: the run's logs, uploaded beside the checkpoints."""
+        self.remote = CheckpointStore(dir_url, storage_options)
+        self.local_dir, self.two_tier = local_dir, not self.remote.is_dir(local_dir)
+        self.keep, self.keep_every, self.async_save = keep, keep_every, async_save
+        self.enabled = enabled
+        self.cadence = cadence or Cadence(0, mtbf_s=1.0, first_steps=1)
         self.last_step = 0  # the step of the newest save or loaded checkpoint (0: the initial weights)
         self.rank, self.world_size, self.device = rank, world_size, device
-        self.before_commit = before_commit
-        self.pending: PendingSave | None = None
+        self.local_rank, self.local_world_size = local_rank, local_world_size
+        self.before_commit = getattr(hooks, "before_commit", None)
+        self.upload_hook = getattr(hooks, "upload", None)
+        self.run_files = run_files if self.two_tier else ()
+        self.upload: Upload | None = None
+        self.previous_step: int | None = None  # the save before the one in flight (committed once this one runs)
         # Async writes run collectives from a background thread: give them their own gloo group so
         # they never interleave with the training step's collectives.
         self._async_group = dist.new_group(backend="gloo") if async_save else None
-        if rank == 0:
-            self._remove_stale_tmp()
+        self.committed: list[int] = []  # rank 0: the committed steps on the store, kept as saves commit and prune
+        if enabled:
+            if local_rank == 0:
+                self._remove_uncommitted_local()
+            if rank == 0:
+                if self.two_tier:
+                    self.remote.remove_uncommitted()
+                self.committed = self.remote.committed()
         dist.barrier()
 
-    def _remove_stale_tmp(self) -> None:
-        root = checkpoints_dir(self.run_dir)
-        if os.path.isdir(root):
-            for name in os.listdir(root):
-                if name.startswith(TMP_PREFIX):  # an interrupted save: never valid
-                    log.info("removing interrupted checkpoint %s", name)
-                    shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+    def local_step_dir(self, step: int) -> str:
+        return os.path.join(self.local_dir, f"step-{step}")
+
+    def _remove_uncommitted_local(self) -> None:
+        if not os.path.isdir(self.local_dir):
+            return
+        for name in os.listdir(self.local_dir):
+            path = os.path.join(self.local_dir, name)
+            # an interrupted save (and the temp dirs of trainers before two tiers): never valid
+            if name.startswith(TMP_PREFIX) or (STEP_DIR.match(name) and not os.path.exists(os.path.join(path, META_FILE))):
+                log.info("removing interrupted checkpoint %s", path)
+                shutil.rmtree(path, ignore_errors=True)
+
+    def newest(self) -> str | None:
+        """Where the newest committed checkpoint is (a URL with two tiers), or None."""
+        steps = self.remote.committed() if self.enabled else []
+        return self.remote.step_url(steps[-1]) if steps else None
+
+    def source_of(self, path: str) -> str:
+        """The committed checkpoint a local copy ``path`` was taken from (what meta.json's resumed_from names)."""
+        return self.remote.step_url(int(STEP_DIR.match(os.path.basename(path)).group(1))) if self.two_tier else path
 
     # -- cadence --------------------------------------------------------------------------------
     def due(self, step: int) -> bool:
-        """A save after optimizer step ``step`` is due: every ``every`` steps."""
-        return self.enabled and self.every > 0 and step % self.every == 0
+        """A save after optimizer step ``step`` is due (``checkpoint.every`` steps, or auto: trainer/cadence.py)."""
+        return self.enabled and self.cadence.due(step)
 
     def due_at_end(self, step: int) -> bool:
         """The end of the run (or of this slice of it) is always checkpointed, unless it already is
         (or no step was trained past the newest checkpoint)."""
         return self.enabled and step > self.last_step
 
-    def save(self, step: int, states: dict[str, Stateful], meta: dict) -> float:
-        """Write step ``step`` of ``states`` (trainer.state: model, optimizer, scheduler, loader,
-        train state; DCP reshards them on load); synchronous saves are committed before this
-        returns. Returns the seconds training was blocked (the whole save, or only the staging
-        copy when async)."""
+    # -- save -----------------------------------------------------------------------------------
+    def save(self, step: int, states: dict[str, Stateful], meta: dict) -> dict:
+        """Write step ``step`` of ``states`` (trainer.state: model, optimizer, scheduler, loader, train
+        state; DCP reshards them on load) to the local directory and start its upload and commit in the
+        background. Returns ``blocked_s`` (the seconds training was blocked: the local write, or only DCP's
+        staging copy with async_save, plus any wait) and ``waited_s`` (of that, waiting for the previous
+        upload)."""
         started = time.perf_counter()
-        self.wait()  # one save in flight at a time
+        waited = self.wait(reason=f"the step-{step} save")  # one upload in flight
         self.last_step = step
-        tmp = os.path.join(checkpoints_dir(self.run_dir), f"{TMP_PREFIX}step-{step}")
-        if self.rank == 0:
-            shutil.rmtree(tmp, ignore_errors=True)
-            os.makedirs(tmp)
+        staging = self.local_step_dir(step)
+        for later in [s for s in self.committed if s >= step] if self.rank == 0 else ():
+            # of an abandoned lineage (this run resumed from before it, or does not resume): never
+            # kept in favour of this run's saves, which it would outlive by step number
+            log.warning("removing checkpoint step-%d: this run, at step %d, did not resume from it", later, step)
+            self.remote.remove(later)
+            self.committed.remove(later)
+        if self.local_rank == 0:
+            for later, path in committed_in(self.local_dir) if self.two_tier else ():
+                if later >= step:  # local copies of that lineage too: a resume must never prefer them
+                    _remove_local(path)
+            _remove_local(staging)
+            os.makedirs(staging, exist_ok=True)  # every node's local rank 0 does this: local_dir may be shared
         dist.barrier()
         rngs = [None] * self.world_size
         dist.all_gather_object(rngs, rng_state())
         meta = {**meta, "rng": rngs}
         state = {**states, DCP_KEY: _position_tensor(encode_data_position(meta))}
+        future = None
         if self.async_save:
-            future = dcp.async_save(state, checkpoint_id=tmp, process_group=self._async_group)
-            self.pending = PendingSave(step, tmp, meta, future, started)
-            return time.perf_counter() - started
-        dcp.save(state, checkpoint_id=tmp)
-        dist.barrier()  # every rank's shards are on disk
-        self._commit(step, tmp, meta, started)
-        return time.perf_counter() - started
+            future = dcp.async_save(state, checkpoint_id=staging, process_group=self._async_group)
+        else:
+            dcp.save(state, checkpoint_id=staging)
+        self.upload = Upload(step)
+        self.upload.thread = threading.Thread(target=self._upload, args=(self.upload, staging, meta, future, started),
+                                              name=f"checkpoint-upload-{step}", daemon=True)
+        self.upload.thread.start()
+        return {"blocked_s": time.perf_counter() - started, "waited_s": waited}
+
+    def _upload(self, up: Upload, staging: str, meta: dict, future, started: float) -> None:
+        """The background part of a save, on each rank: its files hashed and uploaded, then its manifest;
+        on rank 0 then the commit. Store I/O only: no collective."""
+        try:
+            if future is not None:
+                future.result()  # DCP's async write (on its own process group) is done
+            step = up.step
+            mine = [rel for rel in checkpoint_files(staging) if owner(rel) == self.rank and not RANK_FILE.match(rel)]
+            files = file_checksums(staging, mine)
+            for rel in mine:
+                if self.upload_hook is not None:
+                    self.upload_hook(step, self.rank, rel, staging)
+                if self.two_tier:
+                    self.remote.upload(staging, step, rel)
+            manifest = rank_manifest(step, self.rank, self.world_size, files)
+            if self.two_tier:  # the local copy is complete too (a resume prefers it when identical)
+                atomic_write(os.path.join(staging, rank_file(self.rank)), manifest)
+            self.remote.put(step, rank_file(self.rank), manifest)  # last: this rank's part is on the store
+            if self.rank == 0:
+                self._commit(step, staging, meta, started, manifest)
+            if self.two_tier and self.local_rank == 0 and self.previous_step is not None:
+                self._prune_local(self.previous_step)
+            up.seconds = time.perf_counter() - started
+        except BaseException as e:  # noqa: BLE001 - handed to the training thread (wait / poll raise it)
+            up.error = e
+
+    def _commit(self, step: int, staging: str, meta: dict, started: float, manifest: bytes) -> None:
+        files = self.remote.gather_ranks(step, self.world_size, known={0: manifest})
+        meta = {**meta, "files": files, "save_seconds": round(time.perf_counter() - started, 3),
+                "created_at": dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat()}
+        _, data = seal_meta(meta)
+        if self.before_commit is not None:
+            self.before_commit(step, staging)
+        self.remote.commit(step, data)  # the commit: meta.json created, last
+        if self.two_tier:
+            atomic_write(os.path.join(staging, META_FILE), data)
+        self.committed.append(step)
+        for gone in self.remote.prune(self.committed, self.keep, self.keep_every):
+            self.committed.remove(gone)
+            log.info("removed checkpoint step-%d (checkpoint.keep=%d, keep_every=%d)", gone, self.keep, self.keep_every)
+        for path in self.run_files:
+            self.remote.put_run_file(path)
+        log.info("committed checkpoint %s (%d files)", self.remote.step_url(step), len(files))
+
+    def _prune_local(self, keep_from: int) -> None:
+        """Local copies older than ``keep_from`` (the newest committed one stays, for a fast resume)."""
+        for name in os.listdir(self.local_dir):
+            m = STEP_DIR.match(name)
+            if m and int(m.group(1)) < keep_from:
+                _remove_local(os.path.join(self.local_dir, name))
 
     def poll(self) -> None:
-        """Commit a finished async save. Collective (one tiny all-reduce) while a save is pending."""
-        if self.pending is None:
-            return
-        done = torch.tensor([int(self.pending.future.done())], device=self.device)
-        dist.all_reduce(done, op=dist.ReduceOp.MIN)  # on the training group, not the one writing
-        if done.item():
+        """Raise a failed background upload on the training thread (no collective; called every step)."""
+        if self.upload is not None and self.upload.error is not None:
             self.wait()
 
-    def wait(self) -> None:
-        """Block until an async save in flight is written by every rank, then commit it."""
-        if self.pending is None:
-            return
-        p, self.pending = self.pending, None
-        p.future.result()
-        dist.barrier()
-        self._commit(p.step, p.tmp, p.meta, p.started)
-
-    def _commit(self, step: int, tmp: str, meta: dict, started: float) -> None:
-        final = step_dir(self.run_dir, step)
-        files = collective_checksums(tmp, self.rank, self.world_size)
-        if self.rank == 0:
-            meta = {**meta, "files": files, "save_seconds": round(time.perf_counter() - started, 3),
-                    "created_at": dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat()}
-            write_meta(tmp, meta)
-            _fsync_dir(tmp)
-            if self.before_commit is not None:
-                self.before_commit(step, tmp)
-            if os.path.exists(final):  # a re-run of the same step (e.g. after a resume): replace it
-                shutil.rmtree(final)
-            os.rename(tmp, final)  # the commit: a directory named step-<N> is always complete
-            _fsync_dir(os.path.dirname(final))
-            self._prune()
-        dist.barrier()
-
-    def _prune(self) -> None:
-        for _, path in committed(self.run_dir)[: -self.keep]:
-            shutil.rmtree(path, ignore_errors=True)
+    def wait(self, reason: str = "") -> float:
+        """Block until this rank's upload in flight (and, on rank 0, its commit) is done; raise its error.
+        Returns the seconds waited, said in the log when ``reason`` names who waits."""
+        up, self.upload = self.upload, None
+        if up is None:
+            return 0.0
+        t0 = time.perf_counter()
+        if up.thread.is_alive() and reason:
+            log.info("rank %d: %s waits for the upload of step-%d, still running", self.rank, reason, up.step)
+        up.thread.join()
+        waited = time.perf_counter() - t0
+        self.previous_step = up.step
+        if up.error is not None:
+            raise CheckpointError(f"checkpoint step-{up.step} was not committed: {type(up.error).__name__}: "
+                                  f"{up.error}") from up.error
+        if reason and waited > 0.001:
+            log.info("rank %d: waited %.2f s for the step-%d upload", self.rank, waited, up.step)
+        if not reason:
+            for path in self.run_files if self.rank == 0 else ():
+                self.remote.put_run_file(path)  # the end (or a stop): the logs' last lines too
+        return waited
 
     # -- restore --------------------------------------------------------------------------------
     def latest(self) -> tuple[str | None, dict | None]:
-        """The newest checkpoint that verifies (all ranks share the hashing); rank 0 decides and
-        every rank gets its path and meta."""
-        path, passed_over = find_resumable(
-            self.run_dir, lambda d: collective_checksums(d, self.rank, self.world_size))
-        choice = [None, None]
+        """The newest committed checkpoint that verifies, as a local directory: the committed steps on the
+        store and the local copies, newest first; a local copy whose meta.json is the store's is used as
+        it is (after verifying), anything else is downloaded (split among the ranks sharing local_dir)
+        and verified (the hashing split among all ranks). A checkpoint that does not verify is logged
+        and passed over. Rank 0 decides; every rank gets the path and meta."""
+        listing = [None, None]
         if self.rank == 0:
-            for reason in passed_over:
-                log.warning("not resuming from %s", reason)
-            choice = [path, read_meta(path) if path else None]
-        dist.broadcast_object_list(choice, src=0)
-        return choice[0], choice[1]
+            remote = self.remote.committed() if self.two_tier else []
+            local = [s for s, _ in committed_in(self.local_dir)]
+            listing = [sorted(set(remote) | set(local), reverse=True), set(remote)]
+        dist.broadcast_object_list(listing, src=0)
+        for step in listing[0]:
+            problems = self._try(step, step in listing[1])
+            if not problems:
+                path = self.local_step_dir(step)
+                if self.rank == 0:
+                    for name in self.run_files:
+                        if not os.path.exists(name) and self.remote.get_run_file(name):
+                            log.info("continuing %s from %s", name, self.remote.url)
+                return path, read_meta(path)
+            if self.rank == 0:
+                log.warning("not resuming from step-%d: %s", step, "; ".join(problems[:3]))
+        return None, None
+
+    def _try(self, step: int, on_store: bool) -> list[str]:
+        """Make a verified local copy of committed ``step``; the problems that prevent it (same on every rank)."""
+        meta_bytes = [None]
+        if self.rank == 0 and on_store:
+            try:
+                meta_bytes[0] = self.remote.read_meta_bytes(step)
+            except (CheckpointError, OSError) as e:
+                meta_bytes[0] = str(e)
+        dist.broadcast_object_list(meta_bytes, src=0)
+        if isinstance(meta_bytes[0], str):
+            return [meta_bytes[0]]
+        if not on_store:  # a local copy alone (not on the store): only if every rank's node holds one
+            here = torch.tensor([int(os.path.isfile(os.path.join(self.local_step_dir(step), META_FILE)))],
+                                device=self.device)
+            dist.all_reduce(here, op=dist.ReduceOp.MIN)
+            if not here.item():
+                return [f"step-{step} is not on {self.remote.url} and not in every node's {self.local_dir}"]
+        problems: list[str] = []
+        for download_all in ((False, True) if on_store else (False,)):  # a bad local copy: once more from the store
+            path = self.local_step_dir(step)
+            try:
+                if on_store:
+                    self._materialize(step, meta_bytes[0], download_all)
+                problems = verify(path, collective_checksums(path, self.rank, self.world_size))
+            except (CheckpointError, OSError) as e:
+                problems = [f"{type(e).__name__}: {e}" if isinstance(e, OSError) else str(e)]
+            verdict = [problems]
+            dist.broadcast_object_list(verdict, src=0)
+            problems = verdict[0]
+            if not problems:
+                break
+        return problems
+
+    def _materialize(self, step: int, meta_bytes: bytes, download_all: bool) -> None:
+        """The local copy of committed ``step`` holds the store's meta.json and files: kept if its meta.json
+        is identical (and ``download_all`` is False), else each of the ranks sharing local_dir downloads its
+        share of what is missing or differs. Collective (barriers on every path, whatever each node finds)."""
+        path = self.local_step_dir(step)
+        meta_path = os.path.join(path, META_FILE)
+        where = self.remote.file_url(step, META_FILE)
+        keep = not download_all and os.path.isfile(meta_path) and open(meta_path, "rb").read() == meta_bytes
+        dist.barrier()  # every rank of the node has looked before any changes it
+        failure = None
+        try:
+            meta = parse_meta(meta_bytes, where)
+            files = meta.get("files") if isinstance(meta.get("files"), dict) else {}
+            for rel in files:
+                check_file_name(rel, where)
+        except CheckpointError as e:
+            failure, files, keep = e, {}, True
+        if not keep and self.local_rank == 0:
+            if download_all:
+                _remove_local(path)
+            elif os.path.exists(meta_path):
+                os.unlink(meta_path)  # the copy is no checkpoint until its files are the store's
+            os.makedirs(path, exist_ok=True)
+            for name in set(os.listdir(path)) - set(files):  # files of another save of this step
+                with contextlib.suppress(FileNotFoundError):  # another node's local rank 0 (a shared local_dir)
+                    os.unlink(os.path.join(path, name))
+        dist.barrier()
+        if not keep:
+            if self.local_rank == 0 and not download_all:
+                log.info("downloading checkpoint %s to %s", self.remote.step_url(step), path)
+            for rel in sorted(files)[self.local_rank::self.local_world_size]:
+                if download_all or not local_file_ok(os.path.join(path, rel), files[rel]):
+                    self.remote.download(step, rel, path)
+        dist.barrier()
+        if not keep and self.local_rank == 0:
+            atomic_write(meta_path, meta_bytes)
+        dist.barrier()
+        if failure is not None:
+            raise failure
 
     def load(self, path: str, states: dict[str, Stateful], meta: dict) -> None:
         """Load ``states`` in place (DCP reshards when the world size changed; each Stateful's
@@ -631,3 +832,4 @@ class Checkpointer:
         load_state(state, path)
         compare_data_position(meta, state[DCP_KEY].numpy().tobytes(), os.path.join(path, META_FILE))
         self.last_step = meta["step"]
+        self.cadence.start(self.last_step)

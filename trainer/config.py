@@ -4,9 +4,11 @@ silently fall back to a default), and every error reads ``file: section.key: exp
 """
 from __future__ import annotations
 
-from typing import Annotated, Iterable, Literal
+import os
+from typing import Annotated, Any, Iterable, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
+from pydantic_core import PydanticCustomError
 
 from gristmill.config import Bool, Float, Int, NonEmptyStr, NonNegativeInt, PositiveInt, Section, Str
 from gristmill.config import load as _load
@@ -90,12 +92,34 @@ class OptimizerConfig(Section):
 
 class CheckpointConfig(Section):
     enabled: Bool = True  # false: never save or resume (throughput benchmarks)
-    every: NonNegativeInt = 0  # steps between checkpoints; 0 = only at the end
+    # where checkpoints commit: any URL the storage seam knows (s3://, gs://, a shared path); None = <run.dir>/checkpoints
+    dir: Str | None = None
+    # fsspec options of dir's store (an endpoint, a profile); never written to meta.json or a log
+    storage_options: dict[str, Any] = {}
+    # where each rank writes its shards first (node-local NVMe, shared by a node's ranks); None = <run.dir>/checkpoints
+    local_dir: Str | None = None
+    every: NonNegativeInt | Literal["auto"] = 0  # steps between checkpoints; 0 = only at the end; auto: Young/Daly
+    auto_first_steps: PositiveInt = 10  # every=auto: the first save (which measures the cost of one)
     keep: PositiveInt = 3  # keep the newest K committed checkpoints
+    keep_every: NonNegativeInt = 0  # also keep every checkpoint whose step is a multiple of this (milestones); 0 = none
     async_save: Bool = False  # overlap the DCP write with training (committed once every rank is done)
-    mtbf_hours: PositiveFloat = 24.0  # for the Young/Daly interval printed after a save
-    resume: Bool = True  # continue from the newest checkpoint in <run.dir>/checkpoints that verifies
+    device_mtbf_hours: PositiveFloat = 50000.0  # one device's MTBF; the job's is this / number of devices
+    mtbf_hours: PositiveFloat | None = None  # the job's own MTBF, overriding device_mtbf_hours / devices
+    resume: Bool = True  # continue from the newest checkpoint in checkpoint.dir (or a local copy) that verifies
     allow_manifest_change: Bool = False  # resume onto a different manifest hash (recorded in meta.json)
+
+    @field_validator("every", mode="before")
+    @classmethod
+    def _every(cls, value):
+        if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+            return value
+        raise PydanticCustomError("config", "expected an integer >= 0 or auto, got {got}", {"got": repr(value)})
+
+    def content_dict(self) -> dict:
+        """What meta.json records of this section: all but the storage options (credentials)."""
+        d = self.to_dict()
+        d.pop("storage_options")
+        return d
 
 
 class EvalConfig(Section):
@@ -128,6 +152,18 @@ class TrainConfig(Section):
     checkpoint: CheckpointConfig = CheckpointConfig()
     eval: EvalConfig = EvalConfig()
     spikes: SpikesConfig | None = None  # absent: no detection
+
+    def content_dict(self) -> dict:
+        """The job as meta.json records it: every field but the checkpoint store's storage options."""
+        return {**self.to_dict(), "checkpoint": self.checkpoint.content_dict()}
+
+    def checkpoint_dir(self) -> str:
+        """``checkpoint.dir``, or ``<run.dir>/checkpoints``."""
+        return self.checkpoint.dir or os.path.join(self.run.dir, "checkpoints")
+
+    def checkpoint_local_dir(self) -> str:
+        """``checkpoint.local_dir``, or ``<run.dir>/checkpoints`` (with a local checkpoint.dir: one tier)."""
+        return self.checkpoint.local_dir or os.path.join(self.run.dir, "checkpoints")
 
 
 def load(path: str, overrides: Iterable[str] = ()) -> TrainConfig:

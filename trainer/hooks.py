@@ -10,5 +10,6 @@ import torch
 @dataclass(frozen=True)
 class Hooks:
     loss: Callable[[int, torch.Tensor], torch.Tensor] | None = None  # (step, micro-batch loss) -> loss to backpropagate
-    before_commit: Callable[[int, str], None] | None = None  # (step, temp dir) before a save's commit (Checkpointer)
+    before_commit: Callable[[int, str], None] | None = None  # (step, local dir) on rank 0 before a save's meta.json is created
+    upload: Callable[[int, int, str, str], None] | None = None  # (step, rank, file, local dir) before each file's upload
     data: Callable[[int], None] | None = None  # (step) in the data path, before the step's batch is taken

@@ -24,7 +24,7 @@ import re
 from gristmill.manifests import canonical_json, sha256_json
 from gristmill.manifests.errors import ManifestDecodeError
 from gristmill.manifests.manifest import MAX_SEQ_LEN, parse_json
-from gristmill.manifests.storage import atomic_write
+from gristmill.manifests.storage import LocalStore, Store, atomic_write
 
 from . import skips as skips_
 from .errors import CheckpointError  # noqa: F401  (raised here; trainer.errors is its home)
@@ -39,6 +39,7 @@ DCP_KEY = "gristmill.data_position"  # the DCP state-dict entry holding DATA_POS
 REQUIRED = ("step", "world_size", "global_batch", "seq_len", "loader.next_index", "loader.seed", "loader.order",
             "data.manifest_sha256", "data.manifest_url")
 DATA_KINDS = ("dataset", "mixture")  # what data.manifest_sha256 names; absent: dataset
+LOCAL = LocalStore()
 DATA_POSITION = ("step", "world_size", "global_batch", "loader", "data.manifest_sha256", "data.split",
                  "manifest_changes", "skips")
 OPTIONAL_POSITION = ("skips",)  # absent in checkpoints written before skips were recorded (none then)
@@ -76,21 +77,34 @@ def content_sha256(meta: dict) -> str:
     return sha256_json({k: v for k, v in meta.items() if k != SELF_HASH})
 
 
+def seal_meta(meta: dict) -> tuple[dict, bytes]:
+    """``meta`` sealed with its self-hash, and the bytes of its meta.json."""
+    sealed = {**{k: v for k, v in meta.items() if k != SELF_HASH}, SELF_HASH: content_sha256(meta)}
+    return sealed, (json.dumps(sealed, indent=1, sort_keys=True) + "\n").encode()
+
+
 def write_meta(directory: str, meta: dict) -> dict:
     """Seal ``meta`` with its self-hash and write ``<directory>/meta.json`` atomically; returns what was written."""
-    sealed = {**{k: v for k, v in meta.items() if k != SELF_HASH}, SELF_HASH: content_sha256(meta)}
-    atomic_write(os.path.join(directory, META_FILE), (json.dumps(sealed, indent=1, sort_keys=True) + "\n").encode())
+    sealed, data = seal_meta(meta)
+    atomic_write(os.path.join(directory, META_FILE), data)
     return sealed
 
 
-def read_meta(directory: str) -> dict:
-    """Load and check ``<directory>/meta.json``: format, self-hash, required fields, consistency."""
-    path = os.path.join(directory, META_FILE)
+def read_meta(directory: str, store: Store | None = None) -> dict:
+    """Load and check ``<directory>/meta.json`` (a local directory, or a URL of ``store``): format,
+    self-hash, required fields, consistency."""
+    path = (store or LOCAL).join(directory, META_FILE)
     try:
-        with open(path, "rb") as f:
-            meta = parse_json(f.read(), path)  # strict: no duplicate keys, NaN, Infinity or out-of-range numbers
+        data = (store or LOCAL).read(path)
     except FileNotFoundError as e:
         raise CheckpointError(f"{directory}: no {META_FILE}") from e
+    return parse_meta(data, path)
+
+
+def parse_meta(data: bytes, path: str) -> dict:
+    """Check the bytes of a meta.json read from ``path``: what :func:`read_meta` checks."""
+    try:
+        meta = parse_json(data, path)  # strict: no duplicate keys, NaN, Infinity or out-of-range numbers
     except ManifestDecodeError as e:
         raise CheckpointError(str(e)) from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
@@ -206,3 +220,36 @@ def compare_data_position(meta: dict, stored: bytes, where: str) -> None:
             raise CheckpointError(
                 f"{where}: {key} is {ours.get(key, '<missing>')!r} in {META_FILE} but {theirs.get(key, '<missing>')!r} "
                 f"in the DCP state the checkpoint's file checksums cover: {META_FILE} was edited")
+
+
+# -- the run record: what ran the job, beside what it trained on ---------------------------------
+IMAGE_DIGEST_ENV = "GRISTMILL_IMAGE_DIGEST"  # set by the deploy manifests to the container image's digest
+NVIDIA_DRIVER_FILE = "/proc/driver/nvidia/version"
+
+
+def nvidia_driver_version(path: str = NVIDIA_DRIVER_FILE) -> str | None:
+    """The NVIDIA kernel driver's version (``550.54.15``) from the driver's own file, or None without one."""
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError:
+        return None
+    found = re.search(r"Kernel Module(?: for \S+)?\s+(\d+(?:\.\d+)+)", text)
+    return found.group(1) if found else None
+
+
+def run_record(*, device_name: str, tokenizer_sha256: str, hostnames: list[str], environ=os.environ) -> dict:
+    """meta.json's ``run_record``: the tokenizer, the device, the CUDA / driver / NCCL versions where
+    present (None elsewhere), the container image digest when ``$GRISTMILL_IMAGE_DIGEST`` names it,
+    and each rank's hostname (gathered once at the start). torch is imported here, not at module level:
+    the audit reads meta.json without torch."""
+    import torch
+
+    cuda = torch.version.cuda if torch.cuda.is_available() else None
+    nccl = None
+    if cuda and torch.distributed.is_nccl_available():
+        version = torch.cuda.nccl.version()
+        nccl = ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
+    return {"tokenizer_sha256": tokenizer_sha256, "device": device_name, "cuda": cuda,
+            "cuda_driver": nvidia_driver_version() if cuda else None, "nccl": nccl,
+            "image_digest": environ.get(IMAGE_DIGEST_ENV) or None, "hostnames": list(hostnames)}

@@ -1,6 +1,7 @@
 """What a run tells as it goes: the memory budget and planned compute at the start, each train
-record (metrics.jsonl and the log line, with every rank's timings and the straggler rule), the allocator's peak after the first step, the expected
-wall time after the first few, and the Young/Daly interval after each save."""
+record (metrics.jsonl and the log line, with every rank's timings and the straggler rule), the
+allocator's peak after the first step, the expected wall time after the first few (each save's
+cadence: trainer/cadence.py)."""
 from __future__ import annotations
 
 import logging
@@ -9,7 +10,6 @@ import statistics
 import torch
 
 from .budget import expected_wall_s, format_bytes, format_seconds, planned_flops
-from .config import TrainConfig
 from .metrics import device_name, format_step, mfu
 from .model import count_params, flops_per_token_terms
 from .rank_stats import rank_fields
@@ -116,10 +116,3 @@ class RunLog:
                             s["own_step_s"], s["median_own_step_s"], s["windows"], t.cfg.run.straggler_fraction,
                             s["input_wait_s"])
 
-
-def report_interval(save_s: float, interval: float, cfg: TrainConfig, step_s: float | None) -> None:
-    """Print the Young/Daly interval for the measured save cost (the time training was blocked)
-    and the configured MTBF."""
-    steps = f" = about {max(1, round(interval / step_s)):,} steps at {step_s:.3f} s/step" if step_s else ""
-    log.info("checkpoint saved in %.2f s; Young/Daly interval for MTBF %.1f h: every %.0f s%s (checkpoint.every=%d)",
-             save_s, cfg.checkpoint.mtbf_hours, interval, steps, cfg.checkpoint.every)

@@ -15,25 +15,29 @@ import time
 from dataclasses import asdict, replace
 
 import torch
+import torch.distributed as dist
 
 from gristmill.loader import Batches, Caching, Loader, Sampling, Source, Threads, open_data
 from gristmill.manifests import code_version
 
 from .budget import available_bytes, check_fits, memory_budget
-from .checkpoint import Checkpointer, committed, library_versions, set_rng_state
+from .cadence import Cadence, job_mtbf_s
+from .cadence import describe as describe_cadence
+from .checkpoint import Checkpointer, library_versions, set_rng_state
+from .checkpoint_store import RUN_FILES
 from .config import TrainConfig
 from .errors import Interrupted, TrainingError
 from .evaluate import evaluate
 from .hooks import Hooks
-from .meta import data_fields, new_meta
-from .metrics import MetricsLog, device_name, peak_flops, young_daly_interval_s
+from .meta import data_fields, new_meta, run_record
+from .metrics import MetricsLog, device_name, peak_flops
 from .model import count_params, flops_per_token, model_args
 from .optim import build_optimizer
 from .parallelize import build_mesh, build_model, init_distributed, resolve_attention, resolve_mixed_precision
 from .resume import check_model_args, check_resume, check_states_match_meta
 from .rank_stats import StragglerRule, WindowStats, gather_hostnames
 from .rewind import on_spike
-from .run_log import RunLog, report_interval
+from .run_log import RunLog
 from .sample_log import SampleLog
 from .skips import record as skip_record
 from .spikes import SpikeDetector
@@ -95,10 +99,7 @@ class Trainer:
                                 for p in self.model.parameters())
         self.scheduler = WarmupCosine(self.optimizer, cfg.optimizer, cfg.run.steps)
 
-        self.checkpointer = Checkpointer(self.run_dir, keep=cfg.checkpoint.keep, async_save=cfg.checkpoint.async_save,
-                                         rank=d.rank, world_size=d.world_size, device=d.device,
-                                         before_commit=self.hooks.before_commit, enabled=cfg.checkpoint.enabled,
-                                         every=cfg.checkpoint.every)
+        self.checkpointer = build_checkpointer(cfg, d, self.hooks)
         self.manifest_changes: list[dict] = []
         self.bad_limit_step: int | None = None  # the step at which optimizer.max_bad_steps was reached
         self.skips: list[dict] = []  # samples trained on by no update (trainer/skips.py), carried in every meta.json
@@ -109,10 +110,13 @@ class Trainer:
         self.peak = peak_flops(device_name(d.device))
         self.last_step_s: float | None = None
         self.run_log = RunLog(self)
+        hostnames = gather_hostnames(d.world_size)  # once: the run record and the straggler rule name every rank's host
+        self.run_record = run_record(device_name=device_name(d.device), tokenizer_sha256=self.manifest.tokenizer.sha256,
+                                     hostnames=hostnames)
         # every rank's timings, gathered at each train record (trainer/rank_stats.py)
         self.window = WindowStats(self.model, d.device)
         self.stragglers = StragglerRule(cfg.run.straggler_fraction, cfg.run.straggler_windows,
-                                        gather_hostnames(d.world_size))
+                                        hostnames)
         self.watchdog = Watchdog(cfg.run.hang_timeout_s, d.rank)
 
         # Last, the two that hold threads and files (close() releases them). Always gristmill's
@@ -157,7 +161,7 @@ class Trainer:
         self.skips = list(meta.get("skips") or [])
         if self.dist.rank < len(meta["rng"]):
             set_rng_state(meta["rng"][self.dist.rank])
-        self.resumed_from = path
+        self.resumed_from = self.checkpointer.source_of(path)
         self.watchdog.disarm()
         if self.rank0:
             log.info("resumed from %s (step %d, next sample %d, world size %d -> %d)", path, self.train_state.step,
@@ -228,8 +232,7 @@ class Trainer:
                     self.save(step)
                 if signum := (stop.signum if d.world_size == 1 else stop.agreed(windows)):
                     self.checkpointer.wait()  # a save in flight is finished and committed, never abandoned half-written
-                    latest = committed(self.run_dir)
-                    raise Interrupted(signum, step, latest[-1][1] if latest else None)
+                    raise Interrupted(signum, step, self.checkpointer.newest())
 
         self.watchdog.arm(end_step, "final checkpoint save")
         if self.checkpointer.due_at_end(end_step):
@@ -304,7 +307,7 @@ class Trainer:
         raise TrainingError(
             f"{limit} consecutive steps (up to step {step}) had a non-finite loss or gradient norm "
             f"(optimizer.max_bad_steps={limit}); stopping. Resume from the last "
-            f"checkpoint in {self.run_dir}/checkpoints with a lower optimizer.lr or a tighter grad_clip")
+            f"checkpoint in {self.cfg.checkpoint_dir()} with a lower optimizer.lr or a tighter grad_clip")
 
     def meta(self, step: int) -> dict:
         """meta.json's content for a save after optimizer step ``step``."""
@@ -313,19 +316,37 @@ class Trainer:
             step=step, world_size=self.dist.world_size, global_batch=self.global_batch, seq_len=self.seq_len,
             loader=self.loader.state_dict(), manifest_sha256=self.manifest.sha256, manifest_url=self.pub.url,
             split="train", manifest_changes=self.manifest_changes, resumed_from=self.resumed_from, skips=self.skips,
-            job=self.cfg.to_dict(), tokens_seen=ts.tokens_seen,
+            job=self.cfg.content_dict(), tokens_seen=ts.tokens_seen, run_record=self.run_record,
             data=data_fields(self.pub),
             scheduler=self.scheduler.describe(),
             bad_steps={"skipped_total": ts.skipped_total, "consecutive": ts.consecutive_bad},
             model_args=asdict(self.args), code_version=code_version(), versions=library_versions())
 
     def save(self, step: int) -> None:
-        blocked_s = self.checkpointer.save(step, self.states, self.meta(step))
-        interval_s = young_daly_interval_s(blocked_s, self.cfg.checkpoint.mtbf_hours * 3600)
-        self.metrics.write({"kind": "checkpoint", "step": step, "blocked_s": blocked_s,
-                            "young_daly_interval_s": interval_s})
+        """Save (the local write; the upload runs on), then measure: the cadence's inputs are the slowest
+        rank's, so every rank plans the same next save (trainer/cadence.py)."""
+        times = self.checkpointer.save(step, self.states, self.meta(step))
+        slowest = torch.tensor([times["blocked_s"], self.last_step_s or 0.0], dtype=torch.float64, device=self.dist.device)
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+        blocked_s, step_s = slowest.tolist()
+        record = self.checkpointer.cadence.measured(step, blocked_s, step_s or blocked_s)
+        self.metrics.write({"kind": "checkpoint", "step": step, "blocked_s": blocked_s, "waited_s": times["waited_s"],
+                            "two_tier": self.checkpointer.two_tier, **record})
         if self.rank0:
-            report_interval(blocked_s, interval_s, self.cfg, self.last_step_s)
+            log.info("checkpoint step-%d: training blocked %.3f s (%.3f s of it waiting for the previous upload); %s",
+                     step, blocked_s, times["waited_s"], describe_cadence(record))
+
+
+def build_checkpointer(cfg: TrainConfig, d, hooks: Hooks) -> Checkpointer:
+    """The run's checkpointer: two tiers (local_dir, then checkpoint.dir), the cadence from the job's MTBF."""
+    c = cfg.checkpoint
+    cadence = Cadence(c.every, mtbf_s=job_mtbf_s(c.device_mtbf_hours, d.world_size, c.mtbf_hours),
+                      first_steps=c.auto_first_steps)
+    return Checkpointer(cfg.checkpoint_dir(), local_dir=cfg.checkpoint_local_dir(), storage_options=c.storage_options,
+                        keep=c.keep, keep_every=c.keep_every, async_save=c.async_save, rank=d.rank,
+                        world_size=d.world_size, device=d.device, local_rank=d.local_rank,
+                        local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", 1)), hooks=hooks, enabled=c.enabled,
+                        cadence=cadence, run_files=tuple(os.path.join(cfg.run.dir, name) for name in RUN_FILES))
 
 
 def train(cfg: TrainConfig, *, stop_after_step: int | None = None, allow_manifest_change: bool = False,

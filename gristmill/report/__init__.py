@@ -14,6 +14,8 @@ from __future__ import annotations
 import logging
 import os
 
+from gristmill.manifests.storage import local_path
+
 from .page import Page, render, render_text, write_page
 
 log = logging.getLogger("gristmill.report")
@@ -24,8 +26,8 @@ def build_report(target: str, *, work_dir: str | None = None) -> tuple[Page, str
     """(page, default output path) for a training run dir or a dataset version URL."""
     from .training import is_run_dir, run_page
 
-    if is_run_dir(target):
-        return run_page(target), os.path.join(target, HTML_FILE)
+    if is_run_dir(target):  # a local run dir, or a checkpoint dir on a store (the page is written here)
+        return run_page(target), os.path.join(target if local_path(target) is not None else ".", HTML_FILE)
     from .dataset import build
 
     page, run_dir = build(target, work_dir)

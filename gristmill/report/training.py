@@ -1,4 +1,5 @@
-"""``gristmill report RUN_DIR``: one training run, from its files.
+"""``gristmill report RUN_DIR``: one training run, from its files (a local run dir, or the checkpoint dir
+on an object store, where the trainer uploads metrics.jsonl beside the checkpoints).
 
 ``metrics.jsonl`` (the trainer's per-step log: loss, tokens/s, MFU, input wait, every rank's
 step time; ``eval`` and ``checkpoint`` records), each checkpoint's ``meta.json`` (save time,
@@ -7,39 +8,54 @@ per source and per language, exactly, from the newest checkpoint and its manifes
 """
 from __future__ import annotations
 
-import glob
 import json
 import os
 
 import numpy as np
 
 from gristmill.errors import UsageError
+from gristmill.manifests.storage import LocalStore, Store, local_path
 
 from .page import Figure, Note, Page, Table, plot
 
 METRICS_FILE = "metrics.jsonl"
 
 
-def is_run_dir(path: str) -> bool:
-    return os.path.isdir(path) and (os.path.exists(os.path.join(path, METRICS_FILE))
-                                    or os.path.isdir(os.path.join(path, "checkpoints")))
+def locate(target: str) -> tuple[Store, str, str]:
+    """(store, metrics.jsonl, checkpoint dir) of a run: a local run dir (``<run>/metrics.jsonl``,
+    ``<run>/checkpoints``), or a checkpoint dir on any store (``s3://bucket/run/checkpoints``), beside
+    which the trainer uploads the run's logs."""
+    local = local_path(target)
+    if local is not None:
+        return LocalStore(), os.path.join(local, METRICS_FILE), os.path.join(local, "checkpoints")
+    store = Store.from_url(target)
+    target = target.rstrip("/")
+    return store, store.join(target, METRICS_FILE), target
 
+
+def is_run_dir(path: str) -> bool:
+    store, metrics, ckpts = locate(path)
+    if store.is_local:
+        return os.path.isdir(path) and (os.path.exists(metrics) or os.path.isdir(ckpts))
+    return store.exists(metrics) or store.isdir(ckpts)
 
 
 def read_metrics(run_dir: str) -> dict[str, list[dict]]:
     """Records by kind; a resumed run appends, so the last record of a (kind, step) wins."""
     last: dict[tuple[str, int], dict] = {}
-    path = os.path.join(run_dir, METRICS_FILE)
-    if os.path.exists(path):
-        with open(path) as f:
-            for n, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    r = json.loads(line)
-                except ValueError:
-                    raise UsageError(f"{path}:{n}: not a JSON line; the trainer writes one JSON object a line") from None
-                last[(r.get("kind", "train"), int(r.get("step", 0)))] = r
+    store, path, _ = locate(run_dir)
+    try:
+        lines = store.read(path).decode().splitlines()
+    except FileNotFoundError:
+        lines = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            r = json.loads(line)
+        except ValueError:
+            raise UsageError(f"{path}:{n}: not a JSON line; the trainer writes one JSON object a line") from None
+        last[(r.get("kind", "train"), int(r.get("step", 0)))] = r
     out: dict[str, list[dict]] = {"train": [], "eval": [], "checkpoint": []}
     for (kind, _), r in sorted(last.items(), key=lambda kv: (kv[0][0], kv[0][1])):
         out.setdefault(kind, []).append(r)
@@ -48,12 +64,15 @@ def read_metrics(run_dir: str) -> dict[str, list[dict]]:
 
 def checkpoints(run_dir: str) -> list[dict]:
     """Every committed checkpoint's meta.json (trainer.meta's reader), by step."""
-    from gristmill.trainer.meta import STEP_DIR, read_meta
+    from gristmill.trainer.meta import META_FILE, STEP_DIR, read_meta
 
-    out = []
-    for d in glob.glob(os.path.join(run_dir, "checkpoints", "step-*")):
-        if STEP_DIR.match(os.path.basename(d)) and os.path.exists(os.path.join(d, "meta.json")):
-            out.append(read_meta(d))
+    store, _, root = locate(run_dir)
+    try:
+        names = store.listdir(root)
+    except (FileNotFoundError, NotADirectoryError):
+        names = []
+    out = [read_meta(store.join(root, d), store) for d in names
+           if STEP_DIR.match(d) and store.exists(store.join(root, d, META_FILE))]
     return sorted(out, key=lambda m: m["step"])
 
 
@@ -79,8 +98,9 @@ def run_page(run_dir: str) -> Page:
     metas = checkpoints(run_dir)
     summary, why = seen(run_dir)
     last = train[-1] if train else {}
-    page = Page(title=f"training run {os.path.basename(os.path.abspath(run_dir))}",
-                subtitle=f"{os.path.abspath(run_dir)}" + (f" - data {summary['dataset']} v{summary['version']}" if summary else ""),
+    where = os.path.abspath(run_dir) if local_path(run_dir) is not None else run_dir
+    page = Page(title=f"training run {os.path.basename(where.rstrip('/'))}",
+                subtitle=f"{where}" + (f" - data {summary['dataset']} v{summary['version']}" if summary else ""),
                 totals=[("steps", "last logged step", last.get("step")), ("tokens_seen", "tokens trained", last.get("tokens_seen")),
                         ("loss", "last loss", round(last["loss"], 4) if "loss" in last else None),
                         ("val_loss", "last validation loss", round(evals[-1]["val_loss"], 4) if evals else None),
@@ -199,18 +219,41 @@ def checkpoint_section(page: Page, saves: list[dict], metas: list[dict], train: 
                        Table(["step", "blocked s", "Young/Daly interval s"],
                              [[r["step"], r["blocked_s"], r.get("young_daly_interval_s")] for r in saves])))
         step_s = float(np.median([r["step_s"] for r in train])) if train else None
-        yd = saves[-1].get("young_daly_interval_s")
-        every = np.diff([0] + [r["step"] for r in saves])
-        if yd and step_s:
-            sec.add(Note(f"Young/Daly: for the last save's cost ({saves[-1]['blocked_s']:.3f} s) and the job's MTBF, "
-                         f"checkpoint every {yd:,.0f} s = about {max(1, round(yd / step_s)):,} steps at the median "
-                         f"{step_s:.3f} s/step; this run saved every {int(np.median(every))} steps "
-                         f"({np.median(every) * step_s:,.1f} s)."))
+        sec.add(cadence_note(saves[-1], saves, step_s))
     if metas:
         sec.add(Table(["checkpoint", "created (UTC)", "save s", "tokens seen", "world size", "manifest sha256"],
                       [[f"step-{m['step']}", m.get("created_at"), m.get("save_seconds"), m.get("tokens_seen"),
                         m.get("world_size"), m["data"]["manifest_sha256"][:16]] for m in metas],
                       caption="committed checkpoints (meta.json); older ones were removed by checkpoint.keep"))
+        record = metas[-1].get("run_record")
+        if record:
+            sec.add(Table(["run record", "value"], [[k, ", ".join(v) if isinstance(v, list) else v]
+                                                    for k, v in sorted(record.items())],
+                          caption=f"what ran the job (meta.json run_record of step-{metas[-1]['step']}): tokenizer, "
+                                  f"device, CUDA / driver / NCCL versions, container image digest, every rank's host"))
+
+
+def cadence_note(last: dict, saves: list[dict], step_s: float | None) -> Note:
+    """Young/Daly for the last save's measured cost, and the expected waste (saves + recomputation after a
+    failure) of the cadence the run used and of the other (the configured fixed interval, or Young/Daly's)."""
+    every = np.diff([0] + [r["step"] for r in saves])
+    used = f"this run saved every {int(np.median(every))} steps" + (
+        f" ({np.median(every) * step_s:,.1f} s)" if step_s else "")
+    if "waste_young_daly" not in last:  # a record of a trainer before the auto cadence
+        yd = last.get("young_daly_interval_s")
+        return Note(f"Young/Daly: checkpoint every {yd:,.0f} s for the last save's cost ({last['blocked_s']:.3f} s); "
+                    f"{used}." if yd else f"{used}.")
+    yd, fixed = last["waste_young_daly"], last.get("waste_fixed")
+    text = (f"Young/Daly for the measured save cost ({last['save_cost_s']:.3f} s blocked, the median of the saves) and "
+            f"the job's MTBF ({last['mtbf_s'] / 3600:,.1f} h): every {last['young_daly_interval_s']:,.0f} s = "
+            f"{last['young_daly_every']:,} steps, expected waste {yd['total_pct']:.2f}% of the wall time "
+            f"({yd['saves_pct']:.2f}% to saves + {yd['recompute_pct']:.2f}% recomputing after a failure)")
+    if last.get("every") == "auto":
+        text += "; checkpoint.every=auto used it"
+    elif fixed:
+        text += (f"; the configured checkpoint.every={last['every']}: expected waste {fixed['total_pct']:.2f}% "
+                 f"({fixed['saves_pct']:.2f}% + {fixed['recompute_pct']:.2f}%)")
+    return Note(f"{text}; {used}.")
 
 
 def spikes_section(page: Page, spikes: list[dict], run_dir: str) -> None:
