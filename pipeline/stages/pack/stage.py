@@ -47,5 +47,6 @@ class Pack(Stage):
         (merged,) = ctx.runner.run(f"{self.name}.doc_index", [{"name": "merge"}], functools.partial(
             pack.merge_doc_index, wd=wd, slices=slices, out_path=wd.staged(DOC_INDEX_FILE)))
         packed = Packed(wd.staging, self.dataset, cfg.seq_len, tokenizer.path, vocab, eos_id, tuple(shards),
-                        FileRef(DOC_INDEX_FILE, merged["sha256"], merged["bytes"], merged["rows"]), tokenizer.store)
+                        FileRef(DOC_INDEX_FILE, merged["sha256"], merged["bytes"], merged["rows"]), tokenizer.store,
+                        tokenizer.encoder_label)
         return StageResult(self.name, rows={self.name: row}, dataset=packed)

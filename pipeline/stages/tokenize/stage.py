@@ -26,7 +26,7 @@ class TokenCounts:
 
 
 def _task(item, tokenizer, cfg, split, survivors):
-    return tasks.tokenize_partition(item["part"], tokenizer.path, cfg, split, survivors, tokenizer.store)
+    return tasks.tokenize_partition(item["part"], tokenizer.path, cfg, split, survivors, tokenizer.store, tokenizer.encoder)
 
 
 class Tokenize(Stage):

@@ -1,7 +1,7 @@
 """The ``tokenizer`` section of a prepare job (tokenize and pack read it too)."""
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 
@@ -14,6 +14,9 @@ class TokenizerConfig(Section):
     sample_bytes: PositiveInt = 4_000_000  # training sample: the first documents in `order` up to this many bytes
     eos_token: Str = "<|endoftext|>"
     batch_size: PositiveInt = 512  # documents per encode_batch call
+    # auto: tiktoken where the file maps onto its rank table exactly (same ids), else tokenizers;
+    # tokenizers: always HF tokenizers. Not content (the ids are the same): the manifest records which ran.
+    encoder: Literal["auto", "tokenizers"] = "auto"
 
     @field_validator("path")
     @classmethod
