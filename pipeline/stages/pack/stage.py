@@ -8,11 +8,10 @@ import functools
 from gristmill.manifests import FileRef, Shard
 from gristmill.manifests.builder import DOC_INDEX_FILE
 
+from ...handoffs import TokenCounts, TokenizerFile
 from ...stats import summed
 from ...tokenization import load_tokenizer
 from ..base import Context, Packed, Stage, StageResult
-from ..tokenize.stage import TokenCounts
-from ..tokenizer.stage import TokenizerFile
 from . import tasks as pack
 from .config import PackConfig
 

@@ -19,7 +19,7 @@ from gristmill.manifests.storage import Store
 from ...documents import split_of
 from ...survivors import Survivors
 from ...tokenization import TOKENIZERS, load_encoder
-from ..tokenizer.config import TokenizerConfig
+from ...tokenizer_config import TokenizerConfig
 from .config import SplitConfig
 
 STAGE = "tokenize"

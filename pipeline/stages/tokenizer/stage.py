@@ -5,12 +5,12 @@ from __future__ import annotations
 import functools
 import os
 import tempfile
-from dataclasses import dataclass
 
 from gristmill.manifests.storage import Store
 
 from ...survivors import Survivors
-from ...tokenization import choose_encoder, encoder_label
+from ...handoffs import TokenizerFile
+from ...tokenization import choose_encoder
 from ..base import Context, Stage, StageResult
 from .config import TokenizerConfig
 from .tasks import train_bpe
@@ -34,20 +34,6 @@ def train_task(item: dict, cfg, survivors: Survivors, parts: list[int]) -> dict:
         with open(os.path.join(d, "tokenizer.json"), "rb") as f:
             survivors.wd.write(item["out"], f.read())
     return {"documents": len(sample)}
-
-
-@dataclass(frozen=True)
-class TokenizerFile:
-    """What the tokenizer stage hands on: the tokenizer.json that tokenize and pack use, and the encoder
-    tokenize runs (``pipeline.tokenization.choose_encoder``; the manifest records it)."""
-
-    path: str
-    store: Store | None = None  # the work dir's for a trained one; None: the path's own (the job's tokenizer.path)
-    encoder: str = "tokenizers"
-
-    @property
-    def encoder_label(self) -> str:
-        return encoder_label(self.encoder)
 
 
 class Tokenizer(Stage):
