@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterator
 
-import fsspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -20,6 +19,7 @@ import pyarrow.compute as pc
 from gristmill.manifests import HashMismatchError, Manifest, Published, join, sha256_bytes
 from gristmill.manifests.runs import run_starts
 from gristmill.manifests.shards import read_table, rows_from_table
+from gristmill.manifests.storage import Store
 
 
 def load_tokenizer(published: Published):
@@ -27,8 +27,7 @@ def load_tokenizer(published: Published):
     from tokenizers import Tokenizer
 
     url = join(published.url, published.manifest.tokenizer.path)
-    with fsspec.open(url, "rb") as f:
-        data = f.read()
+    data = Store.from_url(url).read(url)
     if sha256_bytes(data) != published.manifest.tokenizer.sha256:
         raise HashMismatchError(url, published.manifest.tokenizer.sha256, sha256_bytes(data))
     return Tokenizer.from_str(data.decode())
@@ -45,8 +44,7 @@ class ShardReader:
         if shard not in self._rows:
             s = self.published.manifest.shards[shard]
             url = join(self.published.url, s.path)
-            with fsspec.open(url, "rb") as f:
-                data = f.read()
+            data = Store.from_url(url).read(url)
             actual = sha256_bytes(data)
             if actual != s.sha256:
                 raise HashMismatchError(url, s.sha256, actual)

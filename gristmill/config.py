@@ -9,7 +9,8 @@ experience:
 * `apply_overrides`: ``--set a.b=c`` / ``--set inputs[0].format=jsonl`` (values are YAML);
 * `validate` / `Section.from_dict` / `load`: every `ValidationError` becomes one
   `gristmill.errors.ConfigError` of the shape ``section.key: expected ..., got ...``;
-* `dump_yaml`: the resolved job as YAML (``--print-config``), which loads back to the same job.
+* `dump_yaml`: the resolved job as YAML (``--print-config``), which loads back to the same job
+  (credentials in storage options masked: those load back as ``<masked>``).
 
 Paths typed `ResolvedPath` are made absolute against the job file's directory (``base_dir``).
 Imports neither torch nor Ray: every part can use it.
@@ -206,9 +207,30 @@ def read_yaml(path: str) -> Any:
     return parse_yaml(text, f"job file {path}")
 
 
-def dump_yaml(cfg: BaseModel) -> str:
-    """The resolved job, every default written out, in the models' field order."""
-    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False, allow_unicode=True, default_flow_style=False)
+MASKED = "<masked>"
+# Keys of a storage-options mapping whose values are credentials (s3fs key/secret/token, botocore's
+# aws_secret_access_key, Azure's account_key/sas_token/connection_string, GCS's token, passwords).
+_SECRET_KEY = re.compile(r"key|secret|token|password|passwd|credential|sas|signature|connection_string|auth",
+                         re.IGNORECASE)
+
+
+def _masked(value: Any, in_options: bool = False) -> Any:
+    """``value`` with every credential inside a storage-options mapping (a key ending in ``_options``:
+    ``storage_options``, ``work_dir_options``) replaced by ``MASKED``, at any depth (``client_kwargs``)."""
+    if isinstance(value, dict):
+        return {k: MASKED if in_options and _SECRET_KEY.search(str(k)) and value[k] not in (None, "", {})
+                else _masked(v, in_options or str(k).endswith("_options")) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_masked(v, in_options) for v in value]
+    return value
+
+
+def dump_yaml(cfg: BaseModel, *, mask_secrets: bool = True) -> str:
+    """The resolved job, every default written out, in the models' field order; credentials in its
+    storage options are masked (a printed job lands in logs and issues) unless ``mask_secrets`` is False."""
+    d = cfg.model_dump(mode="json")
+    return yaml.safe_dump(_masked(d) if mask_secrets else d, sort_keys=False, allow_unicode=True,
+                          default_flow_style=False)
 
 
 # -- --set -------------------------------------------------------------------------------------

@@ -229,8 +229,6 @@ def read_published(published, storage_options: dict | None = None) -> tuple[pa.T
     """Every dedup-index file of a published version (``manifests.Published``), hash-checked, as one
     table, and the MinHash parameters they share. A version published without an index is refused
     with what to do."""
-    import fsspec
-
     from .store import join
 
     m = published.manifest
@@ -240,7 +238,7 @@ def read_published(published, storage_options: dict | None = None) -> tuple[pa.T
     tables, params = [], None
     for ref in m.dedup_index:
         url = join(published.url, ref.path)
-        with fsspec.open(url, "rb", **(storage_options or {})) as f:
+        with Store.from_url(url, **(storage_options or {})).open(url) as f:
             data = f.read()
         t, p = read_checked(data, ref, url)
         if params is not None and p != params:

@@ -165,16 +165,13 @@ def read_published_doc_index(published, columns: list[str] | None = None, filter
                              storage_options: dict | None = None) -> pa.Table:
     """The document index a published manifest pins, read once and hash-checked (a join with the
     rows a model saw is only as good as the index). ``published``: a ``manifests.Published``."""
-    import fsspec
-
     from .store import join
 
     url = join(published.url, published.manifest.doc_index.path)
     if storage_options is None and published.store is not None:  # loaded with its storage options
         data = published.store.read(url)
     else:
-        with fsspec.open(url, "rb", **(storage_options or {})) as f:
-            data = f.read()
+        data = Store.from_url(url, **(storage_options or {})).read(url)
     actual = sha256_bytes(data)
     if actual != published.manifest.doc_index.sha256:
         raise HashMismatchError(url, published.manifest.doc_index.sha256, actual)

@@ -5,7 +5,6 @@ import hashlib
 import json
 from typing import Any, BinaryIO
 
-import fsspec
 
 CHUNK = 8 << 20
 
@@ -42,5 +41,7 @@ def sha256_stream(f: BinaryIO) -> tuple[str, int]:
 def sha256_file(url: str, *, store=None, **storage_options) -> tuple[str, int]:
     """(sha256, size) of a file of ``store`` (a ``manifests.storage.Store``), else of any fsspec URL
     opened with ``storage_options``, streamed so memory stays flat."""
-    with store.open(url) if store is not None else fsspec.open(url, "rb", **storage_options) as f:
+    from .storage import Store
+
+    with (store or Store.from_url(url, **storage_options)).open(url) as f:
         return sha256_stream(f)

@@ -75,6 +75,9 @@ class MixJob(Section):
     name: NonEmptyStr
     store: Annotated[ResolvedPath, Field(min_length=1)]
     components: Annotated[list[ComponentConfig], Field(min_length=1)]
+    # A component's validation documents in another's training split (two versions of one dataset split
+    # differently) refuse the mixture; true publishes it with the overlaps recorded in its manifest
+    allow_split_overlap: bool = False
 
     @model_validator(mode="after")
     def _consistent(self) -> "MixJob":
@@ -91,7 +94,10 @@ def load(path: str, overrides: Iterable[str] = ()) -> MixJob:
 def mix(job: MixJob, source: str = "mix job"):
     """Resolve every component (URL or store name -> the version's manifest, hash-checked), build and publish."""
     from .errors import HashMismatchError, ManifestNotFoundError
+    from dataclasses import asdict
+
     from .mixture import MixtureError, build_mixture, component_url, load_data
+    from .split_overlap import split_overlaps
     from .store import ManifestStore, load_manifest
 
     resolved, names = [], []
@@ -110,8 +116,13 @@ def mix(job: MixJob, source: str = "mix job"):
             raise MixtureError(f"{source}: components[{i}]: a second component named {name!r}; give it a name")
         names.append(name)
         resolved.append(({"name": name, "weight": c.weight, "tokens": c.tokens, "exhausted": c.exhausted}, pub))
+    overlaps = split_overlaps([(spec["name"], pub) for spec, pub in resolved])
+    if overlaps and not job.allow_split_overlap:
+        raise MixtureError(f"{source}: {overlaps[0].line()}{f' (and {len(overlaps) - 1} more pairs)' if len(overlaps) > 1 else ''}: "
+                           "the mixture would train on what it validates; mix versions split alike, or set "
+                           "allow_split_overlap: true (recorded in the mixture manifest)")
     try:
-        manifest = build_mixture(job.name, resolved, job.store)
+        manifest = build_mixture(job.name, resolved, job.store, tuple(asdict(o) for o in overlaps))
     except MixtureError as e:
         raise MixtureError(f"{source}: {e}") from None
     return load_data(ManifestStore(job.store).publish(manifest, ""))  # with its components, as the loader takes it

@@ -100,6 +100,9 @@ class MixtureManifest(VersionedDocument):
     period: int
     components: tuple[Component, ...]
     locations: dict = field(default_factory=dict)  # component name -> {"url": ..., "version": N} (unhashed)
+    # validation documents of one component in another's training split, published because the job
+    # allowed it (``allow_split_overlap``; manifests/split_overlap.py): hashed, absent when none
+    split_overlaps: tuple[dict, ...] = ()
     schema_version: int = MIXTURE_SCHEMA_VERSION
     code_version: str | None = None
     version: int | None = None
@@ -127,6 +130,10 @@ class MixtureManifest(VersionedDocument):
     def to_dict(self) -> dict:
         d = asdict(self)
         d["components"] = [asdict(c) for c in self.components]
+        if self.split_overlaps:
+            d["split_overlaps"] = [dict(o) for o in self.split_overlaps]
+        else:
+            del d["split_overlaps"]  # a mixture without overlaps hashes as before the field existed
         return d
 
     @property
@@ -164,7 +171,7 @@ class MixtureManifest(VersionedDocument):
                 period=_int(d, "period", "mixture", hi=MAX_PERIOD + 1, lo=1),
                 components=tuple(Component.from_dict(c, f"components[{i}]") for i, c in enumerate(comps)),
                 locations=d["locations"], code_version=d.get("code_version"), version=d.get("version"),
-                created_at=d.get("created_at"))
+                created_at=d.get("created_at"), split_overlaps=_split_overlaps(d.get("split_overlaps", [])))
         names = [c.name for c in m.components]
         if len(set(names)) != len(names):
             raise MixtureError(f"mixture.components: two components share a name ({', '.join(names)})")
@@ -189,6 +196,12 @@ class MixtureManifest(VersionedDocument):
     def from_json(cls, text: str | bytes, *, expected_sha256: str | None = None,
                   source: str = "manifest") -> "MixtureManifest":
         return cls.from_dict(parse_json(text, source), expected_sha256=expected_sha256)
+
+
+def _split_overlaps(v: Any) -> tuple[dict, ...]:
+    if not isinstance(v, list) or not all(isinstance(o, dict) for o in v):
+        raise MixtureError("mixture.split_overlaps: expected a list of objects (validation, training, documents, of, by)")
+    return tuple(v)
 
 
 def content_sha256(d: dict) -> str:
@@ -315,8 +328,10 @@ def apportion(shares: list[Fraction], limit: int = MAX_PERIOD) -> list[int]:
     return floors
 
 
-def build_mixture(name: str, resolved: list[tuple[dict, Published]], store_root: str) -> MixtureManifest:
-    """The mixture of resolved components: ``(spec, published)`` with spec keys name, weight, tokens, exhausted."""
+def build_mixture(name: str, resolved: list[tuple[dict, Published]], store_root: str,
+                  split_overlaps: tuple[dict, ...] = ()) -> MixtureManifest:
+    """The mixture of resolved components: ``(spec, published)`` with spec keys name, weight, tokens, exhausted;
+    ``split_overlaps``: the overlaps its job allowed (recorded)."""
     from .provenance import code_version
 
     if not DATASET_NAME.fullmatch(name):
@@ -352,7 +367,8 @@ def build_mixture(name: str, resolved: list[tuple[dict, Published]], store_root:
     comps = [replace(c, parts=p) for c, p in zip(comps, parts)]
     mix = MixtureManifest(name=name, seq_len=fm.seq_len, token_dtype=fm.token_dtype,
                           tokenizer=MixTokenizer(fm.tokenizer.sha256, fm.tokenizer.vocab_size, fm.tokenizer.eos_id),
-                          period=sum(parts), components=tuple(comps), locations=locations, code_version=code_version())
+                          period=sum(parts), components=tuple(comps), locations=locations, code_version=code_version(),
+                          split_overlaps=tuple(split_overlaps))
     for c, (_, pub) in zip(mix.components, resolved):
         check_component(mix, c, pub.manifest)
     return mix

@@ -112,7 +112,7 @@ class Store:
         if not is_url(url):
             return LocalStore()  # a plain path resolves no filesystem: a task makes thousands of these
         fs = url_to_fs(url, **storage_options)[0]
-        if isinstance(fs, LocalFileSystem):
+        if type(fs) is LocalFileSystem:  # a subclass (the loader's simulated remote, gmsim://) is its own filesystem
             return LocalStore()
         protocols = {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
         kind = next((FsspecStore.kinds[p] for p in sorted(protocols) if p in FsspecStore.kinds), FsspecStore)
@@ -146,6 +146,13 @@ class Store:
     def modified(self, path: str) -> float:
         """When the object was last written (seconds since the epoch)."""
         raise NotImplementedError
+
+    def escapes(self, path: str, root: str) -> str | None:
+        """Where ``path`` really is when a symlink on its way takes it outside the folder ``root``
+        (``root`` itself resolved: a linked root is the user's own choice); None when it stays inside.
+        Asked before a file found in a folder gristmill does not trust is opened (docs/security.md):
+        only a store with symlinks can answer anything but None."""
+        return None
 
     def rm(self, path: str) -> None:
         """Remove one object (FileNotFoundError if absent)."""
@@ -236,6 +243,10 @@ class LocalStore(Store):
 
     def rm(self, path: str) -> None:
         os.unlink(self.path(path))
+
+    def escapes(self, path: str, root: str) -> str | None:
+        real, base = os.path.realpath(self.path(path)), os.path.realpath(self.path(root))
+        return None if os.path.commonpath([real, base]) == base else real
 
     def makedirs(self, path: str) -> None:
         """Make the folder ``path`` and those on the way (only a local disk has folders to make)."""

@@ -18,8 +18,6 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from fsspec.core import url_to_fs
-
 from gristmill.errors import os_error_text
 
 from .errors import LatestPointerError, ManifestError, ManifestNotFoundError, PublishError, VersionExistsError
@@ -206,13 +204,7 @@ class ManifestStore:
             vdir = posixpath.join(base, f"v{n}")
             start = time.monotonic()
             deadline = start + _TWIN_WAIT_S
-            while True:
-                self.fs.invalidate_cache(vdir)
-                if self.fs.exists(posixpath.join(vdir, MANIFEST_FILE)):
-                    other = _load_as(type(manifest), self.version_url(manifest.dataset, n), None, self.storage_options)
-                    if other.manifest.sha256 == manifest.sha256:
-                        return other
-                    break
+            while (committed := self._committed(manifest, n)) is None:
                 try:
                     claim = json.loads(self.storage.read(posixpath.join(vdir, CLAIM_FILE)))
                 except FileNotFoundError:
@@ -225,9 +217,25 @@ class ManifestStore:
                     break  # not a claim of this protocol
                 if (not isinstance(claim, dict) or claim.get("sha256") != manifest.sha256 or not _alive(claim)
                         or time.monotonic() > deadline):
+                    # Its writer may have committed and exited between the look for its manifest.json
+                    # above and this answer (issue 39: 1 in 6 races on S3 published the content twice):
+                    # a gone writer is only believed once its version is seen uncommitted after it.
+                    committed = self._committed(manifest, n)
                     break
                 time.sleep(0.2)
+            if committed:  # False: v<n> committed other content
+                return committed
         return None
+
+    def _committed(self, manifest: Manifest, n: int) -> Published | bool | None:
+        """v<n> if it is committed with ``manifest``'s content; False if committed with other content;
+        None while uncommitted."""
+        vdir = posixpath.join(self._root_path, manifest.dataset, f"v{n}")
+        self.fs.invalidate_cache(vdir)
+        if not self.fs.exists(posixpath.join(vdir, MANIFEST_FILE)):
+            return None
+        other = _load_as(type(manifest), self.version_url(manifest.dataset, n), None, self.storage_options)
+        return other if other.manifest.sha256 == manifest.sha256 else False
 
     def _claim(self, dataset: str, version: int | None, sha256: str) -> int:
         """Take a version number for one publish: ``version``, or the first after every number in
@@ -316,22 +324,43 @@ def _pinned_files(m) -> list[str]:
     return [m.tokenizer.path, m.doc_index.path, *(s.path for s in m.shards), *(f.path for f in m.dedup_index)]
 
 
-def load_manifest(url: str, *, expected_sha256: str | None = None, **storage_options) -> Published:
-    """Load a manifest from ``.../v<N>``, ``.../v<N>/manifest.json`` or ``<root>/<dataset>`` (latest)."""
-    return _load_as(Manifest, url, expected_sha256, storage_options)
+def load_manifest(url: str, *, expected_sha256: str | None = None, confined: bool = False, **storage_options) -> Published:
+    """Load a manifest from ``.../v<N>``, ``.../v<N>/manifest.json`` or ``<root>/<dataset>`` (latest).
+    ``confined``: its ``latest`` and ``manifest.json`` must not resolve outside the folder ``url``
+    names through a symlink (``Store.escapes``); one that does is refused unread (``dedup_against``)."""
+    return _load_as(Manifest, url, expected_sha256, storage_options, confined)
 
 
-def _load_as(kind, url: str, expected_sha256: str | None, storage_options: dict) -> Published:
+def _load_as(kind, url: str, expected_sha256: str | None, storage_options: dict, confined: bool = False) -> Published:
     """``kind.from_json`` (``Manifest`` or ``manifests.mixture.MixtureManifest``) of the manifest.json a URL names."""
     url = url.rstrip("/")
-    fs, path = url_to_fs(url, **storage_options)
+    store = Store.from_url(url, **storage_options)  # a local path is a local path, `::` in it too
+    fs, path = store.fs, store.path(url)
     if path.endswith("/" + MANIFEST_FILE) or path == MANIFEST_FILE:
         url, path = url[: -len(MANIFEST_FILE) - 1], posixpath.dirname(path)
-    elif not fs.exists(posixpath.join(path, MANIFEST_FILE)) and fs.exists(posixpath.join(path, LATEST_FILE)):
+    root = url
+    via_latest = not fs.exists(posixpath.join(path, MANIFEST_FILE)) and fs.exists(posixpath.join(path, LATEST_FILE))
+    if via_latest:
+        _confined(confined, join(url, LATEST_FILE), root, storage_options)
         version = read_latest(fs, posixpath.join(path, LATEST_FILE), join(url, LATEST_FILE))
         url, path = join(url, f"v{version}"), posixpath.join(path, f"v{version}")
     target = posixpath.join(path, MANIFEST_FILE)
     if not fs.exists(target):
         raise ManifestNotFoundError(f"no manifest at {url} (expected {join(url, MANIFEST_FILE)})")
+    _confined(confined, join(url, MANIFEST_FILE), root, storage_options)
     manifest = kind.from_json(fs.cat_file(target), expected_sha256=expected_sha256, source=join(url, MANIFEST_FILE))
     return Published(manifest, url, Store.from_url(url, **storage_options) if storage_options else None)
+
+
+def confined_file(url: str, root: str, store: Store | None = None) -> None:
+    """Refuse (a ManifestError, before a byte is read) a file that a symlink takes outside ``root``,
+    the folder a job named: a downloaded store may link to ~/.ssh (docs/security.md)."""
+    target = (store or Store.from_url(url)).escapes(url, root)
+    if target is not None:
+        raise ManifestError(f"{url} is a symlink to {target}, outside {root} (symlink_outside_root); not read. "
+                            "Copy the store instead of linking into it, or set follow_symlinks: true")
+
+
+def _confined(confined: bool, url: str, root: str, storage_options: dict) -> None:
+    if confined:
+        confined_file(url, root, Store.from_url(url, **storage_options))

@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-import fsspec
 import numpy as np
 import pyarrow as pa
 
@@ -21,6 +20,7 @@ from .errors import FactMismatchError, HashMismatchError, ManifestError, PinnedF
 from .hashing import sha256_bytes, sha256_stream
 from .manifest import Shard
 from .shards import check_vocab, checked_rows, read_table, write_shard
+from .storage import Store
 from .store import Published, join
 
 
@@ -64,7 +64,7 @@ def verify_published(published: Published, *, progress: Callable[[str], None] | 
 def _open(published: Published, rel: str, read):
     url = join(published.url, rel)
     try:
-        with published.store.open(url) if published.store is not None else fsspec.open(url, "rb") as f:
+        with published.store.open(url) if published.store is not None else Store.from_url(url).open(url) as f:
             return read(f)
     except FileNotFoundError as e:
         raise PinnedFileError(f"{rel}: missing ({url})") from e

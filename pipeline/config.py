@@ -44,6 +44,10 @@ class InputSpec(Section):
     # fsspec storage options of path's filesystem (an endpoint, credentials): listing, hashing and
     # reading these files go through one store opened with them. Not content: never in the manifest
     storage_options: dict[str, Any] = {}
+    # A file matched under path's folder that resolves outside it through a symlink is quarantined
+    # unread (``symlink_outside_root``): a downloaded corpus may link to ~/.ssh (docs/security.md).
+    # true: such links are followed wherever they point.
+    follow_symlinks: bool = False
 
     def store(self) -> Store:
         """The store these files are listed and read through, opened with ``storage_options``."""

@@ -17,6 +17,7 @@ import contextlib
 import errno
 import functools
 import glob as _glob
+import itertools
 import json
 import os
 import posixpath
@@ -66,17 +67,29 @@ def plan_inputs(job: PrepareConfig) -> list[Partition]:
     found: dict[str, dict] = {}
     for i, spec in enumerate(job.inputs):
         fs = spec.store().fs
+        root = None if spec.follow_symlinks else pattern_root(spec.path)
         for p, info in _input_files(fs, spec.path, f"inputs[{i}].path"):
             uri = fs.unstrip_protocol(p) if is_url(spec.path) else os.path.abspath(p)
             if uri not in found:
                 found[uri] = dict(uri=uri, input=i, format=spec.format, text_field=spec.text_field, id_field=spec.id_field,
-                                  text_format=spec.text_format, url_field=spec.url_field, size=info.get("size"),
+                                  text_format=spec.text_format, url_field=spec.url_field, size=info.get("size"), root=root,
                                   mtime=str(info.get("mtime") or info.get("LastModified") or info.get("ETag") or ""))
     uris = sorted(found)
     paths = {u: split_url(u)[1] for u in uris}
     common = posixpath.commonpath(list(paths.values())) if len(uris) > 1 else posixpath.dirname(paths[uris[0]])
     files = [InputFile(**found[u], rel=posixpath.relpath(paths[u], common) if common else u) for u in uris]
     return [Partition(part, tuple(group)) for part, group in enumerate(group_files(files, job.partitioning.partition_bytes))]
+
+
+def pattern_root(pattern: str) -> str:
+    """The folder a path or glob names its files under: the components before the first one with
+    glob magic (a plain path: its folder). A file that resolves outside it through a symlink is
+    not the folder's to give (``Store.escapes``): a downloaded corpus may link to ~/.ssh."""
+    if not _glob.has_magic(pattern):
+        return posixpath.dirname(pattern) or "."
+    parts = pattern.split("/")
+    lead = list(itertools.takewhile(lambda p: not _glob.has_magic(p), parts))
+    return "/".join(lead) or ("/" if pattern.startswith("/") else ".")
 
 
 def _input_files(fs, pattern: str, where: str) -> list[tuple[str, dict]]:

@@ -340,7 +340,7 @@ def infer_format(path: str) -> str:
 
 def read_eval_items(path: str, fmt: str | None = None, fields: Iterable[str] = ("text",), id_field: str | None = None,
                     split: str = "auto", max_record_bytes: int | None = None, *,
-                    store: Store | None = None) -> list[tuple[str, str]]:
+                    store: Store | None = None, follow_symlinks: bool = False) -> list[tuple[str, str]]:
     """The items of an eval file as ``(item_id, text)``, in file order.
 
     - JSONL (optionally .gz/.zst, as input files): one object per non-blank line; the item is its
@@ -357,7 +357,8 @@ def read_eval_items(path: str, fmt: str | None = None, fields: Iterable[str] = (
     and no line (JSONL, text), paragraph or item (Parquet) over ``max_record_bytes`` (default
     ``extract.max_record_bytes``'s, 64 MiB) is held: each is one ``EvalFileError`` line naming
     the file and where. Memory is that bound plus the items kept. ``store``: the file's store,
-    opened with its storage options (None: the URL's, with none).
+    opened with its storage options (None: the URL's, with none). Unless ``follow_symlinks``, a
+    file that a symlink takes outside its folder is refused unread (docs/security.md).
     """
     store = store or Store.from_url(path)
     limit = max_record_bytes or readers.MAX_RECORD_BYTES
@@ -365,7 +366,7 @@ def read_eval_items(path: str, fmt: str | None = None, fields: Iterable[str] = (
     fields = list(fields)
     if fmt not in FORMATS:
         raise UsageError(f"eval file {path}: unknown format {fmt!r}; expected one of {FORMATS}")
-    _check_eval_file(path, store)
+    _check_eval_file(path, store, follow_symlinks)
     if fmt == "jsonl":
         records = _read_jsonl(path, limit, store)
     elif fmt == "parquet":
@@ -423,9 +424,10 @@ def _too_long(path: str, where: str, limit: int) -> EvalFileError:
                          "split it into items, or raise the limit if it really is one item")
 
 
-def _check_eval_file(path: str, store: Store) -> None:
+def _check_eval_file(path: str, store: Store, follow_symlinks: bool = False) -> None:
     """A regular file, in a compression the input readers decode: a FIFO would block forever and
-    /dev/zero never ends; a .bz2 would be read as its compressed bytes."""
+    /dev/zero never ends; a .bz2 would be read as its compressed bytes. Unless ``follow_symlinks``,
+    one that resolves outside its folder through a symlink is refused unread, as input files are."""
     other = next((s for s in _COMPRESSION_SUFFIXES if path.lower().endswith(s) and s not in readers.COMPRESSIONS), None)
     if other:
         raise EvalFileError(f"eval file {path}: {other} is not a compression gristmill reads (it reads "
@@ -439,6 +441,11 @@ def _check_eval_file(path: str, store: Store) -> None:
     if info.get("type") != "file":
         what = readers.special_file(p) if local_path(path) is not None else "not a regular file"
         raise EvalFileError(f"eval file {path} is {what}, not a regular file; copy its contents to a file and name that")
+    folder = posixpath.dirname(path) or "."
+    if not follow_symlinks and (target := store.escapes(path, folder)) is not None:
+        raise EvalFileError(f"eval file {path} is a symlink to {target}, outside its folder {folder} "
+                            f"({readers.SYMLINK_OUTSIDE_ROOT}); not read. Copy the file into the folder, "
+                            "or set follow_symlinks: true on its eval set")
 
 
 def _eval_lines(path: str, limit: int, store: Store) -> Iterable[tuple[int, bytes]]:
@@ -514,6 +521,7 @@ def _read_text(path: str, split: str, limit: int, store: Store) -> list[tuple[st
 def index_from_file(path: str, name: str, n: int = DEFAULT_N, fmt: str | None = None,
                     fields: Iterable[str] = ("text",), id_field: str | None = None, split: str = "auto",
                     min_item_words: int = 1, max_record_bytes: int | None = None) -> NgramIndex:
-    """Build the index of one eval file (the audit's entry point)."""
-    items = read_eval_items(path, fmt, fields, id_field, split, max_record_bytes)
+    """Build the index of one eval file (the audit's entry point: the one file its user names on the
+    command line, so a link is followed, unlike a job's eval sets)."""
+    items = read_eval_items(path, fmt, fields, id_field, split, max_record_bytes, follow_symlinks=True)
     return build_index([(name, items)], n=n, min_item_words=min_item_words)

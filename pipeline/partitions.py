@@ -26,6 +26,9 @@ class InputFile:
     id_field: str | None = None
     text_format: str = "text"  # text | html
     url_field: str | None = "url"
+    # The folder its pattern matched under (``executor.pattern_root``): a file that resolves outside it
+    # through a symlink is quarantined unread (``symlink_outside_root``); None: its entry follows symlinks.
+    root: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

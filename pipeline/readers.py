@@ -35,6 +35,9 @@ OUT_CHUNK = 1 << 20  # decoded bytes per gzip decoder call (zlib max_length)
 # as `record_too_large` without being held in memory whole.
 MAX_RECORD_BYTES = 64 << 20
 MAX_PARQUET_ROWS = 1 << 48  # a footer claiming more rows than this is not believed
+# The quarantine reason of an input file that resolves, through a symlink, outside the folder its
+# pattern matched under (``Store.escapes``): refused unread, for a downloaded corpus may link to ~/.ssh.
+SYMLINK_OUTSIDE_ROOT = "symlink_outside_root"
 
 
 def bad(position: int, reason: str, detail: str, raw: bytes | str = b"", *, offset: int | None = None,

@@ -64,7 +64,7 @@ def test_prepare_writes_the_data_card_from_the_run_result(toy_dataset, tmp_path,
 
     calls = []
 
-    def draw(published, run_dir):
+    def draw(published, run_dir, work_dir_options=None):
         calls.append((published.url, published.manifest.sha256, run_dir))
         return f"{run_dir}/report.html"
 

@@ -10,6 +10,7 @@ import multiprocessing
 import os
 import posixpath
 import threading
+import time
 
 import fsspec
 import pytest
@@ -34,7 +35,38 @@ def _publish_one(store_url: str, staged, env: dict, barrier) -> tuple[int, str]:
     return pub.manifest.version, pub.manifest.sha256
 
 
-def _proc_main(store_url, staged, env, barrier, results, i):
+def _hold_the_window_open(entered) -> None:
+    """In a publisher process: open, every time, the window that made 1 in 6 S3 races publish the
+    same content twice (issue 39). A waiter for v1 finds no v1/manifest.json, reads v1's claim and
+    asks whether its writer lives; v1's writer commits and exits in between, so the waiter takes it
+    for dead and publishes v2. Here the waiter's question waits (``entered`` set) until that writer
+    has exited, and the writer's commit waits until a waiter is in the window."""
+    import gristmill.manifests.store as ms
+
+    real_alive, real_put = ms._alive, ms._put_new_or_own
+
+    def alive(claim: dict) -> bool:
+        entered.set()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                os.kill(int(claim["pid"]), 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.05)
+        return real_alive(claim)
+
+    def put_new_or_own(store, path, data):
+        if path.endswith("/" + MANIFEST_FILE):
+            entered.wait(60)
+        return real_put(store, path, data)
+
+    ms._alive, ms._put_new_or_own = alive, put_new_or_own
+
+
+def _proc_main(store_url, staged, env, barrier, results, i, window=None):
+    if window is not None:
+        _hold_the_window_open(window)
     results[i] = _publish_one(store_url, staged, env, barrier)
 
 
@@ -72,13 +104,16 @@ def _race_threads(store_url: str, staged: list) -> list:
     return results
 
 
-def _race_processes(store_url: str, staged: list, env: dict) -> list:
+def _race_processes(store_url: str, staged: list, env: dict, window: bool = False) -> list:
+    """``window``: every publisher holds open the window between a waiter's look for an earlier
+    version's manifest and its question whether that version's writer lives (``_hold_the_window_open``)."""
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(["gristmill.manifests", "s3fs"])
     barrier, manager = ctx.Barrier(len(staged)), ctx.Manager()
     try:
         results = manager.list([None] * len(staged))
-        procs = [ctx.Process(target=_proc_main, args=(store_url, staged[i], env, barrier, results, i))
+        entered = manager.Event() if window else None
+        procs = [ctx.Process(target=_proc_main, args=(store_url, staged[i], env, barrier, results, i, entered))
                  for i in range(len(staged))]
         for p in procs:
             p.start()
@@ -111,11 +146,12 @@ def test_concurrent_publishers_s3(tmp_path, s3, s3_server, how):
                                        ("s3", "processes")])
 def test_concurrent_publishers_of_the_same_content_publish_it_once(tmp_path, request, where, how):
     """Eight publishers of one manifest at once (two prepares of the same job, on one disk or one
-    bucket): one version, which every publisher is told it got; no second number is left claimed."""
+    bucket): one version, which every publisher is told it got; no second number is left claimed.
+    As processes, with the window that made it flaky held open every time (``_hold_the_window_open``)."""
     (staged,) = _staged(str(tmp_path), 1)
     store = str(tmp_path / "store") if where == "local" else f"{request.getfixturevalue('s3')}/store"
     env = request.getfixturevalue("s3_server").env if where == "s3" else {}
-    results = (_race_threads if how == "threads" else lambda u, s: _race_processes(u, s, env))(store, [staged] * 8)
+    results = (_race_threads if how == "threads" else lambda u, s: _race_processes(u, s, env, window=True))(store, [staged] * 8)
     assert results == [(1, staged.manifest.sha256)] * 8
     published = ManifestStore(store)
     assert published.versions("race") == [1] and published.latest("race") == 1

@@ -22,6 +22,9 @@ def _mix(args) -> int:
     print(f"sha256 {m.sha256}")
     for line in component_lines(m):
         print(line)
+    for o in m.split_overlaps:  # published because the job allowed it: say so where it is seen
+        print(f"split overlap (allow_split_overlap: true): {o['documents']:,} of {o['validation']!r}'s {o['of']:,} "
+              f"validation documents are in {o['training']!r}'s training split")
     return 0
 
 

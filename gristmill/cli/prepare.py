@@ -31,15 +31,18 @@ def _prepare(args) -> int:
         print(f"gristmill: {e}", file=sys.stderr, flush=True)
         return 128 + e.signum
     if job.output.report_html:
-        write_data_card(result, quiet=args.quiet, storage_options=job.output.storage_options)
+        write_data_card(result, quiet=args.quiet, storage_options=job.output.storage_options,
+                        work_dir_options=job.work_dir_options)
     print(format_table(result.report))
     return 0 if result.report["accounting"]["balanced"] else 1
 
 
-def write_data_card(result, *, quiet: bool = False, storage_options: dict | None = None) -> str | None:
+def write_data_card(result, *, quiet: bool = False, storage_options: dict | None = None,
+                    work_dir_options: dict | None = None) -> str | None:
     """report.html beside report.json in the run dir. Drawing a page never fails a run whose data
     is published: a broken report install or a page that cannot be drawn is one line on stderr.
-    ``storage_options``: the output store's (``output.storage_options``), to read the manifest back."""
+    ``storage_options``: the output store's (``output.storage_options``), to read the manifest back;
+    ``work_dir_options``: the run dir's (``work_dir_options``), to read its files and write the page."""
     def note(msg: str) -> None:
         if not quiet:
             print(msg, file=sys.stderr, flush=True)
@@ -50,7 +53,7 @@ def write_data_card(result, *, quiet: bool = False, storage_options: dict | None
     except Exception as e:  # noqa: BLE001 - a broken report install must not fail prepare
         note(f"[report] report.html not written: {type(e).__name__}: {e}")
         return None
-    path = write_dataset_report(load_manifest(result.url, expected_sha256=result.manifest_sha256, **(storage_options or {})), result.run_dir)
+    path = write_dataset_report(load_manifest(result.url, expected_sha256=result.manifest_sha256, **(storage_options or {})), result.run_dir, work_dir_options)
     if path:
         note(f"[report] {path}")
     return path

@@ -35,14 +35,18 @@ def build_report(target: str, *, work_dir: str | None = None) -> tuple[Page, str
     return page, f"{title}.html"
 
 
-def write_dataset_report(published, run_dir: str) -> str | None:
-    """``prepare``'s last step: ``<run_dir>/report.html`` beside report.json. Never raises: a
-    page that cannot be drawn must not fail a run whose data is published; it is logged."""
-    path = os.path.join(run_dir, HTML_FILE)
+def write_dataset_report(published, run_dir: str, work_dir_options: dict | None = None) -> str | None:
+    """``prepare``'s last step: ``<run_dir>/report.html`` beside report.json, the run dir read and
+    written with the job's ``work_dir_options``. Never raises: a page that cannot be drawn must not
+    fail a run whose data is published; it is logged."""
+    from gristmill.manifests.storage import Store, is_url
+
+    path = f"{run_dir.rstrip('/')}/{HTML_FILE}" if is_url(run_dir) else os.path.join(run_dir, HTML_FILE)
     try:
         from .dataset import dataset_page
 
-        write_page(dataset_page(published, run_dir), path)
+        write_page(dataset_page(published, run_dir, work_dir_options=work_dir_options), path,
+                   Store.from_url(run_dir, **(work_dir_options or {})))
         return path
     except Exception:  # noqa: BLE001 - any failure of the page is only logged (see above)
         log.warning("could not write %s; `gristmill report %s --work-dir %s` retries it", path, published.url, run_dir,

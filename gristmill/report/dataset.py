@@ -20,12 +20,14 @@ from .workfiles import WorkFiles, find_run_dir
 TOP = 30  # rows of a long breakdown drawn; the table under the figure lists all of them
 
 
-def dataset_page(published: Published, run_dir: str | None = None, searched: str | None = None) -> Page:
-    """``searched``: the --work-dir in which no run of this manifest was found (for the note)."""
+def dataset_page(published: Published, run_dir: str | None = None, searched: str | None = None,
+                 work_dir_options: dict | None = None) -> Page:
+    """``searched``: the --work-dir in which no run of this manifest was found (for the note);
+    ``work_dir_options``: the storage options the run dir is read with (the job's)."""
     m = published.manifest
     stats = m.stats
     acc = stats.get("accounting", {})
-    work = WorkFiles(run_dir) if run_dir else None
+    work = WorkFiles(run_dir, work_dir_options) if run_dir else None
     tokens_out = stats.get("stages", {}).get("pack", {}).get("tokens_out", sum(s.tokens for s in m.shards))
     page = Page(
         title=f"{m.dataset} v{m.version}",

@@ -216,8 +216,9 @@ def render(page: Page) -> tuple[str, bool]:
         return render_fallback_html(page, e.name or str(e)), False
 
 
-def write_page(page: Page, path: str) -> bool:
-    """Write the page atomically; True when it has figures (the extra is installed)."""
+def write_page(page: Page, path: str, store=None) -> bool:
+    """Write the page atomically (through ``store``, a ``manifests.storage.Store``: None, the path's
+    with no options); True when it has figures (the extra is installed)."""
     text, full = render(page)
-    atomic_write(path, text.encode())  # a local one makes the folders on the way
+    atomic_write(path, text.encode(), store)  # a local one makes the folders on the way
     return full

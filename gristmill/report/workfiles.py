@@ -38,8 +38,8 @@ def find_run_dir(work_dir: str, manifest_sha256: str) -> str | None:
 
 
 class WorkFiles:
-    def __init__(self, run_dir: str):
-        self.wd = WorkDir(run_dir)
+    def __init__(self, run_dir: str, storage_options: dict | None = None):
+        self.wd = WorkDir(run_dir, storage_options)  # the job's work_dir_options: its credentials may be nowhere else
         self.report = json.loads(self.wd.read_bytes(self.wd.report_json))
 
     def docs_files(self) -> list[str]:

@@ -25,6 +25,7 @@ class EvalSetSpec(Section):
     id_field: Str | None = None  # jsonl/parquet: the field naming an item; None: its number
     split: Literal[ngrams.TEXT_SPLITS] = "auto"  # text: line | paragraph | auto
     storage_options: dict[str, Any] = {}  # fsspec storage options of path's filesystem; never in the manifest
+    follow_symlinks: bool = False  # false: a path that a symlink takes outside its folder is refused unread
 
     def store(self) -> Store:
         """The store the eval file is read through, opened with ``storage_options``."""
@@ -62,7 +63,7 @@ class EvalSetSpec(Section):
 
     def read_items(self, max_record_bytes: int | None = None) -> list[tuple[str, str]]:
         return ngrams.read_eval_items(self.path, self.format, self.fields, self.id_field, self.split, max_record_bytes,
-                                      store=self.store())
+                                      store=self.store(), follow_symlinks=self.follow_symlinks)
 
 
 class DecontamConfig(Section):

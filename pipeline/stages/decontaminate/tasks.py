@@ -195,9 +195,10 @@ def apply_verdicts(docs: pa.Table, found: list[dict], reason: str = REASON) -> t
 
 # -- as tasks over partitions (the executor's stage) -------------------------------------------------
 @functools.lru_cache(maxsize=2)
-def _load_index(path: str) -> ngrams.NgramIndex:
-    """The index, read once per worker process (built once on the driver, cached in the work dir)."""
-    return ngrams.NgramIndex.load(path)
+def _load_index(path: str, store) -> ngrams.NgramIndex:
+    """The index, read once per worker process (built once on the driver, cached in the work dir)
+    through the work dir's store (``work_dir_options``: its credentials may be nowhere else)."""
+    return ngrams.NgramIndex.load(path, store)
 
 
 def partition_task(item: dict, cfg: DecontamConfig, index_path: str, survivors: Survivors, split: Any = None,
@@ -207,9 +208,9 @@ def partition_task(item: dict, cfg: DecontamConfig, index_path: str, survivors: 
     partition's train documents are checked (the pass against the validation split: its own
     reason, ``validation_overlap``, and its own ``validation_min_matches``); its files are
     named with ``prefix`` (``val-block-N``)."""
-    index = _load_index(index_path)
-    cols = ["id", "order", "part", "bytes", "source", "position", "text"]
     part, wd = item["part"], survivors.wd
+    index = _load_index(index_path, wd.store)
+    cols = ["id", "order", "part", "bytes", "source", "position", "text"]
     removed_out = wd.part(wd.removed(STAGE, part, prefix), REMOVED_SCHEMA)
     override_out = wd.part(wd.overrides(STAGE, part, prefix), OVERRIDE_SCHEMA)
     found_out = wd.part(found_path(wd, part, prefix), FOUND_SCHEMA)
@@ -265,7 +266,7 @@ def validation_index_task(item: dict, cfg: DecontamConfig, wd: WorkDir, files: l
         t = wd.read_parquet(f)
         items += list(zip(t.column("id").to_pylist(), t.column("text").to_pylist()))
     index, record = reference_index(items, cfg)
-    index.save(item["out"])
+    index.save(item["out"], wd.store)
     return {"record": record}
 
 
@@ -275,7 +276,7 @@ DF_SCHEMA = pa.schema([("gram", pa.int64()), ("documents", pa.int64())])
 def document_frequency_task(item: dict, index_path: str, survivors: Survivors) -> dict:
     """How many of one partition's documents (both splits, as they stand after the eval pass)
     contain each gram of the validation index: (gram position, documents), for the grams seen."""
-    index = _load_index(index_path)
+    index = _load_index(index_path, survivors.wd.store)
     total: dict[int, int] = {}
     for t in survivors.docs(item["part"], ["id", "text"], 4096):
         grams, counts = index.document_frequency([x or "" for x in t.column("text").to_pylist()])
@@ -294,13 +295,13 @@ def prune_index_task(item: dict, wd: WorkDir, index_path: str, files: list[str],
     count as overlap. Holds one count per validation gram, like the index itself."""
     import numpy as np
 
-    index = _load_index(index_path)
+    index = _load_index(index_path, wd.store)
     df = np.zeros(index.ngrams, np.int64)
     for f in files:  # the block files document_frequency_task wrote
         t = wd.read_parquet(f)
         np.add.at(df, t.column("gram").to_numpy(), t.column("documents").to_numpy())
     drop = df > max_doc_freq
-    index.without(drop).save(item["out"])
+    index.without(drop).save(item["out"], wd.store)
     return {"boilerplate_ngrams": int(drop.sum()), "max_doc_freq": max_doc_freq}
 
 
@@ -320,7 +321,7 @@ def report_task(item: dict, cfg: DecontamConfig, wd: WorkDir, index_path: str, r
         for f in files:
             for batch in wd.iter_batches(f, batch_size=4096):
                 yield from batch.to_pylist()
-    return {"report": report(_load_index(index_path), cfg, records, rows(), min_matches)}
+    return {"report": report(_load_index(index_path, wd.store), cfg, records, rows(), min_matches)}
 
 
 def _decide(text: str, matches: list[ngrams.Match], policy: str, margin: int) -> tuple[str, str | None]:

@@ -13,6 +13,9 @@ class DedupAgainstSpec(Section):
 
     url: Annotated[ResolvedPath, Field(min_length=1)]  # <root>/<dataset>/v<N>, or <root>/<dataset> (its latest)
     sha256: Annotated[Str, Field(pattern="^[0-9a-f]{64}$")] | None = None  # pinned: any other manifest is refused
+    # false: its latest, manifest.json and index files must not resolve outside the folder url names
+    # through a symlink (refused unread, docs/security.md); true: links are followed anywhere
+    follow_symlinks: bool = False
 
     @model_validator(mode="before")
     @classmethod

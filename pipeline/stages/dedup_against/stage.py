@@ -13,6 +13,7 @@ task reads the whole index.
 from __future__ import annotations
 
 from gristmill.manifests import join, load_manifest
+from gristmill.manifests.store import confined_file
 from gristmill.manifests import dedup_index as dx
 from gristmill.manifests.manifest import PinnedVersion
 
@@ -41,8 +42,11 @@ class DedupAgainst(Stage):
         params = di.index_params(cfg)
         pins, files = [], []
         for spec in self.versions:
-            pub = load_manifest(spec.url, expected_sha256=spec.sha256)
+            pub = load_manifest(spec.url, expected_sha256=spec.sha256, confined=not spec.follow_symlinks)
             m = pub.manifest
+            if not spec.follow_symlinks:  # each index file must lie in its version dir (read by a task later)
+                for ref in m.dedup_index:
+                    confined_file(join(pub.url, ref.path), pub.url)
             label = f"{m.dataset} v{m.version}"
             if not m.dedup_index:
                 dx.read_published(pub)  # raises: published without a dedup index, and what to do

@@ -19,7 +19,7 @@ from ...id_files import ID_SCHEMA, ids_table
 from ...documents import DOC_SCHEMA, QUARANTINE_SCHEMA, REMOVED_SCHEMA, make_id, make_order, norm_hash
 from ...langid import identify
 from ...partitions import InputFile
-from ...readers import read_records
+from ...readers import SYMLINK_OUTSIDE_ROOT, bad, read_records
 from ...workdir import ParquetPart, WorkDir
 from .config import ExtractConfig, LanguageConfig
 
@@ -52,14 +52,18 @@ def extract_partition(task: dict, extract: ExtractConfig, language: LanguageConf
     inputs, cpu0 = [], time.process_time()
     for file in task["files"]:
         source = sources[file.input] if sources is not None else Source()
-        sha, size = sha256_file(file.uri, store=source.store)
-        inputs.append({"uri": file.uri, "bytes": size, "sha256": sha})
         t0 = time.perf_counter()
         batch: list[dict] = []
-        for rec in read_records(file.uri, file.format, file.text_field, file.id_field,
-                                main_content=extract.html_main_content, batch_rows=batch_rows,
-                                html=file.text_format == "html", url_field=file.url_field,
-                                max_record_bytes=extract.max_record_bytes, store=source.store):  # reader limit
+        if (refusal := _escaped(file, source)) is not None:
+            records = [refusal]  # neither read nor hashed: not an input of the version
+        else:
+            sha, size = sha256_file(file.uri, store=source.store)
+            inputs.append({"uri": file.uri, "bytes": size, "sha256": sha})
+            records = read_records(file.uri, file.format, file.text_field, file.id_field,
+                                   main_content=extract.html_main_content, batch_rows=batch_rows,
+                                   html=file.text_format == "html", url_field=file.url_field,
+                                   max_record_bytes=extract.max_record_bytes, store=source.store)  # reader limit
+        for rec in records:
             rec["order"] = make_order(part, ex["records"])  # numbered across the partition's files, in file order
             ex["records"] += 1
             if "reason" not in rec:
@@ -99,6 +103,18 @@ def extract_partition(task: dict, extract: ExtractConfig, language: LanguageConf
              "cpu_seconds": time.process_time() - cpu0,  # the whole task, all threads (a worker runs one task at a time)
              "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
     return stats
+
+
+def _escaped(file: InputFile, source: Source) -> dict | None:
+    """The one quarantine record of a file that a symlink takes outside the folder its pattern
+    matched under (asked just before it would be opened; nothing of it is read), else None."""
+    if file.root is None:
+        return None
+    target = (source.store or Store.from_url(file.uri)).escapes(file.uri, file.root)
+    if target is None:
+        return None
+    return bad(0, SYMLINK_OUTSIDE_ROOT, f"a symlink to {target}, outside {file.root} (the folder its pattern matched "
+               "under); not read. Copy the file into the folder, or set follow_symlinks: true on its inputs[] entry")
 
 
 def _int64(v: int | None) -> int | None:
