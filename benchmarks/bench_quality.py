@@ -91,7 +91,7 @@ def gristmill_main(docs: str, result: str) -> None:
     out = []
     for r, v in zip(rows, verdicts):
         reasons = {}
-        for name, rules, sub, _ in sets:
+        for name, rules, sub, *_ in sets:
             reasons[name] = next((rule.name.split(":", 1)[1] for rule in rules
                                   if rule.verdict(v.metrics[rule.name], sub) is not None), None)
         out.append({"id": r["id"], **reasons})

@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/bench_throughput.py build --size-mb 200 --out /tmp/gm-tp/200mb [--seed 32]
     .venv/bin/python benchmarks/bench_throughput.py gristmill --corpus /tmp/gm-tp/200mb [--num-cpus 2]
     .venv/bin/python benchmarks/bench_throughput.py gristmill --corpus /tmp/gm-tp/2gb --segment-s 300 [--resume]
+    .venv/bin/python benchmarks/bench_throughput.py gristmill --corpus /tmp/gm-tp/200mb --base REV --tag base  # old code
     .venv/bin/python benchmarks/bench_throughput.py peers --corpus /tmp/gm-tp/200mb [--no-datatrove] [--no-nemo]
     .venv/bin/python benchmarks/bench_throughput.py report --corpus /tmp/gm-tp/200mb [--rescore]  # the tables again
 
@@ -96,6 +97,7 @@ import re
 import shutil
 import signal
 import subprocess
+import tempfile
 import sys
 import time
 import warnings
@@ -114,7 +116,7 @@ import bench_vs_datatrove as bvd  # noqa: E402  (its TreeRSS, lock, tokenizer tr
 
 
 def timed_run(cmd: list[str], log: str, env: dict | None = None, lock: bool = True,
-              budget_s: float | None = None) -> dict:
+              budget_s: float | None = None, cwd: str | None = None) -> dict:
     """One process tree, timed, its memory sampled. ``lock=False``: the process takes the lock itself.
     ``budget_s``: after that long the tree gets SIGKILL (a prepare keeps every committed task, kill -9
     anywhere being safe: issue 15; the same command resumes. Not SIGINT: a script started in the
@@ -123,7 +125,7 @@ def timed_run(cmd: list[str], log: str, env: dict | None = None, lock: bool = Tr
     with bvd.heavy_lock() if lock else contextlib.nullcontext(), open(log, "ab") as out:
         t0 = time.perf_counter()
         c0 = os.times()
-        p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env, start_new_session=True)
+        p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=cwd or ROOT, env=env, start_new_session=True)
         interrupted = False
         with bvd.TreeRSS(p.pid) as m:
             try:
@@ -555,8 +557,32 @@ def truth_scores(truth: dict, removed: dict[str, set]) -> dict:
     }
 
 
+def base_tree(rev: str) -> str:
+    """The gristmill package of git revision ``rev``, assembled as an installed tree would be (each
+    ``package-dir`` of pyproject.toml under ``gristmill/``), for a run of the old code beside the new:
+    the prepare runs with it first on PYTHONPATH and from its directory."""
+    import tomllib
+
+    out = os.path.join(tempfile.gettempdir(), f"gm-base-{rev}")
+    if os.path.isdir(os.path.join(out, "gristmill")):
+        return out
+    src = tempfile.mkdtemp(prefix="gm-base-src-")
+    archive = subprocess.run(["git", "-C", ROOT, "archive", rev], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", src], input=archive, check=True)
+    with open(os.path.join(src, "pyproject.toml"), "rb") as f:
+        dirs = tomllib.load(f)["tool"]["setuptools"]["package-dir"]
+    tmp = out + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    for pkg, d in sorted(dirs.items()):  # "gristmill" first, then its subpackages into it
+        shutil.copytree(os.path.join(src, d), os.path.join(tmp, *pkg.split(".")), dirs_exist_ok=True)
+    os.rename(tmp, out)
+    shutil.rmtree(src)
+    return out
+
+
 def run_gristmill(corpus: str, num_cpus: int, tag: str = "whole", nemo_inputs: str | None = None,
-                  nemo_mb: float | None = None, segment_s: float | None = None, resume: bool = False) -> dict:
+                  nemo_mb: float | None = None, segment_s: float | None = None, resume: bool = False,
+                  base: str | None = None) -> dict:
     import yaml
 
     tok = ensure_tokenizer(corpus)
@@ -568,9 +594,11 @@ def run_gristmill(corpus: str, num_cpus: int, tag: str = "whole", nemo_inputs: s
     with open(job, "w") as f:
         yaml.safe_dump(gristmill_job(corpus, run_dir, tok, num_cpus, nemo_inputs), f, sort_keys=False)
     cmd = [os.path.join(ROOT, ".venv", "bin", "python"), "-m", "gristmill", "prepare", job]
+    code = base_tree(base) if base else None
+    env = {**os.environ, "PYTHONPATH": code} if code else None
     segments = []
     while True:  # one hold of the lock per segment; the next resumes from the committed tasks
-        segments.append(timed_run(cmd, os.path.join(run_dir, "prepare.log"), budget_s=segment_s))
+        segments.append(timed_run(cmd, os.path.join(run_dir, "prepare.log"), env=env, budget_s=segment_s, cwd=code))
         print(f"segment {len(segments)}: {segments[-1]['wall_s']:.1f} s, interrupted {segments[-1]['interrupted']}",
               flush=True)
         if not segments[-1]["interrupted"]:
@@ -839,6 +867,7 @@ def main() -> None:
     g.add_argument("--corpus", required=True)
     g.add_argument("--num-cpus", type=int, default=2)
     g.add_argument("--tag", default="whole")
+    g.add_argument("--base", help="run the code of this git revision instead (old beside new: give it its own --tag)")
     g.add_argument("--resume", action="store_true",
                    help="keep the run's work dir: resume an interrupted run (its earlier segments' walls are not counted)")
     g.add_argument("--segment-s", type=float,
@@ -861,7 +890,7 @@ def main() -> None:
     if a.cmd == "build":
         build(a.out, a.size_mb, a.seed, a.file_mb)
     elif a.cmd == "gristmill":
-        print_gristmill(run_gristmill(a.corpus, a.num_cpus, a.tag, segment_s=a.segment_s, resume=a.resume))
+        print_gristmill(run_gristmill(a.corpus, a.num_cpus, a.tag, segment_s=a.segment_s, resume=a.resume, base=a.base))
     elif a.cmd == "peers":
         os.makedirs(os.path.join(a.corpus, "results"), exist_ok=True)
         if not a.no_nemo:

@@ -34,9 +34,9 @@ def write_pinned_shard(root: str, rel: str, split: str, rows: np.ndarray, store:
 
 class DatasetBuilder:
     def __init__(self, staging_dir: str, *, dataset: str, seq_len: int, tokenizer_json: str, vocab_size: int, eos_id: int,
-                 store: Store | None = None, tokenizer_store: Store | None = None):
+                 store: Store | None = None, tokenizer_store: Store | None = None, encoder: str = ""):
         """``store``: the staging dir's (None: its URL's, no options); ``tokenizer_store``: the
-        tokenizer file's (None: its URL's)."""
+        tokenizer file's (None: its URL's); ``encoder``: what encoded the tokens ("" if unknown)."""
         self.dir = staging_dir
         self.store = store = store or Store.from_url(staging_dir)
         self.dataset, self.seq_len = dataset, seq_len
@@ -49,7 +49,7 @@ class DatasetBuilder:
         else:  # a staging dir or tokenizer on an object store
             store.put(target, source.read(tokenizer_json))
         sha, _ = sha256_file(target, store=store)
-        self.tokenizer = Tokenizer(TOKENIZER_FILE, sha, vocab_size, eos_id)
+        self.tokenizer = Tokenizer(TOKENIZER_FILE, sha, vocab_size, eos_id, encoder)
         self.shards: list[Shard] = []
         self.doc_index: FileRef | None = None
         self.dedup_index: list[FileRef] = []

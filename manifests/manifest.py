@@ -148,12 +148,26 @@ class Tokenizer:
     sha256: str
     vocab_size: int
     eos_id: int
+    # What encoded the tokens and its version ("tiktoken 0.14.0", "tokenizers 0.23.3"): a fact, not an
+    # input (either gives the same ids). Optional and left out of the JSON (so of the hash) when empty:
+    # manifests written before it keep their hash.
+    encoder: str = ""
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        if not self.encoder:
+            del d["encoder"]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict, where: str = "tokenizer") -> "Tokenizer":
         _require(d, ("path", "sha256", "vocab_size", "eos_id"), where)
         vocab = _int(d, "vocab_size", where, hi=MAX_VOCAB + 1, lo=1)
-        return cls(safe_relpath(d["path"], where), _sha(d["sha256"], where), vocab, _int(d, "eos_id", where, hi=vocab))
+        encoder = d.get("encoder", "")
+        if not isinstance(encoder, str) or "encoder" in d and not encoder:
+            raise ManifestDecodeError(f"{where}.encoder: {encoder!r} is not a non-empty string")
+        return cls(safe_relpath(d["path"], where), _sha(d["sha256"], where), vocab, _int(d, "eos_id", where, hi=vocab),
+                   encoder)
 
 
 @dataclass(frozen=True)
@@ -280,6 +294,7 @@ class Manifest(VersionedDocument):
         d["inputs"] = [asdict(i) for i in self.inputs]
         d["eval_sets"] = [asdict(e) for e in self.eval_sets]
         d["doc_index"] = self.doc_index.to_dict()
+        d["tokenizer"] = self.tokenizer.to_dict()
         for key in ("dedup_index", "dedup_against"):
             if getattr(self, key):
                 d[key] = [f.to_dict() if isinstance(f, FileRef) else asdict(f) for f in getattr(self, key)]

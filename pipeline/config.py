@@ -219,6 +219,7 @@ class JobBase(Section):
         d["output"].pop("store")  # where a version is published is not part of its content
         d["output"].pop("report_html")  # the data card is drawn beside report.json, not into the version
         d["output"].pop("allow_empty")  # a permission to publish, not a property of what is published
+        d["tokenizer"].pop("encoder")  # how the ids are computed, not which: the same either way
         return d
 
 

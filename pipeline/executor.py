@@ -280,7 +280,7 @@ class Executor:
         (packed,) = [r.dataset for r in results if r.dataset is not None]
         builder = DatasetBuilder(packed.staging, dataset=packed.dataset, seq_len=packed.seq_len,
                                  tokenizer_json=packed.tokenizer_json, vocab_size=packed.vocab_size, eos_id=packed.eos_id,
-                                 store=self.wd.store, tokenizer_store=packed.tokenizer_store)
+                                 store=self.wd.store, tokenizer_store=packed.tokenizer_store, encoder=packed.encoder)
         builder.shards, builder.doc_index = list(packed.shards), packed.doc_index
         builder.dedup_index = [f for r in results for f in r.dedup_index]
         manifest = builder.manifest(inputs=[Input(f["uri"], f["bytes"], f["sha256"]) for r in results for f in r.inputs],

@@ -19,6 +19,7 @@ Two parameter choices:
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -217,3 +218,13 @@ def pair_jaccard(values: np.ndarray, offsets: np.ndarray, a: np.ndarray, b: np.n
     sizes = np.diff(offsets)
     union = sizes[a] + sizes[b] - inter
     return np.where(union > 0, inter / np.maximum(union, 1), 0.0)
+
+
+BUCKETS = 1 << 16  # band-key buckets (the key's top 16 bits); tasks take contiguous ranges of them, as many as the data needs
+BAND_ROWS_PER_TASK = 8_000_000  # ~200 MB of band rows per candidates task at most
+
+
+def plan_bucket_ranges(band_rows: int) -> list[tuple[int, int]]:
+    n = max(1, min(BUCKETS, math.ceil(band_rows / BAND_ROWS_PER_TASK)))
+    edges = [round(i * BUCKETS / n) for i in range(n + 1)]
+    return [(edges[i], edges[i + 1]) for i in range(n)]

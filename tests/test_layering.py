@@ -8,6 +8,8 @@ held in strings, e.g. a ``python -c`` probe):
   none imports the reports (`gristmill.report`), which only the commands that write a page load;
 * no import cycle between modules, lazy (function-level) imports included;
 * nothing imports a part by a bare name (`import pipeline`);
+* a stage folder (pipeline/stages/<stage>/) stands alone: it imports no other stage's folder; what
+  stages share (file formats, sections, what one hands the next) lives at the pipeline level;
 * nothing but the storage module (manifests/storage.py) looks inside a URL: no ``"://" in path``,
   ``split("://")`` or ``startswith("file://")`` elsewhere; callers ask a ``Store`` or the module's
   ``is_url`` / ``split_url`` / ``local_path``.
@@ -245,6 +247,27 @@ def test_nothing_imports_a_part_by_its_bare_name():
 
 
 # -- the test's own eyes ------------------------------------------------------------------------
+STAGES = "gristmill.pipeline.stages"
+
+
+def stage_of(module: str) -> str | None:
+    """The stage folder a module belongs to (``gristmill.pipeline.stages.<stage>...``), else None."""
+    bits = module.split(".")
+    return bits[3] if module.startswith(STAGES + ".") and len(bits) > 3 and bits[3] != "base" else None
+
+
+def test_no_stage_folder_imports_another_stages_folder():
+    crossing = []
+    for f in _python_files("pipeline/stages"):
+        mine = stage_of(module_name(f))
+        if mine:  # (the registry, stages/__init__.py, lists every stage; base.py is what they all build on)
+            crossing += [f"{f.relative_to(ROOT)} imports {m}" for m in imports(f) if stage_of(m) not in (None, mine)]
+    assert crossing == []
+    probe = ROOT / "pipeline" / "stages" / "pack" / "stage.py"
+    assert stage_of(module_name(probe)) == "pack" and stage_of("gristmill.pipeline.stages.base") is None
+    assert "gristmill.pipeline.handoffs" in imports(probe)  # the scanner resolves `from ...handoffs import`
+
+
 def test_the_scanner_sees_lazy_imports_code_in_strings_and_cycles(tmp_path):
     """Each rule above could fail: the scanner finds an import inside a function, one in a string
     of code, a relative one, and a lazy cycle."""

@@ -104,3 +104,16 @@ def test_rerun_skips_finished_work(corpus, first_run):
     assert again.manifest_sha256 == result.manifest_sha256 and again.version == result.version
     resumed = {r["stage"]: r.get("resumed_parts") for r in again.report["stages"]}
     assert resumed["extract"] == resumed["tokenize"] == len(glob.glob(os.path.join(result.run_dir, "docs", "*.parquet")))
+
+
+def test_same_shards_with_tokenizers_as_with_tiktoken(corpus, first_run, tmp_path):
+    """The fast encoder (tiktoken over the trained BPE's rank table) and HF tokenizers write the same
+    shards and document index; the manifest records which one ran (and so differs only there)."""
+    result, _ = first_run
+    fast = load_manifest(result.url).manifest
+    assert fast.tokenizer.encoder.startswith("tiktoken ")
+    other = _prepare(corpus, tmp_path, tokenizer={**_job_dict(corpus, tmp_path)["tokenizer"], "encoder": "tokenizers"})
+    slow = load_manifest(other.url).manifest
+    assert slow.tokenizer.encoder.startswith("tokenizers ")
+    assert [(s.path, s.sha256, s.raw_sha256) for s in slow.shards] == [(s.path, s.sha256, s.raw_sha256) for s in fast.shards]
+    assert slow.doc_index.sha256 == fast.doc_index.sha256 and slow.config == fast.config

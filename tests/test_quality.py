@@ -64,7 +64,7 @@ def test_ngram_kernel_counts_what_gopher_defines(seed):
         words = words[:40] * 4 + words
     ids_of: dict = {}
     ids = np.array([ids_of.setdefault(w, len(ids_of)) for w in words], np.int64)
-    top, dup = _ngram_chars(ids, np.array([len(w) for w in words], np.int64), np.array(TOP_N), np.array(DUP_N))
+    top, dup = _ngram_chars(ids, np.array([len(w) for w in ids_of], np.int64), np.array(TOP_N), np.array(DUP_N))
     assert (list(top), list(dup)) == _reference_ngram_chars(words)
 
 
@@ -173,3 +173,47 @@ def test_per_source_quality_settings_merge_onto_the_job_section(tmp_path):
                                "output": {"store": "s", "dataset": "d"}, "work_dir": "w", "quality": {}},
                               base_dir=str(tmp_path))
     assert job.quality_for(0).classifier.path == str(tmp_path / "m.bin")  # relative to the job file, as everywhere
+
+
+# Texts for the shortcuts of pipeline/quality/text.py (each must equal the plain definition it replaces):
+# every kind of white space str.split and \\s share, marks after words, contractions in any case,
+# abbreviations, paths, numbers, newline runs of every length at both ends.
+SHORTCUT_TEXTS = [
+    "Don't stop. It can't be; we CANNOT go, cannot? Cannot! I'M sure you'll've seen it's O.K. e.g. U.S.A.",
+    "word, word. word; word: word! word? (word) word) \"word\" word\" -word word- well-known 3/4 a/b os.path",
+    "tab\tsep\x0bvt\x0cff\x1cfs\x1dgs\x1ers\x1fus\x85nel\xa0nbsp\u1680ogham\u2000en\u2028ls\u2029ps\u3000ideo\u200bzwsp",
+    "x, ., ,, a,, b.. c... d-- e'' f): g_h __init__ -1 -2.5 --flag \\n \\begin Ⅻ, ½. ١٢٣, 日本語。 naïve, ŀ,",
+    "can not cannot, cannot. Cannot) cANNOT\" n't don't, won't. isn’t’ ’s 'tis", "", "   ", "\n", "\n\n\na\n\nb\n\n\n\nc\n",
+    "a\nb\n\nc\n\n\nd\n", "\n\nlead", "trail\n\n", "one\n\n\n", "a\r\nb\r\n\r\nc", "x\n \ny\n\n \n\nz",
+]
+
+
+def test_word_shortcut_is_the_regex():
+    from gristmill.pipeline.quality.text import _WORD, words
+
+    for text in SHORTCUT_TEXTS + [" ".join(SHORTCUT_TEXTS), "\n".join(SHORTCUT_TEXTS)]:
+        assert words(text) == _WORD.findall(text), text
+
+
+def test_line_and_paragraph_shortcuts_are_the_regex_splits():
+    from gristmill.pipeline.quality.text import _LINES, _PARAGRAPHS, Doc, find_duplicates
+
+    for text in SHORTCUT_TEXTS:
+        doc = Doc(text)
+        assert doc.newline_runs == _LINES.split(text) and doc.paragraphs == _PARAGRAPHS.split(text.strip()), repr(text)
+        for items in (doc.newline_runs, doc.paragraphs, ["a", "b", "a", "", "", "a", "bb", "b"]):
+            seen, n, chars = set(), 0, 0
+            for x in items:  # Gopher's definition: an element equal to an earlier one
+                n, chars = (n + 1, chars + len(x)) if x in seen else (n, chars)
+                seen.add(x)
+            assert find_duplicates(items) == (n, chars)
+
+
+def test_word_kinds_are_the_regex_searches():
+    from gristmill.pipeline.quality.text import has_alnum, has_alpha, word_kinds, words
+
+    uniq = list(dict.fromkeys(words(" ".join(SHORTCUT_TEXTS)) + ["_", "__", "½", "١", "Ⅻ", "'", ""]))
+    for _ in range(2):  # met first, then from the cache
+        kinds = word_kinds(uniq)
+        assert [bool(k & 1) for k in kinds] == [has_alnum(w) for w in uniq]
+        assert [bool(k & 2) for k in kinds] == [has_alpha(w) for w in uniq]

@@ -28,9 +28,10 @@ class Verdict:
     text: str | None = None  # the new text when C4 dropped lines, else None
 
 
-def rule_sets(cfg: QualityConfig) -> list[tuple[str, list[Rule], object, list[str]]]:
-    """(name, rules, its config, its metric names) of each enabled rule set, in evaluation order
-    (none when the section is off: an input's ``quality: {enabled: false}`` exempts its files)."""
+def rule_sets(cfg: QualityConfig) -> list[tuple[str, list[Rule], object, list[str], list]]:
+    """(name, rules, its config, its metric names, each rule's (rule, low, high) thresholds read from
+    that config once) of each enabled rule set, in evaluation order (none when the section is off: an
+    input's ``quality: {enabled: false}`` exempts its files)."""
     out = []
     if not cfg.enabled:
         return out
@@ -40,12 +41,12 @@ def rule_sets(cfg: QualityConfig) -> list[tuple[str, list[Rule], object, list[st
                                    (fineweb.SET, fineweb.RULES, cfg.fineweb, []),
                                    (classifier.SET, classifier.RULES, cfg.classifier, [])):
         if sub is not None and getattr(sub, "enabled", True):
-            out.append((name, rules, sub, [r.name for r in rules] + info))
+            out.append((name, rules, sub, [r.name for r in rules] + info, [r.limits(sub) for r in rules]))
     return out
 
 
 def metric_names(cfg: QualityConfig) -> list[str]:
-    return [m for *_, names in rule_sets(cfg) for m in names]
+    return [m for _, _, _, names, _ in rule_sets(cfg) for m in names]
 
 
 def evaluate(text: str, cfg: QualityConfig, sets: list | None = None) -> Verdict:
@@ -55,7 +56,7 @@ def evaluate(text: str, cfg: QualityConfig, sets: list | None = None) -> Verdict
     metrics: dict[str, float] = {}
     new_text = fineweb_text = text
     sets = rule_sets(cfg) if sets is None else sets
-    for name, _, sub, _ in sets:
+    for name, _, sub, *_ in sets:
         if name == gopher.REPETITION:
             metrics.update(gopher.repetition_metrics(doc, sub))
         elif name == gopher.QUALITY:
@@ -72,9 +73,13 @@ def evaluate(text: str, cfg: QualityConfig, sets: list | None = None) -> Verdict
         else:
             metrics[f"{classifier.SET}:score"] = classifier.score(new_text, sub)
     changed = new_text if new_text != text else None
-    for _, rules, sub, _ in sets:
-        for rule in rules:
-            threshold = rule.verdict(metrics[rule.name], sub)
-            if threshold is not None:
-                return Verdict(metrics, rule.name, metrics[rule.name], threshold, changed)
+    for _, _, sub, _, limits in sets:  # Rule.verdict, with the thresholds read once a task
+        for rule, lo, hi in limits:
+            value = metrics[rule.name]
+            if rule.exempt is not None and rule.exempt(value, sub):
+                continue
+            if lo is not None and value < lo:
+                return Verdict(metrics, rule.name, value, lo, changed)
+            if hi is not None and value > hi:
+                return Verdict(metrics, rule.name, value, hi, changed)
     return Verdict(metrics, None, text=changed)

@@ -3,7 +3,8 @@ from Training Gopher", appendix A.1.1 and table A1), as datatrove implements the
 (GopherQualityFilter, GopherRepetitionFilter): same metrics, same order, same comparisons.
 
 The n-gram repetition metrics run in one numba kernel over word numbers (``Doc.word_ids``):
-no n-gram strings are built, each n is one sort.
+no n-gram strings are built; each n-gram is a 64-bit hash, extended by one word from the (n-1)-gram's,
+and equal hashes are grouped in one pass over an open-addressing table.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import numpy as np
 from gristmill.jit import cached_njit
 
 from .rules import Rule, ratio
-from .text import Doc, find_duplicates, has_alnum, has_alpha
+from .text import Doc, find_duplicates, word_kinds
 
 QUALITY, REPETITION = "gopher_quality", "gopher_repetition"
 
@@ -28,6 +29,7 @@ QUALITY_RULES = [
 ]
 
 TOP_N, DUP_N = (2, 3, 4), (5, 6, 7, 8, 9, 10)
+_TOP_N, _DUP_N = np.array(TOP_N, np.int64), np.array(DUP_N, np.int64)
 REPETITION_RULES = [Rule(f"{REPETITION}:{k}", high=lambda c, k=k: getattr(c, k)) for k in
                     ("dup_para_frac", "dup_para_char_frac", "dup_line_frac", "dup_line_char_frac",
                      *(f"top_{n}_gram" for n in TOP_N), *(f"dup_{n}_gram" for n in DUP_N))]
@@ -37,25 +39,42 @@ def quality_metrics(doc: Doc, cfg) -> dict[str, float]:
     words = doc.words
     n_words = len(words)
     ids, uniq = doc.word_ids
-    counts = np.bincount(ids, minlength=len(uniq)) if n_words else np.zeros(0, np.int64)
-    alnum = np.fromiter(map(has_alnum, uniq), bool, len(uniq))
-    alpha = np.fromiter(map(has_alpha, uniq), bool, len(uniq))
-    lengths = np.fromiter(map(len, uniq), np.int64, len(uniq))
-    n_alnum = int(counts[alnum].sum())
+    number = dict(zip(uniq, range(len(uniq))))
+    stop = np.array([number[s] for s in set(cfg.stop_words) if s in number], np.int64)
+    n_alnum, alnum_chars, n_alpha, n_stop = _word_sums(ids, doc.uniq_lengths, word_kinds(uniq), stop)
     text, lines = doc.text, doc.splitlines
     n_lines = len(lines)
-    stop = frozenset(cfg.stop_words)
     return {
         f"{QUALITY}:word_count": float(n_alnum),
-        f"{QUALITY}:mean_word_length": ratio(float((counts * lengths)[alnum].sum()), n_alnum),
+        f"{QUALITY}:mean_word_length": ratio(float(alnum_chars), n_alnum),
         f"{QUALITY}:hash_ratio": ratio(text.count("#"), n_words),
         f"{QUALITY}:ellipsis_ratio": ratio(text.count("...") + text.count("…"), n_words),
         f"{QUALITY}:bullet_lines": ratio(sum(s.lstrip().startswith(("•", "-")) for s in lines), n_lines),
         f"{QUALITY}:ellipsis_lines": ratio(sum(s.rstrip().endswith(("...", "…")) for s in lines), n_lines),
-        f"{QUALITY}:alpha_words": ratio(float(counts[alpha].sum()), n_words),
+        f"{QUALITY}:alpha_words": ratio(float(n_alpha), n_words),
         # occurrences, not distinct words: datatrove's sum(w in stop_words for w in words)
-        f"{QUALITY}:stop_words": float(counts[np.fromiter((u in stop for u in uniq), bool, len(uniq))].sum()),
+        f"{QUALITY}:stop_words": float(n_stop),
     }
+
+
+@cached_njit()
+def _word_sums(ids, uniq_len, kinds, stop):
+    """(words with a letter or digit, their characters, words with a letter, stop-word occurrences):
+    ``kinds`` is ``word_kinds``' bits per distinct word, ``stop`` the stop words' numbers."""
+    is_stop = np.zeros(uniq_len.shape[0], np.bool_)
+    for s in stop:
+        is_stop[s] = True
+    n_alnum = chars = n_alpha = n_stop = 0
+    for w in ids:
+        k = kinds[w]
+        if k & 1:
+            n_alnum += 1
+            chars += uniq_len[w]
+        if k & 2:
+            n_alpha += 1
+        if is_stop[w]:
+            n_stop += 1
+    return n_alnum, chars, n_alpha, n_stop
 
 
 def repetition_metrics(doc: Doc, cfg) -> dict[str, float]:
@@ -66,7 +85,7 @@ def repetition_metrics(doc: Doc, cfg) -> dict[str, float]:
     lines = doc.newline_runs
     line_dups, line_chars = find_duplicates(lines)
     ids, _ = doc.word_ids
-    top, dup = _ngram_chars(ids, doc.word_lengths, np.array(TOP_N, np.int64), np.array(DUP_N, np.int64))
+    top, dup = _ngram_chars(ids, doc.uniq_lengths, _TOP_N, _DUP_N)
     out = {f"{REPETITION}:dup_para_frac": ratio(para_dups, len(paras)),
            f"{REPETITION}:dup_para_char_frac": ratio(para_chars, n_chars),
            f"{REPETITION}:dup_line_frac": ratio(line_dups, len(lines)),
@@ -79,69 +98,98 @@ def repetition_metrics(doc: Doc, cfg) -> dict[str, float]:
 
 
 @cached_njit()
-def _groups(ids, n):
-    """For each n-gram start, a number shared by equal n-grams; and each number's first start."""
-    m = ids.shape[0] - n + 1
-    h = np.zeros(m, np.uint64)
-    for i in range(m):
-        x = np.uint64(1469598103934665603)
-        for j in range(n):
-            # splitmix64 of the word number, folded in: equal n-grams hash equal, others collide
-            # with probability ~m^2 / 2^64
-            z = np.uint64(ids[i + j] + 1) * np.uint64(0x9E3779B97F4A7C15)
-            z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-            z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-            x = (x ^ (z ^ (z >> np.uint64(31)))) * np.uint64(1099511628211)
-        h[i] = x
-    order = np.argsort(h, kind="mergesort")  # stable: within a group, starts ascend
-    g = np.empty(m, np.int64)
-    first = np.empty(m, np.int64)
-    k = -1
-    for r in range(m):
-        i = order[r]
-        if r == 0 or h[i] != h[order[r - 1]]:
-            k += 1
-            first[k] = i
-        g[i] = k
-    return g, first[:k + 1]
+def _mixed(ids):
+    """splitmix64 of each word number + 1: what an n-gram's hash folds in, word by word."""
+    z = np.empty(ids.shape[0], np.uint64)
+    for i in range(ids.shape[0]):
+        x = np.uint64(ids[i] + 1) * np.uint64(0x9E3779B97F4A7C15)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z[i] = x ^ (x >> np.uint64(31))
+    return z
 
 
 @cached_njit()
-def _ngram_chars(ids, wlen, top_ns, dup_ns):
+def _extend(h, z, n):
+    """The hashes of the n-grams from those of the (n-1)-grams (``h``, one longer), FNV-1a style: equal
+    n-grams hash equal, others collide with probability ~m^2 / 2^64."""
+    m = z.shape[0] - n + 1
+    out = np.empty(m, np.uint64)
+    for i in range(m):
+        out[i] = (h[i] ^ z[i + n - 1]) * np.uint64(1099511628211)
+    return out
+
+
+@cached_njit()
+def _groups(h):
+    """For each n-gram start, a number shared by equal hashes (numbered in order of first occurrence),
+    and each number's first start: one pass over an open-addressing table of twice the starts."""
+    m = h.shape[0]
+    cap = 2
+    while cap < 2 * m:
+        cap *= 2
+    mask = np.uint64(cap - 1)
+    keys = np.empty(cap, np.uint64)
+    slot = np.full(cap, -1, np.int64)
+    g = np.empty(m, np.int64)
+    first = np.empty(m, np.int64)
+    k = 0
+    for i in range(m):
+        x = h[i]
+        s = (x ^ (x >> np.uint64(32))) & mask
+        while slot[s] != -1 and keys[s] != x:
+            s = (s + np.uint64(1)) & mask
+        if slot[s] == -1:
+            keys[s] = x
+            slot[s] = k
+            first[k] = i
+            k += 1
+        g[i] = slot[s]
+    return g, first[:k]
+
+
+@cached_njit()
+def _ngram_chars(ids, uniq_len, top_ns, dup_ns):
     """Gopher's top n-gram characters (characters of the most frequent n-gram, with its spaces,
     times its count; ties: the earliest) and duplicate n-gram characters (greedy left to right:
-    an n-gram seen before counts its characters, without spaces, and skips n words)."""
+    an n-gram seen before counts its characters, without spaces, and skips n words).
+    ``top_ns`` and ``dup_ns`` ascend, the first above 1."""
     m = ids.shape[0]
     cs = np.zeros(m + 1, np.int64)
     for i in range(m):
-        cs[i + 1] = cs[i] + wlen[i]
+        cs[i + 1] = cs[i] + uniq_len[ids[i]]
     top = np.zeros(top_ns.shape[0], np.int64)
-    for t in range(top_ns.shape[0]):
-        n = top_ns[t]
-        if m < n:
-            continue
-        g, first = _groups(ids, n)
-        count = np.bincount(g)
-        best = 0
-        for k in range(count.shape[0]):
-            if count[k] > count[best] or (count[k] == count[best] and first[k] < first[best]):
-                best = k
-        p = first[best]
-        top[t] = (cs[p + n] - cs[p] + n - 1) * count[best]
     dup = np.zeros(dup_ns.shape[0], np.int64)
-    for t in range(dup_ns.shape[0]):
-        n = dup_ns[t]
-        if m < n:
-            continue
-        g, first = _groups(ids, n)
-        seen = np.zeros(first.shape[0], np.bool_)
-        i, rep = 0, 0
-        while i < m - n + 1:
-            if seen[g[i]]:
-                rep += cs[i + n] - cs[i]
-                i += n
-            else:
-                seen[g[i]] = True
-                i += 1
-        dup[t] = rep
+    z = _mixed(ids)
+    h = np.empty(m, np.uint64)
+    for i in range(m):
+        h[i] = (np.uint64(1469598103934665603) ^ z[i]) * np.uint64(1099511628211)
+    n = 1
+    for t in range(top_ns.shape[0] + dup_ns.shape[0]):
+        want = top_ns[t] if t < top_ns.shape[0] else dup_ns[t - top_ns.shape[0]]
+        if m < want:
+            break
+        while n < want:
+            n += 1
+            h = _extend(h, z, n)
+        g, first = _groups(h)
+        if t < top_ns.shape[0]:
+            count = np.bincount(g)
+            best = 0
+            for k in range(count.shape[0]):  # groups are in order of first start: the first maximum is the earliest
+                if count[k] > count[best]:
+                    best = k
+            p = first[best]
+            top[t] = (cs[p + n] - cs[p] + n - 1) * count[best]
+        else:
+            seen = np.zeros(first.shape[0], np.bool_)
+            i, rep = 0, 0
+            while i < m - n + 1:
+                if seen[g[i]]:
+                    rep += cs[i + n] - cs[i]
+                    i += n
+                else:
+                    seen[g[i]] = True
+                    i += 1
+            dup[t - top_ns.shape[0]] = rep
     return top, dup

@@ -20,6 +20,10 @@ class Rule:
     high: Threshold | None = None
     exempt: Callable[[float, Any], bool] | None = None  # a value this rule lets pass whatever the thresholds
 
+    def limits(self, cfg) -> tuple["Rule", float | None, float | None]:
+        """(this rule, its low and high thresholds under ``cfg``): what ``verdict`` compares with."""
+        return self, self.low(cfg) if self.low else None, self.high(cfg) if self.high else None
+
     def verdict(self, value: float, cfg) -> float | None:
         """The threshold ``value`` crosses under ``cfg``, or None when it passes."""
         if self.exempt is not None and self.exempt(value, cfg):

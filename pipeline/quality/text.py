@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import re
 from functools import cached_property
+from itertools import compress, count
+from operator import not_
 
 import numpy as np
 
@@ -23,10 +25,14 @@ TERMINAL_PUNCTUATION = '!.?\u0589\u061d\u061e\u061f\u06d4\u0700\u0701\u0702\u07f
 # infixes spaCy splits (a hyphen before a letter, a slash not between digits): os.path, 3.14,
 # 1-2 and 3/4 stay whole, well-known is well|-|known; "...", '', "):", runs of "--" and each
 # other mark alone. docs/benchmarks.md measures the agreement this gives with spaCy's counts.
-_WORD = re.compile(r"(?:[^\W\d_]\.){2,}|\bcan(?=not\b)|[^\W_]+(?=n['’]t\b)|n['’]t\b|['’](?:s|re|ve|ll|d|m)\b"
-                   r"|\\\w+|-\d+(?:\.\d+)?"
-                   r"|[^\W_](?:(?:[^\s'’\-/=]|-(?![^\W\d_])|(?<=\d)/(?=\d))*[^\W_])?"
-                   r"|\.\.\.|--+|''|\):|[^\w\s]|_", re.IGNORECASE)
+_ALTERNATIVES = (r"(?:[^\W\d_]\.){2,}", r"\bcan(?=not\b)", r"[^\W_]+(?=n['’]t\b)", r"n['’]t\b", r"['’](?:s|re|ve|ll|d|m)\b",
+                 r"\\\w+", r"-\d+(?:\.\d+)?", r"[^\W_](?:(?:[^\s'’\-/=]|-(?![^\W\d_])|(?<=\d)/(?=\d))*[^\W_])?",
+                 r"\.\.\.|--+|''|\):|[^\w\s]|_")
+_WORD = re.compile("|".join(_ALTERNATIVES), re.IGNORECASE)
+# A mark _WORD takes alone at the end of a token (none starts a longer alternative there: "...", "--",
+# "''" and "):" need a second mark, "n't" a quote).
+_TRAILING = frozenset(',.;:!?)"')
+_CANNOT = re.compile("cannot", re.IGNORECASE)
 _ALPHA = re.compile(r"[^\W\d_]")  # a letter
 _ALNUM = re.compile(r"[^\W_]")  # a letter or digit: a word that is not a symbol
 _PARAGRAPHS = re.compile(r"\n{2,}")
@@ -34,7 +40,28 @@ _LINES = re.compile(r"\n+")
 
 
 def words(text: str) -> list[str]:
-    return _WORD.findall(text)
+    """``_WORD.findall(text)``, most tokens without the regex. No alternative matches or crosses white
+    space (``\\s`` is ``str.split``'s white space), and every look-around reads only the token or sees
+    white space as the text's ends do, so a text's words are its white-space tokens' words. In a text
+    without "cannot" (can + not, any case: then the regex on all of it), a token of letters and digits
+    only ([^\\W_] is ``str.isalnum``) is one word, and one followed by a mark of ``_TRAILING`` two;
+    only the other tokens go to the regex. About half the regex's cost on prose
+    (tests/test_quality.py checks it against the regex)."""
+    if _CANNOT.search(text):
+        return _WORD.findall(text)
+    toks = text.split()
+    out: list[str] = []
+    prev = 0
+    for i in compress(count(), map(not_, map(str.isalnum, toks))):  # the tokens that are not one word
+        out += toks[prev:i]
+        tok = toks[i]
+        if tok[-1] in _TRAILING and tok[:-1].isalnum():
+            out += (tok[:-1], tok[-1])
+        else:
+            out += _WORD.findall(tok)
+        prev = i + 1
+    out += toks[prev:]
+    return out
 
 
 class Doc:
@@ -45,19 +72,20 @@ class Doc:
 
     @cached_property
     def words(self) -> list[str]:
-        return _WORD.findall(self.text)
+        return words(self.text)
 
     @cached_property
     def word_ids(self) -> tuple[np.ndarray, list[str]]:
         """Each word's number (in order of first occurrence) and the distinct words in that order."""
-        seen: dict[str, int] = {}
-        ids = np.fromiter((seen.setdefault(w, len(seen)) for w in self.words), np.int64, len(self.words))
-        return ids, list(seen)
+        uniq = list(dict.fromkeys(self.words))  # C loops: no Python call per word
+        number = {w: i for i, w in enumerate(uniq)}
+        return np.fromiter(map(number.__getitem__, self.words), np.int64, len(self.words)), uniq
 
     @cached_property
-    def word_lengths(self) -> np.ndarray:
-        ids, uniq = self.word_ids
-        return np.fromiter(map(len, uniq), np.int64, len(uniq))[ids]
+    def uniq_lengths(self) -> np.ndarray:
+        """The characters of each distinct word (``word_ids``' order)."""
+        uniq = self.word_ids[1]
+        return np.fromiter(map(len, uniq), np.int64, len(uniq))
 
     @cached_property
     def splitlines(self) -> list[str]:
@@ -65,25 +93,25 @@ class Doc:
 
     @cached_property
     def newline_runs(self) -> list[str]:
-        """Lines split on runs of \\n (Gopher repetition's lines)."""
-        return _LINES.split(self.text)
+        """Lines split on runs of \\n (Gopher repetition's lines): ``_LINES.split``, as str.split's
+        pieces less the empty ones a run leaves inside (an empty first or last piece stays)."""
+        parts = self.text.split("\n")
+        if "\n\n" not in self.text:
+            return parts
+        return [p for i, p in enumerate(parts) if p or i == 0 or i == len(parts) - 1]
 
     @cached_property
     def paragraphs(self) -> list[str]:
-        return _PARAGRAPHS.split(self.text.strip())
+        """``_PARAGRAPHS.split`` of the stripped text; str.split where no run is longer than two."""
+        text = self.text.strip()
+        return text.split("\n\n") if "\n\n\n" not in text else _PARAGRAPHS.split(text)
 
 
 def find_duplicates(items: list[str]) -> tuple[int, int]:
-    """(elements equal to an earlier one, their characters), as Gopher counts duplicates."""
-    seen: set[str] = set()
-    n = chars = 0
-    for x in items:
-        if x in seen:
-            n += 1
-            chars += len(x)
-        else:
-            seen.add(x)
-    return n, chars
+    """(elements equal to an earlier one, their characters), as Gopher counts duplicates: all of them
+    less the first of each, counted in C."""
+    first = set(items)
+    return len(items) - len(first), sum(map(len, items)) - sum(map(len, first))
 
 
 def has_alpha(word: str) -> bool:
@@ -92,3 +120,23 @@ def has_alpha(word: str) -> bool:
 
 def has_alnum(word: str) -> bool:
     return _ALNUM.search(word) is not None
+
+
+_KINDS: dict[str, int] = {}  # word -> has_alnum | has_alpha << 1, across a process's documents
+_KINDS_MAX = 1 << 20  # distinct words remembered (~100 MB at most); then it starts over
+
+
+def word_kinds(uniq: list[str]) -> np.ndarray:
+    """has_alnum | has_alpha << 1 of each word (int8): two regex searches the first time a process meets
+    a word, a lookup after (most of a document's words are common ones)."""
+    if len(_KINDS) > _KINDS_MAX:
+        _KINDS.clear()
+    codes = list(map(_KINDS.get, uniq))
+    if None in codes:
+        codes = [c if c is not None else _kind_of(w) for w, c in zip(uniq, codes)]
+    return np.array(codes, np.int8)
+
+
+def _kind_of(word: str) -> int:
+    k = _KINDS[word] = (_ALNUM.search(word) is not None) | (_ALPHA.search(word) is not None) << 1
+    return k

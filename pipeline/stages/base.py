@@ -60,6 +60,7 @@ class Packed:
     shards: tuple  # manifests.Shard, in manifest order
     doc_index: Any  # manifests.FileRef of the merged document index in ``staging``
     tokenizer_store: Any = None  # manifests.storage.Store of ``tokenizer_json`` (None: its URL's)
+    encoder: str = ""  # the encoder tokenize ran and its version ("tiktoken 0.14.0"); the manifest records it
 
 
 @dataclass

@@ -12,8 +12,8 @@ from dataclasses import replace
 
 from ...stats import Counts
 from ...survivors import Survivors, Verdicts
+from ...split_config import SplitConfig
 from ..base import Context, Stage, StageResult
-from ..tokenize.config import SplitConfig
 from . import tasks as decontam
 from .config import DecontamConfig
 

@@ -18,8 +18,8 @@ from gristmill.manifests import dedup_index as dx
 from gristmill.manifests.manifest import PinnedVersion
 
 from ... import dedup_index as di
+from ...fuzzy_config import FuzzyDedupConfig
 from ..base import Context, Stage, StageResult
-from ..fuzzy_dedup.config import FuzzyDedupConfig
 from . import tasks as da
 from .config import DedupAgainstSpec
 

@@ -36,13 +36,13 @@ import pyarrow as pa
 
 from gristmill.manifests import dedup_index as dx
 
+from ...lsh import plan_bucket_ranges
 from ... import dedup_index as di
 from ...documents import PART_SHIFT, REMOVED_SCHEMA, to_removed_rows
 from ...runner import Runner
 from ...stats import Counts
 from ...survivors import Survivors
 from ...workdir import WorkDir, part_name
-from ..fuzzy_dedup.tasks import plan_bucket_ranges
 
 STAGE = "dedup_against"
 REASONS = {"exact": "earlier_exact_duplicate", "near": "earlier_near_duplicate"}

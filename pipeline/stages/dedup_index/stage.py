@@ -12,8 +12,8 @@ import functools
 from gristmill.manifests import FileRef
 
 from ... import dedup_index as di
+from ...fuzzy_config import FuzzyDedupConfig
 from ..base import Context, Stage, StageResult
-from ..fuzzy_dedup.config import FuzzyDedupConfig
 
 
 class DedupIndex(Stage):

@@ -6,9 +6,8 @@ from __future__ import annotations
 import functools
 
 from ...stats import Counts
+from ...handoffs import Extracted, RepeatedIds
 from ..base import Context, Stage, StageResult
-from ..extract.stage import Extracted
-from ..unique_ids.stage import RepeatedIds
 from . import tasks as exact_dedup
 from .config import ExactDedupConfig
 

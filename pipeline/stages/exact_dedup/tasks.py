@@ -20,29 +20,15 @@ import pyarrow as pa
 
 from gristmill.manifests.runs import run_starts
 
+from ...exact_keys import BUCKETS, KEY_SCHEMA, KEYS_PER_TASK, bucket_of, keys_table  # noqa: F401
 from ...documents import REMOVED_SCHEMA, bucket_range_tasks, removed_by_partition, to_removed_rows
 from ...workdir import WorkDir
 
 STAGE = "exact_dedup"
 REASON = "exact_duplicate"
-BUCKETS = 1 << 16  # key buckets (the hash's first 16 bits): tasks take ranges of them, as many as the data needs
-KEYS_PER_TASK = 2_000_000  # about 160 MB of keys per task at most
 _ROW_GROUP = 16_384  # duplicates rows: a partition's rows are a few row groups
-KEY_SCHEMA = pa.schema([("bucket", pa.int32()), ("norm_hash", pa.string()), ("order", pa.int64()), ("id", pa.string()),
-                        ("part", pa.int32()), ("bytes", pa.int64())])
 REMOVED = pa.schema([("id", pa.string()), ("order", pa.int64()), ("part", pa.int32()), ("bytes", pa.int64()),
                      ("reason", pa.string()), ("duplicate_of", pa.string()), ("duplicate_of_order", pa.int64())])
-
-
-def bucket_of(norm_hash: str) -> int:
-    return int(norm_hash[:4], 16) % BUCKETS
-
-
-def keys_table(rows: dict) -> pa.Table:
-    """A partition's dedup keys, sorted by (bucket, order) for pruned reads."""
-    t = pa.table({"bucket": [bucket_of(h) for h in rows["norm_hash"]], **{k: rows[k] for k in KEY_SCHEMA.names[1:]}},
-                 schema=KEY_SCHEMA)
-    return t.sort_by([("bucket", "ascending"), ("order", "ascending")])
 
 
 def find_exact_duplicates(keys: pa.Table) -> pa.Table:
@@ -78,7 +64,7 @@ def dedup_task(task: dict, wd: WorkDir, parts: list[int], exclude_tasks: tuple[s
                              for f in wd.whole_files([wd.keys(p) for p in parts])]) if parts \
         else KEY_SCHEMA.empty_table()
     if exclude_tasks:
-        from ..unique_ids.tasks import repeated_ids
+        from ...id_files import repeated_ids
 
         if gone := repeated_ids(wd, exclude_tasks):
             keys = keys.filter(pa.array([i not in gone for i in keys.column("id").to_pylist()], pa.bool_()))

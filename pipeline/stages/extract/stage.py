@@ -4,24 +4,14 @@ stage table (``extract``, ``language``) start the document flow."""
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
-
 from ...documents import LANGUAGE
+from ...handoffs import Extracted
+from ...id_files import needs_id_check
 from ...stats import Accounting, summed
 from ...survivors import Verdicts
 from ..base import Context, JobSection, Stage, StageResult
-from ..unique_ids.tasks import needs_id_check
 from . import tasks as extract
 from .config import ExtractConfig, LanguageConfig
-
-
-@dataclass(frozen=True)
-class Extracted:
-    """What extract hands on: the documents it kept (exact dedup's keys) and the records it read
-    (unique ids' ids)."""
-
-    documents: int
-    records: int
 
 
 class Extract(Stage):

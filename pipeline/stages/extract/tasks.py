@@ -14,13 +14,13 @@ from dataclasses import dataclass
 from gristmill.manifests.hashing import sha256_file
 from gristmill.manifests.storage import Store
 
+from ...exact_keys import KEY_SCHEMA, keys_table
+from ...id_files import ID_SCHEMA, ids_table
 from ...documents import DOC_SCHEMA, QUARANTINE_SCHEMA, REMOVED_SCHEMA, make_id, make_order, norm_hash
 from ...langid import identify
 from ...partitions import InputFile
 from ...readers import SYMLINK_OUTSIDE_ROOT, bad, read_records
 from ...workdir import ParquetPart, WorkDir
-from ..exact_dedup.tasks import KEY_SCHEMA, keys_table
-from ..unique_ids.tasks import ID_SCHEMA, ids_table
 from .config import ExtractConfig, LanguageConfig
 
 STAGE = "extract"

@@ -37,6 +37,7 @@ import pyarrow.compute as pc
 from ... import connected_components as cc
 from ...documents import REMOVED_SCHEMA, to_removed_rows
 from ...lsh import LSHParams, band_keys, bucket_pairs, pair_jaccard
+from ...lsh import BAND_ROWS_PER_TASK, BUCKETS, plan_bucket_ranges  # noqa: F401
 from ...minhash import MinHasher
 from ...survivors import Survivors
 from ...workdir import WorkDir
@@ -44,8 +45,6 @@ from .config import FuzzyDedupConfig
 
 STAGE = "fuzzy_dedup"
 REASON = "near_duplicate"
-BUCKETS = 1 << 16  # band-key buckets (the key's top 16 bits); tasks take contiguous ranges of them, as many as the data needs
-BAND_ROWS_PER_TASK = 8_000_000  # ~200 MB of band rows per candidates task at most
 _ROW_GROUP = 65_536
 
 BAND_SCHEMA = pa.schema([("bucket", pa.int32()), ("band", pa.int32()), ("key", pa.uint64()), ("order", pa.int64())])
@@ -88,10 +87,6 @@ def bands_task(item: dict, cfg: FuzzyDedupConfig, params: LSHParams, survivors: 
 
 
 # -- 2. candidates -------------------------------------------------------------------------------
-def plan_bucket_ranges(band_rows: int) -> list[tuple[int, int]]:
-    n = max(1, min(BUCKETS, math.ceil(band_rows / BAND_ROWS_PER_TASK)))
-    edges = [round(i * BUCKETS / n) for i in range(n + 1)]
-    return [(edges[i], edges[i + 1]) for i in range(n)]
 
 
 def candidates_task(item: dict, wd: WorkDir, bands: list[str]) -> dict:

@@ -8,11 +8,10 @@ import functools
 from gristmill.manifests import FileRef, Shard
 from gristmill.manifests.builder import DOC_INDEX_FILE
 
+from ...handoffs import TokenCounts, TokenizerFile
 from ...stats import summed
 from ...tokenization import load_tokenizer
 from ..base import Context, Packed, Stage, StageResult
-from ..tokenize.stage import TokenCounts
-from ..tokenizer.stage import TokenizerFile
 from . import tasks as pack
 from .config import PackConfig
 
@@ -47,5 +46,6 @@ class Pack(Stage):
         (merged,) = ctx.runner.run(f"{self.name}.doc_index", [{"name": "merge"}], functools.partial(
             pack.merge_doc_index, wd=wd, slices=slices, out_path=wd.staged(DOC_INDEX_FILE)))
         packed = Packed(wd.staging, self.dataset, cfg.seq_len, tokenizer.path, vocab, eos_id, tuple(shards),
-                        FileRef(DOC_INDEX_FILE, merged["sha256"], merged["bytes"], merged["rows"]), tokenizer.store)
+                        FileRef(DOC_INDEX_FILE, merged["sha256"], merged["bytes"], merged["rows"]), tokenizer.store,
+                        tokenizer.encoder_label)
         return StageResult(self.name, rows={self.name: row}, dataset=packed)

@@ -35,7 +35,7 @@ from gristmill.manifests.storage import Store
 
 from ...workdir import WorkDir
 
-SPLITS = ("train", "validation")
+from ...handoffs import SPLITS  # noqa: F401 (pack.SPLITS: the splits in manifest order)
 # Pack tasks per split at most: 2^18 ranges of the default 64 Mi tokens are 16 Ti tokens. A larger
 # corpus raises pack.range_tokens (the error says to what); one task per token planned forever.
 MAX_PACK_TASKS = 1 << 18

@@ -1,13 +1,2 @@
-"""The ``split`` section of a prepare job: tokenize assigns each document to train or validation."""
-from __future__ import annotations
-
-from typing import Annotated
-
-from pydantic import Field
-
-from gristmill.config import Float, Int, Section
-
-
-class SplitConfig(Section):
-    validation_fraction: Annotated[Float, Field(ge=0, lt=1)] = 0.01  # of documents, chosen by a hash of the doc id
-    seed: Int = 0  # salt of that hash: change it to draw a different validation set
+"""This stage's section: ``SplitConfig`` lives at the pipeline level (split_config.py): decontamination reads it too."""
+from ...split_config import SplitConfig  # noqa: F401

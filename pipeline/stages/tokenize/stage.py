@@ -3,30 +3,17 @@ stage table counts the documents kept (the accounting's ``kept``) and their toke
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 
+from ...handoffs import SPLITS, TokenCounts, TokenizerFile
 from ...stats import Accounting, summed
+from ...tokenizer_config import TokenizerConfig
 from ..base import Context, JobSection, Stage, StageResult
-from ..pack.tasks import SPLITS
-from ..tokenizer.config import TokenizerConfig
-from ..tokenizer.stage import TokenizerFile
 from . import tasks
 from .config import SplitConfig
 
 
-@dataclass(frozen=True)
-class TokenCounts:
-    """What tokenize hands on: each split's tokens by partition (pack plans its ranges from them)."""
-
-    train: tuple[int, ...]
-    validation: tuple[int, ...]
-
-    def by_split(self) -> dict[str, list[int]]:
-        return {"train": list(self.train), "validation": list(self.validation)}
-
-
 def _task(item, tokenizer, cfg, split, survivors):
-    return tasks.tokenize_partition(item["part"], tokenizer.path, cfg, split, survivors, tokenizer.store)
+    return tasks.tokenize_partition(item["part"], tokenizer.path, cfg, split, survivors, tokenizer.store, tokenizer.encoder)
 
 
 class Tokenize(Stage):

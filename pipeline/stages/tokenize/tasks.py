@@ -1,5 +1,7 @@
 """The tokenize stage's task: a partition's surviving documents encoded with the tokenizer the
-tokenizer stage handed on (``pipeline.tokenization.load_tokenizer``), split into train and validation.
+tokenizer stage handed on, by the encoder it chose (``pipeline.tokenization.load_encoder``: tiktoken
+where the file maps onto its rank table exactly, else HF ``tokenizers``; the same ids either way), split
+into train and validation.
 
 Documents are encoded without the tokenizer's own special-token template; one EOS follows every document.
 """
@@ -16,8 +18,8 @@ from gristmill.manifests.storage import Store
 
 from ...documents import split_of
 from ...survivors import Survivors
-from ...tokenization import load_tokenizer
-from ..tokenizer.config import TokenizerConfig
+from ...tokenization import TOKENIZERS, load_encoder
+from ...tokenizer_config import TokenizerConfig
 from .config import SplitConfig
 
 STAGE = "tokenize"
@@ -28,12 +30,12 @@ TOKENS_SCHEMA = pa.schema([
 
 
 def tokenize_partition(part: int, tokenizer_path: str, cfg: TokenizerConfig, split: SplitConfig,
-                       survivors: Survivors, tokenizer_store: Store | None = None) -> dict:
+                       survivors: Survivors, tokenizer_store: Store | None = None, encoder: str = TOKENIZERS) -> dict:
     """Partition ``part``'s surviving documents (rewritten texts applied) as token ids with EOS:
     its rows of ``tokens/block-B.parquet``; returns its counts by split."""
     wd = survivors.wd
     cpu0 = time.process_time()
-    tok, _, eos_id = load_tokenizer(tokenizer_path, cfg.eos_token, tokenizer_store)
+    tok, _, eos_id = load_encoder(tokenizer_path, cfg.eos_token, tokenizer_store, encoder)
     drop = survivors.removed_ids(part)
     new_text = survivors.overridden_texts(part)
     # lz4: token ids barely compress, and zstd here cost ~5% of the stage
@@ -52,7 +54,7 @@ def tokenize_partition(part: int, tokenizer_path: str, cfg: TokenizerConfig, spl
         texts = table.column("text").to_pylist()
         if new_text:
             texts = [new_text.get(i, t) for i, t in zip(table.column("id").to_pylist(), texts)]
-        flat, offsets = encode_with_eos(tok, texts, eos_id)
+        flat, offsets = encode_with_eos(tok, texts, eos_id, cfg.eos_token)
         ids = table.column("id").to_pylist()
         splits = [split_of(i, split) for i in ids]
         st["seconds"] += time.perf_counter() - t0
@@ -73,10 +75,14 @@ def tokenize_partition(part: int, tokenizer_path: str, cfg: TokenizerConfig, spl
     return st
 
 
-def encode_with_eos(tok, texts: list[str], eos_id: int) -> tuple[np.ndarray, np.ndarray]:
+def encode_with_eos(tok, texts: list[str], eos_id: int, eos_token: str) -> tuple[np.ndarray, np.ndarray]:
     """All documents' token ids with EOS after each, flat, and the offsets of each document."""
-    encode = getattr(tok, "encode_batch_fast", tok.encode_batch)  # no character offsets: we do not use them
-    ids = [e.ids for e in encode(texts, add_special_tokens=False)]
+    flat = tok.encode_joined(texts, eos_token)  # one call, no list per document (tiktoken)
+    if flat is not None:
+        ends = np.flatnonzero(flat == eos_id) + 1
+        if len(ends) == len(texts):  # else a document holds an EOS of its own: one by one
+            return flat, np.concatenate([[0], ends]).astype(np.int32)
+    ids = tok.encode_batch(texts)
     lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
     flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.uint32, count=int(lengths.sum()))
     flat = np.insert(flat, np.cumsum(lengths), np.uint32(eos_id))

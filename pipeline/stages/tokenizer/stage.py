@@ -5,12 +5,12 @@ from __future__ import annotations
 import functools
 import os
 import tempfile
-from dataclasses import dataclass
 
 from gristmill.manifests.storage import Store
 
 from ...survivors import Survivors
-from ...tokenization import load_tokenizer
+from ...handoffs import TokenizerFile
+from ...tokenization import choose_encoder
 from ..base import Context, Stage, StageResult
 from .config import TokenizerConfig
 from .tasks import train_bpe
@@ -36,14 +36,6 @@ def train_task(item: dict, cfg, survivors: Survivors, parts: list[int]) -> dict:
     return {"documents": len(sample)}
 
 
-@dataclass(frozen=True)
-class TokenizerFile:
-    """What the tokenizer stage hands on: the tokenizer.json that tokenize and pack use."""
-
-    path: str
-    store: Store | None = None  # the work dir's for a trained one; None: the path's own (the job's tokenizer.path)
-
-
 class Tokenizer(Stage):
     name, section, config, default = "tokenizer", "tokenizer", TokenizerConfig, TokenizerConfig()
 
@@ -52,10 +44,15 @@ class Tokenizer(Stage):
 
     def run(self, ctx: Context) -> StageResult:
         cfg = self.cfg
-        if cfg.path:
-            load_tokenizer(cfg.path, cfg.eos_token)  # fail now, not in a worker, if it is unusable
-            return StageResult(self.name, artifact=TokenizerFile(cfg.path))
+        if cfg.path:  # choose_encoder loads it: fail now, not in a worker, if it is unusable
+            return StageResult(self.name, artifact=self._chosen(ctx, cfg.path, None))
         ctx.log(f"[tokenizer] training byte-level BPE (vocab {cfg.vocab_size}) on up to {cfg.sample_bytes:,} bytes")
         ctx.runner.run(self.name, [{"name": "train", "out": ctx.wd.tokenizer_json}], functools.partial(
             train_task, cfg=cfg, survivors=ctx.survivors, parts=ctx.part_numbers()))
-        return StageResult(self.name, artifact=TokenizerFile(ctx.wd.tokenizer_json, ctx.wd.store))
+        return StageResult(self.name, artifact=self._chosen(ctx, ctx.wd.tokenizer_json, ctx.wd.store))
+
+    def _chosen(self, ctx: Context, path: str, store: Store | None) -> TokenizerFile:
+        encoder, why_not = choose_encoder(path, self.cfg.eos_token, store, self.cfg.encoder)
+        if why_not:  # the one line a fallback costs: tokenize runs at HF tokenizers' speed
+            ctx.log(f"[tokenizer] encoding with tokenizers, not tiktoken: {why_not}")
+        return TokenizerFile(path, store, encoder)

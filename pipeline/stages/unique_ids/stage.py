@@ -5,21 +5,11 @@ record carries keeps none of them (docs/pipeline.md, "Document ids")."""
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
-
+from ...handoffs import Extracted, RepeatedIds
 from ...stats import Counts
 from ..base import Context, Stage, StageResult
-from ..extract.stage import Extracted
 from . import tasks as unique_ids
 from .tasks import needs_id_check
-
-
-@dataclass(frozen=True)
-class RepeatedIds:
-    """What unique ids hands on: its bucket-range tasks, whose files name the repeated ids (exact
-    dedup leaves those documents to it)."""
-
-    tasks: tuple[str, ...]
 
 
 class UniqueIds(Stage):

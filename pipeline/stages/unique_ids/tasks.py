@@ -31,29 +31,8 @@ from gristmill.manifests.runs import run_starts
 from ...documents import REMOVED_SCHEMA, bucket_range_tasks, removed_by_partition
 from ...workdir import WorkDir
 
-STAGE = "unique_ids"
+from ...id_files import BUCKETS, ID_SCHEMA, KEYS_PER_TASK, STAGE, bucket_of, ids_table, needs_id_check, repeated_ids  # noqa: F401
 REASON = "duplicate_id"
-BUCKETS = 1 << 16  # id buckets (a 16-bit hash of the id), as exact dedup's keys: tasks take ranges of them
-KEYS_PER_TASK = 2_000_000  # as exact dedup's: about 160 MB of ids per task at most
-ID_SCHEMA = pa.schema([("bucket", pa.int32()), ("id", pa.string()), ("order", pa.int64()), ("part", pa.int32()),
-                       ("bytes", pa.int64()), ("kept", pa.bool_()), ("source", pa.string()), ("position", pa.int64())])
-
-
-def needs_id_check(job) -> bool:
-    """Ids come from the data (some input of the job, a PrepareConfig, has an id_field): check they are unique."""
-    return any(spec.id_field is not None for spec in job.inputs)
-
-
-def bucket_of(doc_id: str) -> int:
-    return int.from_bytes(hashlib.blake2b(doc_id.encode(), digest_size=2).digest(), "big") % BUCKETS
-
-
-def ids_table(rows: dict) -> pa.Table:
-    """A partition's ids (``rows``: a list per ID_SCHEMA column but ``bucket``), sorted by (bucket, order)."""
-    t = pa.table({"bucket": [bucket_of(i) for i in rows["id"]], **{k: rows[k] for k in ID_SCHEMA.names[1:]}}, schema=ID_SCHEMA)
-    return t.sort_by([("bucket", "ascending"), ("order", "ascending")])
-
-
 def plan_tasks(total_docs: int) -> list[dict]:
     """Bucket ranges as exact dedup plans them (the same buckets, the same rows per task)."""
     return bucket_range_tasks(total_docs, BUCKETS, KEYS_PER_TASK)
@@ -100,11 +79,3 @@ def check_task(task: dict, wd: WorkDir, parts: list[int]) -> dict:
 def removed_task(item: dict, wd: WorkDir, tasks: list[str]) -> dict:
     """Partition ``part``'s rows from every bucket range's file: its rows of ``removed/unique_ids/block-B``."""
     return removed_by_partition(wd, STAGE, "repeated", tasks, item["part"], REMOVED_SCHEMA, REASON)
-
-
-def repeated_ids(wd: WorkDir, tasks: tuple[str, ...]) -> set[str]:
-    """The ids this step removed (exact dedup's keys must not stand for them): one small file a task."""
-    out: set[str] = set()
-    for name in tasks:
-        out.update(wd.read_parquet(wd.scratch(STAGE, "repeated", name), ["id"]).column("id").to_pylist())
-    return out
