@@ -241,3 +241,82 @@ def test_huge_unauthenticated_requests_never_reach_the_server(data, tmp_path, si
         c, reader = _reader(srv.url, data, "after", 0)
         assert reader.read_chunk().data.num_rows == LONG["global_batch"]
         c.close()
+
+
+# -- smaller defects ----------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def server(data, tmp_path_factory):
+    with serve(data, tmp_path_factory.mktemp("server")) as srv:
+        yield srv
+
+
+def test_a_short_pass_is_sent_a_few_steps_more_not_two_whole_ranges(data, server):
+    """A validation pass of 8 steps (ranges of up to 64 steps): the server assembles at most 2+4+8+16 steps
+    (the first ranges are short), not the 128 of two whole ranges (the demo job's 960 validation steps for 8)."""
+    before = stats(server.url).get("steps", 0)
+    src = Source(service=(server.url,), service_token=TOKEN)
+    with Loader(data["url"], Sampling(global_batch=4, seed=3), source=src, batches=Batches(pin_memory=False)) as ld:
+        assert len([b for _, b in zip(range(8), ld)]) == 8
+    sent = stats(server.url)["steps"] - before
+    assert 8 <= sent <= 30, f"{sent} steps sent for 8 read"
+
+
+@pytest.mark.parametrize("verb", ["list_flights", "get_flight_info", "get_schema", "do_put", "do_exchange"])
+def test_unimplemented_verbs_say_so_in_one_line(server, verb):
+    c = flight.FlightClient(server.url)
+    opts = flight.FlightCallOptions(headers=AUTH, timeout=10)
+    desc = flight.FlightDescriptor.for_path("x")
+    calls = {"list_flights": lambda: list(c.list_flights(options=opts)),
+             "get_flight_info": lambda: c.get_flight_info(desc, opts),
+             "get_schema": lambda: c.get_schema(desc, opts),
+             "do_put": lambda: c.do_put(desc, pa_schema(), opts)[0].close(),
+             "do_exchange": lambda: c.do_exchange(desc, opts)[1].read_chunk()}
+    try:
+        with pytest.raises(Exception) as info:
+            calls[verb]()
+        text = str(info.value)
+        assert "does not implement" in text and "DoGet" in text and "\n" not in text, text[:300]
+    finally:
+        c.close()
+
+
+def pa_schema():
+    import pyarrow as pa
+
+    return pa.schema([("x", pa.int64())])
+
+
+def test_a_whitespace_token_is_refused_at_start(data, tmp_path):
+    """GRISTMILL_SERVE_TOKEN of blanks on a public address: refused at start in one line (it was accepted, so
+    any client sending a blank token was let in)."""
+    srv = ServeProcess(data["store"], listen="0.0.0.0:0", env={"GRISTMILL_SERVE_TOKEN": "   "})
+    try:
+        assert srv.url is None and srv.proc.returncode != 0
+        assert "empty or whitespace" in srv.output(), srv.output()[-1000:]
+    finally:
+        srv.kill()
+
+
+def test_the_deadline_error_names_every_endpoint(data):
+    """No endpoint answers for service_deadline_s: one error naming each endpoint and the deadline."""
+    urls = [f"grpc://127.0.0.1:{free_port()}", f"grpc://127.0.0.1:{free_port()}"]
+    from gristmill.loader.service.client import ServiceError
+
+    t = time.monotonic()
+    src = Source(service=tuple(urls), service_deadline_s=1.5, backoff_s=0.05)
+    with Loader(data["url"], Sampling(global_batch=4), source=src, batches=Batches(pin_memory=False)) as ld:
+        with pytest.raises(ServiceError) as info:
+            next(iter(ld))
+    text = str(info.value)
+    assert all(u in text for u in urls) and "service_deadline_s" in text and "\n" not in text, text
+    assert 1.5 <= time.monotonic() - t < 10
+
+
+def test_a_plain_server_gone_mid_stream_is_not_called_a_tls_server():
+    """The "a TLS server?" hint is for an endpoint that never answered; one that answered and then closed its
+    socket (killed mid-stream) was just stopped."""
+    from gristmill.loader.service.client import reason
+
+    e = flight.FlightUnavailableError("Flight returned unavailable error, with message: Socket closed")
+    assert "TLS server?" in reason(e, "grpc://h:1", reached=False)
+    assert "TLS server?" not in reason(e, "grpc://h:1", reached=True)
