@@ -143,6 +143,56 @@ def throughput(data_url: str, store: str, work: str, steps: int, batch: int) -> 
         srv.stop()
 
 
+def client_cpu(work: str, seqs: int, seq_lens=(1024, 2048), batches=(8, 32)) -> list[dict]:
+    """Target 1 (issue 41): CPU per sequence of the served client (this process: decode, checks, the batch
+    tensors) and of client + server, against the in-process Loader's, warm (each Loader reads its steps once
+    untimed, then twice timed, interleaved; the best of each), tokens in the stored dtype as the trainer asks
+    (``token_dtype=None``: widened on the device). Target: client <= 0.5x, client + server <= 1.5x."""
+    out = []
+    for seq_len in seq_lens:
+        rows = max(2 * seqs, 4096)
+        pub = build_synthetic(os.path.join(work, f"cpu-{seq_len}"), dataset="cpu", seq_len=seq_len,
+                              shard_rows=even_shards(rows, SHARD_ROWS), val_rows=(), vocab_size=32000, tokens="random")
+        srv = Server(os.path.join(work, f"cpu-{seq_len}", "store"), os.path.join(work, f"cache-cpu-serve-{seq_len}"),
+                     os.path.join(work, f"serve-cpu-{seq_len}.log"))
+        try:
+            for batch in batches:
+                steps = seqs // batch
+                sampling = Sampling(global_batch=batch, order=ORDER)
+                kinds = {"inproc": Loader(pub.url, sampling, caching=Caching(dir=os.path.join(work, f"cache-cpu-{seq_len}")),
+                                          batches=Batches(pin_memory=False, token_dtype=None)),
+                         "served": Loader(pub.url, sampling, source=Source(service=(srv.url,)),
+                                          batches=Batches(pin_memory=False, token_dtype=None))}
+                its = {k: iter(ld) for k, ld in kinds.items()}
+                for it in its.values():
+                    for _ in zip(range(steps), it):
+                        pass
+                best: dict[str, float] = {}
+                with heavy_lock(f"client cpu seq_len {seq_len} batch {batch}"):
+                    for _ in range(2):
+                        for name, it in its.items():
+                            c0, t0 = cpu_s(srv.pid), os.times()
+                            for _ in zip(range(steps), it):
+                                pass
+                            c1, t1 = cpu_s(srv.pid), os.times()
+                            here = ((t1.user - t0.user) + (t1.system - t0.system)) / seqs * 1e6
+                            if name == "inproc":
+                                best["inproc_us"] = min(best.get("inproc_us", 1e9), here)
+                            else:
+                                best["client_us"] = min(best.get("client_us", 1e9), here)
+                                best["server_us"] = min(best.get("server_us", 1e9), (c1 - c0) / seqs * 1e6)
+                for ld in kinds.values():
+                    ld.close()
+                row = {"seq_len": seq_len, "batch": batch, "sequences": seqs, **{k: round(v, 1) for k, v in best.items()},
+                       "client_ratio": round(best["client_us"] / best["inproc_us"], 2),
+                       "client_server_ratio": round((best["client_us"] + best["server_us"]) / best["inproc_us"], 2)}
+                print("  client cpu: " + json.dumps(row), flush=True)
+                out.append(row)
+        finally:
+            srv.stop()
+    return out
+
+
 def server_path(store: str, work: str, batch: int, range_steps: int, steps: int) -> dict:
     """Why the server costs what it does: its request path run in this process without gRPC (the same
     ``_Stream`` the server iterates, over the same warm cache: as built, ``Loader.rows_at_many``) and
@@ -492,6 +542,7 @@ def main() -> int:
     ap.add_argument("--load-steps", type=int, default=160)
     ap.add_argument("--failover-steps", type=int, default=160)
     ap.add_argument("--memory-clients", type=int, default=64)
+    ap.add_argument("--cpu-sequences", type=int, default=8192, help="client_cpu: sequences timed per case")
     ap.add_argument("--json", help="write the results here")
     a = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the finally blocks: the servers stopped
@@ -507,6 +558,8 @@ def main() -> int:
            "dataset": {"sequences": a.sequences, "seq_len": SEQ_LEN, "shard_rows": SHARD_ROWS, "order": ORDER,
                        "build_s": round(time.perf_counter() - t, 1)}}
     print(f"dataset: {a.sequences} x {SEQ_LEN} in {out['dataset']['build_s']} s", flush=True)
+    if "client_cpu" in a.parts:
+        out["client_cpu"] = client_cpu(a.work, a.cpu_sequences)
     if "throughput" in a.parts:
         out["throughput"] = throughput(pub.url, store, a.work, a.throughput_steps, a.batch)
         print(f"throughput: server {out['throughput']['server_seq_per_cpu_s']:,.0f} seq/CPU-s, in-process "

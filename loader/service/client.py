@@ -160,6 +160,7 @@ class ServiceBatches:
         self.pool = ThreadPoolExecutor(RANGES_IN_FLIGHT, thread_name_prefix="gristmill-service")
         self.stats = collections.Counter()  # bytes, requests, retries (updated under stats_lock)
         self.stats_lock = threading.Lock()
+        self.closed = threading.Event()  # close(): a range waiting out an outage gives up at once
 
     def request(self, start_step: int, steps: int) -> Request:
         ld = self.ld
@@ -210,7 +211,8 @@ class ServiceBatches:
                             req.start_step, req.start_step + req.steps - 1, now - t0, src.service_deadline_s,
                             "; ".join(f"{u}: {m}" for u, m in errors.items()))
             backoff = min(src.backoff_s * 2 ** (attempt // len(urls) - 1), MAX_BACKOFF_S)
-            time.sleep(min(backoff * random.uniform(0.5, 1.0), max(0.0, deadline - now)))
+            if self.closed.wait(min(backoff * random.uniform(0.5, 1.0), max(0.0, deadline - now))):
+                raise ServiceError("the loader was closed while its service was unreachable")
 
     def _get(self, url: str, req: Request) -> tuple[list[dict], int]:
         """The checked batches of one reply and its bytes."""
@@ -220,47 +222,59 @@ class ServiceBatches:
         if meta.get(META_SHA) != req.manifest_sha256.encode() or meta.get(META_REQUEST) != req.encode():
             raise ReplyMismatch(f"reply for manifest {meta.get(META_SHA, b'?')[:64].decode(errors='replace')}, "
                                 f"not the request's {req.manifest_sha256}")
-        out, nbytes = [], 0
+        chunks = []
         try:
             for step in range(req.start_step, req.start_step + req.steps):
                 try:
-                    chunk = reader.read_chunk()
+                    chunks.append(reader.read_chunk())
                 except StopIteration:
                     raise ReplyMismatch(f"stream ended at step {step}, before step {req.start_step + req.steps - 1}") from None
-                out.append(self._batch(req, step, chunk))
-                nbytes += chunk.data.nbytes
             try:  # the end of the stream: the server has finished (and freed) it
                 reader.read_chunk()
             except StopIteration:
-                return out, nbytes
+                return self._batches(req, chunks), sum(c.data.nbytes for c in chunks)
             raise ReplyMismatch(f"more than the {req.steps} steps asked for")
         except BaseException:
             reader.cancel()  # the server frees the stream now, not when this reader is collected
             raise
 
-    def _batch(self, req: Request, step: int, chunk) -> dict:
-        """A reply's record batch as the in-process Loader's batch dict, checked against the request."""
-        ld, rb = self.ld, chunk.data
-        got = json.loads(chunk.app_metadata.to_pybytes()) if chunk.app_metadata is not None else {}
-        if got.get("step") != step or rb.num_rows != req.local_batch:
-            raise ReplyMismatch(f"got step {got.get('step')!r} with {rb.num_rows} rows, expected step {step} with "
-                                f"{req.local_batch}")
-        indices = rb.column("indices").to_numpy()
-        first = req.first_index(step)
-        if not np.array_equal(indices, np.arange(first, first + req.local_batch, dtype=np.int64)):
-            raise ReplyMismatch(f"step {step}: the rows' global indices are not {first}..{first + req.local_batch - 1}")
+    def _batches(self, req: Request, chunks: list) -> list[dict]:
+        """A reply's record batches as the in-process Loader's batch dicts, checked against the request once per
+        reply (vectorised): each step's app metadata and row count, every row's global index, the tokens' dtype.
+        The reply's tokens are copied once into one buffer of ``token_dtype`` (``new_batch``: pinned with
+        ``pin_memory``) and each step's batch is a view of it: no per-step allocation."""
+        ld, local, n, start = self.ld, req.local_batch, req.steps, req.start_step
+        steps = range(start, start + n)
+        got = [c.app_metadata.to_pybytes() if c.app_metadata is not None else b"" for c in chunks]
+        if got != [b'{"step": %d}' % s for s in steps] or any(c.data.num_rows != local for c in chunks):
+            k = next(k for k, c in enumerate(chunks) if got[k] != b'{"step": %d}' % steps[k] or c.data.num_rows != local)
+            raise ReplyMismatch(f"got {got[k][:40]!r} with {chunks[k].data.num_rows} rows, expected step {steps[k]} "
+                                f"with {local}")
+        indices = np.concatenate([c.data.column(1).to_numpy() for c in chunks]).reshape(n, local)
+        want = (np.arange(start, start + n, dtype=np.int64) * req.global_batch + req.rank * local)[:, None] + np.arange(local)
+        if not np.array_equal(indices, want):
+            k = int(np.flatnonzero((indices != want).any(axis=1))[0])
+            raise ReplyMismatch(f"step {steps[k]}: the rows' global indices are not {want[k, 0]}..{want[k, -1]}")
+        stored_dtype = chunks[0].data.schema.field("tokens").type.value_type.to_pandas_dtype()
+        if np.dtype(stored_dtype) != np.dtype(ld.manifest.token_dtype):
+            raise ReplyMismatch(f"tokens of dtype {np.dtype(stored_dtype)}, the manifest's are {ld.manifest.token_dtype}")
         row_tokens = ld.manifest.row_tokens
-        stored = rb.column("tokens").values.to_numpy().reshape(rb.num_rows, row_tokens)  # zero-copy view
-        if stored.dtype != np.dtype(ld.manifest.token_dtype):
-            raise ReplyMismatch(f"tokens of dtype {stored.dtype}, the manifest's are {ld.manifest.token_dtype}")
-        batch, buf = ld.new_batch(indices, step)
-        buf[...] = stored  # widened to token_dtype
-        if req.documents:
-            pos = rb.column("position_ids").values.to_numpy().reshape(rb.num_rows, row_tokens - 1)
-            batch.update(segments_to_batch(pos == 0))
-        return batch
+        whole, buf = ld.new_batch(indices.reshape(-1), start)
+        for k, c in enumerate(chunks):  # one copy a step into the reply's buffer (widened to token_dtype)
+            buf[k * local:(k + 1) * local] = c.data.column(0).values.to_numpy().reshape(local, row_tokens)
+        out = []
+        for k, step in enumerate(steps):
+            tokens = whole["tokens"][k * local:(k + 1) * local]
+            batch = {"tokens": tokens, "input_ids": tokens[:, :-1], "labels": tokens[:, 1:],
+                     "indices": whole["indices"][k * local:(k + 1) * local], "step": step}
+            if req.documents:
+                pos = chunks[k].data.column(2).values.to_numpy().reshape(local, row_tokens - 1)
+                batch.update(segments_to_batch(pos == 0))
+            out.append(batch)
+        return out
 
     def close(self) -> None:
+        self.closed.set()
         self.pool.shutdown(wait=True, cancel_futures=True)
         self.endpoints.close()
 
