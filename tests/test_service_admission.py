@@ -320,3 +320,34 @@ def test_a_plain_server_gone_mid_stream_is_not_called_a_tls_server():
     e = flight.FlightUnavailableError("Flight returned unavailable error, with message: Socket closed")
     assert "TLS server?" in reason(e, "grpc://h:1", reached=False)
     assert "TLS server?" not in reason(e, "grpc://h:1", reached=True)
+
+
+def test_storage_options_from_flags_and_a_yaml_file(tmp_path):
+    """serve and audit take the stores' fsspec options (--storage-option KEY=VALUE as YAML, --storage-options-file):
+    they had none, so a store that needs credentials or an endpoint could not be served or audited."""
+    from gristmill.cli import build_parser
+    from gristmill.cli.common import storage_options
+    from gristmill.errors import UsageError
+
+    f = tmp_path / "opts.yaml"
+    f.write_text("anon: false\nclient_kwargs: {region_name: eu-1}\n")
+    for argv in (["serve", "s3://b/store"], ["audit", "seen", "run"]):
+        args = build_parser().parse_args([*argv, "--storage-options-file", str(f), "--storage-option", "anon=true",
+                                          "--storage-option", "client_kwargs={endpoint_url: 'http://minio:9000'}"])
+        assert storage_options(args) == {"anon": True, "client_kwargs": {"endpoint_url": "http://minio:9000"}}
+    with pytest.raises(UsageError, match="KEY=VALUE"):
+        storage_options(build_parser().parse_args(["serve", "x", "--storage-option", "anon"]))
+
+
+def test_serve_passes_its_storage_options_to_the_store(data, tmp_path):
+    """A file:// store root with an option LocalFileSystem takes is served; one it refuses fails the start in one
+    line naming it (the options reach the store: the catalog opens it through Store.from_url)."""
+    with ServeProcess("file://" + data["store"], args=("--storage-option", "auto_mkdir=false",
+                                                       "--cache-dir", str(tmp_path / "c"))) as srv:
+        assert srv.url, srv.output()[-1000:]
+        assert stats(srv.url)["active_streams"] == 0
+    bad = ServeProcess("file://" + data["store"], args=("--storage-option", "no_such_option=1"))
+    try:
+        assert bad.url is None and "no_such_option" in bad.output(), bad.output()[-1000:]
+    finally:
+        bad.kill()

@@ -14,11 +14,10 @@ import posixpath
 import threading
 import time
 
-from fsspec.core import url_to_fs
-
 from gristmill.errors import UsageError
 from gristmill.manifests import ManifestError, ManifestStore
 from gristmill.manifests.mixture import PublishedMixture, load_data, load_either
+from gristmill.manifests.storage import Store
 from gristmill.manifests.store import LATEST_FILE, MANIFEST_FILE, Published
 
 log = logging.getLogger(__name__)
@@ -62,12 +61,13 @@ class Catalog:
 
     def _versions(self, url: str):
         """(name, version, version URL) of every published version under ``url``."""
-        fs, path = url_to_fs(url, **self.storage_options)
-        if fs.exists(posixpath.join(path, MANIFEST_FILE)):  # one version
+        store = Store.from_url(url, **self.storage_options)  # the one way to storage (manifests/storage.py)
+        path = store.path(url)
+        if store.exists(store.join(path, MANIFEST_FILE)):  # one version
             parent, v = posixpath.split(path.rstrip("/"))
             yield posixpath.basename(parent), int(v[1:]) if v[1:].isdigit() else 0, url
             return
-        if fs.exists(posixpath.join(path, LATEST_FILE)):  # one dataset or mixture: <root>/<name>
+        if store.exists(store.join(path, LATEST_FILE)):  # one dataset or mixture: <root>/<name>
             root, name = url.rsplit("/", 1)
             store, names = ManifestStore(root, **self.storage_options), [name]
         else:  # a store root
