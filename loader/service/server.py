@@ -45,7 +45,7 @@ import pyarrow as pa
 from gristmill.errors import GristmillError, UsageError
 
 from ..loader import PLAN_ROWS, Loader
-from ..options import Batches, Caching, Sampling, Threads
+from ..options import Batches, Caching, Sampling, Source, Threads
 from .admission import Admission, Busy, Idle
 from .catalog import Catalog, UnknownManifest
 from .config import ServeConfig, is_loopback  # noqa: F401  (ServeConfig lives beside, without torch: see config.py)
@@ -270,6 +270,7 @@ class GristmillServer:
             pub = self.catalog.load(req.manifest_sha256)
             entry = _Entry(Loader(pub, Sampling(split=req.split, seed=req.seed, order=req.order,
                                                 window_shards=req.window_shards, global_batch=1),
+                                  source=Source(storage_options=dict(self.cfg.storage_options)),  # its shards too
                                   caching=Caching(dir=self.cfg.cache_dir, limit_bytes=self.cfg.cache_limit_bytes),
                                   threads=Threads(prefetch=1, workers=0, fetch_workers=1),
                                   batches=Batches(token_dtype=None, pin_memory=False, documents=req.documents)))
