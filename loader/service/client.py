@@ -6,8 +6,9 @@ with the Loader's pipeline interface (``next() -> (batch, metrics)``, ``close()`
 ranges of ``Source.service_steps_per_request`` steps (at most ``RANGE_BYTES`` of reply, and what the
 protocol's row bound and a server's default reply bound allow), two ranges in flight; range ``k`` goes first to endpoint
 ``k mod n`` (a deterministic spread) and, on any error, deadline (``Source.service_timeout_s``)
-or a reply that does not check out, the whole range is asked again of the next endpoint (up to
-``Source.retries`` rounds over all endpoints, with backoff). A range's batches are handed over
+or a reply that does not check out, the whole range is asked again of the next endpoint; after each round
+over all endpoints a backoff with jitter, until ``Source.service_deadline_s`` (a restart of every server
+shorter than that costs only the wait). A range's batches are handed over
 only once the whole range has arrived and been checked (manifest hash, request echo, step of
 each record batch, every row's global index), so no sample is lost, duplicated or reordered.
 

@@ -9,12 +9,14 @@ eviction included) in an LRU of ``max_open`` entries, and answers rank ``r``'s s
 call, up to ``ASSEMBLE_BYTES`` and ``ASSEMBLE_ROWS`` of steps assembled at a time when gRPC asks for
 the next record batch, each step sent as a zero-copy slice), in the shards' own token dtype.
 
-Bounds: at most ``max_streams`` streams at once, ``max_streams_per_client`` per client host;
-a stream past either is refused at once (``FlightUnavailableError``: the client retries, on
-another endpoint first). A request whose reply would exceed ``max_reply_bytes`` is refused once its
-manifest is known (``bad request``: ask fewer steps a request). A request is checked before any work; every refusal is one line and
-the server keeps serving the others. A client that disconnects mid-stream frees its slot when
-gRPC drops the stream.
+Transport: a ``grpcio`` server speaking Arrow Flight's protobuf service (wire.py), so gRPC refuses a request
+message over 8 KiB before buffering it (pyarrow's Flight server cannot be told to). Bounds (admission.py): streams
+and reply bytes in flight, in all and per client identity; a stream past a bound waits ``admission_wait_s`` for
+room, then is refused as busy (``FlightUnavailableError``: the client backs off and retries until its deadline);
+a stream whose reader took nothing for ``stream_idle_s`` is cancelled. A request whose reply would exceed
+``max_reply_bytes`` is refused once its manifest is known (``bad request``: ask fewer steps a request). A
+request is checked before any work; every refusal is one line and the server keeps serving the others. A
+client that disconnects mid-stream frees its slot when gRPC ends the call.
 
 Logging: one INFO line when a client session (client host, manifest, split, rank/world) is first
 seen and one when it has been idle ``session_idle_s`` or the server stops, with its totals
@@ -22,8 +24,7 @@ seen and one when it has been idle ``session_idle_s`` or the server stops, with 
 manifest, authentication, busy) are counted in ``stats`` by kind and logged at WARNING, at most one
 line per client host per ``refusal_log_interval_s`` (the lines left out are counted in the next).
 
-Security (:class:`ServeConfig`): a bearer token checked by server middleware on every call
-(constant-time compare); TLS from certificate and key files, optionally mutual TLS; listening
+Security (:class:`ServeConfig`): a bearer token checked on every call (constant-time compare); TLS from certificate and key files, optionally mutual TLS; listening
 beyond the loopback interface without a token is refused at start.
 """
 from __future__ import annotations
