@@ -150,8 +150,10 @@ def world_size_segments(ckpt_dir: str, meta: dict, store: Store = LOCAL) -> tupl
     return tuple(reversed(segments))
 
 
-def open_manifest(ckpt: Checkpoint, manifest_url: str | None = None) -> Published | PublishedMixture:
-    """Load the manifest the checkpoint names (or one moved to ``manifest_url``) and insist on its hash.
+def open_manifest(ckpt: Checkpoint, manifest_url: str | None = None,
+                  storage_options: dict | None = None) -> Published | PublishedMixture:
+    """Load the manifest the checkpoint names (or one moved to ``manifest_url``), its store opened with
+    ``storage_options`` (credentials, an endpoint), and insist on its hash.
     A mixture comes with its components, each checked against the hash the mixture pins.
 
     ``load_manifest`` already refuses a manifest whose content no longer matches its recorded
@@ -164,7 +166,7 @@ def open_manifest(ckpt: Checkpoint, manifest_url: str | None = None) -> Publishe
                          "store: pass the version's URL with --manifest (the store the server reads, e.g. "
                          "--manifest STORE/<dataset>/v<N>)")
     try:
-        published = load_data(url)
+        published = load_data(url, **(storage_options or {}))
     except ManifestNotFoundError as e:
         raise AuditError(f"{e}; checkpoint {ckpt.path} was trained on manifest {ckpt.manifest_sha256} at "
                          f"{ckpt.manifest_url}: if that version moved, pass its new location with --manifest") from e

@@ -33,6 +33,7 @@ import os
 import platform
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -55,7 +56,6 @@ from helpers import ServeProcess  # noqa: E402
 SEQ_LEN, SHARD_ROWS, ORDER = 2048, 512, "window"
 TICKS = os.sysconf("SC_CLK_TCK")
 STEP_S = 0.2
-BIG_BOUND = "4096"  # the load parts' stream bounds: every rank here is one host, 127.0.0.1
 
 
 def cpu_s(pid: int) -> float:
@@ -74,8 +74,9 @@ class Server(ServeProcess):
     """``python -m gristmill serve`` on 127.0.0.1 and a free port (the tests' ``ServeProcess``: its output
     drained by a thread), every line written to ``log``."""
 
-    def __init__(self, store: str, cache: str, log: str, *args: str):
-        super().__init__(store, args=("--cache-dir", cache, *args), log=log, cwd=ROOT, timeout_s=120)
+    def __init__(self, store: str, cache: str, log: str, *args: str, listen: str = "127.0.0.1:0", env=None):
+        super().__init__(store, args=("--cache-dir", cache, *args), log=log, cwd=ROOT, timeout_s=120, listen=listen,
+                         env=env)
         if self.url is None:
             raise SystemExit(f"gristmill serve exited: see {log}")
 
@@ -141,6 +142,56 @@ def throughput(data_url: str, store: str, work: str, steps: int, batch: int) -> 
         served.close()
         inproc.close()
         srv.stop()
+
+
+def client_cpu(work: str, seqs: int, seq_lens=(1024, 2048), batches=(8, 32)) -> list[dict]:
+    """Target 1 (issue 41): CPU per sequence of the served client (this process: decode, checks, the batch
+    tensors) and of client + server, against the in-process Loader's, warm (each Loader reads its steps once
+    untimed, then twice timed, interleaved; the best of each), tokens in the stored dtype as the trainer asks
+    (``token_dtype=None``: widened on the device). Target: client <= 0.5x, client + server <= 1.5x."""
+    out = []
+    for seq_len in seq_lens:
+        rows = max(2 * seqs, 4096)
+        pub = build_synthetic(os.path.join(work, f"cpu-{seq_len}"), dataset="cpu", seq_len=seq_len,
+                              shard_rows=even_shards(rows, SHARD_ROWS), val_rows=(), vocab_size=32000, tokens="random")
+        srv = Server(os.path.join(work, f"cpu-{seq_len}", "store"), os.path.join(work, f"cache-cpu-serve-{seq_len}"),
+                     os.path.join(work, f"serve-cpu-{seq_len}.log"))
+        try:
+            for batch in batches:
+                steps = seqs // batch
+                sampling = Sampling(global_batch=batch, order=ORDER)
+                kinds = {"inproc": Loader(pub.url, sampling, caching=Caching(dir=os.path.join(work, f"cache-cpu-{seq_len}")),
+                                          batches=Batches(pin_memory=False, token_dtype=None)),
+                         "served": Loader(pub.url, sampling, source=Source(service=(srv.url,)),
+                                          batches=Batches(pin_memory=False, token_dtype=None))}
+                its = {k: iter(ld) for k, ld in kinds.items()}
+                for it in its.values():
+                    for _ in zip(range(steps), it):
+                        pass
+                best: dict[str, float] = {}
+                with heavy_lock(f"client cpu seq_len {seq_len} batch {batch}"):
+                    for _ in range(2):
+                        for name, it in its.items():
+                            c0, t0 = cpu_s(srv.pid), os.times()
+                            for _ in zip(range(steps), it):
+                                pass
+                            c1, t1 = cpu_s(srv.pid), os.times()
+                            here = ((t1.user - t0.user) + (t1.system - t0.system)) / seqs * 1e6
+                            if name == "inproc":
+                                best["inproc_us"] = min(best.get("inproc_us", 1e9), here)
+                            else:
+                                best["client_us"] = min(best.get("client_us", 1e9), here)
+                                best["server_us"] = min(best.get("server_us", 1e9), (c1 - c0) / seqs * 1e6)
+                for ld in kinds.values():
+                    ld.close()
+                row = {"seq_len": seq_len, "batch": batch, "sequences": seqs, **{k: round(v, 1) for k, v in best.items()},
+                       "client_ratio": round(best["client_us"] / best["inproc_us"], 2),
+                       "client_server_ratio": round((best["client_us"] + best["server_us"]) / best["inproc_us"], 2)}
+                print("  client cpu: " + json.dumps(row), flush=True)
+                out.append(row)
+        finally:
+            srv.stop()
+    return out
 
 
 def server_path(store: str, work: str, batch: int, range_steps: int, steps: int) -> dict:
@@ -361,8 +412,7 @@ def wait_summary(results: list[dict]) -> dict:
 
 # -- 2. load ---------------------------------------------------------------------------------------------------
 def load(data_url: str, store: str, work: str, ranks_list: list[int], steps: int, local: int) -> list[dict]:
-    srv = Server(store, os.path.join(work, "cache-serve-load"), os.path.join(work, "serve-load.log"),
-                 "--max-streams", BIG_BOUND, "--max-streams-per-client", BIG_BOUND)
+    srv = Server(store, os.path.join(work, "cache-serve-load"), os.path.join(work, "serve-load.log"))
     out = []
     try:
         warm = Ranks({"urls": [srv.url], "data_url": data_url, "world": 1, "local": 256, "steps": 64}, [0])
@@ -407,10 +457,8 @@ def reference(data_url: str, cache: str, world: int, local: int, steps: int) -> 
 def failover(data_url: str, store: str, work: str, world: int, local: int, steps: int, kill_after_s: float) -> dict:
     cache = os.path.join(work, "cache-serve-failover")  # one node-local cache shared by both servers
     refs = reference(data_url, os.path.join(work, "cache-inproc"), world, local, steps)
-    a = Server(store, cache, os.path.join(work, "serve-failover-a.log"), "--max-streams", BIG_BOUND,
-               "--max-streams-per-client", BIG_BOUND)
-    b = Server(store, cache, os.path.join(work, "serve-failover-b.log"), "--max-streams", BIG_BOUND,
-               "--max-streams-per-client", BIG_BOUND)
+    a = Server(store, cache, os.path.join(work, "serve-failover-a.log"))
+    b = Server(store, cache, os.path.join(work, "serve-failover-b.log"))
     try:
         warm = Ranks({"urls": [a.url, b.url], "data_url": data_url, "world": 1, "local": 256, "steps": 64}, [0])
         warm.start()
@@ -440,10 +488,109 @@ def failover(data_url: str, store: str, work: str, world: int, local: int, steps
             "ranks_complete": sum(r["steps"] == steps for r in results)}
 
 
+def outage(data_url: str, store: str, work: str, world: int, local: int, steps: int, outage_s: float) -> dict:
+    """Target 3 (issue 41): both servers killed -9 in the steady state, one started again on its port
+    ``outage_s`` later: no rank fails, every batch is the in-process one, and the longest stall any rank sees
+    is at most ``outage_s + 2`` s (the client's backoff is capped at 1 s; gRPC's reconnect backoff at 1 s)."""
+    cache = os.path.join(work, "cache-serve-failover")
+    refs = reference(data_url, os.path.join(work, "cache-inproc"), world, local, steps)
+    ports = []
+    for _ in range(2):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            ports.append(sock.getsockname()[1])
+    servers = [Server(store, cache, os.path.join(work, f"serve-outage-{i}.log"), listen=f"127.0.0.1:{p}")
+               for i, p in enumerate(ports)]
+    try:
+        args = {"urls": [s.url for s in servers], "data_url": data_url, "world": world, "local": local, "steps": steps,
+                "refs": refs}
+        with heavy_lock(f"outage {world} ranks, {outage_s:g} s"):
+            ranks = Ranks(args, range(world))
+            ranks.start()
+            ranks.all_past_first_batch()
+            time.sleep(2.0)
+            killed_at = time.time()
+            for srv in servers:
+                os.kill(srv.pid, signal.SIGKILL)
+            time.sleep(outage_s)
+            servers[0] = Server(store, cache, os.path.join(work, "serve-outage-0b.log"), listen=f"127.0.0.1:{ports[0]}")
+            back_at = time.time()
+            results = ranks.results(steps * STEP_S * 20 + 300)
+    finally:
+        for srv in servers:
+            srv.kill()
+    stalls = []
+    for r in results:
+        after = [w for w, t in zip(r["waits"][1:], r["arrivals"][1:]) if t >= killed_at]
+        stalls.append(max(after) if after else 0.0)
+    return {"ranks": world, "steps": steps, "outage_s": outage_s, "restart_s": round(back_at - killed_at, 2),
+            "longest_stall_s": round(max(stalls), 2), "longest_stall_p50_s": round(pct(stalls, 50), 2),
+            "steps_checked": sum(r["steps"] for r in results), "steps_wrong": sum(len(r["bad"]) for r in results),
+            "ranks_complete": sum(r["steps"] == steps for r in results)}
+
+
+def unauthenticated(store: str, work: str) -> dict:
+    """Target 4 (issue 41): server RSS (sampled every 5 ms) while unauthenticated requests of 1 GiB, then 8 x 128
+    MiB at once, are sent raw over gRPC to a server that requires a token; each must be refused by gRPC."""
+    import grpc
+    import threading
+
+    srv = Server(store, os.path.join(work, "cache-serve-unauth"), os.path.join(work, "serve-unauth.log"),
+                 env={"GRISTMILL_SERVE_TOKEN": "a-token-the-requests-do-not-carry"})
+    out = {"rss_start_mb": rss_mb(srv.pid)}
+    try:
+        with heavy_lock("unauthenticated requests"):
+            for size, count in ((1 << 30, 1), (128 << 20, 8)):
+                channel = grpc.insecure_channel(srv.url.split("://")[1], options=[("grpc.max_send_message_length", -1)])
+                call = channel.unary_stream("/arrow.flight.protocol.FlightService/DoGet")
+                payload, codes, peak, stop = bytes(size), [], [0.0], threading.Event()
+                base = rss_mb(srv.pid)
+
+                def sample():
+                    while not stop.is_set():
+                        peak[0] = max(peak[0], rss_mb(srv.pid))
+                        time.sleep(0.005)
+
+                def send():
+                    try:
+                        list(call(payload, timeout=120))
+                        codes.append("served")
+                    except grpc.RpcError as e:
+                        codes.append(e.code().name)
+
+                watcher = threading.Thread(target=sample)
+                watcher.start()
+                senders = [threading.Thread(target=send) for _ in range(count)]
+                for t in senders:
+                    t.start()
+                for t in senders:
+                    t.join()
+                stop.set()
+                watcher.join()
+                channel.close()
+                del payload
+                out[f"{count}x{size >> 20}MiB"] = {"rss_before_mb": round(base, 1), "rss_peak_rise_mb": round(peak[0] - base, 1),
+                                                   "codes": sorted(set(codes))}
+    finally:
+        srv.stop()
+    return out
+
+
+def start_rss(store: str, work: str) -> dict:
+    """Target 5 (issue 41): server RSS once it listens, and whether it imported torch (/proc/<pid>/maps)."""
+    srv = Server(store, os.path.join(work, "cache-serve-start"), os.path.join(work, "serve-start.log"))
+    try:
+        time.sleep(1.0)
+        with open(f"/proc/{srv.pid}/maps") as f:
+            torch_loaded = "libtorch" in f.read()
+        return {"rss_at_start_mb": round(rss_mb(srv.pid), 1), "torch_loaded": torch_loaded}
+    finally:
+        srv.stop()
+
+
 # -- 4. memory -------------------------------------------------------------------------------------------------
 def memory(data_url: str, store: str, work: str, clients: int, local: int) -> dict:
-    srv = Server(store, os.path.join(work, "cache-serve-load"), os.path.join(work, "serve-memory.log"),
-                 "--max-streams", BIG_BOUND, "--max-streams-per-client", BIG_BOUND)
+    srv = Server(store, os.path.join(work, "cache-serve-load"), os.path.join(work, "serve-memory.log"))
     try:
         base = {"urls": [srv.url], "data_url": data_url, "world": clients, "local": local, "steps": 1500,
                 "min_steps": 10}
@@ -492,6 +639,9 @@ def main() -> int:
     ap.add_argument("--load-steps", type=int, default=160)
     ap.add_argument("--failover-steps", type=int, default=160)
     ap.add_argument("--memory-clients", type=int, default=64)
+    ap.add_argument("--outage-s", type=float, default=10.0, help="outage: seconds with every server down")
+    ap.add_argument("--outage-ranks", type=int, default=16)
+    ap.add_argument("--cpu-sequences", type=int, default=8192, help="client_cpu: sequences timed per case")
     ap.add_argument("--json", help="write the results here")
     a = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the finally blocks: the servers stopped
@@ -507,6 +657,8 @@ def main() -> int:
            "dataset": {"sequences": a.sequences, "seq_len": SEQ_LEN, "shard_rows": SHARD_ROWS, "order": ORDER,
                        "build_s": round(time.perf_counter() - t, 1)}}
     print(f"dataset: {a.sequences} x {SEQ_LEN} in {out['dataset']['build_s']} s", flush=True)
+    if "client_cpu" in a.parts:
+        out["client_cpu"] = client_cpu(a.work, a.cpu_sequences)
     if "throughput" in a.parts:
         out["throughput"] = throughput(pub.url, store, a.work, a.throughput_steps, a.batch)
         print(f"throughput: server {out['throughput']['server_seq_per_cpu_s']:,.0f} seq/CPU-s, in-process "
@@ -516,6 +668,15 @@ def main() -> int:
         print("server path without gRPC: " + json.dumps(out["server_path"]), flush=True)
         out["flight_floor"] = flight_floor()
         print("Flight alone: " + json.dumps(out["flight_floor"]), flush=True)
+    if "outage" in a.parts:
+        out["outage"] = outage(pub.url, store, a.work, a.outage_ranks, a.local_batch, a.failover_steps, a.outage_s)
+        print("outage: " + json.dumps(out["outage"]), flush=True)
+    if "unauthenticated" in a.parts:
+        out["unauthenticated"] = unauthenticated(store, a.work)
+        print("unauthenticated: " + json.dumps(out["unauthenticated"]), flush=True)
+    if "start_rss" in a.parts:
+        out["start_rss"] = start_rss(store, a.work)
+        print("start_rss: " + json.dumps(out["start_rss"]), flush=True)
     if "failover" in a.parts:
         out["failover"] = failover(pub.url, store, a.work, 16, a.local_batch, a.failover_steps, kill_after_s=2.0)
         print("failover: " + json.dumps(out["failover"]), flush=True)

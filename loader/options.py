@@ -59,6 +59,9 @@ class Source:
     service_tls_cert: str | None = None  # PEM certificate and key of this client, for a server with mutual TLS
     service_tls_key: str | None = None
     service_timeout_s: float = 60.0  # deadline of one request (a range of steps) before it is retried elsewhere
+    # how long a range of steps is retried (every endpoint in turn, exponential backoff with jitter) before the
+    # loader fails: long enough for a server restart, a rolling update or a node drain to be invisible
+    service_deadline_s: float = 120.0
     # steps asked for in one request (two requests in flight; threads.prefetch does not apply to a served
     # loader); lowered to a reply of at most 16 MiB (loader/service/client.py RANGE_BYTES), the protocol's
     # row bound and a server's default reply bound (256 MiB)
@@ -71,6 +74,7 @@ class Source:
             check(isinstance(u, str) and u.startswith(("grpc://", "grpc+tcp://", "grpc+tls://")),
                   f"service: expected grpc://HOST:PORT or grpc+tls://HOST:PORT endpoints, got {u!r}")
         check(self.service_timeout_s > 0, f"service_timeout_s must be > 0, got {self.service_timeout_s}")
+        check(self.service_deadline_s > 0, f"service_deadline_s must be > 0, got {self.service_deadline_s}")
         check(isinstance(self.service_steps_per_request, int) and 1 <= self.service_steps_per_request <= 1024,
               f"service_steps_per_request must be 1..1024, got {self.service_steps_per_request!r}")
 

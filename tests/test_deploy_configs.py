@@ -305,5 +305,10 @@ def test_serve_deployment_wires_token_cache_port_and_probe():
     cfg = ServeConfig(tuple(args.urls), host=host, port=int(port), token="a-token", cache_dir=args.cache_dir,
                       max_streams=args.max_streams, max_streams_per_client=args.max_streams_per_client)
     assert cfg.location == f"grpc://{host}:{port}"
+    # The admission bounds are the command's defaults (issue 41: the manifest's 8 streams a host broke 32 ranks).
+    defaults = build_parser().parse_args(["serve", "x"])
+    for flag in ("max_streams", "max_streams_per_client", "max_inflight_bytes", "max_inflight_bytes_per_client",
+                 "admission_wait_s", "stream_idle_s"):
+        assert getattr(args, flag) == getattr(defaults, flag), f"--{flag.replace('_', '-')} is not the default"
     with pytest.raises(Exception, match="without a token"):
         ServeConfig(tuple(args.urls), host=host, port=int(port))

@@ -324,13 +324,13 @@ def test_a_request_is_assembled_in_groups_of_steps_and_sent_a_step_a_record_batc
         want = take(ref, 10)
         req = Request(manifest_sha256=ref.manifest.sha256, seed=3, global_batch=B, rank=1, world_size=W, start_step=2,
                       steps=10, documents=True)
-        srv.slots.take("here")
         stream = S._Stream(srv, srv._acquire(req), req, "here")
+        srv.admission.enter("here", stream.cost)
         assert stream.steps_at_once == 3
-        got = list(stream)
+        got = list(stream.record_batches())
         assert len(got) == 10 and srv.stats.snapshot(0)["steps"] == 10
         for step, ((rb, meta), w) in enumerate(zip(got, want), start=2):
-            assert json.loads(meta.to_pybytes()) == {"step": step} and rb.num_rows == B // W
+            assert json.loads(meta) == {"step": step} and rb.num_rows == B // W
             assert np.array_equal(rb.column("indices").to_numpy(), w["indices"].numpy())
             tokens = rb.column("tokens").flatten().to_numpy().reshape(rb.num_rows, -1)  # a slice: flatten, not values
             assert tokens.dtype == w["tokens"].numpy().dtype and np.array_equal(tokens, w["tokens"].numpy())

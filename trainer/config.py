@@ -57,6 +57,9 @@ class DataConfig(Section):
     service_tls_root: Str | None = None  # PEM CA of the servers' certificates (grpc+tls://)
     service_tls_cert: Str | None = None  # PEM certificate and key of this client (servers with mutual TLS)
     service_tls_key: Str | None = None
+    # a range of steps is retried over the endpoints (backoff with jitter) this long before the run fails:
+    # a restart of every server, a rolling update or a node drain shorter than this costs only the wait
+    service_deadline_s: PositiveFloat = 120.0
 
 
 class ModelConfig(Section):

@@ -70,7 +70,8 @@ class Trainer:
         # the loader's source: the store, or `gristmill serve` endpoints (data.service)
         self.source = Source(expected_sha256=cfg.data.expected_sha256, service=tuple(cfg.data.service),
                              service_token_file=cfg.data.service_token_file, service_tls_root=cfg.data.service_tls_root,
-                             service_tls_cert=cfg.data.service_tls_cert, service_tls_key=cfg.data.service_tls_key)
+                             service_tls_cert=cfg.data.service_tls_cert, service_tls_key=cfg.data.service_tls_key,
+                             service_deadline_s=cfg.data.service_deadline_s)
         self.pub = open_data(cfg.data.manifest, self.source)  # a dataset or a mixture
         self.manifest = self.pub.manifest
         self.seq_len, self.global_batch = self.manifest.seq_len, cfg.data.global_batch

@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 import sys
 
+from .common import add_storage_option_arguments, storage_options
+
 MAX_LINES = 30  # per breakdown in the human summary; --json and --out are complete
 
 
@@ -19,6 +21,7 @@ def register(sub) -> None:
         q.add_argument("--json", action="store_true", help="print the answer as JSON instead of a summary")
         q.add_argument("--verify-checkpoint", action="store_true",
                        help="also re-hash the checkpoint's weight files against meta.json (reads every file)")
+        add_storage_option_arguments(q)
 
     seen = asub.add_parser("seen", help="rows, documents and tokens consumed; per shard, source, file and language")
     common(seen)
@@ -64,7 +67,7 @@ def _open(args):
 
     from gristmill.audit.mixture import consumed_components
 
-    published = open_manifest(ckpt, args.manifest)
+    published = open_manifest(ckpt, args.manifest, storage_options(args))
     steps = parse_steps(args.steps, ckpt)
     if is_mixture(published):  # one Consumed per component (audit/mixture.py)
         return ckpt, published, steps, consumed_components(published, ckpt, steps)

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import argparse
 
+from .common import add_storage_option_arguments
+
 
 def register(sub) -> None:
     p = sub.add_parser("serve", help="serve training batches to remote loaders over Arrow Flight (docs/service.md)",
@@ -18,9 +20,19 @@ def register(sub) -> None:
     p.add_argument("--tls-client-ca", metavar="F", help="PEM CA: mutual TLS, clients must present a certificate it signed")
     p.add_argument("--cache-dir", help="node-local shard cache (default: $GRISTMILL_CACHE_DIR or ~/.cache/gristmill/shards)")
     p.add_argument("--cache-limit-bytes", type=int)
+    add_storage_option_arguments(p)
     p.add_argument("--max-open", type=int, default=16, help="(manifest, sampling) entries kept open (LRU)")
-    p.add_argument("--max-streams", type=int, default=64, help="streams served at once")
-    p.add_argument("--max-streams-per-client", type=int, default=8, help="streams at once per client host")
+    p.add_argument("--max-streams", type=int, default=512, help="streams served at once, in all")
+    p.add_argument("--max-streams-per-client", type=int, default=256,
+                   help="streams at once per client identity (its gristmill-client id, else TLS peer, else host)")
+    p.add_argument("--max-inflight-bytes", type=int, default=512 << 20,
+                   help="reply bytes assembled and not yet read, in all (default 512 MiB)")
+    p.add_argument("--max-inflight-bytes-per-client", type=int, default=256 << 20,
+                   help="reply bytes assembled and not yet read, per client identity (default 256 MiB)")
+    p.add_argument("--admission-wait-s", type=float, default=10.0,
+                   help="a stream past a bound waits this long for room, then is refused as busy (the client retries)")
+    p.add_argument("--stream-idle-s", type=float, default=30.0,
+                   help="a stream whose reader took nothing for this long is cancelled and its slot freed")
     p.add_argument("--max-reply-bytes", type=int, default=256 << 20,
                    help="one request's reply at most this many bytes (default 256 MiB); a larger one is refused")
     p.add_argument("--rescan-interval-s", type=float, default=2.0,
@@ -50,6 +62,8 @@ def _serve(args) -> int:
     from gristmill.loader.service.config import ServeConfig
     from gristmill.loader.service.protocol import TOKEN_ENV
 
+    from .common import storage_options
+
     host, sep, port = args.listen.rpartition(":")
     if not sep or not port.isdigit() or not host:
         raise UsageError(f"--listen: expected HOST:PORT, got {args.listen!r}")
@@ -60,7 +74,11 @@ def _serve(args) -> int:
                       tls_cert=_read(args.tls_cert, "--tls-cert"), tls_key=_read(args.tls_key, "--tls-key"),
                       tls_client_ca=_read(args.tls_client_ca, "--tls-client-ca"),
                       cache_dir=args.cache_dir, cache_limit_bytes=args.cache_limit_bytes, max_open=args.max_open,
+                      storage_options=storage_options(args),
                       max_streams=args.max_streams, max_streams_per_client=args.max_streams_per_client,
+                      max_inflight_bytes=args.max_inflight_bytes,
+                      max_inflight_bytes_per_client=args.max_inflight_bytes_per_client,
+                      admission_wait_s=args.admission_wait_s, stream_idle_s=args.stream_idle_s,
                       rescan_interval_s=args.rescan_interval_s, max_reply_bytes=args.max_reply_bytes)
     from gristmill.loader.service.server import GristmillServer  # the loader and torch: after the checks
 

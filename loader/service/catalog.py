@@ -14,7 +14,6 @@ import posixpath
 import threading
 import time
 
-
 from gristmill.errors import UsageError
 from gristmill.manifests import ManifestError, ManifestStore
 from gristmill.manifests.mixture import PublishedMixture, load_data, load_either
@@ -62,13 +61,13 @@ class Catalog:
 
     def _versions(self, url: str):
         """(name, version, version URL) of every published version under ``url``."""
-        store = Store.from_url(url, **self.storage_options)
-        fs, path = store.fs, store.path(url)
-        if fs.exists(posixpath.join(path, MANIFEST_FILE)):  # one version
+        store = Store.from_url(url, **self.storage_options)  # the one way to storage (manifests/storage.py)
+        path = store.path(url)
+        if store.exists(store.join(path, MANIFEST_FILE)):  # one version
             parent, v = posixpath.split(path.rstrip("/"))
             yield posixpath.basename(parent), int(v[1:]) if v[1:].isdigit() else 0, url
             return
-        if fs.exists(posixpath.join(path, LATEST_FILE)):  # one dataset or mixture: <root>/<name>
+        if store.exists(store.join(path, LATEST_FILE)):  # one dataset or mixture: <root>/<name>
             root, name = url.rsplit("/", 1)
             store, names = ManifestStore(root, **self.storage_options), [name]
         else:  # a store root

@@ -6,8 +6,9 @@ with the Loader's pipeline interface (``next() -> (batch, metrics)``, ``close()`
 ranges of ``Source.service_steps_per_request`` steps (at most ``RANGE_BYTES`` of reply, and what the
 protocol's row bound and a server's default reply bound allow), two ranges in flight; range ``k`` goes first to endpoint
 ``k mod n`` (a deterministic spread) and, on any error, deadline (``Source.service_timeout_s``)
-or a reply that does not check out, the whole range is asked again of the next endpoint (up to
-``Source.retries`` rounds over all endpoints, with backoff). A range's batches are handed over
+or a reply that does not check out, the whole range is asked again of the next endpoint; after each round
+over all endpoints a backoff with jitter, until ``Source.service_deadline_s`` (a restart of every server
+shorter than that costs only the wait). A range's batches are handed over
 only once the whole range has arrived and been checked (manifest hash, request echo, step of
 each record batch, every row's global index), so no sample is lost, duplicated or reordered.
 
@@ -22,7 +23,9 @@ import collections
 import json
 import logging
 import os
+import random
 import re
+import socket
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -37,12 +40,19 @@ from gristmill.manifests.mixture import MixtureManifest, PublishedMixture, manif
 
 from ..documents import segments_to_batch
 from ..options import Source
-from .protocol import (DEFAULT_MAX_REPLY_BYTES, MAX_ROWS, MAX_STEPS, META_REQUEST, META_SHA, SHA256, TOKEN_ENV, Request,
-                       one_line, step_bytes)
+from .protocol import (CLIENT_HEADER, CLIENT_ID, DEFAULT_MAX_REPLY_BYTES, MAX_ROWS, MAX_STEPS, META_REQUEST, META_SHA,
+                       SHA256, TOKEN_ENV, Request, one_line, step_bytes)
 
 log = logging.getLogger(__name__)
 
 RANGES_IN_FLIGHT = 2
+FIRST_RANGE_STEPS = 2  # a pass's first range; each next one twice as long, up to range_steps
+MAX_BACKOFF_S = 1.0  # the longest wait between rounds over the endpoints: a server back is found within ~1 s
+WAIT_LOG_S = 10.0  # while a range waits for the service, a log line this often
+CLIENT_ENV = "GRISTMILL_CLIENT_ID"
+# gRPC's own reconnect backoff grows to 120 s by default: a server back after a long outage would wait that long
+RECONNECT = [("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
+             ("grpc.max_reconnect_backoff_ms", 1000)]
 RANGE_BYTES = 16 << 20  # a request's reply at most this (unless one step is more): up to 3 ranges held per loader
 
 
@@ -70,19 +80,29 @@ class Endpoints:
     def __init__(self, source: Source):
         self.urls = tuple(source.service)
         token = resolve_token(source)
-        headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
+        headers = [(CLIENT_HEADER.encode(), client_id().encode())]
+        if token:
+            headers.append((b"authorization", f"Bearer {token}".encode()))
         self.options = flight.FlightCallOptions(timeout=source.service_timeout_s, headers=headers)
         self.tls = {key: _read(path) for key, path in (("tls_root_certs", source.service_tls_root),
                                                         ("cert_chain", source.service_tls_cert),
                                                         ("private_key", source.service_tls_key)) if path}
         self._clients: dict[str, flight.FlightClient] = {}
+        self._answered: set[str] = set()  # endpoints that have answered a call (the TLS hint is for the others)
         self._lock = threading.Lock()
 
     def client(self, url: str) -> flight.FlightClient:
         with self._lock:
             if url not in self._clients:
-                self._clients[url] = flight.FlightClient(url, **(self.tls if url.startswith("grpc+tls") else {}))
+                self._clients[url] = flight.FlightClient(url, generic_options=RECONNECT,
+                                                         **(self.tls if url.startswith("grpc+tls") else {}))
             return self._clients[url]
+
+    def answered(self, url: str) -> None:
+        self._answered.add(url)
+
+    def reached(self, url: str) -> bool:
+        return url in self._answered
 
     def action(self, url: str, name: str, body: dict) -> bytes:
         results = list(self.client(url).do_action(flight.Action(name, json.dumps(body).encode()), self.options))
@@ -113,7 +133,7 @@ def served_data(name_or_sha: str, source: Source) -> Published | PublishedMixtur
             try:
                 reply = json.loads(endpoints.action(url, "manifest", body))
             except flight.FlightError as e:
-                errors.append(f"{url}: {reason(e, url)}")
+                errors.append(f"{url}: {reason(e, url, False)}")
                 continue
             m = manifest_from_json(reply["manifest"], expected_sha256=expected, source=f"{url} manifest")
             pub = Published(m, f"{url}#{m.sha256}")
@@ -141,6 +161,7 @@ class ServiceBatches:
         self.pool = ThreadPoolExecutor(RANGES_IN_FLIGHT, thread_name_prefix="gristmill-service")
         self.stats = collections.Counter()  # bytes, requests, retries (updated under stats_lock)
         self.stats_lock = threading.Lock()
+        self.closed = threading.Event()  # close(): a range waiting out an outage gives up at once
 
     def request(self, start_step: int, steps: int) -> Request:
         ld = self.ld
@@ -154,9 +175,14 @@ class ServiceBatches:
 
     # -- one range, with failover (runs in a pool thread) ------------------------------------------
     def fetch(self, req: Request, k: int) -> list[dict]:
-        """The batches of ``req``, trying the endpoints in turn from ``k mod n``."""
-        urls, src, errors = self.endpoints.urls, self.ld.source, []
-        for attempt in range(src.retries * len(urls)):
+        """The batches of ``req``, trying the endpoints in turn from ``k mod n`` until ``service_deadline_s``:
+        after each round over all of them, a backoff (doubled each round up to ``MAX_BACKOFF_S``, with jitter so
+        that the ranks of a restarted service do not come back in step) and, every ``WAIT_LOG_S``, a log line."""
+        urls, src = self.endpoints.urls, self.ld.source
+        errors: dict[str, str] = {}  # each endpoint's last error
+        t0 = time.monotonic()
+        deadline, logged, attempt = t0 + src.service_deadline_s, t0, 0
+        while True:
             url = urls[(k + attempt) % len(urls)]
             try:
                 batches, nbytes = self._get(url, req)
@@ -166,65 +192,90 @@ class ServiceBatches:
                 return batches
             except (flight.FlightError, pa.ArrowException, ReplyMismatch, OSError) as e:
                 if _refused(e):  # the same request is refused everywhere: a client error, not a failure
-                    raise ServiceError(f"gristmill serve at {url}: {reason(e, url)}") from e
-                errors.append(f"{url}: {reason(e, url)}")
+                    raise ServiceError(f"gristmill serve at {url}: {reason(e, url, self.endpoints.reached(url))}") from e
+                errors[url] = reason(e, url, self.endpoints.reached(url))
                 with self.stats_lock:
                     self.stats["retries"] += 1
-                log.warning("steps %d..%d from %s failed (%s); retrying on another endpoint", req.start_step,
-                            req.start_step + req.steps - 1, url, reason(e, url))
-                if (attempt + 1) % len(urls) == 0:
-                    time.sleep(min(src.backoff_s * 2 ** ((attempt + 1) // len(urls) - 1), 10.0))
-        raise ServiceError(f"steps {req.start_step}..{req.start_step + req.steps - 1} failed on every endpoint "
-                           f"({src.retries} rounds): {errors[-1]}")
+                log.debug("steps %d..%d from %s failed (%s)", req.start_step, req.start_step + req.steps - 1, url,
+                          errors[url])
+            attempt += 1
+            if attempt % len(urls):
+                continue
+            now = time.monotonic()
+            if now >= deadline:
+                raise ServiceError(f"steps {req.start_step}..{req.start_step + req.steps - 1}: no endpoint served them "
+                                   f"in {src.service_deadline_s:g} s (service_deadline_s): "
+                                   + "; ".join(f"{u}: {m}" for u, m in errors.items()))
+            if now - logged >= WAIT_LOG_S or attempt == len(urls):
+                logged = now
+                log.warning("waiting for gristmill serve: steps %d..%d, %.0f s of %g s (service_deadline_s) spent; %s",
+                            req.start_step, req.start_step + req.steps - 1, now - t0, src.service_deadline_s,
+                            "; ".join(f"{u}: {m}" for u, m in errors.items()))
+            backoff = min(src.backoff_s * 2 ** (attempt // len(urls) - 1), MAX_BACKOFF_S)
+            if self.closed.wait(min(backoff * random.uniform(0.5, 1.0), max(0.0, deadline - now))):
+                raise ServiceError("the loader was closed while its service was unreachable")
 
     def _get(self, url: str, req: Request) -> tuple[list[dict], int]:
         """The checked batches of one reply and its bytes."""
         reader = self.endpoints.client(url).do_get(flight.Ticket(req.encode()), self.endpoints.options)
         meta = reader.schema.metadata or {}
+        self.endpoints.answered(url)
         if meta.get(META_SHA) != req.manifest_sha256.encode() or meta.get(META_REQUEST) != req.encode():
             raise ReplyMismatch(f"reply for manifest {meta.get(META_SHA, b'?')[:64].decode(errors='replace')}, "
                                 f"not the request's {req.manifest_sha256}")
-        out, nbytes = [], 0
+        chunks = []
         try:
             for step in range(req.start_step, req.start_step + req.steps):
                 try:
-                    chunk = reader.read_chunk()
+                    chunks.append(reader.read_chunk())
                 except StopIteration:
                     raise ReplyMismatch(f"stream ended at step {step}, before step {req.start_step + req.steps - 1}") from None
-                out.append(self._batch(req, step, chunk))
-                nbytes += chunk.data.nbytes
             try:  # the end of the stream: the server has finished (and freed) it
                 reader.read_chunk()
             except StopIteration:
-                return out, nbytes
+                return self._batches(req, chunks), sum(c.data.nbytes for c in chunks)
             raise ReplyMismatch(f"more than the {req.steps} steps asked for")
         except BaseException:
             reader.cancel()  # the server frees the stream now, not when this reader is collected
             raise
 
-    def _batch(self, req: Request, step: int, chunk) -> dict:
-        """A reply's record batch as the in-process Loader's batch dict, checked against the request."""
-        ld, rb = self.ld, chunk.data
-        got = json.loads(chunk.app_metadata.to_pybytes()) if chunk.app_metadata is not None else {}
-        if got.get("step") != step or rb.num_rows != req.local_batch:
-            raise ReplyMismatch(f"got step {got.get('step')!r} with {rb.num_rows} rows, expected step {step} with "
-                                f"{req.local_batch}")
-        indices = rb.column("indices").to_numpy()
-        first = req.first_index(step)
-        if not np.array_equal(indices, np.arange(first, first + req.local_batch, dtype=np.int64)):
-            raise ReplyMismatch(f"step {step}: the rows' global indices are not {first}..{first + req.local_batch - 1}")
+    def _batches(self, req: Request, chunks: list) -> list[dict]:
+        """A reply's record batches as the in-process Loader's batch dicts, checked against the request once per
+        reply (vectorised): each step's app metadata and row count, every row's global index, the tokens' dtype.
+        The reply's tokens are copied once into one buffer of ``token_dtype`` (``new_batch``: pinned with
+        ``pin_memory``) and each step's batch is a view of it: no per-step allocation."""
+        ld, local, n, start = self.ld, req.local_batch, req.steps, req.start_step
+        steps = range(start, start + n)
+        got = [c.app_metadata.to_pybytes() if c.app_metadata is not None else b"" for c in chunks]
+        if got != [b'{"step": %d}' % s for s in steps] or any(c.data.num_rows != local for c in chunks):
+            k = next(k for k, c in enumerate(chunks) if got[k] != b'{"step": %d}' % steps[k] or c.data.num_rows != local)
+            raise ReplyMismatch(f"got {got[k][:40]!r} with {chunks[k].data.num_rows} rows, expected step {steps[k]} "
+                                f"with {local}")
+        indices = np.concatenate([c.data.column(1).to_numpy() for c in chunks]).reshape(n, local)
+        want = (np.arange(start, start + n, dtype=np.int64) * req.global_batch + req.rank * local)[:, None] + np.arange(local)
+        if not np.array_equal(indices, want):
+            k = int(np.flatnonzero((indices != want).any(axis=1))[0])
+            raise ReplyMismatch(f"step {steps[k]}: the rows' global indices are not {want[k, 0]}..{want[k, -1]}")
+        stored_dtype = chunks[0].data.schema.field("tokens").type.value_type.to_pandas_dtype()
+        if np.dtype(stored_dtype) != np.dtype(ld.manifest.token_dtype):
+            raise ReplyMismatch(f"tokens of dtype {np.dtype(stored_dtype)}, the manifest's are {ld.manifest.token_dtype}")
         row_tokens = ld.manifest.row_tokens
-        stored = rb.column("tokens").values.to_numpy().reshape(rb.num_rows, row_tokens)  # zero-copy view
-        if stored.dtype != np.dtype(ld.manifest.token_dtype):
-            raise ReplyMismatch(f"tokens of dtype {stored.dtype}, the manifest's are {ld.manifest.token_dtype}")
-        batch, buf = ld.new_batch(indices, step)
-        buf[...] = stored  # widened to token_dtype
-        if req.documents:
-            pos = rb.column("position_ids").values.to_numpy().reshape(rb.num_rows, row_tokens - 1)
-            batch.update(segments_to_batch(pos == 0))
-        return batch
+        whole, buf = ld.new_batch(indices.reshape(-1), start)
+        for k, c in enumerate(chunks):  # one copy a step into the reply's buffer (widened to token_dtype)
+            buf[k * local:(k + 1) * local] = c.data.column(0).values.to_numpy().reshape(local, row_tokens)
+        out = []
+        for k, step in enumerate(steps):
+            tokens = whole["tokens"][k * local:(k + 1) * local]
+            batch = {"tokens": tokens, "input_ids": tokens[:, :-1], "labels": tokens[:, 1:],
+                     "indices": whole["indices"][k * local:(k + 1) * local], "step": step}
+            if req.documents:
+                pos = chunks[k].data.column(2).values.to_numpy().reshape(local, row_tokens - 1)
+                batch.update(segments_to_batch(pos == 0))
+            out.append(batch)
+        return out
 
     def close(self) -> None:
+        self.closed.set()
         self.pool.shutdown(wait=True, cancel_futures=True)
         self.endpoints.close()
 
@@ -239,21 +290,26 @@ class _ServicePipeline:
                              f"global_batch {ld.global_batch}")
         self.remote, self.ld = remote, ld
         self.next_step = start // ld.global_batch
+        self.sent = 0  # ranges asked for: the endpoint spread and the slow start
         self.ranges: collections.deque[Future] = collections.deque()
         self.ready: collections.deque[dict] = collections.deque()
         self._fill()
 
     def _fill(self) -> None:
+        """Ranges in flight up to ``RANGES_IN_FLIGHT``: the first ones short (``FIRST_RANGE_STEPS``, doubled each
+        range up to ``range_steps``), so a pass that reads a few steps (a validation, a short run, a resume that
+        stops) is sent a few more, not two whole ranges; never past the loader's end (``stop_index``)."""
         ld, r = self.ld, self.remote
         while len(self.ranges) < RANGES_IN_FLIGHT:
-            steps = r.range_steps
+            steps = min(r.range_steps, FIRST_RANGE_STEPS << min(self.sent, 16))
             if ld.stop_index is not None:
                 steps = min(steps, (ld.stop_index - self.next_step * ld.global_batch) // ld.global_batch)
                 if steps <= 0:
                     return
             req = r.request(self.next_step, steps)
-            self.ranges.append(r.pool.submit(r.fetch, req, self.next_step // r.range_steps))
+            self.ranges.append(r.pool.submit(r.fetch, req, self.sent))
             self.next_step += steps
+            self.sent += 1
 
     def next(self) -> tuple[dict, dict]:
         if not self.ready:
@@ -286,9 +342,17 @@ def _refused(e: Exception) -> bool:
         isinstance(e, flight.FlightServerError) and "bad request" in str(e))
 
 
-def reason(e: Exception, url: str) -> str:
-    """A Flight error in one short line: gRPC's debug context dropped, a plain client to a TLS server named."""
-    text = re.sub(r"^Flight returned \w+ error, with message: ", "", one_line(e)).split(". gRPC client debug context")[0]
-    if url.startswith(("grpc://", "grpc+tcp://")) and "Socket closed" in text:
+def reason(e: Exception, url: str, reached: bool) -> str:
+    """A Flight error in one short line: gRPC's debug context dropped; a plain client's socket closed by an
+    endpoint that never answered it named as a TLS server (one that answered before was just stopped)."""
+    text = re.sub(r"^(Flight|gRPC) returned [\w ]+ error, with message: ", "", one_line(e)).split(". gRPC client debug context")[0]
+    if url.startswith(("grpc://", "grpc+tcp://")) and "Socket closed" in text and not reached:
         text += " (a TLS server? use grpc+tls:// and service_tls_root)"
     return text
+
+
+def client_id() -> str:
+    """This client's identity for the server's per-client bounds: $GRISTMILL_CLIENT_ID, else the hostname (a
+    pod's name: the ranks of one host share one bound, pods behind one NAT each have theirs)."""
+    got = os.environ.get(CLIENT_ENV) or socket.gethostname()
+    return got if CLIENT_ID.fullmatch(got) else re.sub(r"[^A-Za-z0-9_.:@/-]", "_", got)[:128] or "unknown"

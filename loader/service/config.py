@@ -29,8 +29,15 @@ class ServeConfig:
     cache_limit_bytes: int | None = None
     storage_options: dict = field(default_factory=dict)  # fsspec options of the stores
     max_open: int = 16  # (manifest, sampling) entries kept open (LRU)
-    max_streams: int = 64  # streams served at once
-    max_streams_per_client: int = 8  # streams at once per client host
+    # Admission (loader/service/admission.py): streams and reply bytes in flight, in all and per client identity.
+    # A stream holds one assembled chunk (<= 1 MiB) until read; a rank keeps 2 ranges in flight, so the
+    # defaults serve 64 ranks on each of 4 hosts (or 128 on one) without a refusal.
+    max_streams: int = 512
+    max_streams_per_client: int = 256
+    max_inflight_bytes: int = 512 << 20
+    max_inflight_bytes_per_client: int = 256 << 20
+    admission_wait_s: float = 10.0  # a stream past a bound waits this long for room before it is refused as busy
+    stream_idle_s: float = 30.0  # a stream whose reader took nothing for this long is cancelled, its slot freed
     rescan_interval_s: float = 2.0  # an unknown hash rescans the stores at most this often
     max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES  # one request's reply (all its steps) at most this many bytes
     session_idle_s: float = 60.0  # a client session idle this long is logged as ended, with its totals
@@ -44,8 +51,16 @@ class ServeConfig:
         if not self.token and not is_loopback(self.host):
             raise UsageError(f"refusing to listen on {self.host} without a token: anyone who reaches it could read "
                              f"the data; give --token-file or ${TOKEN_ENV}, or listen on 127.0.0.1")
-        if self.max_open < 1 or self.max_streams < 1 or self.max_streams_per_client < 1:
-            raise UsageError("max_open, max_streams and max_streams_per_client must be >= 1")
+        if self.token is not None and not self.token.strip():
+            raise UsageError(f"the token (--token-file or ${TOKEN_ENV}) is empty or whitespace: give a real token")
+        if self.token is not None and self.token != self.token.strip():
+            raise UsageError(f"the token (--token-file or ${TOKEN_ENV}) starts or ends with whitespace: strip it")
+        if min(self.max_open, self.max_streams, self.max_streams_per_client, self.max_inflight_bytes,
+               self.max_inflight_bytes_per_client) < 1:
+            raise UsageError("--max-open, --max-streams, --max-streams-per-client, --max-inflight-bytes and "
+                             "--max-inflight-bytes-per-client must be >= 1")
+        if self.admission_wait_s < 0 or self.stream_idle_s <= 0:
+            raise UsageError("--admission-wait-s must be >= 0 and --stream-idle-s > 0")
         if self.max_reply_bytes < 1:
             raise UsageError(f"max_reply_bytes must be >= 1, got {self.max_reply_bytes}")
 

@@ -50,6 +50,10 @@ SPLIT = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 SHA256 = re.compile(r"[0-9a-f]{64}")
 
 TOKEN_ENV = "GRISTMILL_SERVE_TOKEN"  # the bearer token, when neither side is given one (server and client)
+# A client's identity, sent with its token (a pod's hostname by default): the server's admission bounds are per
+# identity (loader/service/admission.py), so the ranks of one host share one and two pods behind a NAT do not.
+CLIENT_HEADER = "gristmill-client"
+CLIENT_ID = re.compile(r"[A-Za-z0-9_.:@/-]{1,128}")
 
 META_SHA = b"gristmill.manifest_sha256"  # schema metadata keys of a reply
 META_REQUEST = b"gristmill.request"

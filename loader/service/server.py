@@ -9,12 +9,14 @@ eviction included) in an LRU of ``max_open`` entries, and answers rank ``r``'s s
 call, up to ``ASSEMBLE_BYTES`` and ``ASSEMBLE_ROWS`` of steps assembled at a time when gRPC asks for
 the next record batch, each step sent as a zero-copy slice), in the shards' own token dtype.
 
-Bounds: at most ``max_streams`` streams at once, ``max_streams_per_client`` per client host;
-a stream past either is refused at once (``FlightUnavailableError``: the client retries, on
-another endpoint first). A request whose reply would exceed ``max_reply_bytes`` is refused once its
-manifest is known (``bad request``: ask fewer steps a request). A request is checked before any work; every refusal is one line and
-the server keeps serving the others. A client that disconnects mid-stream frees its slot when
-gRPC drops the stream.
+Transport: a ``grpcio`` server speaking Arrow Flight's protobuf service (wire.py), so gRPC refuses a request
+message over 8 KiB before buffering it (pyarrow's Flight server cannot be told to). Bounds (admission.py): streams
+and reply bytes in flight, in all and per client identity; a stream past a bound waits ``admission_wait_s`` for
+room, then is refused as busy (``FlightUnavailableError``: the client backs off and retries until its deadline);
+a stream whose reader took nothing for ``stream_idle_s`` is cancelled. A request whose reply would exceed
+``max_reply_bytes`` is refused once its manifest is known (``bad request``: ask fewer steps a request). A
+request is checked before any work; every refusal is one line and the server keeps serving the others. A
+client that disconnects mid-stream frees its slot when gRPC ends the call.
 
 Logging: one INFO line when a client session (client host, manifest, split, rank/world) is first
 seen and one when it has been idle ``session_idle_s`` or the server stops, with its totals
@@ -22,8 +24,7 @@ seen and one when it has been idle ``session_idle_s`` or the server stops, with 
 manifest, authentication, busy) are counted in ``stats`` by kind and logged at WARNING, at most one
 line per client host per ``refusal_log_interval_s`` (the lines left out are counted in the next).
 
-Security (:class:`ServeConfig`): a bearer token checked by server middleware on every call
-(constant-time compare); TLS from certificate and key files, optionally mutual TLS; listening
+Security (:class:`ServeConfig`): a bearer token checked on every call (constant-time compare); TLS from certificate and key files, optionally mutual TLS; listening
 beyond the loopback interface without a token is refused at start.
 """
 from __future__ import annotations
@@ -36,18 +37,22 @@ import logging
 import threading
 import time
 
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
 import numpy as np
 import pyarrow as pa
-import pyarrow.flight as flight
 
-from gristmill.errors import GristmillError
+from gristmill.errors import GristmillError, UsageError
 
 from ..loader import PLAN_ROWS, Loader
-from ..options import Batches, Caching, Sampling, Threads
+from ..options import Batches, Caching, Sampling, Source, Threads
+from .admission import Admission, Busy, Idle
 from .catalog import Catalog, UnknownManifest
 from .config import ServeConfig, is_loopback  # noqa: F401  (ServeConfig lives beside, without torch: see config.py)
-from .protocol import (META_REQUEST, META_SHA, SHA256, TOKEN_ENV, ProtocolError, Request,
+from .protocol import (CLIENT_HEADER, CLIENT_ID, META_REQUEST, META_SHA, SHA256, TOKEN_ENV, ProtocolError, Request,
                        json_object, one_line, reply_bytes, step_bytes)
+from .wire import MAX_REQUEST_BYTES, SERVICE, VERBS, fields, flight_data, message
 
 log = logging.getLogger(__name__)
 
@@ -55,28 +60,7 @@ LATENCIES_KEPT = 4096  # per-step assembly latencies the stats' percentiles are 
 ASSEMBLE_BYTES = 1 << 20  # a stream assembles at most this many bytes of steps at once (at least one step),
 ASSEMBLE_ROWS = 256  # and at most this many rows (its pins: as many shards at most, or one step's)
 TRIM_AFTER_BYTES = 16 << 20  # a stream that sent this much returns the freed heap to the system when it ends
-
-
-class _BearerAuth(flight.ServerMiddlewareFactory):
-    """Every call must carry ``authorization: Bearer <token>``."""
-
-    def __init__(self, token: str, on_refusal=None):
-        self.token = token.encode()
-        self.on_refusal = on_refusal or (lambda client, kind, message: None)
-
-    def start_call(self, info, headers):
-        values = headers.get("authorization") or headers.get("Authorization") or []
-        got = values[0] if values else ""
-        got = got.encode() if isinstance(got, str) else bytes(got)
-        if not got:
-            message = ("gristmill serve: no bearer token (give the client service_token, service_token_file or "
-                       f"${TOKEN_ENV})")
-        elif not (got.startswith(b"Bearer ") and hmac.compare_digest(got[7:], self.token)):
-            message = "gristmill serve: wrong bearer token"
-        else:
-            return None
-        self.on_refusal("an unauthenticated client", "auth", message)  # the middleware is not told the peer
-        raise flight.FlightUnauthenticatedError(message)
+ACTION_THREADS = 16  # gRPC threads beyond the streams' (actions, refusals)
 
 
 class _Stats:
@@ -185,34 +169,6 @@ def _session_name(key: tuple) -> str:
     return f"{client} {sha[:12]} split={split} rank={rank}/{world}"
 
 
-class _Slots:
-    """The stream bounds: global and per client host; a stream past either is refused, not queued."""
-
-    def __init__(self, total: int, per_client: int):
-        self.total, self.per_client = total, per_client
-        self.lock = threading.Lock()
-        self.active = 0
-        self.by_client = collections.Counter()
-
-    def take(self, client: str) -> None:
-        with self.lock:
-            if self.active >= self.total:
-                raise flight.FlightUnavailableError(f"gristmill serve: busy ({self.total} streams); retry or use "
-                                                    f"another endpoint")
-            if self.by_client[client] >= self.per_client:
-                raise flight.FlightUnavailableError(f"gristmill serve: {client} has {self.per_client} streams open "
-                                                    f"already (the per-client bound)")
-            self.active += 1
-            self.by_client[client] += 1
-
-    def give(self, client: str) -> None:
-        with self.lock:
-            self.active -= 1
-            self.by_client[client] -= 1
-            if not self.by_client[client]:
-                del self.by_client[client]
-
-
 class _Entry:
     """An open Loader and the streams using it (an LRU-evicted entry closes when the last one ends)."""
 
@@ -220,8 +176,9 @@ class _Entry:
         self.loader, self.users, self.evicted = loader, 0, False
 
 
-class GristmillServer(flight.FlightServerBase):
-    """The Flight server; ``serve()`` (or ``wait``) blocks, ``shutdown()`` stops it."""
+class GristmillServer:
+    """The Flight server (a ``grpcio`` server speaking Flight's service, wire.py), serving from the start;
+    ``port`` is the port it listens on, ``shutdown()`` stops it."""
 
     def __init__(self, cfg: ServeConfig):
         self.cfg = cfg
@@ -230,17 +187,75 @@ class GristmillServer(flight.FlightServerBase):
         self.stats = _Stats()
         self.refusals = _Refusals(self.stats, cfg.refusal_log_interval_s)
         self.sessions = _Sessions(cfg.session_idle_s)
-        self.slots = _Slots(cfg.max_streams, cfg.max_streams_per_client)
+        self.admission = Admission(cfg.max_streams, cfg.max_inflight_bytes, cfg.max_streams_per_client,
+                                   cfg.max_inflight_bytes_per_client, cfg.admission_wait_s)
+        self.idle = Idle(cfg.stream_idle_s, self._idle_cancelled)
+        self._token = cfg.token.encode() if cfg.token else None
         self._entries: collections.OrderedDict[tuple, _Entry] = collections.OrderedDict()
         self._entries_lock = threading.Lock()
         self._build_lock = threading.Lock()
-        tls = {}
-        if cfg.tls_cert:
-            tls = {"tls_certificates": [(cfg.tls_cert, cfg.tls_key)]}
-            if cfg.tls_client_ca:
-                tls.update(verify_client=True, root_certificates=cfg.tls_client_ca)
-        middleware = {"auth": _BearerAuth(cfg.token, self.refusals)} if cfg.token else None
-        super().__init__(cfg.location, middleware=middleware, **tls)
+        # a thread per stream (admitted or waiting for room) and a few for actions; past that gRPC refuses at once
+        workers = 2 * cfg.max_streams + ACTION_THREADS
+        self._grpc = grpc.server(ThreadPoolExecutor(workers, thread_name_prefix="gristmill-serve"),
+                                 maximum_concurrent_rpcs=workers, options=[
+                                     ("grpc.max_receive_message_length", MAX_REQUEST_BYTES),
+                                     ("grpc.max_send_message_length", -1),
+                                     ("grpc.so_reuseport", 0)])  # a port in use is an error, not a shared port
+        self._grpc.add_generic_rpc_handlers([self._handlers()])
+        address = f"[{cfg.host}]:{cfg.port}" if ":" in cfg.host else f"{cfg.host}:{cfg.port}"
+        try:
+            if cfg.tls_cert:
+                creds = grpc.ssl_server_credentials([(cfg.tls_key, cfg.tls_cert)], root_certificates=cfg.tls_client_ca,
+                                                    require_client_auth=cfg.tls_client_ca is not None)
+                self.port = self._grpc.add_secure_port(address, creds)
+            else:
+                self.port = self._grpc.add_insecure_port(address)
+        except RuntimeError as e:
+            raise UsageError(f"gristmill serve: cannot listen on {address}: {one_line(e)} (a port in use?)") from None
+        self._grpc.start()
+
+    def _handlers(self) -> grpc.GenericRpcHandler:
+        served = {"DoGet": self.do_get, "DoAction": self.do_action, "ListActions": self.list_actions}
+        handlers = {}
+        for verb, (streamed_in, streamed_out) in VERBS.items():
+            fn = served.get(verb) or self._unimplemented(verb)
+            make = {(False, True): grpc.unary_stream_rpc_method_handler, (False, False): grpc.unary_unary_rpc_method_handler,
+                    (True, True): grpc.stream_stream_rpc_method_handler}[(streamed_in, streamed_out)]
+            handlers[verb] = make(fn)
+        return grpc.method_handlers_generic_handler(SERVICE, handlers)
+
+    def _unimplemented(self, verb: str):
+        def refuse(request, context):
+            self._authenticate(context)
+            context.abort(grpc.StatusCode.UNIMPLEMENTED,
+                          f"gristmill serve does not implement {verb}; it answers DoGet (a ticket of a request, "
+                          f"docs/service.md), DoAction (stats, manifest) and ListActions")
+        return refuse
+
+    # -- who is calling ---------------------------------------------------------------------------
+    def _authenticate(self, context) -> str:
+        """The caller's identity (wire header ``gristmill-client``, else its TLS peer, else its host), after its
+        token is checked (constant-time compare); a refusal aborts the call."""
+        meta = dict(context.invocation_metadata())
+        host = _host(context.peer())
+        if self._token is not None:
+            got = meta.get("authorization", "")
+            got = got.encode() if isinstance(got, str) else bytes(got)
+            if not got:
+                message = ("gristmill serve: no bearer token (give the client service_token, service_token_file or "
+                           f"${TOKEN_ENV})")
+            elif not (got.startswith(b"Bearer ") and hmac.compare_digest(got[7:], self._token)):
+                message = "gristmill serve: wrong bearer token"
+            else:
+                message = None
+            if message:
+                self.refusals(host, "auth", message)
+                context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+        client = meta.get(CLIENT_HEADER)
+        if isinstance(client, str) and CLIENT_ID.fullmatch(client):
+            return f"{client}"
+        peer = context.auth_context().get("x509_common_name")
+        return f"tls:{peer[0].decode(errors='replace')}" if peer else host
 
     # -- the loaders ------------------------------------------------------------------------------
     def _acquire(self, req: Request) -> _Entry:
@@ -256,6 +271,7 @@ class GristmillServer(flight.FlightServerBase):
             pub = self.catalog.load(req.manifest_sha256)
             entry = _Entry(Loader(pub, Sampling(split=req.split, seed=req.seed, order=req.order,
                                                 window_shards=req.window_shards, global_batch=1),
+                                  source=Source(storage_options=dict(self.cfg.storage_options)),  # its shards too
                                   caching=Caching(dir=self.cfg.cache_dir, limit_bytes=self.cfg.cache_limit_bytes),
                                   threads=Threads(prefetch=1, workers=0, fetch_workers=1),
                                   batches=Batches(token_dtype=None, pin_memory=False, documents=req.documents)))
@@ -287,114 +303,151 @@ class GristmillServer(flight.FlightServerBase):
             entry.loader.close()
 
     # -- Flight -----------------------------------------------------------------------------------
-    def do_get(self, context, ticket):
-        client = _host(context.peer())
+    def do_get(self, request: bytes, context):
+        client = self._authenticate(context)
         try:
-            req = Request.decode(ticket.ticket)
+            req = Request.decode(fields(request, "ticket").get(1, b""))
         except ProtocolError as e:
             self.refusals(client, "bad_request", str(e))
-            raise flight.FlightServerError(str(e)) from None
-        try:
-            self.slots.take(client)
-        except flight.FlightUnavailableError as e:
-            self.refusals(client, "busy", str(e))
-            raise
+            context.abort(grpc.StatusCode.UNKNOWN, str(e))
         try:
             entry = self._acquire(req)
         except GristmillError as e:
-            self.slots.give(client)
             message = f"{type(e).__name__}: {one_line(e)}"
             self.refusals(client, "unknown" if isinstance(e, UnknownManifest) else "error", message)
-            raise flight.FlightServerError(message) from None
-        except BaseException as e:
-            self.slots.give(client)
+            context.abort(grpc.StatusCode.UNKNOWN, message)
+        except Exception as e:  # noqa: BLE001 - one line to the client, the traceback in the log
             log.exception("opening %s for %s failed", req.manifest_sha256, client)
-            raise flight.FlightServerError(f"internal error: {one_line(e)}") from None
+            context.abort(grpc.StatusCode.UNKNOWN, f"internal error: {one_line(e)}")
         size = reply_bytes(entry.loader.manifest, req)
         if size > self.cfg.max_reply_bytes:
-            self.slots.give(client)
             self._release(entry)
             message = (f"bad request: the reply would be {size} bytes ({req.steps} steps of {req.local_batch} rows), "
                        f"over the server's bound of {self.cfg.max_reply_bytes} bytes a request (--max-reply-bytes); "
                        f"ask fewer steps per request (Source.service_steps_per_request)")
             self.refusals(client, "bad_request", message)
-            raise flight.FlightServerError(message)
+            context.abort(grpc.StatusCode.UNKNOWN, message)
+        stream = _Stream(self, entry, req, client)
+        try:
+            self.admission.enter(client, stream.cost)
+        except Busy as e:
+            self._release(entry)
+            self.refusals(client, "busy", str(e))
+            context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
+        stream.admitted = True
+        if not context.add_callback(lambda: stream.finish("dropped by the client")):  # already over
+            stream.finish("dropped by the client")
+            return iter(())
         with self.stats.lock:
             self.stats.clients.add(client)
         self.stats.add(requests=1)
-        stream = _Stream(self, entry, req, client)
         self.sessions.start(stream.session)
-        return flight.GeneratorStream(stream.schema, stream)
+        self.idle.add(stream, context)
+        return stream.messages(context)
+
+    def _idle_cancelled(self, stream: "_Stream") -> None:
+        self.stats.add(cancelled_idle=1)
+        log.warning("cancelled a stream of %s: not read for %g s (--stream-idle-s)", stream.client, self.cfg.stream_idle_s)
 
     def shutdown(self):
         """Stop serving; every open session's totals are logged."""
-        super().shutdown()
+        self._grpc.stop(grace=1.0).wait()
+        self.idle.close()
         self.sessions.close()
 
-    def do_action(self, context, action):
-        kind = action.type
+    def do_action(self, request: bytes, context):
+        self._authenticate(context)
+        try:
+            action = fields(request, "action")
+        except ProtocolError as e:
+            context.abort(grpc.StatusCode.UNKNOWN, str(e))
+        kind = action.get(1, b"").decode(errors="replace")
         if kind == "stats":
-            yield json.dumps(self.stats.snapshot(self.slots.active)).encode()
+            body = json.dumps(self.stats.snapshot(self.admission.active)).encode()
         elif kind == "manifest":
-            yield self._manifest(action.body.to_pybytes())
+            try:
+                body = self._manifest(action.get(2, b""))
+            except ProtocolError as e:
+                context.abort(grpc.StatusCode.UNKNOWN, str(e))
         else:
-            raise flight.FlightServerError(f"unknown action {kind[:40]!r}; actions: stats, manifest")
+            context.abort(grpc.StatusCode.UNKNOWN, f"unknown action {kind[:40]!r}; actions: stats, manifest")
+        return iter([message(f1=body)])
 
-    def list_actions(self, context):
-        return [("stats", "JSON counters: clients, requests, bytes, cache hits/misses, step latency, streams"),
-                ("manifest", 'the manifest JSON of {"sha256": ...} or {"name": ...} (a mixture: with its components)')]
+    def list_actions(self, request: bytes, context):
+        self._authenticate(context)
+        return iter([message(f1=k.encode(), f2=d.encode()) for k, d in ACTIONS])
 
     def _manifest(self, body: bytes) -> bytes:
         usage = 'bad request: the manifest action takes {"sha256": HEX} or {"name": NAME}'
         try:
             ask = json_object(body, "the manifest action's body")
         except ProtocolError:
-            raise flight.FlightServerError(usage) from None
+            raise ProtocolError(usage) from None
         if len(ask) != 1 or next(iter(ask)) not in ("sha256", "name") or not isinstance(next(iter(ask.values())), str):
-            raise flight.FlightServerError(usage)
+            raise ProtocolError(usage)
         try:
             sha = ask["sha256"] if "sha256" in ask else self.catalog.latest_sha(ask["name"])
             if not SHA256.fullmatch(sha):
                 raise ProtocolError("bad request: sha256: expected 64 lowercase hex digits")
             pub = self.catalog.load(sha)
         except GristmillError as e:
-            raise flight.FlightServerError(f"{type(e).__name__}: {one_line(e)}") from None
+            raise ProtocolError(f"{type(e).__name__}: {one_line(e)}") from None
         comps = [c.manifest.to_json() for c in getattr(pub, "components", ())]
         return json.dumps({"manifest": pub.manifest.to_json(), "components": comps}).encode()
 
 
+ACTIONS = (("stats", "JSON counters: clients, requests, bytes, cache hits/misses, step latency, streams"),
+           ("manifest", 'the manifest JSON of {"sha256": ...} or {"name": ...} (a mixture: with its components)'))
+
+
 class _Stream:
-    """The record batches of one request; holds its slot and entry until finished or dropped."""
+    """The record batches of one request; holds its admission and entry until finished or dropped."""
 
     def __init__(self, server: GristmillServer, entry: _Entry, req: Request, client: str):
         self.server, self.entry, self.req, self.client = server, entry, req, client
-        self.step, self.bytes, self.t0, self.done = req.start_step, 0, time.perf_counter(), False
+        self.step, self.bytes, self.t0, self.done, self.admitted = req.start_step, 0, time.perf_counter(), False, False
+        self.lock = threading.Lock()
         m = entry.loader.manifest
-        fields = [("tokens", pa.list_(pa.from_numpy_dtype(np.dtype(m.token_dtype)), m.row_tokens)), ("indices", pa.int64())]
+        fields_ = [("tokens", pa.list_(pa.from_numpy_dtype(np.dtype(m.token_dtype)), m.row_tokens)), ("indices", pa.int64())]
         if req.documents:
-            fields.append(("position_ids", pa.list_(pa.int32(), m.seq_len)))
-        self.schema = pa.schema(fields, metadata={META_SHA: req.manifest_sha256.encode(), META_REQUEST: req.encode()})
+            fields_.append(("position_ids", pa.list_(pa.int32(), m.seq_len)))
+        self.schema = pa.schema(fields_, metadata={META_SHA: req.manifest_sha256.encode(), META_REQUEST: req.encode()})
         self.session = (client, req.manifest_sha256, req.split, req.rank, req.world_size)
         self.batches = None  # Loader.rows_at_many over the request's steps, made on the first step (in gRPC's thread)
         self.step_bytes = step_bytes(m, req.local_batch, req.documents)
         self.steps_at_once = max(1, min(req.steps, ASSEMBLE_BYTES // self.step_bytes, ASSEMBLE_ROWS // req.local_batch))
+        self.cost = server.admission.cost(self.steps_at_once * self.step_bytes)  # its chunk: what it holds at most
         self.ready: collections.deque[pa.RecordBatch] = collections.deque()  # this chunk's steps not sent yet
+        self.waiting_since: float | None = None  # when it last handed a message to its reader (Idle's clock)
 
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        req = self.req
-        if self.done or self.step >= req.start_step + req.steps:
+    def messages(self, context):
+        """The reply's FlightData messages: the schema, then a record batch a step. gRPC resumes this generator
+        when its reader has room; ``waiting_since`` is set while it is suspended there. A step that fails
+        ends the call with its one line (gRPC UNKNOWN: a ``FlightServerError``)."""
+        try:
+            self.waiting_since = time.monotonic()
+            yield flight_data(self.schema.serialize())
+            self.waiting_since = None
+            for rb, meta in self.record_batches():
+                data = flight_data(rb.serialize(), meta)
+                self.waiting_since = time.monotonic()
+                yield data
+                self.waiting_since = None
             self.finish("done")
-            raise StopIteration
-        if not self.ready:
-            self._assemble()
-        rb = self.ready.popleft()
-        self.bytes += self.step_bytes
-        meta = b'{"step": %d}' % self.step
-        self.step += 1
-        return rb, pa.py_buffer(meta)
+        except _Failed as e:
+            context.abort(grpc.StatusCode.UNKNOWN, str(e))
+
+    def record_batches(self):
+        """(record batch, app metadata ``{"step": s}``) of each step, in step order."""
+        end = self.req.start_step + self.req.steps
+        while self.step < end and not self.done:
+            if not self.ready:
+                self._assemble()
+            rb = self.ready.popleft()
+            self.bytes += self.step_bytes
+            meta = b'{"step": %d}' % self.step
+            self.step += 1
+            yield rb, meta
 
     def _assemble(self) -> None:
         """The next ``steps_at_once`` steps, assembled in one go and sliced into a record batch a step (no copy)."""
@@ -406,11 +459,11 @@ class _Stream:
             batch, metrics = next(self.batches)
         except GristmillError as e:
             self.finish(f"failed: {one_line(e)}")
-            raise flight.FlightServerError(f"{type(e).__name__}: {one_line(e)}") from None
-        except BaseException as e:
+            raise _Failed(f"{type(e).__name__}: {one_line(e)}") from None
+        except Exception as e:  # noqa: BLE001 - one line to the client, the traceback in the log
             log.exception("step %d of %s failed", self.step, req.manifest_sha256)
             self.finish(f"failed: {one_line(e)}")
-            raise flight.FlightServerError(f"internal error: {one_line(e)}") from None
+            raise _Failed(f"internal error: {one_line(e)}") from None
         rb = to_record_batch(batch, self.schema)
         n = rb.num_rows // req.local_batch
         self.ready.extend(rb.slice(k * req.local_batch, req.local_batch) for k in range(n))
@@ -421,25 +474,30 @@ class _Stream:
                                 cache_misses=metrics["cache_misses"], bytes_downloaded=metrics["bytes_downloaded"])
 
     def finish(self, how: str) -> None:
-        """Free the slot and the entry, once; add the stream to its session; one DEBUG line."""
-        if self.done:
-            return
-        self.done = True
+        """Free the admission and the entry, once (the generator's end or gRPC's callback when the call ends);
+        add the stream to its session; one DEBUG line."""
+        with self.lock:
+            if self.done:
+                return
+            self.done = True
         self.batches = None  # the rest of the plan
         self.ready.clear()
-        self.server.slots.give(self.client)
-        self.server._release(self.entry)
+        server = self.server
+        server.idle.remove(self)
+        server.admission.leave(self.client, self.cost)
+        server._release(self.entry)
         if self.bytes >= TRIM_AFTER_BYTES or (how != "done" and self.req.steps * self.req.local_batch >= PLAN_ROWS):
             release_free_heap()  # a large stream, or a long one cut short: its plan and buffers go back too
         req = self.req
-        self.server.sessions.end(self.session, self.step - req.start_step, self.bytes, how != "done")
+        server.sessions.end(self.session, self.step - req.start_step, self.bytes, how != "done")
         log.debug("%s: %s split=%s rank=%d/%d steps %d..%d: %d of %d steps, %d bytes in %.3f s, %s", self.client,
-                 req.manifest_sha256[:12], req.split, req.rank, req.world_size, req.start_step,
-                 req.start_step + req.steps - 1, self.step - req.start_step, req.steps, self.bytes,
-                 time.perf_counter() - self.t0, how)
+                  req.manifest_sha256[:12], req.split, req.rank, req.world_size, req.start_step,
+                  req.start_step + req.steps - 1, self.step - req.start_step, req.steps, self.bytes,
+                  time.perf_counter() - self.t0, how)
 
-    def __del__(self):  # gRPC dropped the stream (a client gone mid-stream) before it ended
-        self.finish("dropped by the client")
+
+class _Failed(Exception):
+    """A step that failed mid-stream (its one line)."""
 
 
 def release_free_heap() -> None:
@@ -464,5 +522,9 @@ def to_record_batch(batch: dict, schema: pa.Schema) -> pa.RecordBatch:
 
 
 def _host(peer) -> str:
+    """The host of a gRPC peer (``ipv4:10.0.0.5:41234``, ``ipv6:[::1]:41234``, ``unix:...``)."""
     peer = peer.decode() if isinstance(peer, bytes) else str(peer)
-    return peer.rsplit(":", 1)[0] if ":" in peer else peer
+    kind, _, address = peer.partition(":")
+    if kind not in ("ipv4", "ipv6"):
+        return peer
+    return address.rsplit(":", 1)[0].strip("[]")
