@@ -72,5 +72,7 @@ def run(args: argparse.Namespace, handler: Callable[[argparse.Namespace], int | 
             raise
         if getattr(args, "verbose", False):
             traceback.print_exc()
+        # a name that is not UTF-8 (surrogate-escaped) is shown escaped, never a second error while printing
+        line = line.encode("utf-8", "backslashreplace").decode("utf-8")
         print(f"gristmill {args.command}: error: {line}", file=sys.stderr)
         return 2
