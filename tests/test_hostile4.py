@@ -535,3 +535,22 @@ exit 100
     assert r.returncode == 0, r.stderr
     calls = log.read_text().splitlines()
     assert len(calls) == 2 and all("DPkg::Lock::Timeout=7" in c for c in calls), calls
+
+
+# -- 9. a Ray cluster address where nothing answers ---------------------------------------------------
+def test_a_ray_address_where_nothing_answers_fails_in_one_line_within_the_connect_timeout(plain_corpus, tmp_path,
+                                                                                          capsys, monkeypatch):
+    import time
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    out = tmp_path / "run"
+    os.makedirs(out)
+    job = _job(plain_corpus, out, runner={"kind": "ray", "address": "127.0.0.1:1", "connect_timeout_s": 3})
+    t0 = time.monotonic()
+    assert cli.main(["prepare", "--quiet", job]) == 2
+    assert time.monotonic() - t0 < 30
+    _one_line(capsys.readouterr().err, "cannot join the Ray cluster at 127.0.0.1:1", "nothing answers there after 3 s",
+              "runner.connect_timeout_s")
+    from gristmill.pipeline.config import RunnerConfig
+
+    assert RunnerConfig(kind="ray").connect_timeout_s == 60  # the default: one line within a minute
