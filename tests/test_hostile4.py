@@ -554,3 +554,33 @@ def test_a_ray_address_where_nothing_answers_fails_in_one_line_within_the_connec
     from gristmill.pipeline.config import RunnerConfig
 
     assert RunnerConfig(kind="ray").connect_timeout_s == 60  # the default: one line within a minute
+
+
+# -- 10. an object store's file that fails to close when collected: not 30 lines on the terminal ------
+def test_a_store_file_failing_to_close_when_collected_stays_off_the_terminal(tmp_path):
+    import subprocess
+    import sys
+
+    code = """
+import argparse, gc, sys
+from fsspec.spec import AbstractBufferedFile, AbstractFileSystem
+from gristmill.cli.common import run
+from gristmill.errors import GristmillError
+
+class Gone(AbstractBufferedFile):  # s3fs's upload, its server gone (a moto server restarted empty)
+    def _initiate_upload(self): pass
+    def _upload_chunk(self, final=False): raise ConnectionError("the object store went away")
+
+def handler(args):
+    f = Gone(AbstractFileSystem(), "bucket/key", mode="wb")
+    f.write(b"x" * 10)
+    del f
+    gc.collect()
+    raise GristmillError("cannot publish: the object store went away")  # the command's own one line
+
+sys.exit(run(argparse.Namespace(command="prepare", verbose=False), handler))
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert "Exception ignored" not in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("gristmill prepare: error:"), r.stderr
