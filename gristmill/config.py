@@ -54,9 +54,14 @@ def _is_url(path: str) -> bool:
 def _resolve(value: str, info: ValidationInfo) -> str:
     """A local relative path -> absolute against the job file's directory (URLs are left alone)."""
     base = (info.context or {}).get("base_dir")
-    if base is None or not value or _is_url(value) or os.path.isabs(value):
-        return value
-    return os.path.normpath(os.path.join(base, value))
+    if not (base is None or not value or _is_url(value) or os.path.isabs(value)):
+        value = os.path.normpath(os.path.join(base, value))
+    try:  # a name that is not UTF-8 (a folder named in another encoding) fails inside a task, after work began
+        value.encode()
+    except UnicodeEncodeError:
+        fail("a path in UTF-8 (run dirs, manifests and document ids name files in UTF-8); rename the folder",
+             repr(value.encode(errors="surrogateescape")))
+    return value
 
 
 ResolvedPath = Annotated[Str, AfterValidator(_resolve)]

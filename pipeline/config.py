@@ -125,6 +125,9 @@ class RunnerConfig(Section):
     # many times; an exception a task raises is not retried (a deterministic bug fails at once).
     max_retries: NonNegativeInt = 3
     object_store_mb: PositiveInt = 128  # embedded local Ray only: its object store (tasks pass a few KB)
+    # ray with a cluster named: how long its host:port may not answer before the run fails in one line
+    # (Ray itself retried for minutes, silently); raise it where the cluster is still starting
+    connect_timeout_s: PositiveInt = 60
 
     @model_validator(mode="before")
     @classmethod

@@ -66,7 +66,11 @@ def plan_inputs(job: PrepareConfig) -> list[Partition]:
     """
     found: dict[str, dict] = {}
     for i, spec in enumerate(job.inputs):
-        fs = spec.store().fs
+        try:
+            fs = spec.store().fs
+        except (OSError, ValueError, ImportError) as e:  # a chained URL's outer file missing, an unknown protocol
+            raise ConfigError(f"inputs[{i}].path: {spec.path} cannot be opened ({type(e).__name__}: "
+                              f"{getattr(e, 'strerror', None) or e}); fix the path or its storage_options") from None
         root = None if spec.follow_symlinks else pattern_root(spec.path)
         for p, info in _input_files(fs, spec.path, f"inputs[{i}].path"):
             uri = fs.unstrip_protocol(p) if is_url(spec.path) else os.path.abspath(p)

@@ -20,7 +20,10 @@ if [ "$(id -u)" != 0 ]; then
     fi
 fi
 export DEBIAN_FRONTEND=noninteractive
-# apt's lists may be missing or old on a fresh machine: update once, then install.
-$SUDO apt-get update -q >/dev/null
-$SUDO apt-get install -y -q --no-install-recommends chromium chromium-driver fonts-dejavu-core >/dev/null
+# apt's lists may be missing or old on a fresh machine: update once, then install. Another apt
+# (unattended upgrades on a newcomer's machine) may hold the dpkg lock: wait for it, bounded
+# (GRISTMILL_APT_LOCK_WAIT_S, default 600 s), rather than fail at once (apt >= 1.9.11).
+WAIT="${GRISTMILL_APT_LOCK_WAIT_S:-600}"
+$SUDO apt-get -o DPkg::Lock::Timeout="$WAIT" update -q >/dev/null
+$SUDO apt-get -o DPkg::Lock::Timeout="$WAIT" install -y -q --no-install-recommends chromium chromium-driver fonts-dejavu-core >/dev/null
 have chromium && have chromedriver

@@ -446,3 +446,141 @@ def test_a_failed_latest_write_after_the_commit_is_unambiguous_and_the_rerun_men
     monkeypatch.setattr(LocalStore, "put", real_put)
     assert cli.main(["prepare", "--quiet", job2]) == 0
     assert store.versions("t") == [1, 2] and store.latest("t") == 2  # mended, not published again
+
+
+# -- 8. small edges: eval FIFOs named for what they are, non-UTF-8 paths, report --out, old run dirs,
+#       a chained input URL, the dpkg lock -------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_an_eval_set_that_is_a_fifo_or_device_is_named_for_what_it_is(plain_corpus, tmp_path, capsys, kind):
+    path = "/dev/zero" if kind == "device" else str(tmp_path / "ev.jsonl")
+    if kind == "fifo":
+        os.mkfifo(path)
+    out = tmp_path / "run"
+    os.makedirs(out)
+    job = _job(plain_corpus, out, decontaminate={"eval_sets": [{"name": "e", "path": path, "format": "jsonl"}]})
+    assert cli.main(["prepare", "--quiet", job]) == 2
+    err = _one_line(capsys.readouterr().err, "a named pipe (FIFO)" if kind == "fifo" else "a character device",
+                    "not a regular file")
+    assert "does not exist" not in err
+
+
+def test_a_work_dir_path_that_is_not_utf8_is_refused_before_any_work(plain_corpus, tmp_path, capsys):
+    folder = os.path.join(os.fsencode(tmp_path), b"job\xff")
+    os.makedirs(folder)
+    job = _job(plain_corpus, tmp_path, work_dir="work")  # relative: resolved into the non-UTF-8 folder
+    moved = os.path.join(folder, b"job.yaml")
+    os.rename(job, moved)
+    assert cli.main(["prepare", "--quiet", os.fsdecode(moved)]) == 2
+    _one_line(capsys.readouterr().err, "work_dir: expected a path in UTF-8", "rename the folder")
+    assert os.listdir(folder) == [b"job.yaml"]  # nothing was started
+
+
+def test_report_out_to_a_folder_or_an_unwritable_place_is_one_line(plain_corpus, tmp_path, capsys):
+    out = tmp_path / "run"
+    os.makedirs(out / "folder")
+    assert cli.main(["prepare", "--quiet", _job(plain_corpus, out)]) == 0
+    url = str(out / "store" / "t")
+    assert cli.main(["report", url, "--out", str(out / "folder")]) == 0  # a folder: the page goes in it
+    assert os.listdir(out / "folder") == ["t-v1.html"]
+    capsys.readouterr()
+    assert cli.main(["report", url, "--out", "/proc/x.html"]) == 2
+    _one_line(capsys.readouterr().err, "--out /proc/x.html", "choose another --out")
+
+
+def test_report_on_a_run_dir_of_the_earlier_layout_says_so(plain_corpus, tmp_path, capsys):
+    out = tmp_path / "run"
+    os.makedirs(out)
+    assert cli.main(["prepare", "--quiet", _job(plain_corpus, out)]) == 0
+    run = _run_dir(out)
+    os.rename(os.path.join(run, "docs", "block-00000.parquet"), os.path.join(run, "docs", "part-00000.parquet"))
+    capsys.readouterr()
+    assert cli.main(["report", str(out / "store" / "t"), "--work-dir", run, "--text"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "has its report.json, but is a run dir of an earlier gristmill" in text, text
+
+
+def test_an_input_url_chain_that_cannot_be_opened_is_one_line(tmp_path, capsys):
+    out = tmp_path / "run"
+    os.makedirs(out)
+    assert cli.main(["prepare", "--quiet", _job([{"path": "zip://x::/nowhere/file.jsonl"}], out)]) == 2
+    _one_line(capsys.readouterr().err, "inputs[0].path: zip://x::/nowhere/file.jsonl cannot be opened")
+
+
+def test_setup_browser_waits_for_the_dpkg_lock(tmp_path):
+    """A fake apt-get that fails as apt does while another apt holds the lock, unless told to wait
+    (then "installs" Chromium); a fake id says root, so the script runs its apt path anywhere."""
+    import subprocess
+
+    bin_dir = tmp_path / "bin"
+    os.makedirs(bin_dir)
+    log = tmp_path / "apt.log"
+    (bin_dir / "apt-get").write_text(f"""#!/bin/sh
+echo "$@" >> {log}
+case "$*" in
+  *DPkg::Lock::Timeout=*install*) printf '#!/bin/sh\\n' > {bin_dir}/chromium; cp {bin_dir}/chromium {bin_dir}/chromedriver
+                                  chmod +x {bin_dir}/chromium {bin_dir}/chromedriver; exit 0;;
+  *DPkg::Lock::Timeout=*) exit 0;;
+esac
+echo "E: Could not get lock /var/lib/dpkg/lock-frontend. It is held by process 1 (unattended-upgr)" >&2
+exit 100
+""")
+    (bin_dir / "id").write_text("#!/bin/sh\necho 0\n")
+    for tool in ("apt-get", "id"):
+        os.chmod(bin_dir / tool, 0o755)
+    os.symlink(shutil.which("cp"), bin_dir / "cp")
+    os.symlink(shutil.which("chmod"), bin_dir / "chmod")
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "setup_browser.sh")
+    r = subprocess.run(["/bin/sh", script], env={"PATH": str(bin_dir), "GRISTMILL_APT_LOCK_WAIT_S": "7"},
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    calls = log.read_text().splitlines()
+    assert len(calls) == 2 and all("DPkg::Lock::Timeout=7" in c for c in calls), calls
+
+
+# -- 9. a Ray cluster address where nothing answers ---------------------------------------------------
+def test_a_ray_address_where_nothing_answers_fails_in_one_line_within_the_connect_timeout(plain_corpus, tmp_path,
+                                                                                          capsys, monkeypatch):
+    import time
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    out = tmp_path / "run"
+    os.makedirs(out)
+    job = _job(plain_corpus, out, runner={"kind": "ray", "address": "127.0.0.1:1", "connect_timeout_s": 3})
+    t0 = time.monotonic()
+    assert cli.main(["prepare", "--quiet", job]) == 2
+    assert time.monotonic() - t0 < 30
+    _one_line(capsys.readouterr().err, "cannot join the Ray cluster at 127.0.0.1:1", "nothing answers there after 3 s",
+              "runner.connect_timeout_s")
+    from gristmill.pipeline.config import RunnerConfig
+
+    assert RunnerConfig(kind="ray").connect_timeout_s == 60  # the default: one line within a minute
+
+
+# -- 10. an object store's file that fails to close when collected: not 30 lines on the terminal ------
+def test_a_store_file_failing_to_close_when_collected_stays_off_the_terminal(tmp_path):
+    import subprocess
+    import sys
+
+    code = """
+import argparse, gc, sys
+from fsspec.spec import AbstractBufferedFile, AbstractFileSystem
+from gristmill.cli.common import run
+from gristmill.errors import GristmillError
+
+class Gone(AbstractBufferedFile):  # s3fs's upload, its server gone (a moto server restarted empty)
+    def _initiate_upload(self): pass
+    def _upload_chunk(self, final=False): raise ConnectionError("the object store went away")
+
+def handler(args):
+    f = Gone(AbstractFileSystem(), "bucket/key", mode="wb")
+    f.write(b"x" * 10)
+    del f
+    gc.collect()
+    raise GristmillError("cannot publish: the object store went away")  # the command's own one line
+
+sys.exit(run(argparse.Namespace(command="prepare", verbose=False), handler))
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert "Exception ignored" not in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("gristmill prepare: error:"), r.stderr

@@ -42,6 +42,24 @@ def setup_logging(verbose: bool) -> None:
     if not verbose:  # the object-store clients' notes ("Found credentials in environment variables") are -v's
         for name in ("botocore", "aiobotocore", "s3fs"):
             logging.getLogger(name).setLevel(logging.WARNING)
+    sys.unraisablehook = _file_close_noise_to_the_log
+
+
+_UNRAISABLE_DEFAULT = sys.unraisablehook
+
+
+def _file_close_noise_to_the_log(unraisable) -> None:
+    """An fsspec file (s3fs's upload) that fails to close while it is garbage-collected, after its
+    store went away, printed ~30 lines (``Exception ignored in AbstractBufferedFile.__del__``)
+    before gristmill's one-line error: it goes to the log at DEBUG (``-v`` shows it). Anything
+    else unraisable is Python's to print."""
+    where = getattr(unraisable.object, "__module__", None) or type(unraisable.object).__module__ or ""
+    if where.split(".")[0] in ("fsspec", "s3fs", "gcsfs", "adlfs"):
+        logging.getLogger("gristmill").debug("ignored while closing a file of an object store: %s: %s",
+                                             getattr(unraisable.exc_type, "__name__", "?"), unraisable.exc_value,
+                                             exc_info=(unraisable.exc_type, unraisable.exc_value, unraisable.exc_traceback))
+        return
+    _UNRAISABLE_DEFAULT(unraisable)
 
 
 def environment_error(e: BaseException) -> str | None:
@@ -72,6 +90,8 @@ def run(args: argparse.Namespace, handler: Callable[[argparse.Namespace], int | 
             raise
         if getattr(args, "verbose", False):
             traceback.print_exc()
+        # a name that is not UTF-8 (surrogate-escaped) is shown escaped, never a second error while printing
+        line = line.encode("utf-8", "backslashreplace").decode("utf-8")
         print(f"gristmill {args.command}: error: {line}", file=sys.stderr)
         return 2
 

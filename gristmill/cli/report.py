@@ -1,7 +1,10 @@
 """``gristmill report DATASET_URL | RUN_DIR``: an HTML page of a dataset version or a training run."""
 from __future__ import annotations
 
+import os
 import sys
+
+from gristmill.errors import UsageError, os_error_text
 
 
 def register(sub) -> None:
@@ -24,6 +27,11 @@ def _report(args) -> int:
         sys.stdout.write(render_text(page))
         return 0
     out = args.out or default_out
-    full = write_page(page, out)
+    if args.out and os.path.isdir(out):  # a folder: the page goes in it, under its default name
+        out = os.path.join(out, os.path.basename(default_out))
+    try:
+        full = write_page(page, out)
+    except OSError as e:  # /proc/x.html, a read-only or full disk: one line, never a traceback
+        raise UsageError(f"--out {out}: cannot write the page: {os_error_text(e, 'choose another --out')}") from None
     print(f"wrote {out}" + ("" if full else f" (tables only: {EXTRA_HINT} for the figures)"))
     return 0

@@ -15,15 +15,16 @@ from gristmill.manifests import Published, load_manifest
 from . import dedup, tokens
 from .hist import UNIT_EDGES, shown
 from .page import Figure, Note, Page, Table, plot
-from .workfiles import WorkFiles, find_run_dir
+from .workfiles import WorkFiles, find_run_dir, older_run_dir
 
 TOP = 30  # rows of a long breakdown drawn; the table under the figure lists all of them
 
 
 def dataset_page(published: Published, run_dir: str | None = None, searched: str | None = None,
-                 work_dir_options: dict | None = None) -> Page:
+                 work_dir_options: dict | None = None, older: str | None = None) -> Page:
     """``searched``: the --work-dir in which no run of this manifest was found (for the note);
-    ``work_dir_options``: the storage options the run dir is read with (the job's)."""
+    ``work_dir_options``: the storage options the run dir is read with (the job's); ``older``: the
+    run dir of an earlier layout that made it (found, not read)."""
     m = published.manifest
     stats = m.stats
     acc = stats.get("accounting", {})
@@ -40,7 +41,9 @@ def dataset_page(published: Published, run_dir: str | None = None, searched: str
     if acc:
         page.totals.append(("balanced", "input = kept + removed + quarantined", "yes" if acc.get("balanced") else "NO"))
     if work is None:
-        where = (f"no run under {searched} has a report.json naming this manifest" if searched
+        where = (f"{older} has its report.json, but is a run dir of an earlier gristmill (a file a partition), "
+                 "whose files this version does not read: report it with the gristmill that wrote it" if older
+                 else f"no run under {searched} has a report.json naming this manifest" if searched
                  else "pass --work-dir, the job's work_dir")
         page.section("workdir", "Work dir").add(Note(
             f"The prepare run's work dir was not found ({where}): the length and "
@@ -60,7 +63,8 @@ def build(url: str, work_dir: str | None = None) -> tuple[Page, str | None]:
     """The page of the dataset version at ``url`` and the run dir it was made in (None: not found)."""
     published = load_manifest(url)
     run_dir = find_run_dir(work_dir, published.manifest.sha256) if work_dir else None
-    return dataset_page(published, run_dir, searched=None if run_dir else work_dir), run_dir
+    older = older_run_dir(work_dir, published.manifest.sha256) if work_dir and not run_dir else None
+    return dataset_page(published, run_dir, searched=None if run_dir else work_dir, older=older), run_dir
 
 
 def funnel(page: Page, stats: dict, work: WorkFiles | None) -> None:

@@ -37,6 +37,19 @@ def find_run_dir(work_dir: str, manifest_sha256: str) -> str | None:
     return found[-1] if found else None  # runs_at: oldest first
 
 
+def older_run_dir(work_dir: str, manifest_sha256: str) -> str | None:
+    """A run dir of an earlier layout (a file a partition: ``WorkDir.is_older_run``) under
+    ``work_dir`` whose report.json names this manifest: its files are not read by this version,
+    but the page says it was found, not that there is no report.json."""
+    for run in reversed(WorkDir.runs_at(work_dir, older=True)):
+        try:
+            if json.loads(run.read_bytes(run.report_json)).get("manifest_sha256") == manifest_sha256:
+                return run.root
+        except (OSError, ValueError, AttributeError):
+            continue
+    return None
+
+
 class WorkFiles:
     def __init__(self, run_dir: str, storage_options: dict | None = None):
         self.wd = WorkDir(run_dir, storage_options)  # the job's work_dir_options: its credentials may be nowhere else

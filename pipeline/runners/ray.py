@@ -7,6 +7,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import socket
+import time
 from typing import Iterator
 
 from gristmill.errors import GristmillError
@@ -30,7 +32,7 @@ class RayRunner(Runner):
     an item raises is not retried."""
 
     kind, retries_lost_workers = "ray", True
-    options = ("address", "num_cpus", "concurrency", "max_retries", "object_store_mb")
+    options = ("address", "num_cpus", "concurrency", "max_retries", "object_store_mb", "connect_timeout_s")
 
     @classmethod
     @contextlib.contextmanager
@@ -93,9 +95,12 @@ def ray_runtime(cfg, address: str | None = None):
     logger.info("%s", f"joining the Ray cluster at {join}" if join else "starting an embedded Ray")
     try:
         if join:
+            _wait_for_cluster(join, cfg.connect_timeout_s)
             ray.init(address=address, log_to_driver=False, configure_logging=False)
         else:
             ray.init(**embedded_ray_options(cfg))
+    except RayStartError:
+        raise
     except Exception as e:  # Ray raises plain Exception/TimeoutError/ConnectionError: the environment, not the job
         with contextlib.suppress(Exception):
             ray.shutdown()  # stop whatever half-started processes it left
@@ -104,6 +109,27 @@ def ray_runtime(cfg, address: str | None = None):
         yield ray
     finally:
         ray.shutdown()
+
+
+def _wait_for_cluster(address: str, timeout_s: float) -> None:
+    """A cluster whose ``host:port`` (``ray://host:port`` too) does not answer a TCP connect within
+    ``timeout_s`` fails here in one line: ``ray.init`` retried for minutes without a word. Other
+    forms (``auto``: the local cluster's own file) are left to Ray."""
+    host, sep, port = address.split("://", 1)[-1].rpartition(":")
+    if not sep or not host or not port.isdigit():
+        return
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=max(0.5, min(5.0, timeout_s))).close()
+            return
+        except OSError as e:
+            if time.monotonic() >= deadline:
+                raise RayStartError(f"cannot join the Ray cluster at {address}: nothing answers there after "
+                                    f"{timeout_s:g} s ({e.strerror or e}); check the address and that its head is up "
+                                    "(`ray status` on it), or raise runner.connect_timeout_s while it is still "
+                                    "starting") from None
+            time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
 
 
 def embedded_ray_options(cfg) -> dict:

@@ -91,11 +91,23 @@ class DecontamConfig(Section):
                 fail("eval set names to be unique", f"{name!r} again", at=("eval_sets", i, "name"))
         if self.enabled:  # a disabled section may name files that are not on this machine
             for i, e in enumerate(self.eval_sets):
-                if not _is_file(e.path, e.storage_options):
-                    fail("an existing eval file", f"{e.path!r}, which does not exist", at=("eval_sets", i, "path"))
+                if (why := _not_a_file(e.path, e.storage_options)) is not None:
+                    fail("an existing eval file", f"{e.path!r}, which {why}", at=("eval_sets", i, "path"))
         return self
 
 
-def _is_file(path: str, storage_options: dict) -> bool:
+def _not_a_file(path: str, storage_options: dict) -> str | None:
+    """Why ``path`` is no regular file to read (None: it is one). A FIFO or /dev/zero exists: it is
+    named for what it is, never said not to exist."""
+    import os
+
+    from ...readers import special_file
+
     store = Store.from_url(path, **storage_options)
-    return store.fs.isfile(store.path(path))
+    p = store.path(path)
+    if store.fs.isfile(p):
+        return None
+    if store.is_local and os.path.lexists(p):
+        return (f"is {special_file(p)}, not a regular file; copy its contents to a file and name that"
+                if os.path.exists(p) else "is a symlink to nothing")
+    return "does not exist"
