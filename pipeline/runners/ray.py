@@ -12,6 +12,7 @@ import time
 from typing import Iterator
 
 from gristmill.errors import GristmillError
+from gristmill.manifests.storage import split_url
 
 from ..progress import Progress
 from ..runner import Runner, TaskFailed, batches_of, run_batch
@@ -115,7 +116,7 @@ def _wait_for_cluster(address: str, timeout_s: float) -> None:
     """A cluster whose ``host:port`` (``ray://host:port`` too) does not answer a TCP connect within
     ``timeout_s`` fails here in one line: ``ray.init`` retried for minutes without a word. Other
     forms (``auto``: the local cluster's own file) are left to Ray."""
-    host, sep, port = address.split("://", 1)[-1].rpartition(":")
+    host, sep, port = split_url(address)[1].rpartition(":")
     if not sep or not host or not port.isdigit():
         return
     deadline = time.monotonic() + timeout_s
