@@ -202,6 +202,13 @@ class Loader:
         self.next_index = int(sd["next_index"])
         self._generation += 1
 
+    def end_at(self, index: int | None) -> None:
+        """End iteration before global ``index`` (a run's end: its last step's; None: the epochs' end, or none),
+        or at the epochs' end if sooner. Neither the pipeline nor a served client, which asks for ranges of steps
+        ahead, fetches a step past it."""
+        ends = [i for i in (self.order.stop_index(self.sampling.epochs), index) if i is not None]
+        self.stop_index = min(ends) if ends else None
+
     # -- sizing ----------------------------------------------------------------------------
     def shards_in_flight(self) -> int:
         """Upper bound on the distinct shards the ``prefetch`` steps in flight touch at once."""

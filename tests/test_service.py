@@ -117,6 +117,27 @@ def test_the_server_serves_without_torch(data, tmp_path):
         server.kill()
 
 
+def test_a_served_loader_asks_for_no_step_past_the_runs_end(data, tmp_path):
+    """Loader.end_at (what the trainer sets to its run's end): a served rank that reads its run's 5 steps, past
+    a resume at step 2, asks the service for those 5 steps and no more (it asks for ranges ahead), and ends."""
+    server = ServeProcess(data["store"], args=("--cache-dir", str(tmp_path / "cache")))
+    try:
+        ref, served = (loaders(data["toy"], tmp_path / "ref")[1],
+                       loaders(data["toy"], tmp_path / "unused", [server.url])[1])
+        for ld in (ref, served):
+            ld.load_state_dict({"next_index": 2 * B})
+            ld.end_at(7 * B)
+        want, got = list(ref), list(served)
+        assert [b["step"] for b in got] == [b["step"] for b in want] == [2, 3, 4, 5, 6]
+        for a, b in zip(want, got):
+            same(a, b)
+        ref.close(), served.close()
+        stats = json.loads(next(iter(flight.FlightClient(server.url).do_action(flight.Action("stats", b"")))).body.to_pybytes())
+        assert stats["steps"] == 5
+    finally:
+        server.kill()
+
+
 def test_resume_from_a_state_dict_and_a_client_that_reads_only_the_service(data, two_servers, tmp_path):
     (ref,) = [Loader(data["blend"], Sampling(global_batch=B, seed=3), caching=Caching(dir=str(tmp_path)))]
     want = take(ref, 12)
