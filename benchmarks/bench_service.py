@@ -576,16 +576,31 @@ def unauthenticated(store: str, work: str) -> dict:
     return out
 
 
+# installed here, absent from the serve image (deploy/Dockerfile.serve: the serve extra's packages only); numba
+# imports scipy when it is there
+NOT_IN_SERVE_IMAGE = ("torch", "scipy")
+
+
 def start_rss(store: str, work: str) -> dict:
-    """Target 5 (issue 41): server RSS once it listens, and whether it imported torch (/proc/<pid>/maps)."""
-    srv = Server(store, os.path.join(work, "cache-serve-start"), os.path.join(work, "serve-start.log"))
-    try:
-        time.sleep(1.0)
-        with open(f"/proc/{srv.pid}/maps") as f:
-            torch_loaded = "libtorch" in f.read()
-        return {"rss_at_start_mb": round(rss_mb(srv.pid), 1), "torch_loaded": torch_loaded}
-    finally:
-        srv.stop()
+    """Target 5 (issue 41): server RSS once it listens, and whether it imported torch (/proc/<pid>/maps); in this
+    environment, and as on the serve image: NOT_IN_SERVE_IMAGE's packages made unimportable (a stub package of
+    each that raises ImportError, first on PYTHONPATH)."""
+    stubs = os.path.join(work, "not-in-serve-image")
+    for name in NOT_IN_SERVE_IMAGE:
+        os.makedirs(os.path.join(stubs, name), exist_ok=True)
+        with open(os.path.join(stubs, name, "__init__.py"), "w") as f:
+            f.write(f"raise ImportError('{name} is not in the serve image')\n")
+    out = {}
+    for case, env in (("here", None), ("serve_image", {"PYTHONPATH": stubs})):
+        srv = Server(store, os.path.join(work, "cache-serve-start"), os.path.join(work, f"serve-start-{case}.log"), env=env)
+        try:
+            time.sleep(1.0)
+            with open(f"/proc/{srv.pid}/maps") as f:
+                torch_loaded = "libtorch" in f.read()
+            out[case] = {"rss_at_start_mb": round(rss_mb(srv.pid), 1), "torch_loaded": torch_loaded}
+        finally:
+            srv.stop()
+    return out
 
 
 # -- 4. memory -------------------------------------------------------------------------------------------------

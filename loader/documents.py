@@ -25,12 +25,13 @@ hash-checked); still a function of (mixture hash, seed, global index), 12 bytes 
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from gristmill.errors import UsageError
 from gristmill.manifests import Published
 from gristmill.manifests.doc_index import read_published_doc_index, row_offsets
 from gristmill.manifests.mixture import PublishedMixture
+
+from .tensors import torch
 
 
 def document_boundaries(published, storage_options: dict | None = None):
@@ -70,9 +71,9 @@ class DocumentBoundaries:
         out[:, 0] = True  # what the row shows of a document continued from the previous row is a segment too
         return out
 
-    def batch(self, shards: np.ndarray, rows: np.ndarray) -> dict:
+    def batch(self, shards: np.ndarray, rows: np.ndarray, numpy: bool = False) -> dict:
         """``position_ids``, ``cu_seqlens`` and ``max_seqlen`` of the rows (shard, row), in batch order."""
-        return segments_to_batch(self.segment_starts(shards, rows))
+        return segments_to_batch(self.segment_starts(shards, rows), numpy)
 
 
 class MixtureBoundaries:
@@ -94,15 +95,19 @@ class MixtureBoundaries:
             out[sel] = bounds.segment_starts(shards[sel] - self.shard_base[c], rows[sel])
         return out
 
-    def batch(self, shards: np.ndarray, rows: np.ndarray) -> dict:
-        return segments_to_batch(self.segment_starts(shards, rows))
+    def batch(self, shards: np.ndarray, rows: np.ndarray, numpy: bool = False) -> dict:
+        return segments_to_batch(self.segment_starts(shards, rows), numpy)
 
 
-def segments_to_batch(is_start: np.ndarray) -> dict:
-    """position ids and cu_seqlens from a ``(n, S)`` bool matrix of segment starts (column 0 all True)."""
+def segments_to_batch(is_start: np.ndarray, numpy: bool = False) -> dict:
+    """position ids and cu_seqlens from a ``(n, S)`` bool matrix of segment starts (column 0 all True); torch
+    tensors, or with ``numpy`` the arrays (the server's: no torch)."""
     n, S = is_start.shape
     col = np.arange(S, dtype=np.int64)
     seg_start = np.maximum.accumulate(np.where(is_start, col, 0), axis=1)
     bounds = np.append(np.flatnonzero(is_start.reshape(-1)), n * S).astype(np.int32)
-    return {"position_ids": torch.from_numpy(col - seg_start), "cu_seqlens": torch.from_numpy(bounds),
-            "max_seqlen": int(np.diff(bounds).max()) if n else 0}
+    position_ids, max_seqlen = col - seg_start, int(np.diff(bounds).max()) if n else 0
+    if numpy:
+        return {"position_ids": position_ids, "cu_seqlens": bounds, "max_seqlen": max_seqlen}
+    t = torch()
+    return {"position_ids": t.from_numpy(position_ids), "cu_seqlens": t.from_numpy(bounds), "max_seqlen": max_seqlen}

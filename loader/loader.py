@@ -12,7 +12,8 @@ consumer's thread (downloads still run ahead): the fastest on a CPU-bound box, w
 hand-off between threads costs more than it saves.
 
 A batch is one contiguous ``(B/W, seq_len + 1)`` buffer, ``tokens``, in ``token_dtype``;
-``input_ids`` and ``labels`` are views of it. The rows are copied into it by one numba call
+``input_ids`` and ``labels`` are views of it. Torch tensors, or numpy arrays with ``Batches(numpy=True)``
+(the server's: torch is imported only by a loader that makes tensors, loader/tensors.py). The rows are copied into it by one numba call
 (loader/gather.py) from addresses inside the pinned shards' mappings.
 """
 from __future__ import annotations
@@ -26,7 +27,6 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
-import torch
 
 from gristmill.manifests import EditedManifestError, HashMismatchError, ManifestDecodeError, Published
 from gristmill.manifests.mixture import PublishedMixture, is_mixture, load_data
@@ -36,8 +36,9 @@ from .documents import document_boundaries
 from .errors import CacheTooSmallError
 from .gather import gather_rows
 from .mixture import MixtureOrder
-from .options import Batches, Caching, Sampling, Source, Threads
+from .options import INT64, Batches, Caching, Sampling, Source, Threads
 from .order import Order
+from .tensors import torch
 from gristmill.errors import UsageError
 
 log = logging.getLogger(__name__)
@@ -131,18 +132,19 @@ class Loader:
             self.shards, sources = self.manifest.shards, (self.published,)
         self.num_samples = self.order.num_samples  # rows per epoch (a mixture: its length, None if endless)
         self.stop_index = self.order.stop_index(epochs)
-        self.pin_memory = torch.cuda.is_available() if batches.pin_memory is None else bool(batches.pin_memory)
         stored = np.dtype(self.manifest.token_dtype)
-        stored_torch = torch.from_numpy(np.empty(0, stored)).dtype
-        self.token_dtype = stored_torch if batches.token_dtype is None else batches.token_dtype
-        t = self.token_dtype
-        wider_int = t.is_signed and not (t.is_floating_point or t.is_complex) and t.itemsize > stored.itemsize
-        _check(t == stored_torch or wider_int,
-               f"token_dtype {self.token_dtype} cannot hold the shards' {stored} tokens; use None (the stored dtype) "
-               f"or torch.int64")
+        self.numpy = batches.numpy
+        if self.numpy:  # numpy arrays: torch is not imported (the server's loaders)
+            self._torch, self.pin_memory = None, False
+            self.token_dtype = self._buf_dtype = _numpy_token_dtype(batches.token_dtype, stored)
+        else:
+            self._torch = torch()
+            self.pin_memory = (self._torch.cuda.is_available() if batches.pin_memory is None
+                               else bool(batches.pin_memory))
+            self.token_dtype = _torch_token_dtype(self._torch, batches.token_dtype, stored)
+            self._buf_dtype = self._torch.empty(0, dtype=self.token_dtype).numpy().dtype
         self._row_like = np.empty((0, self.manifest.row_tokens), stored)  # tells the gather kernel the shards' dtype
         self._row_bytes = self.manifest.row_tokens * stored.itemsize  # a stored row: the planner's row offsets
-        self._buf_dtype = torch.empty(0, dtype=t).numpy().dtype
         self._steps_since_check = 0
         self.next_index = int(sampling.start_index)
         self.last_metrics: dict = {}
@@ -199,6 +201,13 @@ class Loader:
             raise UsageError(f"loader state: next_index must be a non-negative int, got {sd.get('next_index')!r}")
         self.next_index = int(sd["next_index"])
         self._generation += 1
+
+    def end_at(self, index: int | None) -> None:
+        """End iteration before global ``index`` (a run's end: its last step's; None: the epochs' end, or none),
+        or at the epochs' end if sooner. Neither the pipeline nor a served client, which asks for ranges of steps
+        ahead, fetches a step past it."""
+        ends = [i for i in (self.order.stop_index(self.sampling.epochs), index) if i is not None]
+        self.stop_index = min(ends) if ends else None
 
     # -- sizing ----------------------------------------------------------------------------
     def shards_in_flight(self) -> int:
@@ -341,16 +350,17 @@ class Loader:
         """The batch of the rows at global ``indices``, its tokens not yet filled in, and the numpy view of
         its ``(rows, seq_len + 1)`` ``tokens`` (``token_dtype``; pinned with ``pin_memory``) to copy them
         into: here, and in the service client. Inputs and labels are views of the one buffer: no copy, and
-        one transfer to the GPU."""
-        shape = (indices.size, self._row_like.shape[1])
+        one transfer to the GPU. With ``numpy`` the batch's arrays are numpy's (no torch)."""
+        shape, t = (indices.size, self._row_like.shape[1]), self._torch
         if self.pin_memory:
-            tokens = torch.empty(shape, dtype=self.token_dtype, pin_memory=True)
+            tokens = t.empty(shape, dtype=self.token_dtype, pin_memory=True)
             buf = tokens.numpy()
         else:  # the cheaper way to the same tensor
             buf = np.empty(shape, self._buf_dtype)
-            tokens = torch.from_numpy(buf)
+            tokens = buf if t is None else t.from_numpy(buf)
+        indices = indices.copy()
         return {"tokens": tokens, "input_ids": tokens[:, :-1], "labels": tokens[:, 1:],
-                "indices": torch.from_numpy(indices.copy()), "step": step}, buf
+                "indices": indices if t is None else t.from_numpy(indices), "step": step}, buf
 
     def _assemble(self, step: _Step, fetches: list[tuple[Future, bool]]) -> tuple[dict, dict]:
         batch, buf = self.new_batch(step.indices, step.start // self.global_batch)
@@ -365,7 +375,7 @@ class Loader:
         finally:
             self.cache.unpin_ids(step.entries)
         if self.documents is not None:
-            batch.update(self.documents.batch(*self.order.locate(step.indices)))
+            batch.update(self.documents.batch(*self.order.locate(step.indices), self.numpy))
         return batch, {"step": batch["step"], "cache_hits": step.entries.size - misses, "cache_misses": misses,
                        "bytes_downloaded": downloaded}
 
@@ -431,6 +441,29 @@ class _Inline:
 
     def cancel(self) -> bool:
         return True
+
+
+def _torch_token_dtype(tm, want, stored: np.dtype):
+    """The batches' torch dtype (``tm``: the torch module): the stored one (``want`` None), or ``want`` if it
+    holds the stored tokens."""
+    stored_torch = tm.from_numpy(np.empty(0, stored)).dtype
+    t = stored_torch if want is None else tm.int64 if want == INT64 else want
+    wider_int = t.is_signed and not (t.is_floating_point or t.is_complex) and t.itemsize > stored.itemsize
+    _check(t == stored_torch or wider_int,
+           f"token_dtype {t} cannot hold the shards' {stored} tokens; use None (the stored dtype) or torch.int64")
+    return t
+
+
+def _numpy_token_dtype(want, stored: np.dtype) -> np.dtype:
+    """The batches' numpy dtype (``Batches(numpy=True)``): the stored one, or a wider signed integer."""
+    try:
+        t = stored if want is None else np.dtype(want)
+    except TypeError:
+        raise UsageError(f"token_dtype {want} is not a numpy dtype (Batches(numpy=True) makes numpy arrays); "
+                         f"use None (the stored dtype) or 'int64'") from None
+    _check(t == stored or (t.kind == "i" and t.itemsize > stored.itemsize),
+           f"token_dtype {t} cannot hold the shards' {stored} tokens; use None (the stored dtype) or 'int64'")
+    return t
 
 
 def _check(ok: bool, message: str) -> None:

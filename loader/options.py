@@ -9,12 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
-import torch
-
 from gristmill.errors import UsageError
 
 from .order import DEFAULT_WINDOW_SHARDS
 
+INT64 = "int64"  # Batches' default token_dtype, by name (torch.int64; np.int64 with numpy=True): no torch import here
 DEFAULT_MAPPED_LIMIT = 256 << 20  # shard pages kept mapped per process (see ShardCache.bound_mapped_pages)
 
 
@@ -106,11 +105,17 @@ class Threads:
 
 @dataclass(frozen=True)
 class Batches:
-    """What a batch holds besides ``tokens`` and ``indices``."""
+    """What a batch holds besides ``tokens`` and ``indices``, and as what."""
 
-    token_dtype: torch.dtype | None = torch.int64  # None: the shards' own dtype
-    pin_memory: bool | None = None  # None: when CUDA is available
+    # a torch.dtype (numpy=True: a numpy dtype); None: the shards' own dtype; INT64 (the default): int64
+    token_dtype: object = INT64
+    pin_memory: bool | None = None  # None: when CUDA is available (never with numpy=True)
     documents: bool = False  # also each row's document boundaries (position_ids, cu_seqlens)
+    # numpy arrays instead of torch tensors, and torch never imported: what `gristmill serve` assembles
+    numpy: bool = False
+
+    def __post_init__(self):
+        check(not (self.numpy and self.pin_memory), "pin_memory=True needs torch tensors; it cannot go with numpy=True")
 
 
 def check(ok: bool, message: str) -> None:

@@ -27,7 +27,6 @@ import json
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from .errors import FactMismatchError, HashMismatchError, ManifestError
 from .hashing import sha256_bytes
@@ -175,7 +174,7 @@ def write(path: str, t: pa.Table, store: Store | None = None) -> int:
     return t.num_rows
 
 
-def params_of(pf: pq.ParquetFile, what: str) -> dict:
+def params_of(pf, what: str) -> dict:  # pf: a pyarrow.parquet.ParquetFile
     meta = pf.schema_arrow.metadata or {}
     if META_KEY not in meta:
         raise ManifestError(f"{what}: not a dedup index (no {META_KEY.decode()} metadata)")
@@ -199,6 +198,8 @@ def read_checked(data: bytes, ref, what: str) -> tuple[pa.Table, dict]:
     if len(data) != ref.bytes:
         raise FactMismatchError(what, "bytes", ref.bytes, len(data))
     try:
+        import pyarrow.parquet as pq  # lazy: `gristmill serve` imports this module and never reads Parquet (its RSS at start, issue 41)
+
         pf = pq.ParquetFile(pa.BufferReader(data))
         t = pf.read()
     except (pa.ArrowException, OSError, ValueError) as e:

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from .errors import FactMismatchError, HashMismatchError, ManifestError
 from .hashing import sha256_bytes, stable_fraction
@@ -100,6 +98,8 @@ def write_doc_index(path: str, table: pa.Table) -> None:
 
 def read_doc_index(source, columns: list[str] | None = None, filters=None) -> pa.Table:
     """The index (or ``columns`` of it); an optional column a legacy index lacks reads as nulls."""
+    import pyarrow.parquet as pq  # lazy: `gristmill serve` imports this module and never reads Parquet (its RSS at start, issue 41)
+
     names = pq.read_schema(source).names
     if hasattr(source, "seek"):
         source.seek(0)
@@ -120,6 +120,9 @@ def _read_filtered(source, columns: list[str], filters) -> pa.Table:
     exclude the value. Not ``pq.read_table``: its dataset scanner leaves read-ahead tasks on Arrow's
     thread pools after it returns, and a process that exits then aborts now and then
     (``terminate called without an active exception``, apache/arrow#34314, #39862)."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
     pf = pq.ParquetFile(source)
     if not filters:
         return pf.read(columns=columns, use_threads=False)
@@ -186,6 +189,8 @@ def check_doc_index(source, manifest: Manifest) -> None:
     Reads one row group (of four columns) at a time, so memory stays flat whatever the index size.
     """
     what = manifest.doc_index.path
+    import pyarrow.parquet as pq
+
     try:
         pf = pq.ParquetFile(source)
         schema = pf.schema_arrow

@@ -10,7 +10,6 @@ import functools
 import os
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from .storage import Store, temp_name
 
@@ -43,6 +42,8 @@ class ParquetPart:
         else:
             self._pending_object = self.store.pending(self.path)
             sink = self._pending_object.file  # pyarrow never closes a file it was handed
+        import pyarrow.parquet as pq  # lazy: `gristmill serve` imports this module and never reads Parquet (its RSS at start, issue 41)
+
         self.writer = pq.ParquetWriter(sink, self.schema, compression=self.compression)
 
     def append(self, row: dict) -> None:
@@ -96,5 +97,7 @@ def empty_parquet(schema: pa.Schema, compression: str = "zstd") -> bytes:
     """The bytes ``pq.ParquetWriter`` writes for no rows of ``schema``: the same every time (no
     timestamp in a Parquet file), so made once per process and schema."""
     sink = pa.BufferOutputStream()
+    import pyarrow.parquet as pq
+
     pq.ParquetWriter(sink, schema, compression=compression).close()
     return sink.getvalue().to_pybytes()

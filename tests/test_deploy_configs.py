@@ -5,10 +5,12 @@ in deploy/ at the package's version, every `gristmill` command line parses with 
 from __future__ import annotations
 
 import glob
+import json
 import os
 import re
 import shlex
 import subprocess
+import sys
 
 import pytest
 import yaml
@@ -115,7 +117,7 @@ def sources() -> list[tuple[str, str, dict]]:
 
 def test_deploy_has_every_artifact():
     names = {rel(p) for p in glob.glob(os.path.join(DEPLOY, "**", "*"), recursive=True) if os.path.isfile(p)}
-    for want in ("deploy/Dockerfile.pipeline", "deploy/Dockerfile.trainer", "deploy/kuberay/rayjob-prepare.yaml",
+    for want in ("deploy/Dockerfile.pipeline", "deploy/Dockerfile.trainer", "deploy/Dockerfile.serve", "deploy/kuberay/rayjob-prepare.yaml",
                  "deploy/kuberay/raycluster.yaml", "deploy/ray/cluster.yaml", "deploy/slurm/prepare.sbatch",
                  "deploy/slurm/train.sbatch", "deploy/k8s/train-job.yaml", "deploy/k8s/gristmill-serve.yaml"):
         assert want in names, f"{want} is missing"
@@ -151,7 +153,7 @@ def test_images_are_built_by_deploy_dockerfiles_at_the_package_version():
                 assert os.path.exists(dockerfile), f"{rel(path)}: image {value!r} needs {rel(dockerfile)}, which does not exist"
                 assert m["tag"] == version(), f"{rel(path)}: image {value!r} is tagged {m['tag']}, the package is {version()}"
                 used.add(m["kind"])
-    assert used == {"pipeline", "trainer"}, f"images used by deploy/ manifests: {sorted(used)}"
+    assert used == {"pipeline", "trainer", "serve"}, f"images used by deploy/ manifests: {sorted(used)}"
 
 
 def test_every_gristmill_command_parses_with_the_cli():
@@ -312,3 +314,50 @@ def test_serve_deployment_wires_token_cache_port_and_probe():
         assert getattr(args, flag) == getattr(defaults, flag), f"--{flag.replace('_', '-')} is not the default"
     with pytest.raises(Exception, match="without a token"):
         ServeConfig(tuple(args.urls), host=host, port=int(port))
+
+
+SERVE_PROBE = """
+import json, sys
+before = set(sys.modules)  # the interpreter's start (site's .pth hooks)
+import gristmill.cli, gristmill.cli.serve, gristmill.loader.service.server
+print(json.dumps(sorted({m.split('.')[0] for m in set(sys.modules) - before} - set(sys.stdlib_module_names))))
+"""
+# imported by the serve path only when installed (numba tries scipy, fsspec.compression zstandard): not needed
+SERVE_OPTIONAL = {"scipy", "zstandard"}
+
+
+def _requirement_names(reqs) -> list[str]:
+    """The distribution names of requirement strings, less those under an extra (``; extra == ...``)."""
+    return [re.split(r"[\s<>=!~\[;(]", r, maxsplit=1)[0] for r in reqs or () if "extra ==" not in r]
+
+
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def test_the_serve_extra_and_image_hold_what_the_server_imports_and_no_torch():
+    """`gristmill serve` on its torch-free image (deploy/Dockerfile.serve: the serve extra's packages, then
+    gristmill --no-deps): every package the server imports is the serve extra's or a dependency of one, and
+    torch is neither (issue 41)."""
+    import importlib.metadata as md
+    import tomllib
+
+    with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
+        serve = _requirement_names(tomllib.load(f)["project"]["optional-dependencies"]["serve"])
+    installed, todo = set(), list(serve)  # the serve extra and what it pulls
+    while todo:
+        name = _canonical(todo.pop())
+        if name not in installed:
+            installed.add(name)
+            try:
+                todo += _requirement_names(md.requires(name))
+            except md.PackageNotFoundError:  # a marker-gated dependency not installed here
+                pass
+    assert "torch" not in installed
+    out = subprocess.run([sys.executable, "-c", SERVE_PROBE], capture_output=True, text=True, timeout=120, check=True)
+    dists = md.packages_distributions()
+    imported = {m for m in json.loads(out.stdout) if m in dists} - SERVE_OPTIONAL  # distributions' modules
+    missing = {m: dists[m] for m in imported if not {_canonical(d) for d in dists[m]} & (installed | {"gristmill"})}
+    assert "torch" not in imported and missing == {}
+    dockerfile = open(os.path.join(DEPLOY, "Dockerfile.serve")).read()
+    assert "['serve'" in dockerfile and "pip install --no-deps ." in dockerfile  # the extra, and gristmill without torch

@@ -12,7 +12,9 @@ held in strings, e.g. a ``python -c`` probe):
   stages share (file formats, sections, what one hands the next) lives at the pipeline level;
 * nothing but the storage module (manifests/storage.py) looks inside a URL: no ``"://" in path``,
   ``split("://")`` or ``startswith("file://")`` elsewhere; callers ask a ``Store`` or the module's
-  ``is_url`` / ``split_url`` / ``local_path``.
+  ``is_url`` / ``split_url`` / ``local_path``;
+* ``gristmill serve`` starts without torch: nothing its modules import when imported (module level, at
+  any depth) imports torch; torch is imported inside the functions that make tensors (loader/tensors.py).
 """
 import ast
 import functools
@@ -42,6 +44,8 @@ APPLICATION = {"cli", "demo", "report"}
 # Python's `-m` needs a part's launcher inside the part: `python -m gristmill.trainer` hands over to
 # the `gristmill train` command. Nothing imports a launcher (checked below), so it adds no edge to the house.
 LAUNCHERS = {"trainer/__main__.py": "gristmill.cli.train"}
+# what `python -m gristmill serve` imports before it serves: torch-free at module level (a server image without torch)
+TORCH_FREE = ("gristmill.__main__", "gristmill.cli.serve", "gristmill.loader.service.server")
 # the commands that draw a page (report, and prepare's data card); the reports are imported nowhere else
 REPORT_USERS = {"gristmill/cli/report.py", "gristmill/cli/prepare.py"}
 
@@ -85,15 +89,26 @@ def _trees(path: pathlib.Path) -> list[ast.AST]:
     return out
 
 
+def _walk(tree: ast.AST, into_functions: bool):
+    """``ast.walk``, or without the bodies of functions (what runs when the module is imported)."""
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        yield node
+        todo += [c for c in ast.iter_child_nodes(node)
+                 if into_functions or not isinstance(c, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))]
+
+
 @functools.cache
-def imports(path: pathlib.Path) -> list[str]:
+def imports(path: pathlib.Path, module_level: bool = False) -> list[str]:
     """Every module the file imports, at module level or inside a function, or in code held in a
-    string; relative imports resolved, and ``from P import m`` also names ``P.m`` (a submodule or not)."""
+    string; relative imports resolved, and ``from P import m`` also names ``P.m`` (a submodule or not).
+    ``module_level``: only what importing the file imports (no function bodies, no strings)."""
     me = module_name(path) if path.is_relative_to(ROOT) and path.parts[len(ROOT.parts)] in _package_dirs() else None
     package = me if me and _is_package(path) else (me.rpartition(".")[0] if me else None)
     names = []
-    for tree in _trees(path):
-        for node in ast.walk(tree):
+    for tree in _trees(path)[:1] if module_level else _trees(path):
+        for node in _walk(tree, not module_level):
             if isinstance(node, ast.Import):
                 names += [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom):
@@ -178,6 +193,30 @@ def test_no_library_imports_the_application_layer():
     for f in _python_files("gristmill/report", *LEAVES):
         hits = [n for n in imports(f) if n.split(".")[0] == "argparse" or _part_of(n) in {"cli", "demo"}]
         assert hits == [], f
+
+
+def _prefixes(name: str) -> list[str]:
+    bits = name.split(".")
+    return [".".join(bits[:k]) for k in range(1, len(bits) + 1)]
+
+
+def test_the_server_imports_no_torch_when_it_starts():
+    """What `gristmill serve` imports when its modules are imported (module level, at any depth, the packages
+    above each included) names no torch: the server runs on an image without it, RSS at start <= 150 MB
+    (issue 41). The served run itself is tested without torch in test_service.py."""
+    mods = _modules()
+    todo, seen, hits = [p for m in TORCH_FREE for p in _prefixes(m)], set(), {}
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in mods:
+            continue
+        seen.add(name)
+        for n in imports(mods[name], module_level=True):
+            if n.split(".")[0] == "torch":
+                hits.setdefault(name, []).append(n)
+            todo += _prefixes(n)
+    assert "gristmill.loader.loader" in seen and "gristmill.loader.documents" in seen  # the scan reached the loader
+    assert hits == {}
 
 
 def find_cycles(graph: dict[str, list[str]]) -> list[list[str]]:

@@ -85,6 +85,26 @@ def test_token_dtype_must_hold_the_stored_tokens(pub, tmp_path):
             Loader(pub.url, caching=Caching(dir=str(tmp_path)), batches=Batches(token_dtype=bad))
 
 
+@pytest.mark.parametrize("token_dtype, want", [(None, np.uint16), ("int64", np.int64), (np.int32, np.int32)])
+def test_numpy_batches_are_the_tensor_batches_as_numpy_arrays(pub, tmp_path, token_dtype, want):
+    """Batches(numpy=True) (what `gristmill serve` assembles with, torch never imported): the same rows,
+    indices and steps as the tensors, in the asked numpy dtype (the default token_dtype: int64)."""
+    tensors = run(pub, tmp_path, steps=3, seed=3, token_dtype=torch.int64)
+    arrays = run(pub, tmp_path, steps=3, seed=3, token_dtype=token_dtype, numpy=True)
+    for t, a in zip(tensors, arrays):
+        assert isinstance(a["tokens"], np.ndarray) and a["tokens"].dtype == want and a["step"] == t["step"]
+        assert np.array_equal(a["tokens"], t["tokens"].numpy()) and np.array_equal(a["indices"], t["indices"].numpy())
+        assert np.shares_memory(a["input_ids"], a["tokens"]) and np.array_equal(a["labels"], t["labels"].numpy())
+
+
+def test_numpy_batches_refuse_pinned_memory_and_a_dtype_too_narrow(pub, tmp_path):
+    with pytest.raises(ValueError, match="pin_memory=True needs torch tensors"):
+        Batches(numpy=True, pin_memory=True)
+    for bad in (np.uint8, np.int16, np.float32, torch.int64):
+        with pytest.raises(ValueError, match="token_dtype"):
+            Loader(pub.url, caching=Caching(dir=str(tmp_path)), batches=Batches(token_dtype=bad, numpy=True))
+
+
 def test_released_pages_change_nothing_served(pub, tmp_path, monkeypatch):
     import gristmill.loader.loader as ll
 

@@ -93,6 +93,51 @@ def test_served_batches_are_the_in_process_batches_bit_for_bit(data, two_servers
     assert all(s["requests"] > 0 and s["active_streams"] == 0 for s in stats)  # both endpoints served ranges
 
 
+def test_the_server_serves_without_torch(data, tmp_path):
+    """Issue 41 target 5: `gristmill serve` never imports torch. Started where `import torch` fails (a torch
+    package on PYTHONPATH that raises: a server image without torch), it starts and serves a mixture with
+    documents (tokens in their stored dtype, position ids) bit for bit."""
+    fake = tmp_path / "no-torch" / "torch"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text('raise ImportError("gristmill serve imported torch")\n')
+    path = os.pathsep.join([str(fake.parent)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))
+    server = ServeProcess(data["store"], args=("--cache-dir", str(tmp_path / "cache")), env={"PYTHONPATH": path})
+    try:
+        assert server.url, server.output()[-2000:]
+        refs = loaders(data["blend"], tmp_path / "ref", documents=True, token_dtype=None)
+        served = loaders(data["blend"], tmp_path / "unused", [server.url], documents=True, token_dtype=None)
+        for ref, srv in zip(refs, served):
+            want, got = take(ref, 20), take(srv, 20)
+            assert len(want) == len(got) == 20
+            for a, b in zip(want, got):
+                same(a, b)
+            ref.close(), srv.close()
+        assert "imported torch" not in server.output()
+    finally:
+        server.kill()
+
+
+def test_a_served_loader_asks_for_no_step_past_the_runs_end(data, tmp_path):
+    """Loader.end_at (what the trainer sets to its run's end): a served rank that reads its run's 5 steps, past
+    a resume at step 2, asks the service for those 5 steps and no more (it asks for ranges ahead), and ends."""
+    server = ServeProcess(data["store"], args=("--cache-dir", str(tmp_path / "cache")))
+    try:
+        ref, served = (loaders(data["toy"], tmp_path / "ref")[1],
+                       loaders(data["toy"], tmp_path / "unused", [server.url])[1])
+        for ld in (ref, served):
+            ld.load_state_dict({"next_index": 2 * B})
+            ld.end_at(7 * B)
+        want, got = list(ref), list(served)
+        assert [b["step"] for b in got] == [b["step"] for b in want] == [2, 3, 4, 5, 6]
+        for a, b in zip(want, got):
+            same(a, b)
+        ref.close(), served.close()
+        stats = json.loads(next(iter(flight.FlightClient(server.url).do_action(flight.Action("stats", b"")))).body.to_pybytes())
+        assert stats["steps"] == 5
+    finally:
+        server.kill()
+
+
 def test_resume_from_a_state_dict_and_a_client_that_reads_only_the_service(data, two_servers, tmp_path):
     (ref,) = [Loader(data["blend"], Sampling(global_batch=B, seed=3), caching=Caching(dir=str(tmp_path)))]
     want = take(ref, 12)

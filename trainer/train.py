@@ -178,7 +178,7 @@ class Trainer:
         self.run_log.log_start(start_step, end_step)
         losses, step_times = [], []
         pending: list[tuple] = []  # (step, lr, loss, grad norm, finite, next index) not yet read on the host
-        it = iter(self.loader)
+        it = self.batches(step=start_step, end_step=end_step)
         self.model.train()
         with StopSignals() as stop:
             step = start_step
@@ -218,7 +218,7 @@ class Trainer:
                 if self.spikes and values[-1][2] and (spike := self.spikes.check(step, values[-1][0], values[-1][1])) \
                         and on_spike(self, spike):
                     it.close()  # rewound (trainer/rewind.py): on from the checkpoint's step, past the skipped samples
-                    step, it = ts.step, iter(self.loader)
+                    step, it = ts.step, self.batches(step=ts.step, end_step=end_step)
                     continue
 
                 if cfg.eval.every and step % cfg.eval.every == 0:
@@ -244,6 +244,12 @@ class Trainer:
                 "resumed_from": self.resumed_from}
 
     # -- pieces of the loop ---------------------------------------------------------------------
+    def batches(self, step: int, end_step: int):
+        """The loader's batches after ``step``, up to ``end_step``'s: its end set there, so no batch past the
+        run's end is fetched (a served loader asks for ranges of steps ahead; issue 41)."""
+        self.loader.end_at(self.loader.next_index + (end_step - step) * self.global_batch)
+        return iter(self.loader)
+
     def next_batch(self, it, step: int) -> dict:
         if self.hooks.data is not None:
             self.hooks.data(step)

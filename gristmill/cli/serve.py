@@ -80,7 +80,7 @@ def _serve(args) -> int:
                       max_inflight_bytes_per_client=args.max_inflight_bytes_per_client,
                       admission_wait_s=args.admission_wait_s, stream_idle_s=args.stream_idle_s,
                       rescan_interval_s=args.rescan_interval_s, max_reply_bytes=args.max_reply_bytes)
-    from gristmill.loader.service.server import GristmillServer  # the loader and torch: after the checks
+    from gristmill.loader.service.server import GristmillServer  # grpc, pyarrow and the loader: after the checks
 
     server = GristmillServer(cfg)
     stop = threading.Event()

@@ -1,8 +1,8 @@
 """``ServeConfig``: what ``gristmill serve`` is started with, checked whole before anything heavy is imported.
 
 Apart from server.py (which re-exports it) so that the command refuses a bad start (no token beyond
-loopback, half a TLS pair) in the time it takes to parse its flags, not after importing the loader
-and torch (seconds)."""
+loopback, half a TLS pair) in the time it takes to parse its flags, not after importing grpc, pyarrow
+and the loader (seconds)."""
 from __future__ import annotations
 
 import ipaddress

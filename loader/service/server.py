@@ -7,7 +7,8 @@ document boundaries and its view of the node-local ``ShardCache``, verified down
 eviction included) in an LRU of ``max_open`` entries, and answers rank ``r``'s step ``s`` with
 ``Loader.rows_at_many`` (the one assembly of a step; a request's steps planned in one vectorised
 call, up to ``ASSEMBLE_BYTES`` and ``ASSEMBLE_ROWS`` of steps assembled at a time when gRPC asks for
-the next record batch, each step sent as a zero-copy slice), in the shards' own token dtype.
+the next record batch, each step sent as a zero-copy slice), in the shards' own token dtype. Its loaders make
+numpy arrays (``Batches(numpy=True)``): the server never imports torch (docs/service.md, "A server without torch").
 
 Transport: a ``grpcio`` server speaking Arrow Flight's protobuf service (wire.py), so gRPC refuses a request
 message over 8 KiB before buffering it (pyarrow's Flight server cannot be told to). Bounds (admission.py): streams
@@ -49,7 +50,7 @@ from ..loader import PLAN_ROWS, Loader
 from ..options import Batches, Caching, Sampling, Source, Threads
 from .admission import Admission, Busy, Idle
 from .catalog import Catalog, UnknownManifest
-from .config import ServeConfig, is_loopback  # noqa: F401  (ServeConfig lives beside, without torch: see config.py)
+from .config import ServeConfig, is_loopback  # noqa: F401  (ServeConfig lives beside, checked before the import)
 from .protocol import (CLIENT_HEADER, CLIENT_ID, META_REQUEST, META_SHA, SHA256, TOKEN_ENV, ProtocolError, Request,
                        json_object, one_line, reply_bytes, step_bytes)
 from .wire import MAX_REQUEST_BYTES, SERVICE, VERBS, fields, flight_data, message
@@ -274,7 +275,7 @@ class GristmillServer:
                                   source=Source(storage_options=dict(self.cfg.storage_options)),  # its shards too
                                   caching=Caching(dir=self.cfg.cache_dir, limit_bytes=self.cfg.cache_limit_bytes),
                                   threads=Threads(prefetch=1, workers=0, fetch_workers=1),
-                                  batches=Batches(token_dtype=None, pin_memory=False, documents=req.documents)))
+                                  batches=Batches(token_dtype=None, documents=req.documents, numpy=True)))
             self.stats.add(loaders_opened=1)
             with self._entries_lock:
                 entry.users += 1
@@ -510,13 +511,13 @@ def release_free_heap() -> None:
 
 
 def to_record_batch(batch: dict, schema: pa.Schema) -> pa.RecordBatch:
-    """A Loader batch (``token_dtype=None``) as a reply's record batch; ``tokens`` without a copy."""
-    tokens = np.ascontiguousarray(batch["tokens"].numpy())
+    """A Loader batch (``token_dtype=None``, ``numpy=True``) as a reply's record batch; ``tokens`` without a copy."""
+    tokens = np.ascontiguousarray(batch["tokens"])
     rows, width = tokens.shape
     values = pa.Array.from_buffers(schema.field("tokens").type.value_type, tokens.size, [None, pa.py_buffer(tokens)])
-    columns = [pa.FixedSizeListArray.from_arrays(values, width), pa.array(batch["indices"].numpy())]
+    columns = [pa.FixedSizeListArray.from_arrays(values, width), pa.array(batch["indices"])]
     if "position_ids" in schema.names:
-        pos = batch["position_ids"].numpy().astype(np.int32)
+        pos = batch["position_ids"].astype(np.int32)
         columns.append(pa.FixedSizeListArray.from_arrays(pa.array(pos.reshape(-1)), width - 1))
     return pa.RecordBatch.from_arrays(columns, schema=schema)
 
