@@ -217,7 +217,7 @@ def test_the_vocabulary_numbers_the_regex_words_with_their_lengths_and_kinds():
 
     vocab = Vocabulary()
     vocab.MAX = 40  # starts over several times, between texts
-    extra = " ".join(["_", "__", "½", "١", "Ⅻ", "'", "x_y", "a/b,", "cannot"])
+    extra = " ".join(["_", "__", "½", "١", "Ⅻ", "'", "x_y", "a/b,", "cannot", "xcannot", "CANNOTs", "(cannot)", "cannot/not"])
     texts = SHORTCUT_TEXTS + [extra, " ".join(SHORTCUT_TEXTS), "\n".join(SHORTCUT_TEXTS), extra.replace("cannot", "")]
     for text in texts * 2:  # met first, then known
         ids = vocab.text_ids(text)

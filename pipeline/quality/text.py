@@ -61,8 +61,10 @@ def words(text: str) -> list[str]:
 
 
 def token_words(tok: str) -> list[str]:
-    """The words of one white-space token (in a text without "cannot"): itself when it is letters and
-    digits, a word and its trailing mark of ``_TRAILING``, else the regex's."""
+    """The words of one white-space token: itself when it is letters and digits, a word and its trailing
+    mark of ``_TRAILING``, else (and always with "cannot" in it: can + not) the regex's."""
+    if _CANNOT.search(tok):
+        return _WORD.findall(tok)
     if tok.isalnum():
         return [tok]
     if tok[-1] in _TRAILING and tok[:-1].isalnum():
@@ -125,7 +127,7 @@ class Vocabulary:
     measuring and classifying them again: most of a document's tokens are common ones. At ``MAX``
     words or tokens it starts over."""
 
-    MAX = 1 << 19  # distinct words, and tokens, remembered (~100 MB at most; past it, at the next text)
+    MAX = 1 << 19  # distinct words, and tokens, remembered (~150 MB at most; past it, at the next text)
 
     def __init__(self):
         self.number: dict[str, int] = {}
@@ -138,8 +140,6 @@ class Vocabulary:
         if len(self.number) > self.MAX or len(self.tokens) > self.MAX:  # between texts: one text's numbers agree
             self.number.clear()
             self.tokens.clear()
-        if _CANNOT.search(text):
-            return self.ids(_WORD.findall(text))
         toks = text.split()
         parts = list(map(self.tokens.get, toks))
         if None in parts:  # its new tokens' words, numbered in one call
