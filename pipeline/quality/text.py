@@ -127,7 +127,7 @@ class Vocabulary:
     measuring and classifying them again: most of a document's tokens are common ones. At ``MAX``
     words or tokens it starts over."""
 
-    MAX = 1 << 19  # distinct words, and tokens, remembered (~150 MB at most; past it, at the next text)
+    MAX = 1 << 19  # distinct words, and tokens, remembered (~200 MB at most; past it, at the next text)
 
     def __init__(self):
         self.number: dict[str, int] = {}
