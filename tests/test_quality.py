@@ -55,13 +55,16 @@ def _reference_ngram_chars(words: list[str]):
     return top, dup
 
 
-@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("seed", range(10))
 def test_ngram_kernel_counts_what_gopher_defines(seed):
     rng = random.Random(seed)
     vocab = [rng.choice("abcdefgh") * rng.randint(1, 4) for _ in range(rng.randint(2, 9))]
     words = [rng.choice(vocab) for _ in range(rng.randint(0, 300))]
     if seed % 2:  # planted repeats, so the duplicate counts are not all zero
         words = words[:40] * 4 + words
+    if seed >= 6:  # prose-like: every 5-gram distinct but a planted phrase of seed - 3 words (the kernel stops early)
+        words = [f"w{i}" for i in range(120)]
+        words[60:60 + seed - 3] = words[10:10 + seed - 3]
     ids_of: dict = {}
     ids = np.array([ids_of.setdefault(w, len(ids_of)) for w in words], np.int64)
     top, dup = _ngram_chars(ids, np.array([len(w) for w in ids_of], np.int64), np.array(TOP_N), np.array(DUP_N))
@@ -209,11 +212,18 @@ def test_line_and_paragraph_shortcuts_are_the_regex_splits():
             assert find_duplicates(items) == (n, chars)
 
 
-def test_word_kinds_are_the_regex_searches():
-    from gristmill.pipeline.quality.text import has_alnum, has_alpha, word_kinds, words
+def test_the_vocabulary_numbers_the_regex_words_with_their_lengths_and_kinds():
+    from gristmill.pipeline.quality.text import _WORD, Vocabulary, has_alnum, has_alpha
 
-    uniq = list(dict.fromkeys(words(" ".join(SHORTCUT_TEXTS)) + ["_", "__", "½", "١", "Ⅻ", "'", ""]))
-    for _ in range(2):  # met first, then from the cache
-        kinds = word_kinds(uniq)
-        assert [bool(k & 1) for k in kinds] == [has_alnum(w) for w in uniq]
-        assert [bool(k & 2) for k in kinds] == [has_alpha(w) for w in uniq]
+    vocab = Vocabulary()
+    vocab.MAX = 40  # starts over several times, between texts
+    extra = " ".join(["_", "__", "½", "١", "Ⅻ", "'", "x_y", "a/b,", "cannot", "xcannot", "CANNOTs", "(cannot)", "cannot/not"])
+    texts = SHORTCUT_TEXTS + [extra, " ".join(SHORTCUT_TEXTS), "\n".join(SHORTCUT_TEXTS), extra.replace("cannot", "")]
+    for text in texts * 2:  # met first, then known
+        ids = vocab.text_ids(text)
+        word = {n: w for w, n in vocab.number.items()}
+        assert [word[i] for i in ids] == _WORD.findall(text), text
+        assert [vocab.lengths[i] for i in ids] == [len(word[i]) for i in ids]
+        assert [bool(vocab.kinds[i] & 1) for i in ids] == [has_alnum(word[i]) for i in ids]
+        assert [bool(vocab.kinds[i] & 2) for i in ids] == [has_alpha(word[i]) for i in ids]
+    assert len(vocab.number) < len({w for t in texts for w in _WORD.findall(t)})  # it started over

@@ -2,7 +2,7 @@
 from Training Gopher", appendix A.1.1 and table A1), as datatrove implements them
 (GopherQualityFilter, GopherRepetitionFilter): same metrics, same order, same comparisons.
 
-The n-gram repetition metrics run in one numba kernel over word numbers (``Doc.word_ids``):
+The n-gram repetition metrics run in one numba kernel over word numbers (``Doc.word_ids``, the process's ``Vocabulary``):
 no n-gram strings are built; each n-gram is a 64-bit hash, extended by one word from the (n-1)-gram's,
 and equal hashes are grouped in one pass over an open-addressing table.
 """
@@ -13,7 +13,7 @@ import numpy as np
 from gristmill.jit import cached_njit
 
 from .rules import Rule, ratio
-from .text import Doc, find_duplicates, word_kinds
+from .text import VOCAB, Doc, find_duplicates
 
 QUALITY, REPETITION = "gopher_quality", "gopher_repetition"
 
@@ -36,12 +36,11 @@ REPETITION_RULES = [Rule(f"{REPETITION}:{k}", high=lambda c, k=k: getattr(c, k))
 
 
 def quality_metrics(doc: Doc, cfg) -> dict[str, float]:
-    words = doc.words
-    n_words = len(words)
-    ids, uniq = doc.word_ids
-    number = dict(zip(uniq, range(len(uniq))))
+    ids = doc.word_ids
+    n_words = len(ids)
+    number = VOCAB.number
     stop = np.array([number[s] for s in set(cfg.stop_words) if s in number], np.int64)
-    n_alnum, alnum_chars, n_alpha, n_stop = _word_sums(ids, doc.uniq_lengths, word_kinds(uniq), stop)
+    n_alnum, alnum_chars, n_alpha, n_stop = _word_sums(ids, VOCAB.lengths, VOCAB.kinds, stop)
     text, lines = doc.text, doc.splitlines
     n_lines = len(lines)
     return {
@@ -58,22 +57,21 @@ def quality_metrics(doc: Doc, cfg) -> dict[str, float]:
 
 
 @cached_njit()
-def _word_sums(ids, uniq_len, kinds, stop):
+def _word_sums(ids, lengths, kinds, stop):
     """(words with a letter or digit, their characters, words with a letter, stop-word occurrences):
-    ``kinds`` is ``word_kinds``' bits per distinct word, ``stop`` the stop words' numbers."""
-    is_stop = np.zeros(uniq_len.shape[0], np.bool_)
-    for s in stop:
-        is_stop[s] = True
+    ``lengths`` and ``kinds`` are ``Vocabulary``'s per word number, ``stop`` the stop words' numbers (a few)."""
     n_alnum = chars = n_alpha = n_stop = 0
     for w in ids:
         k = kinds[w]
         if k & 1:
             n_alnum += 1
-            chars += uniq_len[w]
+            chars += lengths[w]
         if k & 2:
             n_alpha += 1
-        if is_stop[w]:
-            n_stop += 1
+        for s in stop:
+            if w == s:
+                n_stop += 1
+                break
     return n_alnum, chars, n_alpha, n_stop
 
 
@@ -84,8 +82,7 @@ def repetition_metrics(doc: Doc, cfg) -> dict[str, float]:
     para_dups, para_chars = find_duplicates(paras)
     lines = doc.newline_runs
     line_dups, line_chars = find_duplicates(lines)
-    ids, _ = doc.word_ids
-    top, dup = _ngram_chars(ids, doc.uniq_lengths, _TOP_N, _DUP_N)
+    top, dup = _ngram_chars(doc.word_ids, VOCAB.lengths, _TOP_N, _DUP_N)
     out = {f"{REPETITION}:dup_para_frac": ratio(para_dups, len(paras)),
            f"{REPETITION}:dup_para_char_frac": ratio(para_chars, n_chars),
            f"{REPETITION}:dup_line_frac": ratio(line_dups, len(lines)),
@@ -149,15 +146,16 @@ def _groups(h):
 
 
 @cached_njit()
-def _ngram_chars(ids, uniq_len, top_ns, dup_ns):
+def _ngram_chars(ids, lengths, top_ns, dup_ns):
     """Gopher's top n-gram characters (characters of the most frequent n-gram, with its spaces,
     times its count; ties: the earliest) and duplicate n-gram characters (greedy left to right:
     an n-gram seen before counts its characters, without spaces, and skips n words).
-    ``top_ns`` and ``dup_ns`` ascend, the first above 1."""
+    ``top_ns`` and ``dup_ns`` ascend, the first above 1. Once every n-gram is distinct the longer ones
+    are too: their duplicate characters stay 0 (on prose, most of the longer n)."""
     m = ids.shape[0]
     cs = np.zeros(m + 1, np.int64)
     for i in range(m):
-        cs[i + 1] = cs[i] + uniq_len[ids[i]]
+        cs[i + 1] = cs[i] + lengths[ids[i]]
     top = np.zeros(top_ns.shape[0], np.int64)
     dup = np.zeros(dup_ns.shape[0], np.int64)
     z = _mixed(ids)
@@ -165,6 +163,7 @@ def _ngram_chars(ids, uniq_len, top_ns, dup_ns):
     for i in range(m):
         h[i] = (np.uint64(1469598103934665603) ^ z[i]) * np.uint64(1099511628211)
     n = 1
+    distinct = False
     for t in range(top_ns.shape[0] + dup_ns.shape[0]):
         want = top_ns[t] if t < top_ns.shape[0] else dup_ns[t - top_ns.shape[0]]
         if m < want:
@@ -172,7 +171,10 @@ def _ngram_chars(ids, uniq_len, top_ns, dup_ns):
         while n < want:
             n += 1
             h = _extend(h, z, n)
+        if t >= top_ns.shape[0] and distinct:  # no two (n-1)-grams equal: no two n-grams either, none repeats
+            break
         g, first = _groups(h)
+        distinct = first.shape[0] == m - n + 1
         if t < top_ns.shape[0]:
             count = np.bincount(g)
             best = 0

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import re
 from functools import cached_property
-from itertools import compress, count
-from operator import not_
+from itertools import chain, compress, count, repeat
+from operator import is_, not_
 
 import numpy as np
 
@@ -54,14 +54,22 @@ def words(text: str) -> list[str]:
     prev = 0
     for i in compress(count(), map(not_, map(str.isalnum, toks))):  # the tokens that are not one word
         out += toks[prev:i]
-        tok = toks[i]
-        if tok[-1] in _TRAILING and tok[:-1].isalnum():
-            out += (tok[:-1], tok[-1])
-        else:
-            out += _WORD.findall(tok)
+        out += token_words(toks[i])
         prev = i + 1
     out += toks[prev:]
     return out
+
+
+def token_words(tok: str) -> list[str]:
+    """The words of one white-space token: itself when it is letters and digits, a word and its trailing
+    mark of ``_TRAILING``, else (and always with "cannot" in it: can + not) the regex's."""
+    if _CANNOT.search(tok):
+        return _WORD.findall(tok)
+    if tok.isalnum():
+        return [tok]
+    if tok[-1] in _TRAILING and tok[:-1].isalnum():
+        return [tok[:-1], tok[-1]]
+    return _WORD.findall(tok)
 
 
 class Doc:
@@ -71,21 +79,10 @@ class Doc:
         self.text = text
 
     @cached_property
-    def words(self) -> list[str]:
-        return words(self.text)
-
-    @cached_property
-    def word_ids(self) -> tuple[np.ndarray, list[str]]:
-        """Each word's number (in order of first occurrence) and the distinct words in that order."""
-        uniq = list(dict.fromkeys(self.words))  # C loops: no Python call per word
-        number = {w: i for i, w in enumerate(uniq)}
-        return np.fromiter(map(number.__getitem__, self.words), np.int64, len(self.words)), uniq
-
-    @cached_property
-    def uniq_lengths(self) -> np.ndarray:
-        """The characters of each distinct word (``word_ids``' order)."""
-        uniq = self.word_ids[1]
-        return np.fromiter(map(len, uniq), np.int64, len(uniq))
+    def word_ids(self) -> np.ndarray:
+        """The number of each of ``words(text)`` in the process's vocabulary (``VOCAB``): equal words,
+        equal numbers; its length is the word count."""
+        return VOCAB.text_ids(self.text)
 
     @cached_property
     def splitlines(self) -> list[str]:
@@ -122,21 +119,58 @@ def has_alnum(word: str) -> bool:
     return _ALNUM.search(word) is not None
 
 
-_KINDS: dict[str, int] = {}  # word -> has_alnum | has_alpha << 1, across a process's documents
-_KINDS_MAX = 1 << 20  # distinct words remembered (~100 MB at most); then it starts over
+class Vocabulary:
+    """The words and white-space tokens a process has met: each word numbered in order of first meeting,
+    with its length and kind (``has_alnum | has_alpha << 1``) in arrays the numba kernels index by
+    number, and each token's word numbers. A document then costs a dict lookup a token, in C, instead of
+    splitting its tokens into words (the regex on code and paths), numbering its own distinct words and
+    measuring and classifying them again: most of a document's tokens are common ones. At ``MAX``
+    words or tokens it starts over."""
+
+    MAX = 1 << 19  # distinct words, and tokens, remembered (~200 MB at most; past it, at the next text)
+
+    def __init__(self):
+        self.number: dict[str, int] = {}
+        self.tokens: dict[str, bytes] = {}  # int64 numbers: bytes join in C and are no work for the GC
+        self.lengths = np.zeros(1 << 12, np.int64)
+        self.kinds = np.zeros(1 << 12, np.int8)
+
+    def text_ids(self, text: str) -> np.ndarray:
+        """The numbers of ``words(text)`` (int64): its tokens' numbers, joined, numbering new tokens first."""
+        if len(self.number) > self.MAX or len(self.tokens) > self.MAX:  # between texts: one text's numbers agree
+            self.number.clear()
+            self.tokens.clear()
+        toks = text.split()
+        parts = list(map(self.tokens.get, toks))
+        if None in parts:  # its new tokens' words, numbered in one call
+            new = list(dict.fromkeys(compress(toks, map(is_, parts, repeat(None)))))
+            split = list(map(token_words, new))
+            ids = self.ids(list(chain.from_iterable(split)))
+            end = 0
+            for tok, ws in zip(new, split):
+                start, end = end, end + len(ws)
+                self.tokens[tok] = ids[start:end].tobytes()
+            parts = list(map(self.tokens.__getitem__, toks))
+        return np.frombuffer(b"".join(parts), np.int64)
+
+    def ids(self, words: list[str]) -> np.ndarray:
+        """Each word's number (int64), numbering the new ones first."""
+        try:
+            return np.fromiter(map(self.number.__getitem__, words), np.int64, len(words))
+        except KeyError:  # a word met for the first time
+            self._add([w for w in dict.fromkeys(words) if w not in self.number])
+            return np.fromiter(map(self.number.__getitem__, words), np.int64, len(words))
+
+    def _add(self, new: list[str]) -> None:
+        start = len(self.number)
+        end = start + len(new)
+        if end > self.lengths.shape[0]:
+            cap = max(end, 2 * self.lengths.shape[0])
+            self.lengths = np.resize(self.lengths, cap)
+            self.kinds = np.resize(self.kinds, cap)
+        self.number.update(zip(new, range(start, end)))
+        self.lengths[start:end] = np.fromiter(map(len, new), np.int64, len(new))
+        self.kinds[start:end] = [(_ALNUM.search(w) is not None) | (_ALPHA.search(w) is not None) << 1 for w in new]
 
 
-def word_kinds(uniq: list[str]) -> np.ndarray:
-    """has_alnum | has_alpha << 1 of each word (int8): two regex searches the first time a process meets
-    a word, a lookup after (most of a document's words are common ones)."""
-    if len(_KINDS) > _KINDS_MAX:
-        _KINDS.clear()
-    codes = list(map(_KINDS.get, uniq))
-    if None in codes:
-        codes = [c if c is not None else _kind_of(w) for w, c in zip(uniq, codes)]
-    return np.array(codes, np.int8)
-
-
-def _kind_of(word: str) -> int:
-    k = _KINDS[word] = (_ALNUM.search(word) is not None) | (_ALPHA.search(word) is not None) << 1
-    return k
+VOCAB = Vocabulary()  # one a process: its documents share it
