@@ -542,7 +542,12 @@ def test_a_ray_address_where_nothing_answers_fails_in_one_line_within_the_connec
                                                                                           capsys, monkeypatch):
     import time
 
+    import ray
+
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    # the test session's Ray may already run in this worker (another file's fixture): a runner then uses it
+    # and never dials the address; the check under test comes before any ray.init
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
     out = tmp_path / "run"
     os.makedirs(out)
     job = _job(plain_corpus, out, runner={"kind": "ray", "address": "127.0.0.1:1", "connect_timeout_s": 3})
