@@ -109,11 +109,13 @@ def kill_at_marker(proc, marker: str, what: str, timeout_s: float = 240) -> None
     # torchrun starts its workers in sessions of their own: killing the launcher's group orphans them,
     # and the stalled one (its pid is the marker's content) would run on after the test
     run_dir = os.path.dirname(marker)
+    with open(marker) as f:
+        stalled = f.read().strip()
     for pid in [p for p in os.listdir("/proc") if p.isdigit()]:
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 cmdline = f.read().decode(errors="replace")
-            if run_dir in cmdline or open(marker).read().strip() == pid:
+            if pid == stalled or run_dir in cmdline:
                 os.kill(int(pid), signal.SIGKILL)
         except (OSError, ValueError):
             continue
