@@ -8,7 +8,6 @@ per source and file keyed ``<component>/<source>``.
 """
 from __future__ import annotations
 
-import numpy as np
 import pyarrow as pa
 
 from gristmill.manifests.mixture import PublishedMixture

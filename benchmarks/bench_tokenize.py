@@ -28,7 +28,6 @@ import os
 import resource
 import subprocess
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 

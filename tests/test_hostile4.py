@@ -10,7 +10,6 @@ import random
 import shutil
 import uuid
 
-import pyarrow as pa
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 import pytest

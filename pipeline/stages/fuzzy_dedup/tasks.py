@@ -28,7 +28,6 @@ worker count, and each task's marker lets a rerun skip it.
 from __future__ import annotations
 
 import functools
-import math
 
 import numpy as np
 import pyarrow as pa

@@ -20,7 +20,6 @@ buckets and reads only those rows of every partition (row-group pruning), so it 
 """
 from __future__ import annotations
 
-import hashlib
 import json
 
 import numpy as np
