@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 import numpy as np
 import pyarrow.flight as flight
@@ -227,10 +228,14 @@ def test_tokens_and_tls(data, tmp_path):
             url = mtls.url.replace("127.0.0.1", "localhost")
             same(want, first_batch(data["toy"], url, service_tls_root=cert, service_token_file=str(token),
                                    service_tls_cert=cert, service_tls_key=key))
-            with pytest.raises(ServiceError):  # no client certificate
+            t = time.monotonic()
+            with pytest.raises(ServiceError, match="client certificate"):  # none given
                 first_batch(data["toy"], url, service_tls_root=cert, service_token_file=str(token))
+            assert time.monotonic() - t < 60  # fails on its own, not at service_deadline_s (120 s)
+        t = time.monotonic()
         with pytest.raises(ServiceError) as plain:  # a plain-text client against the TLS server
             first_batch(data["toy"], f"grpc://localhost:{srv.port}", service_token="s3cret-token")
+        assert time.monotonic() - t < 60  # fails on its own, not at service_deadline_s (120 s)
         assert "\n" not in str(plain.value) and f"grpc://localhost:{srv.port}" in str(plain.value)
         assert "a TLS server? use grpc+tls://" in str(plain.value) and "debug context" not in str(plain.value)
 

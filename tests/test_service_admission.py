@@ -320,6 +320,32 @@ def test_a_plain_server_gone_mid_stream_is_not_called_a_tls_server():
     e = flight.FlightUnavailableError("Flight returned unavailable error, with message: Socket closed")
     assert "TLS server?" in reason(e, "grpc://h:1", reached=False)
     assert "TLS server?" not in reason(e, "grpc://h:1", reached=True)
+    assert "client certificate?" in reason(e, "grpc+tls://h:1", reached=False)  # a mutual-TLS server
+    assert "--tls-client-ca" in reason(e, "grpc+tls://h:1", reached=False, client_cert=True)
+
+
+def test_the_handshake_hint_sticks_and_a_refused_handshake_everywhere_fails_fast():
+    """"localhost" is ::1 and 127.0.0.1: an attempt's last error may be the refused IPv6 address, not the closed
+    IPv4 socket, so the hint stays once an attempt earned it (CI lost it and waited 120 s); once every endpoint has
+    closed a plain client's socket 3 times without answering, waiting out the deadline would not mend it."""
+    from gristmill.loader.service.client import Endpoints
+
+    closed = flight.FlightUnavailableError("Flight returned unavailable error, with message: Socket closed")
+    refused = flight.FlightUnavailableError("failed to connect to all addresses; last error: UNKNOWN: "
+                                            "ipv6:%5B::1%5D:1: Failed to connect to remote host: Connection refused")
+    ep = Endpoints(Source(service=("grpc://a:1", "grpc://b:1")))
+    assert "TLS server?" not in ep.describe(refused, "grpc://a:1")
+    assert "TLS server?" in ep.describe(closed, "grpc://a:1")
+    assert "TLS server?" in ep.describe(refused, "grpc://a:1")  # sticks
+    for _ in range(3):
+        ep.describe(closed, "grpc://a:1")
+    assert not ep.all_refuse_handshake()  # b has not been tried
+    for _ in range(3):
+        ep.describe(closed, "grpc://b:1")
+    assert ep.all_refuse_handshake()
+    ep.answered("grpc://b:1")  # b answered once: a plain server that was stopped, not a TLS one
+    assert not ep.all_refuse_handshake() and "TLS server?" not in ep.describe(refused, "grpc://b:1")
+    ep.close()
 
 
 def test_storage_options_from_flags_and_a_yaml_file(tmp_path):

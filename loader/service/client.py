@@ -89,6 +89,9 @@ class Endpoints:
                                                         ("private_key", source.service_tls_key)) if path}
         self._clients: dict[str, flight.FlightClient] = {}
         self._answered: set[str] = set()  # endpoints that have answered a call (the TLS hint is for the others)
+        # endpoints that closed the socket without ever answering, and how often: a handshake they refuse. "localhost"
+        # resolves to ::1 and 127.0.0.1, so the last error of an attempt may be the refused IPv6 address instead.
+        self._tls_suspect: collections.Counter = collections.Counter()
         self._lock = threading.Lock()
 
     def client(self, url: str) -> flight.FlightClient:
@@ -103,6 +106,22 @@ class Endpoints:
 
     def reached(self, url: str) -> bool:
         return url in self._answered
+
+    def describe(self, e: Exception, url: str) -> str:
+        """``reason`` for this endpoint, keeping its handshake hint once any attempt at it earned one."""
+        text = reason(e, url, self.reached(url), client_cert="cert_chain" in self.tls)
+        hint = handshake_hint(url, "cert_chain" in self.tls)
+        if hint in text:
+            self._tls_suspect[url] += 1
+        elif self._tls_suspect[url] and not self.reached(url):
+            text += hint
+        return text
+
+    def all_refuse_handshake(self) -> bool:
+        """Every endpoint has closed this client's socket ``HANDSHAKE_TRIES`` times without ever answering: a plain
+        client at a TLS server, or a TLS client without the certificate a mutual-TLS server asks for. Waiting out
+        ``service_deadline_s`` would not mend that configuration error."""
+        return all(self._tls_suspect[u] >= HANDSHAKE_TRIES and not self.reached(u) for u in self.urls)
 
     def action(self, url: str, name: str, body: dict) -> bytes:
         results = list(self.client(url).do_action(flight.Action(name, json.dumps(body).encode()), self.options))
@@ -133,7 +152,7 @@ def served_data(name_or_sha: str, source: Source) -> Published | PublishedMixtur
             try:
                 reply = json.loads(endpoints.action(url, "manifest", body))
             except flight.FlightError as e:
-                errors.append(f"{url}: {reason(e, url, False)}")
+                errors.append(f"{url}: {endpoints.describe(e, url)}")
                 continue
             m = manifest_from_json(reply["manifest"], expected_sha256=expected, source=f"{url} manifest")
             pub = Published(m, f"{url}#{m.sha256}")
@@ -192,8 +211,11 @@ class ServiceBatches:
                 return batches
             except (flight.FlightError, pa.ArrowException, ReplyMismatch, OSError) as e:
                 if _refused(e):  # the same request is refused everywhere: a client error, not a failure
-                    raise ServiceError(f"gristmill serve at {url}: {reason(e, url, self.endpoints.reached(url))}") from e
-                errors[url] = reason(e, url, self.endpoints.reached(url))
+                    raise ServiceError(f"gristmill serve at {url}: {self.endpoints.describe(e, url)}") from e
+                errors[url] = self.endpoints.describe(e, url)
+                if self.endpoints.all_refuse_handshake():
+                    raise ServiceError(f"steps {req.start_step}..{req.start_step + req.steps - 1}: "
+                                       + "; ".join(f"{u}: {m}" for u, m in errors.items())) from e
                 with self.stats_lock:
                     self.stats["retries"] += 1
                 log.debug("steps %d..%d from %s failed (%s)", req.start_step, req.start_step + req.steps - 1, url,
@@ -342,12 +364,24 @@ def _refused(e: Exception) -> bool:
         isinstance(e, flight.FlightServerError) and "bad request" in str(e))
 
 
-def reason(e: Exception, url: str, reached: bool) -> str:
-    """A Flight error in one short line: gRPC's debug context dropped; a plain client's socket closed by an
-    endpoint that never answered it named as a TLS server (one that answered before was just stopped)."""
+HANDSHAKE_TRIES = 3
+
+
+def handshake_hint(url: str, client_cert: bool) -> str:
+    """What an endpoint that closes the socket before answering most likely wants of this client."""
+    if url.startswith(("grpc://", "grpc+tcp://")):
+        return " (a TLS server? use grpc+tls:// and service_tls_root)"
+    if not client_cert:
+        return " (a server that asks for a client certificate? set service_tls_cert and service_tls_key)"
+    return " (does the server's --tls-client-ca sign service_tls_cert?)"
+
+
+def reason(e: Exception, url: str, reached: bool, client_cert: bool = False) -> str:
+    """A Flight error in one short line: gRPC's debug context dropped; a socket closed by an endpoint that never
+    answered this client gets ``handshake_hint`` (one that answered before was just stopped)."""
     text = re.sub(r"^(Flight|gRPC) returned [\w ]+ error, with message: ", "", one_line(e)).split(". gRPC client debug context")[0]
-    if url.startswith(("grpc://", "grpc+tcp://")) and "Socket closed" in text and not reached:
-        text += " (a TLS server? use grpc+tls:// and service_tls_root)"
+    if "Socket closed" in text and not reached:
+        text += handshake_hint(url, client_cert)
     return text
 
 
