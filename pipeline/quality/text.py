@@ -5,7 +5,8 @@ Words: one regex tokenisation close to the spaCy English tokenizer that datatrov
 (punctuation marks are words of their own, ``don't`` is ``do`` + ``n't``, ``...`` is one
 word, ``os.path`` stays whole), many times cheaper. Rules that count words (Gopher's word count, its ratios, FineWeb's
 newline-per-word ratio) therefore agree with datatrove on most documents but not on all:
-docs/benchmarks.md measures the agreement per rule.
+docs/benchmarks.md measures the agreement per rule. The rules read them from ``analyse``: the regex's
+words, found by a numba scanner on ASCII tokens and by the regex on the others.
 """
 from __future__ import annotations
 
@@ -162,7 +163,7 @@ class Tokens:
     (hash, length, kind) rows as int64 bytes (a document's are one ``b"".join``; the GC never walks them).
     About 80% of such tokens repeat an earlier one. At ``MAX`` tokens it starts over, between two texts."""
 
-    MAX = 1 << 19  # tokens remembered (~100 MB at most)
+    MAX = 1 << 19  # tokens remembered (~150 MB at most, with their rows)
 
     def __init__(self):
         self.known: dict[bytes, bytes] = {}
