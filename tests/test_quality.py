@@ -11,6 +11,7 @@ from gristmill.errors import ConfigError
 from gristmill.pipeline.quality import evaluate, metric_names
 from gristmill.pipeline.stages.quality.config import QualityConfig
 from gristmill.pipeline.quality.gopher import DUP_N, TOP_N, _ngram_chars
+from gristmill.pipeline.quality.text import word_hashes
 
 VOCAB = ("the of and to that with have be river stone garden morning letter window village music harbour "
          "market teacher painter evening question answer summer winter careful quiet bright narrow ancient "
@@ -65,9 +66,7 @@ def test_ngram_kernel_counts_what_gopher_defines(seed):
     if seed >= 6:  # prose-like: every 5-gram distinct but a planted phrase of seed - 3 words (the kernel stops early)
         words = [f"w{i}" for i in range(120)]
         words[60:60 + seed - 3] = words[10:10 + seed - 3]
-    ids_of: dict = {}
-    ids = np.array([ids_of.setdefault(w, len(ids_of)) for w in words], np.int64)
-    top, dup = _ngram_chars(ids, np.array([len(w) for w in ids_of], np.int64), np.array(TOP_N), np.array(DUP_N))
+    top, dup = _ngram_chars(word_hashes(words), np.array([len(w) for w in words], np.int64), np.array(TOP_N), np.array(DUP_N))
     assert (list(top), list(dup)) == _reference_ngram_chars(words)
 
 
@@ -212,18 +211,49 @@ def test_line_and_paragraph_shortcuts_are_the_regex_splits():
             assert find_duplicates(items) == (n, chars)
 
 
-def test_the_vocabulary_numbers_the_regex_words_with_their_lengths_and_kinds():
-    from gristmill.pipeline.quality.text import _WORD, Vocabulary, has_alnum, has_alpha
+def _analysed_as_the_regex(text: str) -> bool:
+    from gristmill.pipeline.quality.text import _WORD, analyse, has_alnum, has_alpha
 
-    vocab = Vocabulary()
-    vocab.MAX = 40  # starts over several times, between texts
-    extra = " ".join(["_", "__", "½", "١", "Ⅻ", "'", "x_y", "a/b,", "cannot", "xcannot", "CANNOTs", "(cannot)", "cannot/not"])
+    words = _WORD.findall(text)
+    got = analyse(text)
+    return (list(got.hashes) == list(word_hashes(words)) and list(got.lengths) == [len(w) for w in words]
+            and list(got.kinds) == [has_alnum(w) | has_alpha(w) << 1 for w in words])
+
+
+def test_analyse_gives_the_regex_words_with_their_lengths_and_kinds():
+    from gristmill.pipeline.quality.text import Tokens
+
+    tokens = Tokens()
+    tokens.MAX = 5  # starts over several times, between texts
+    extra = " ".join(["_", "__", "½", "١", "Ⅻ", "'", "x_y", "a/b,", "cannot", "xcannot", "CANNOTs", "(cannot)", "cannot/not",
+                      "don’t", "“quoted”", "naïve,", "e.g.", "U.S.A.", "-3.14", "1/2", "\\n", "isn't", "'re", "...", "--", "''", "):"])
     texts = SHORTCUT_TEXTS + [extra, " ".join(SHORTCUT_TEXTS), "\n".join(SHORTCUT_TEXTS), extra.replace("cannot", "")]
-    for text in texts * 2:  # met first, then known
-        ids = vocab.text_ids(text)
-        word = {n: w for w, n in vocab.number.items()}
-        assert [word[i] for i in ids] == _WORD.findall(text), text
-        assert [vocab.lengths[i] for i in ids] == [len(word[i]) for i in ids]
-        assert [bool(vocab.kinds[i] & 1) for i in ids] == [has_alnum(word[i]) for i in ids]
-        assert [bool(vocab.kinds[i] & 2) for i in ids] == [has_alpha(word[i]) for i in ids]
-    assert len(vocab.number) < len({w for t in texts for w in _WORD.findall(t)})  # it started over
+    from unittest import mock
+
+    with mock.patch("gristmill.pipeline.quality.text.TOKENS", tokens):
+        for text in texts * 2:  # met first, then known
+            assert _analysed_as_the_regex(text), text
+    non_ascii = {t for text in texts for t in text.split() if not t.isascii()}
+    assert tokens.MAX < len(tokens.known) < len(non_ascii)  # it started over, and keeps what it met since
+
+
+def test_the_ascii_scanner_is_the_regex_on_random_tokens():
+    """Tokens of the characters each alternative of _WORD turns on (letters of can/not/n't/'s..., digits,
+    quotes, - / = . _ \\ and marks), joined by ASCII and Unicode white space."""
+    rng = random.Random(0)
+    chars = "aAcCnNoOtTsSrReEvVlLdDmMxX09'-/=._\\():,!?\"#"
+    for _ in range(5000):
+        toks = ["".join(rng.choice(chars) for _ in range(rng.randint(1, 9))) for _ in range(rng.randint(1, 6))]
+        toks.append(rng.choice(["cannot", "CanNot", "don't", "e.g.", "U.S.A", "-3.14", "1/2", "a/b", "can't", "'re", "x--y"]))
+        rng.shuffle(toks)
+        text = rng.choice([" ", "\n", "\t", " \u00a0", "\u3000", "\x1c"]).join(toks)
+        assert _analysed_as_the_regex(text), repr(text)
+
+
+def test_tokens_split_at_str_split_white_space_for_every_code_point():
+    from gristmill.pipeline.quality.text import _tokens
+
+    text = "".join(f"a{chr(c)}b" for c in range(0x110000) if not 0xD800 <= c < 0xE000)  # each between two letters
+    raw = text.encode()
+    starts, ends, _ = _tokens(np.frombuffer(raw, np.uint8))
+    assert [raw[s:e].decode() for s, e in zip(starts.tolist(), ends.tolist())] == text.split()

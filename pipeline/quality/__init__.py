@@ -68,7 +68,7 @@ def evaluate(text: str, cfg: QualityConfig, sets: list | None = None) -> Verdict
                 fineweb_text = kept
                 new_text = kept if changed else text
         elif name == fineweb.SET:
-            n_words = len(doc.word_ids) if fineweb_text is text else len(words(fineweb_text))
+            n_words = len(doc.words.hashes) if fineweb_text is text else len(words(fineweb_text))
             metrics.update(fineweb.measure(fineweb_text, n_words, sub))
         else:
             metrics[f"{classifier.SET}:score"] = classifier.score(new_text, sub)

@@ -2,18 +2,20 @@
 from Training Gopher", appendix A.1.1 and table A1), as datatrove implements them
 (GopherQualityFilter, GopherRepetitionFilter): same metrics, same order, same comparisons.
 
-The n-gram repetition metrics run in one numba kernel over word numbers (``Doc.word_ids``, the process's ``Vocabulary``):
+The n-gram repetition metrics run in one numba kernel over word hashes (``Doc.words``, ``text.analyse``):
 no n-gram strings are built; each n-gram is a 64-bit hash, extended by one word from the (n-1)-gram's,
 and equal hashes are grouped in one pass over an open-addressing table.
 """
 from __future__ import annotations
+
+from functools import lru_cache
 
 import numpy as np
 
 from gristmill.jit import cached_njit
 
 from .rules import Rule, ratio
-from .text import VOCAB, Doc, find_duplicates
+from .text import Doc, find_duplicates, word_hashes
 
 QUALITY, REPETITION = "gopher_quality", "gopher_repetition"
 
@@ -36,11 +38,10 @@ REPETITION_RULES = [Rule(f"{REPETITION}:{k}", high=lambda c, k=k: getattr(c, k))
 
 
 def quality_metrics(doc: Doc, cfg) -> dict[str, float]:
-    ids = doc.word_ids
-    n_words = len(ids)
-    number = VOCAB.number
-    stop = np.array([number[s] for s in set(cfg.stop_words) if s in number], np.int64)
-    n_alnum, alnum_chars, n_alpha, n_stop = _word_sums(ids, VOCAB.lengths, VOCAB.kinds, stop)
+    words = doc.words
+    n_words = len(words.hashes)
+    n_alnum, alnum_chars, n_alpha, n_stop = _word_sums(words.hashes, words.lengths, words.kinds,
+                                                       _stop_hashes(tuple(cfg.stop_words)))
     text, lines = doc.text, doc.splitlines
     n_lines = len(lines)
     return {
@@ -56,20 +57,26 @@ def quality_metrics(doc: Doc, cfg) -> dict[str, float]:
     }
 
 
+@lru_cache(maxsize=16)
+def _stop_hashes(stop_words: tuple[str, ...]) -> np.ndarray:
+    return word_hashes(sorted(set(stop_words)))
+
+
 @cached_njit()
-def _word_sums(ids, lengths, kinds, stop):
+def _word_sums(hashes, lengths, kinds, stop):
     """(words with a letter or digit, their characters, words with a letter, stop-word occurrences):
-    ``lengths`` and ``kinds`` are ``Vocabulary``'s per word number, ``stop`` the stop words' numbers (a few)."""
+    each word's hash, length and kind (``text.Words``), ``stop`` the stop words' hashes (a few)."""
     n_alnum = chars = n_alpha = n_stop = 0
-    for w in ids:
-        k = kinds[w]
+    for i in range(hashes.shape[0]):
+        k = kinds[i]
         if k & 1:
             n_alnum += 1
-            chars += lengths[w]
+            chars += lengths[i]
         if k & 2:
             n_alpha += 1
+        h = hashes[i]
         for s in stop:
-            if w == s:
+            if h == s:
                 n_stop += 1
                 break
     return n_alnum, chars, n_alpha, n_stop
@@ -82,7 +89,7 @@ def repetition_metrics(doc: Doc, cfg) -> dict[str, float]:
     para_dups, para_chars = find_duplicates(paras)
     lines = doc.newline_runs
     line_dups, line_chars = find_duplicates(lines)
-    top, dup = _ngram_chars(doc.word_ids, VOCAB.lengths, _TOP_N, _DUP_N)
+    top, dup = _ngram_chars(doc.words.hashes, doc.words.lengths, _TOP_N, _DUP_N)
     out = {f"{REPETITION}:dup_para_frac": ratio(para_dups, len(paras)),
            f"{REPETITION}:dup_para_char_frac": ratio(para_chars, n_chars),
            f"{REPETITION}:dup_line_frac": ratio(line_dups, len(lines)),
@@ -92,18 +99,6 @@ def repetition_metrics(doc: Doc, cfg) -> dict[str, float]:
     for n, c in zip(DUP_N, dup):
         out[f"{REPETITION}:dup_{n}_gram"] = ratio(float(c), n_chars)
     return out
-
-
-@cached_njit()
-def _mixed(ids):
-    """splitmix64 of each word number + 1: what an n-gram's hash folds in, word by word."""
-    z = np.empty(ids.shape[0], np.uint64)
-    for i in range(ids.shape[0]):
-        x = np.uint64(ids[i] + 1) * np.uint64(0x9E3779B97F4A7C15)
-        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        z[i] = x ^ (x >> np.uint64(31))
-    return z
 
 
 @cached_njit()
@@ -146,19 +141,19 @@ def _groups(h):
 
 
 @cached_njit()
-def _ngram_chars(ids, lengths, top_ns, dup_ns):
+def _ngram_chars(z, lengths, top_ns, dup_ns):
     """Gopher's top n-gram characters (characters of the most frequent n-gram, with its spaces,
     times its count; ties: the earliest) and duplicate n-gram characters (greedy left to right:
-    an n-gram seen before counts its characters, without spaces, and skips n words).
+    an n-gram seen before counts its characters, without spaces, and skips n words), from each word's
+    hash ``z`` and length.
     ``top_ns`` and ``dup_ns`` ascend, the first above 1. Once every n-gram is distinct the longer ones
     are too: their duplicate characters stay 0 (on prose, most of the longer n)."""
-    m = ids.shape[0]
+    m = z.shape[0]
     cs = np.zeros(m + 1, np.int64)
     for i in range(m):
-        cs[i + 1] = cs[i] + lengths[ids[i]]
+        cs[i + 1] = cs[i] + lengths[i]
     top = np.zeros(top_ns.shape[0], np.int64)
     dup = np.zeros(dup_ns.shape[0], np.int64)
-    z = _mixed(ids)
     h = np.empty(m, np.uint64)
     for i in range(m):
         h[i] = (np.uint64(1469598103934665603) ^ z[i]) * np.uint64(1099511628211)

@@ -44,25 +44,26 @@ def partition_task(item: dict, configs: list[dict], names: list[str], survivors:
     stats = {"documents_in": 0, "bytes_in": 0, "removed": {}, "removed_bytes": 0, "texts_shortened": 0}
     for t in survivors.docs(part, COLUMNS, 1024):
         rows = t.to_pydict()
-        cols = {k: [] for k in schema.names}
+        srcs = [item["sources"][source] for source in rows["source"]]
+        verdicts = [evaluate(text, cfgs[src], sets[src]) for text, src in zip(rows["text"], srcs)]
+        # column by column: the batch's rows are the documents'; the removed and shortened ones are few
+        cols = {"id": rows["id"], "order": rows["order"], "part": rows["part"], "reason": [v.reason for v in verdicts],
+                **{name: [v.metrics.get(name) for v in verdicts] for name in names}}
         removed = {k: [] for k in ("id", "order", "part", "bytes", "reason", "value", "threshold")}
         over = {k: [] for k in OVERRIDE_SCHEMA.names}
-        for i, order, part, n, source, text in zip(*(rows[k] for k in COLUMNS)):
-            src = item["sources"][source]
-            v = evaluate(text, cfgs[src], sets[src])
-            for k, x in (("id", i), ("order", order), ("part", part), ("reason", v.reason)):
-                cols[k].append(x)
-            for name in names:
-                cols[name].append(v.metrics.get(name))
-            stats["documents_in"] += 1
-            stats["bytes_in"] += n
+        stats["documents_in"] += len(verdicts)
+        stats["bytes_in"] += sum(rows["bytes"])
+        for j, v in enumerate(verdicts):
+            if v.reason is None and v.text is None:
+                continue
+            i, order, part, n = rows["id"][j], rows["order"][j], rows["part"][j], rows["bytes"][j]
             if v.reason is not None:
                 stats["removed"][v.reason] = stats["removed"].get(v.reason, 0) + 1
                 stats["removed_bytes"] += n
                 for k, x in (("id", i), ("order", order), ("part", part), ("bytes", n), ("reason", v.reason),
                              ("value", v.value), ("threshold", float(v.threshold))):
                     removed[k].append(x)
-            elif v.text is not None:
+            else:
                 stats["texts_shortened"] += 1
                 for k, x in (("id", i), ("order", order), ("part", part), ("text", v.text)):
                     over[k].append(x)
