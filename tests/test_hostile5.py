@@ -1,0 +1,67 @@
+"""Hostile inputs, fourth round (issue 39), what was left: a work dir that opens only with the
+job's ``work_dir_options`` read by ``report --work-dir`` and ``inspect removed``; an object store's
+file failing to close in a worker kept in the task's log; Ray's own lines kept off the terminal."""
+import json
+import os
+import uuid
+
+import pytest
+import yaml
+
+from gristmill import cli
+
+from test_hostile4 import _job, _texts, _write_jsonl
+
+
+# -- work_dir_options reach `report --work-dir` and `inspect removed` ---------------------------------
+@pytest.fixture
+def ticketed_run(tmp_path):
+    """A published version whose work dir lives on a store that opens only with its ticket, given in
+    the job's work_dir_options alone; (dataset URL, work dir URL, report's run dir). Exact duplicates
+    planted, so there are removals to inspect."""
+    from test_storage import _ticketed
+
+    from gristmill.manifests.storage import FsspecStore
+
+    _ticketed("gmticket5", "ok")
+    os.makedirs(tmp_path / "in")
+    texts = _texts(8, 30)
+    _write_jsonl(tmp_path / "in" / "a.jsonl", [{"id": f"a{i}", "text": t} for i, t in enumerate(texts + texts[:3])])
+    out = tmp_path / "run"
+    os.makedirs(out)
+    work = f"gmticket5://w-{uuid.uuid4().hex[:8]}"
+    job = _job([{"path": str(tmp_path / "in" / "a.jsonl"), "id_field": "id"}], out, work_dir=work,
+               work_dir_options={"ticket": "ok"}, runner="serial")
+    try:
+        assert cli.main(["prepare", "--quiet", job]) == 0
+        yield f"{out}/store/t", work
+    finally:
+        FsspecStore.kinds.pop("gmticket5", None)
+
+
+def test_report_reads_and_writes_a_work_dir_that_needs_its_options(ticketed_run, tmp_path, capsys):
+    from gristmill.manifests.storage import Store
+
+    dataset, work = ticketed_run
+    capsys.readouterr()
+    assert cli.main(["report", dataset, "--work-dir", work, "--work-dir-option", "ticket=ok", "--text"]) == 0
+    text = capsys.readouterr().out
+    assert "was not found" not in text and "Work dir" not in text, text[:2000]  # the run dir's figures are in
+    # the default --out is report.html in the run dir: written with the same options
+    (opts := tmp_path / "opts.yaml").write_text(yaml.safe_dump({"ticket": "ok"}))
+    assert cli.main(["report", dataset, "--work-dir", work, "--work-dir-options-file", str(opts)]) == 0
+    store = Store.from_url(work, ticket="ok")
+    (run,) = store.listdir(work)
+    assert store.exists(f"{work}/{run}/report.html")
+    assert capsys.readouterr().out.startswith(f"wrote {work}/{run}/report.html")
+
+
+def test_inspect_removed_reads_a_work_dir_that_needs_its_options(ticketed_run, capsys):
+    _, work = ticketed_run
+    capsys.readouterr()
+    assert cli.main(["inspect", "removed", work, "--json", "--work-dir-option", "ticket=ok"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["removed_by_reason"] == {"exact_duplicate": 3}, result["removed_by_reason"]
+    assert {d["id"] for d in result["documents"]} == {"a30", "a31", "a32"}
+    assert all(d["text"] and d["survivor"]["text"] == d["text"] for d in result["documents"])
+
