@@ -65,3 +65,45 @@ def test_inspect_removed_reads_a_work_dir_that_needs_its_options(ticketed_run, c
     assert {d["id"] for d in result["documents"]} == {"a30", "a31", "a32"}
     assert all(d["text"] and d["survivor"]["text"] == d["text"] for d in result["documents"])
 
+
+# -- an object store's file failing to close in a worker: into the task's log, off the terminal -------
+def _fails_with_an_upload_left_open():
+    """A step function (a closure: it travels by value to any worker) whose task fails with an s3fs-like
+    upload still open: its store is gone, so the file fails again when it is collected and closes."""
+    def task(item):
+        from fsspec.spec import AbstractBufferedFile, AbstractFileSystem
+
+        class Gone(AbstractBufferedFile):  # s3fs's upload, its server gone (a moto server restarted empty)
+            def _initiate_upload(self):
+                pass
+
+            def _upload_chunk(self, final=False):
+                raise ConnectionError("the object store went away")
+
+        upload = Gone(AbstractFileSystem(), "bucket/key", mode="wb")
+        upload.write(b"x" * 10)
+        raise ConnectionError(f"cannot upload {upload.path}: the object store went away")
+    return task
+
+
+@pytest.mark.parametrize("kind", ["local", pytest.param("ray", marks=pytest.mark.slow)])
+def test_a_store_file_failing_to_close_in_a_worker_goes_to_the_task_log(kind, tmp_path, capfd, request):
+    """A local pool's workers write to the user's terminal (their stderr is the driver's), Ray's to their
+    worker log: Python's ~30-line "Exception ignored" must reach neither, and the task's log keeps it."""
+    from gristmill.pipeline.config import RunnerConfig
+    from gristmill.pipeline.runner import TaskError
+    from gristmill.pipeline.runners import RUNNERS
+    from gristmill.pipeline.workdir import WorkDir
+
+    if kind == "ray":
+        request.getfixturevalue("ray_session")  # the session's Ray: start() uses it as it is
+    wd = WorkDir(str(tmp_path / "work"))
+    with RUNNERS[kind].start(RunnerConfig(kind=kind, num_cpus=1), wd) as runner:
+        with pytest.raises(TaskError, match="the object store went away"):
+            runner.run("step", [{"name": "t00"}], _fails_with_an_upload_left_open())
+    err = capfd.readouterr().err
+    assert "Exception ignored" not in err and "Traceback" not in err, err[-3000:]
+    with open(wd.log("step", "t00")) as f:
+        log = f.read()
+    assert "ignored while closing a file of an object store: ConnectionError: the object store went away" in log, log
+

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gristmill import config
-from gristmill.errors import GristmillError, is_disk_error, os_error_text
+from gristmill.errors import GristmillError, is_disk_error, os_error_text, store_close_noise_to_the_log
 
 
 def add_job_arguments(p: argparse.ArgumentParser, what: str) -> None:
@@ -42,24 +42,8 @@ def setup_logging(verbose: bool) -> None:
     if not verbose:  # the object-store clients' notes ("Found credentials in environment variables") are -v's
         for name in ("botocore", "aiobotocore", "s3fs"):
             logging.getLogger(name).setLevel(logging.WARNING)
-    sys.unraisablehook = _file_close_noise_to_the_log
+    store_close_noise_to_the_log(logging.DEBUG)  # an s3fs upload failing to close when collected: -v's, not ~30 lines
 
-
-_UNRAISABLE_DEFAULT = sys.unraisablehook
-
-
-def _file_close_noise_to_the_log(unraisable) -> None:
-    """An fsspec file (s3fs's upload) that fails to close while it is garbage-collected, after its
-    store went away, printed ~30 lines (``Exception ignored in AbstractBufferedFile.__del__``)
-    before gristmill's one-line error: it goes to the log at DEBUG (``-v`` shows it). Anything
-    else unraisable is Python's to print."""
-    where = getattr(unraisable.object, "__module__", None) or type(unraisable.object).__module__ or ""
-    if where.split(".")[0] in ("fsspec", "s3fs", "gcsfs", "adlfs"):
-        logging.getLogger("gristmill").debug("ignored while closing a file of an object store: %s: %s",
-                                             getattr(unraisable.exc_type, "__name__", "?"), unraisable.exc_value,
-                                             exc_info=(unraisable.exc_type, unraisable.exc_value, unraisable.exc_traceback))
-        return
-    _UNRAISABLE_DEFAULT(unraisable)
 
 
 def environment_error(e: BaseException) -> str | None:
