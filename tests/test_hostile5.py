@@ -107,3 +107,43 @@ def test_a_store_file_failing_to_close_in_a_worker_goes_to_the_task_log(kind, tm
         log = f.read()
     assert "ignored while closing a file of an object store: ConnectionError: the object store went away" in log, log
 
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read()
+    except FileNotFoundError:
+        return ""
+
+
+# -- Ray's own messages to the driver: in the run dir's log, one line of gristmill's on the terminal ---
+@pytest.mark.slow
+def test_rays_messages_to_the_driver_go_to_the_run_dirs_log_not_the_terminal(ray_session, tmp_path, capfd, caplog):
+    """What a lost node pushes to every driver (log_to_driver=False does not cover it): the raylet's
+    death with the last 20 lines of its log. The terminal gets one line; the run dir's log all of it."""
+    import time
+
+    from ray._private.utils import publish_error_to_driver
+    from ray._private.worker import global_worker
+
+    from gristmill.pipeline.config import RunnerConfig
+    from gristmill.pipeline.runners.ray import RayRunner
+    from gristmill.pipeline.workdir import WorkDir
+
+    marker = uuid.uuid4().hex
+    message = ("Raylet is terminated. Termination is unexpected. Possible reasons include: (1) SIGKILL by the user "
+               "or system OOM killer. Last 20 lines of the Raylet logs:\n"
+               + "".join(f"    [state-dump] line {i} {marker}\n" for i in range(20)))
+    wd = WorkDir(str(tmp_path / "work"))
+    path = wd.log("ray", "driver")
+    with RayRunner.start(RunnerConfig(kind="ray"), wd):
+        for _ in range(2):  # each of the node's agents sends it: one line on the terminal for both
+            publish_error_to_driver("raylet_died", message, gcs_client=global_worker.gcs_client)
+        deadline = time.monotonic() + 20  # the driver's listener thread polls for them
+        while time.monotonic() < deadline and _read(path).count(marker) < 40:
+            time.sleep(0.1)
+    out, err = capfd.readouterr()
+    assert marker not in out + err and "(raylet)" not in out + err, (out + err)[-3000:]
+    assert _read(path).count(marker) == 40
+    shown = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Ray: ")]
+    assert shown == [f"Ray: Raylet is terminated. Termination is unexpected. (Ray's whole message: {path})"], shown
