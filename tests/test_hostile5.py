@@ -147,3 +147,19 @@ def test_rays_messages_to_the_driver_go_to_the_run_dirs_log_not_the_terminal(ray
     assert _read(path).count(marker) == 40
     shown = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Ray: ")]
     assert shown == [f"Ray: Raylet is terminated. Termination is unexpected. (Ray's whole message: {path})"], shown
+
+
+def test_a_ray_message_the_run_dirs_log_cannot_take_is_printed_as_ray_prints_it(tmp_path, caplog):
+    """Nothing lost: where the log cannot be written (here a folder in its place), Ray's printer gets the
+    message; a worker's own output (not Ray's message) always goes to Ray's printer."""
+    from gristmill.pipeline.runners.ray_messages import DriverMessages
+    from gristmill.pipeline.workdir import WorkDir
+
+    wd = WorkDir(str(tmp_path / "work"))
+    printed = []
+    messages = DriverMessages(wd, lambda data, ignore_prefix: printed.append(data["lines"]))
+    messages({"pid": 4242, "lines": ["a worker's print"]})
+    os.makedirs(wd.log("ray", "driver"))
+    messages({"pid": "raylet", "lines": ["Raylet is terminated. Termination is unexpected. Last 20 lines: x"]})
+    assert printed == [["a worker's print"], ["Raylet is terminated. Termination is unexpected. Last 20 lines: x"]]
+    assert not [r for r in caplog.records if r.getMessage().startswith("Ray: ")]  # no line naming a log that is not there

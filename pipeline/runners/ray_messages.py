@@ -49,8 +49,8 @@ class DriverMessages:
             self.text += [f"{time.strftime('%Y-%m-%d %H:%M:%S')} (raylet) {line}" for line in lines]
             try:
                 self.wd.write(self.path, "\n".join(self.text + [""]).encode("utf-8", "backslashreplace"))
-            except OSError:
-                self.ray_print(data, ignore_prefix)  # the log cannot take it: Ray's own way, never lost
+            except Exception:  # noqa: BLE001 - a full disk, an object store gone: this runs in Ray's listener
+                self.ray_print(data, ignore_prefix)  # thread, which one raise would end; Ray's own way, never lost
                 return
             for line in lines:
                 head = summary(line)
