@@ -7,6 +7,9 @@ graph included) can raise these without importing the CLI."""
 from __future__ import annotations
 
 import errno
+import functools
+import logging
+import sys
 
 
 class GristmillError(Exception):
@@ -42,3 +45,37 @@ def os_error_text(e: OSError, fix: str = "") -> str:
                if e.errno in _DISK_FULL else "that filesystem is read-only: choose a writable place"
                if e.errno == _READ_ONLY else "check the path and its permissions")
     return f"{where + ': ' if where else ''}{e.strerror or e}; {fix}"
+
+
+# -- a store's file that fails to close while it is garbage-collected --------------------------------
+_OBJECT_STORE_MODULES = ("fsspec", "s3fs", "gcsfs", "adlfs")
+_close_noise_log = logging.getLogger("gristmill.close_noise")
+_close_noise_log.addHandler(logging.NullHandler())  # outside a task's log, a worker has nowhere else to put it
+
+
+def store_close_noise_to_the_log(level: int = logging.DEBUG, *, worker: bool = False) -> None:
+    """Install ``sys.unraisablehook`` so that an fsspec file (s3fs's upload) failing to close while it is
+    garbage-collected, after its store went away, goes to the log at ``level``: Python printed ~30 lines
+    (``Exception ignored in AbstractBufferedFile.__del__``) before gristmill's one-line error. Anything
+    else unraisable goes to the hook this one replaced.
+
+    The CLI calls it at DEBUG (``-v`` shows it). A worker process of a runner (``worker=True``) calls it
+    at the start of each batch at WARNING, so a task's log keeps it (the rest, with no task's log open,
+    goes nowhere: never the user's terminal, which a local pool worker shares); it replaces only
+    Python's own hook, so the CLI's, or a test session's, stays in a process that runs tasks itself."""
+    if worker and sys.unraisablehook is not sys.__unraisablehook__:
+        return
+    previous = sys.unraisablehook
+    if isinstance(previous, functools.partial) and previous.func is _close_noise:
+        previous = previous.args[1]  # installed again (another command in this process): never a chain of them
+    sys.unraisablehook = functools.partial(_close_noise, level, previous)
+
+
+def _close_noise(level: int, previous, unraisable) -> None:
+    where = getattr(unraisable.object, "__module__", None) or type(unraisable.object).__module__ or ""
+    if where.split(".")[0] in _OBJECT_STORE_MODULES:
+        _close_noise_log.log(level, "ignored while closing a file of an object store: %s: %s",
+                             getattr(unraisable.exc_type, "__name__", "?"), unraisable.exc_value,
+                             exc_info=(unraisable.exc_type, unraisable.exc_value, unraisable.exc_traceback))
+        return
+    previous(unraisable)

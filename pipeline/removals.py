@@ -17,11 +17,12 @@ from .documents import part_of
 from .workdir import WorkDir
 
 
-def find_runs(path: str) -> list[WorkDir]:
-    """The run dirs (``<work_dir>/<run key>``) at ``path`` (a directory or fsspec URL), oldest
-    first: itself when it is one, else the runs in the work dir it names."""
-    runs = WorkDir.runs_at(path)
-    if not runs and (older := WorkDir.runs_at(path, older=True)):
+def find_runs(path: str, storage_options: dict | None = None) -> list[WorkDir]:
+    """The run dirs (``<work_dir>/<run key>``) at ``path`` (a directory or fsspec URL, opened with
+    ``storage_options``: the job's ``work_dir_options``), oldest first: itself when it is one, else
+    the runs in the work dir it names."""
+    runs = WorkDir.runs_at(path, storage_options)
+    if not runs and (older := WorkDir.runs_at(path, storage_options, older=True)):
         raise UsageError(f"{older[-1].root} is a run dir of an earlier gristmill (a file a partition; this one writes "
                          "a file a block of partitions, docs/pipeline.md) and is not read by this version: inspect it "
                          "with the gristmill that wrote it, or run the prepare again (a new run dir beside it)")
@@ -59,12 +60,14 @@ def _docs(run: WorkDir, wanted: dict[int, set[str]]) -> dict[str, dict]:
     return out
 
 
-def removed_documents(path: str, reason: str | None = None, stage: str | None = None, limit: int = 20) -> dict:
-    """Up to ``limit`` removed documents of the run at ``path`` (in pipeline and input order),
-    each with its text and, for a duplicate, its survivor's id and text."""
+def removed_documents(path: str, reason: str | None = None, stage: str | None = None, limit: int = 20,
+                      storage_options: dict | None = None) -> dict:
+    """Up to ``limit`` removed documents of the run at ``path`` (read with ``storage_options``, the
+    job's ``work_dir_options``; in pipeline and input order), each with its text and, for a
+    duplicate, its survivor's id and text."""
     import pyarrow.compute as pc
 
-    runs = find_runs(path)
+    runs = find_runs(path, storage_options)
     run = runs[-1]  # the most recent
     rows, reasons = [], {}
     for f in _removed_files(run, stage):

@@ -22,6 +22,7 @@ batches, markers and outputs on each (tests/test_runner_conformance.py). Stages 
 from __future__ import annotations
 
 import contextlib
+import gc
 import io
 import logging
 import os
@@ -31,7 +32,7 @@ import traceback
 import warnings
 from typing import Callable, ClassVar, Iterator
 
-from gristmill.errors import GristmillError, is_disk_error, os_error_text
+from gristmill.errors import GristmillError, is_disk_error, os_error_text, store_close_noise_to_the_log
 from gristmill.manifests.storage import Store
 
 from .progress import Progress
@@ -128,12 +129,19 @@ def run_one(fn: Callable[[dict], dict], item: dict, wd: WorkDir, step: str, sync
     t0, c0 = time.perf_counter(), time.process_time()
     log = wd.log(step, item["name"])
     with task_log(log, wd.store):
+        failed = None
         try:
             stats = fn(item)
         except Exception as e:
             logger.error("%s %s failed:\n%s", step, item["name"], traceback.format_exc())
             cause = os_error_text(e) if is_disk_error(e) else str(e)  # a full disk: say what to do about it
-            raise TaskFailed(item["name"], f"{type(e).__name__}: {cause}", log) from None
+            failed = TaskFailed(item["name"], f"{type(e).__name__}: {cause}", log)
+        if failed is not None:
+            # Raised here, not in the except clause, it holds no reference to the failure (its
+            # __context__), and the collection frees what the failure's frames held while this log is
+            # open: an upload whose store went away fails to close now, into this log (errors.py).
+            gc.collect()
+            raise failed
     stats = {**stats, "_seconds": time.perf_counter() - t0, "_cpu_seconds": time.process_time() - c0}
     if commit:
         wd.mark_done(step, item["name"], stats, sync=sync)
@@ -151,6 +159,7 @@ def run_batch(fn: Callable[[dict], dict], items: list[dict], wd: WorkDir, step: 
     before it are committed first, so only the failed one is redone. A batch of one item writes
     that item's own marker. A retried batch (attempt > 1: Ray after its worker died) skips the
     items a marker already lists."""
+    store_close_noise_to_the_log(logging.WARNING, worker=True)  # a worker's: into the task's log, off the terminal
     if per_partition(items):
         return [s for block in blocks_of(items, wd) for s in _run_block(fn, block, wd, step)]
     if len(items) == 1:

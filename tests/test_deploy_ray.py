@@ -13,6 +13,7 @@ import glob
 import json
 import os
 import subprocess
+import time
 
 import pytest
 import yaml
@@ -173,6 +174,14 @@ def test_lost_worker_or_node_is_retried_not_fatal(tmp_path, fault_reference, wha
         assert killed["victim"].startswith(TASK_TITLES), killed  # it was running a pipeline task
     else:
         assert killed["node"] == 1 and "raylet" in killed["victim"], killed
+        # The driver's terminal (the job's log) keeps to gristmill's lines: Ray's messages about the
+        # lost node (~45 lines of raylet log before) are in the run dir's log, one line each here.
+        terminal = killed["logs"]
+        assert "(raylet)" not in terminal and "[state-dump]" not in terminal, terminal[-4000:]
+        (ray_log,) = glob.glob(os.path.join(out, "work", "*", "logs", "ray", "driver.log"))
+        assert "(raylet)" in open(ray_log).read()
+        shown = [line for line in terminal.splitlines() if "gristmill.pipeline.runners.ray: Ray: " in line]
+        assert shown and all(line.endswith(f"(Ray's whole message: {ray_log})") for line in shown), terminal[-4000:]
     report = run_report(out)
     assert report["manifest_sha256"] == reference["manifest_sha256"], "a retried task changed the published bytes"
     assert report["accounting"] == reference["accounting"] and report["accounting"]["balanced"]

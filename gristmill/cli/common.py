@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gristmill import config
-from gristmill.errors import GristmillError, is_disk_error, os_error_text
+from gristmill.errors import GristmillError, is_disk_error, os_error_text, store_close_noise_to_the_log
 
 
 def add_job_arguments(p: argparse.ArgumentParser, what: str) -> None:
@@ -42,24 +42,8 @@ def setup_logging(verbose: bool) -> None:
     if not verbose:  # the object-store clients' notes ("Found credentials in environment variables") are -v's
         for name in ("botocore", "aiobotocore", "s3fs"):
             logging.getLogger(name).setLevel(logging.WARNING)
-    sys.unraisablehook = _file_close_noise_to_the_log
+    store_close_noise_to_the_log(logging.DEBUG)  # an s3fs upload failing to close when collected: -v's, not ~30 lines
 
-
-_UNRAISABLE_DEFAULT = sys.unraisablehook
-
-
-def _file_close_noise_to_the_log(unraisable) -> None:
-    """An fsspec file (s3fs's upload) that fails to close while it is garbage-collected, after its
-    store went away, printed ~30 lines (``Exception ignored in AbstractBufferedFile.__del__``)
-    before gristmill's one-line error: it goes to the log at DEBUG (``-v`` shows it). Anything
-    else unraisable is Python's to print."""
-    where = getattr(unraisable.object, "__module__", None) or type(unraisable.object).__module__ or ""
-    if where.split(".")[0] in ("fsspec", "s3fs", "gcsfs", "adlfs"):
-        logging.getLogger("gristmill").debug("ignored while closing a file of an object store: %s: %s",
-                                             getattr(unraisable.exc_type, "__name__", "?"), unraisable.exc_value,
-                                             exc_info=(unraisable.exc_type, unraisable.exc_value, unraisable.exc_traceback))
-        return
-    _UNRAISABLE_DEFAULT(unraisable)
 
 
 def environment_error(e: BaseException) -> str | None:
@@ -96,39 +80,43 @@ def run(args: argparse.Namespace, handler: Callable[[argparse.Namespace], int | 
         return 2
 
 
-def add_storage_option_arguments(p: argparse.ArgumentParser) -> None:
-    """``--storage-option KEY=VALUE`` (repeatable) and ``--storage-options-file F``: the fsspec options of the
-    stores a command reads (credentials, an endpoint), for commands that take URLs rather than a job file."""
-    p.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
-                   help="an fsspec option of the stores (repeatable); VALUE is read as YAML "
+def add_storage_option_arguments(p: argparse.ArgumentParser, flag: str = "storage-option",
+                                 of: str = "the stores a command reads") -> None:
+    """``--storage-option KEY=VALUE`` (repeatable) and ``--storage-options-file F``: the fsspec options of
+    ``of`` (credentials, an endpoint), for commands that take URLs rather than a job file. ``flag``
+    names another pair for a second store (``work-dir-option``: ``--work-dir-option`` and
+    ``--work-dir-options-file``, the job's ``work_dir_options``)."""
+    p.add_argument(f"--{flag}", action="append", default=[], metavar="KEY=VALUE",
+                   help=f"an fsspec option of {of} (repeatable); VALUE is read as YAML "
                         "(anon=true, client_kwargs={endpoint_url: http://minio:9000})")
-    p.add_argument("--storage-options-file", metavar="F",
-                   help="a YAML mapping of fsspec options (the --storage-option flags override its keys)")
+    p.add_argument(f"--{flag}s-file", metavar="F",
+                   help=f"a YAML mapping of fsspec options of {of} (the --{flag} flags override its keys)")
 
 
-def storage_options(args: argparse.Namespace) -> dict:
-    """The options ``add_storage_option_arguments`` parsed: the file's mapping, then each flag; a malformed one
-    is a one-line ``UsageError`` naming it."""
+def storage_options(args: argparse.Namespace, flag: str = "storage-option") -> dict:
+    """The options ``add_storage_option_arguments`` parsed for ``flag``: the file's mapping, then each flag;
+    a malformed one is a one-line ``UsageError`` naming it."""
     import yaml
 
     from gristmill.errors import UsageError
 
     out: dict = {}
-    if getattr(args, "storage_options_file", None):
+    dest = flag.replace("-", "_")
+    if path := getattr(args, f"{dest}s_file", None):
         try:
-            with open(args.storage_options_file) as f:
+            with open(path) as f:
                 loaded = yaml.safe_load(f)
         except (OSError, yaml.YAMLError) as e:
-            raise UsageError(f"--storage-options-file {args.storage_options_file}: {str(e).splitlines()[0]}") from None
+            raise UsageError(f"--{flag}s-file {path}: {str(e).splitlines()[0]}") from None
         if not isinstance(loaded, dict):
-            raise UsageError(f"--storage-options-file {args.storage_options_file}: expected a YAML mapping of options")
+            raise UsageError(f"--{flag}s-file {path}: expected a YAML mapping of options")
         out.update(loaded)
-    for item in getattr(args, "storage_option", None) or []:
+    for item in getattr(args, dest, None) or []:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise UsageError(f"--storage-option {item!r}: expected KEY=VALUE")
+            raise UsageError(f"--{flag} {item!r}: expected KEY=VALUE")
         try:
             out[key.strip()] = yaml.safe_load(value) if value else ""
         except yaml.YAMLError:
-            raise UsageError(f"--storage-option {key.strip()}=...: VALUE is not YAML") from None
+            raise UsageError(f"--{flag} {key.strip()}=...: VALUE is not YAML") from None
     return out

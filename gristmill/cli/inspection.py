@@ -9,6 +9,8 @@ import textwrap
 
 from gristmill.errors import UsageError
 
+from .common import add_storage_option_arguments, storage_options
+
 
 def register(sub) -> None:
     p = sub.add_parser("inspect", help="look at what a prepare run removed")
@@ -20,6 +22,7 @@ def register(sub) -> None:
     r.add_argument("--limit", type=int, default=20, help="at most this many documents (default 20)")
     r.add_argument("--width", type=int, default=120, help="line width of the text columns (default 120)")
     r.add_argument("--json", action="store_true", help="the documents as JSON, full texts")
+    add_storage_option_arguments(r, "work-dir-option", "the work dir (the job's work_dir_options)")
     r.set_defaults(handler=_removed)
 
 
@@ -28,7 +31,8 @@ def _removed(args) -> int:
 
     if args.limit < 0:
         raise UsageError(f"--limit: expected an integer >= 0, got {args.limit}")
-    result = removed_documents(args.run, reason=args.reason, stage=args.stage, limit=args.limit)
+    result = removed_documents(args.run, reason=args.reason, stage=args.stage, limit=args.limit,
+                               storage_options=storage_options(args, "work-dir-option"))
     if result["runs_found"] > 1:
         print(f"{args.run} holds {result['runs_found']} runs; showing the latest, {result['run_dir']} "
               "(give a run dir to choose)", file=sys.stderr)

@@ -59,12 +59,15 @@ def dataset_page(published: Published, run_dir: str | None = None, searched: str
     return page
 
 
-def build(url: str, work_dir: str | None = None) -> tuple[Page, str | None]:
-    """The page of the dataset version at ``url`` and the run dir it was made in (None: not found)."""
+def build(url: str, work_dir: str | None = None, work_dir_options: dict | None = None) -> tuple[Page, str | None]:
+    """The page of the dataset version at ``url`` and the run dir it was made in (None: not found),
+    the work dir read with ``work_dir_options``."""
     published = load_manifest(url)
-    run_dir = find_run_dir(work_dir, published.manifest.sha256) if work_dir else None
-    older = older_run_dir(work_dir, published.manifest.sha256) if work_dir and not run_dir else None
-    return dataset_page(published, run_dir, searched=None if run_dir else work_dir, older=older), run_dir
+    sha = published.manifest.sha256
+    run_dir = find_run_dir(work_dir, sha, work_dir_options) if work_dir else None
+    older = older_run_dir(work_dir, sha, work_dir_options) if work_dir and not run_dir else None
+    return dataset_page(published, run_dir, searched=None if run_dir else work_dir, work_dir_options=work_dir_options,
+                        older=older), run_dir
 
 
 def funnel(page: Page, stats: dict, work: WorkFiles | None) -> None:

@@ -23,11 +23,12 @@ REPORT_FILE = "report.json"
 BATCH = 65_536
 
 
-def find_run_dir(work_dir: str, manifest_sha256: str) -> str | None:
+def find_run_dir(work_dir: str, manifest_sha256: str, storage_options: dict | None = None) -> str | None:
     """The run dir under ``work_dir`` (a job's ``work_dir`` or a run dir itself, a directory or
-    fsspec URL) whose report.json names this manifest; the newest when several do."""
+    fsspec URL, opened with ``storage_options``) whose report.json names this manifest; the newest
+    when several do."""
     found = []
-    for run in WorkDir.runs_at(work_dir):
+    for run in WorkDir.runs_at(work_dir, storage_options):
         try:
             rep = json.loads(run.read_bytes(run.report_json))
         except (OSError, ValueError):
@@ -37,11 +38,11 @@ def find_run_dir(work_dir: str, manifest_sha256: str) -> str | None:
     return found[-1] if found else None  # runs_at: oldest first
 
 
-def older_run_dir(work_dir: str, manifest_sha256: str) -> str | None:
+def older_run_dir(work_dir: str, manifest_sha256: str, storage_options: dict | None = None) -> str | None:
     """A run dir of an earlier layout (a file a partition: ``WorkDir.is_older_run``) under
     ``work_dir`` whose report.json names this manifest: its files are not read by this version,
     but the page says it was found, not that there is no report.json."""
-    for run in reversed(WorkDir.runs_at(work_dir, older=True)):
+    for run in reversed(WorkDir.runs_at(work_dir, storage_options, older=True)):
         try:
             if json.loads(run.read_bytes(run.report_json)).get("manifest_sha256") == manifest_sha256:
                 return run.root

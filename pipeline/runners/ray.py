@@ -17,6 +17,7 @@ from gristmill.manifests.storage import split_url
 from ..progress import Progress
 from ..runner import Runner, TaskFailed, batches_of, run_batch
 from ..workdir import WorkDir
+from .ray_messages import driver_messages_to_log
 
 
 logger = logging.getLogger(__name__)  # gristmill.pipeline.runners.ray
@@ -39,8 +40,9 @@ class RayRunner(Runner):
     @contextlib.contextmanager
     def start(cls, cfg, wd: WorkDir, progress: Progress | None = None,
               inputs: dict[int, list[str]] | None = None) -> Iterator["RayRunner"]:
-        """Ray joined or started (``ray_runtime``) for the run, and shut down after it."""
-        with ray_runtime(cfg) as ray:
+        """Ray joined or started (``ray_runtime``) for the run, and shut down after it; Ray's own
+        messages to the driver (a lost node's raylet log) go to the run dir's log, not the terminal."""
+        with ray_runtime(cfg) as ray, driver_messages_to_log(wd):
             yield cls(ray, wd, progress, max_in_flight=cfg.concurrency, max_retries=cfg.max_retries, inputs=inputs)
 
     def __init__(self, ray, wd: WorkDir, progress: Progress | None = None, *, max_in_flight: int | None = None,
