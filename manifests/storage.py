@@ -29,6 +29,7 @@ Nothing outside this module looks inside a URL: :func:`is_url`, :func:`split_url
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import posixpath
 import shutil
@@ -38,6 +39,7 @@ from typing import ClassVar
 
 from fsspec.core import split_protocol, url_to_fs
 from fsspec.implementations.local import LocalFileSystem
+from fsspec.spec import AbstractBufferedFile
 
 from .errors import ManifestError
 
@@ -188,6 +190,13 @@ class Store:
         except BaseException:
             pending.abort()
             raise
+
+
+def sized_readline(f, buffer_size: int = 1 << 20):
+    """``f`` (a file a store opened for reading) with a ``readline(size)`` that stops at ``size``: an fsspec
+    buffered file (an object store's) takes no size and would read a 4 GiB line whole, so it comes wrapped
+    in an ``io.BufferedReader``; any other file (a local one's readline takes a size) comes as it is."""
+    return io.BufferedReader(f, buffer_size=buffer_size) if isinstance(f, AbstractBufferedFile) else f
 
 
 class Pending:
