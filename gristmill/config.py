@@ -45,10 +45,11 @@ NonNegativeInt = Annotated[Int, Field(ge=0)]
 
 
 def _is_url(path: str) -> bool:
-    """``manifests.storage.is_url``, which a leaf may not import: a URL as fsspec reads one."""
-    from fsspec.core import split_protocol  # not at import: loading a job file needs no filesystem
-
-    return split_protocol(path)[0] is not None
+    """``manifests.storage.is_url``, which a leaf may not import (nor fsspec, which only the storage module
+    imports): fsspec's reading of a URL, a protocol of two or more characters before the first ``://``
+    (``C://x`` is a Windows path) or a ``data:`` URL. tests/test_config.py holds the two to the same answers."""
+    protocol, sep, _ = path.partition("://")
+    return (sep != "" and len(protocol) > 1) or path.startswith("data:")
 
 
 def _resolve(value: str, info: ValidationInfo) -> str:

@@ -28,11 +28,10 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from gristmill.manifests.storage import local_path
+from gristmill.manifests.storage import local_path, register_simulated_store, simulated_url
 
 from .loader import Loader
 from .options import sections
-from .simstore import register, simulated_url
 
 
 @dataclass
@@ -97,7 +96,7 @@ def cold_and_warm(url: str, *, steps: int, step_s: float, latency_s: float, band
     store; with ``ranks`` > 1 each pass is that many processes at once (one result per rank)."""
     opts = None
     if (local := local_path(url)) is not None:  # a local dataset: serve it as a slow remote
-        register()
+        register_simulated_store()
         url = simulated_url(local)
         opts = {"latency_s": latency_s, "bandwidth_bps": bandwidth_bps}
     # A fresh directory (under ``cache_dir`` when given, e.g. on the NVMe to measure) so the
@@ -144,7 +143,7 @@ def _ranks_at_once(ranks: int, kw: dict) -> list[PassResult]:
 
 
 def _rank_pass(barrier, results, kw: dict) -> None:
-    register()  # the simulated store, in this process too
+    register_simulated_store()  # the simulated store, in this process too
     barrier.wait()
     try:
         results.put(run_pass(kw.pop("name"), kw.pop("url"), **kw))

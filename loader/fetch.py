@@ -18,13 +18,12 @@ import threading
 import time
 from typing import Sequence
 
-import fsspec
 import pyarrow as pa
 
 from gristmill.manifests import (FactMismatchError, HashMismatchError, ManifestError, Published, Shard, checked_rows,
                                  join, sha256_bytes, sha256_file)
 from gristmill.manifests.shards import read_table, write_shard
-from gristmill.manifests.storage import split_url
+from gristmill.manifests.storage import Store, split_url
 
 from .cache_files import flock, lock_path, shard_path, stat, unlink, unlock
 from .disk_lru import DiskLRU
@@ -45,9 +44,9 @@ class ShardFetcher:
         # from one of them with THAT source's facts (path, sha256, bytes), never a mix of two.
         self._source = {s.raw_sha256: (p, s) for p in reversed(sources) for s in p.manifest.shards}
         check_one_file_per_cache_form(sources)
-        self.fs = fsspec.core.url_to_fs(base_url, **(storage_options or {}))[0]
-        self._fs = {p.url: self.fs if _protocol(p.url) == _protocol(base_url) else fsspec.core.url_to_fs(p.url)[0]
-                    for p in sources}
+        # The options are the first source's store's; a component on another protocol opens its own with none.
+        store = Store.from_url(base_url, **(storage_options or {}))
+        self._stores = {p.url: store if _protocol(p.url) == _protocol(base_url) else Store.from_url(p.url) for p in sources}
         self._verified: set[tuple] = set()  # (raw_sha256, sha256, inode, size, mtime_ns) hashed by this process
 
     def source(self, raw_sha256: str) -> tuple[Published, Shard]:
@@ -108,7 +107,7 @@ class ShardFetcher:
 
     def _fetch_once(self, shard: Shard, url: str, path: str) -> int:
         pub, _ = self._source[shard.raw_sha256]
-        data = self._fs[pub.url].cat_file(url)
+        data = self._stores[pub.url].read(url)
         actual = sha256_bytes(data)
         if actual != shard.sha256:
             raise HashMismatchError(f"shard {shard.path} as downloaded from {url}", shard.sha256, actual)

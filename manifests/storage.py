@@ -24,20 +24,28 @@ The commit operations, the same on every store:
 A store's methods take the paths callers hold (a local path, or a URL of the store's filesystem).
 A new backend is one subclass of :class:`FsspecStore` naming its ``protocols`` (docs/architecture.md).
 Nothing outside this module looks inside a URL: :func:`is_url`, :func:`split_url` and
-:func:`local_path` answer the questions callers have about one.
+:func:`local_path` answer the questions callers have about one. Nothing outside it imports fsspec
+either (tests/test_layering.py): :func:`sized_readline` is what a line reader needs of a store's file,
+and the simulated remote of the tests and the loader bench (``gmsim://``, :class:`SimulatedFileSystem`)
+is defined here, registered only on request (:func:`register_simulated_store`).
 """
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import posixpath
+import random
 import shutil
 import threading
+import time
 import uuid
 from typing import ClassVar
 
 from fsspec.core import split_protocol, url_to_fs
+from fsspec.registry import register_implementation
 from fsspec.implementations.local import LocalFileSystem
+from fsspec.spec import AbstractBufferedFile
 
 from .errors import ManifestError
 
@@ -112,7 +120,7 @@ class Store:
         if not is_url(url):
             return LocalStore()  # a plain path resolves no filesystem: a task makes thousands of these
         fs = url_to_fs(url, **storage_options)[0]
-        if type(fs) is LocalFileSystem:  # a subclass (the loader's simulated remote, gmsim://) is its own filesystem
+        if type(fs) is LocalFileSystem:  # a subclass (the simulated remote, gmsim://) is its own filesystem
             return LocalStore()
         protocols = {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
         kind = next((FsspecStore.kinds[p] for p in sorted(protocols) if p in FsspecStore.kinds), FsspecStore)
@@ -188,6 +196,13 @@ class Store:
         except BaseException:
             pending.abort()
             raise
+
+
+def sized_readline(f, buffer_size: int = 1 << 20):
+    """``f`` (a file a store opened for reading) with a ``readline(size)`` that stops at ``size``: an fsspec
+    buffered file (an object store's) takes no size and would read a 4 GiB line whole, so it comes wrapped
+    in an ``io.BufferedReader``; any other file (a local one's readline takes a size) comes as it is."""
+    return io.BufferedReader(f, buffer_size=buffer_size) if isinstance(f, AbstractBufferedFile) else f
 
 
 class Pending:
@@ -472,6 +487,75 @@ class MemoryStore(FsspecStore):
                 return False
             self.fs.pipe_file(path, bytes(data))
             return True
+
+
+# -- a simulated remote (tests and ``gristmill loader bench``) ------------------------------------
+# It lives here, not beside its users, because it is an fsspec filesystem: nothing but this module
+# reaches fsspec (tests/test_layering.py), and a store opened on ``gmsim://`` is an FsspecStore like s3's.
+SIMULATED_PROTOCOL = "gmsim"
+
+
+class SimulatedFileSystem(LocalFileSystem):
+    """``gmsim:///abs/path`` serves the local file ``/abs/path`` as a remote store would: every read
+    request waits ``latency_s`` plus ``size / bandwidth_bps``, and a fraction ``fail_rate`` of read
+    requests fail with an OSError (``corrupt_rate``: return the bytes with one byte flipped). A real
+    fsspec filesystem, so the loader reads it through the same code path as ``s3://`` or ``https://``;
+    options travel as ``storage_options``. Registered only by :func:`register_simulated_store`, so a
+    production process never has a fault-injecting filesystem behind one of its URL schemes."""
+
+    protocol = (SIMULATED_PROTOCOL,)
+
+    def __init__(self, latency_s: float = 0.0, bandwidth_bps: float | None = None, fail_rate: float = 0.0,
+                 corrupt_rate: float = 0.0, seed: int = 0, **kwargs):
+        super().__init__(**kwargs)
+        if not (0 <= fail_rate < 1 and 0 <= corrupt_rate < 1):
+            raise ValueError(f"fail_rate and corrupt_rate must be in [0, 1), got {fail_rate}, {corrupt_rate}")
+        self.latency_s, self.bandwidth_bps = float(latency_s), bandwidth_bps
+        self.fail_rate, self.corrupt_rate = float(fail_rate), float(corrupt_rate)
+        self._rng = random.Random(seed)
+        self._lock = threading.Lock()
+        # fsspec caches one instance per option set, so these count every loader using those options.
+        self.requests = self.failures = self.corruptions = 0
+
+    def _roll(self) -> float:
+        with self._lock:
+            return self._rng.random()
+
+    def info(self, path, **kwargs):
+        time.sleep(self.latency_s)  # a metadata request (HEAD) costs a round trip too
+        return super().info(path, **kwargs)
+
+    def _open(self, path, mode="rb", block_size=None, **kwargs):
+        if "r" not in mode:
+            return super()._open(path, mode=mode, block_size=block_size, **kwargs)
+        with self._lock:
+            self.requests += 1
+        time.sleep(self.latency_s)
+        if self._roll() < self.fail_rate:
+            with self._lock:
+                self.failures += 1
+            raise OSError(f"{SIMULATED_PROTOCOL}: simulated failure reading {path}")
+        with super()._open(path, mode="rb") as f:
+            data = f.read()
+        if self.bandwidth_bps:
+            time.sleep(len(data) / self.bandwidth_bps)
+        if data and self._roll() < self.corrupt_rate:
+            with self._lock:
+                self.corruptions += 1
+            data = bytearray(data)
+            data[len(data) // 2] ^= 0xFF
+            data = bytes(data)
+        return io.BytesIO(data)
+
+
+def register_simulated_store() -> None:
+    """Make ``gmsim://`` URLs resolve to :class:`SimulatedFileSystem` in this process (idempotent)."""
+    register_implementation(SIMULATED_PROTOCOL, SimulatedFileSystem, clobber=True)
+
+
+def simulated_url(local: str) -> str:
+    """The gmsim:// URL serving a local path."""
+    return join_url(SIMULATED_PROTOCOL, local)
 
 
 def atomic_write(path: str, data, store: Store | None = None) -> None:

@@ -22,9 +22,7 @@ import re
 import zlib
 from typing import Iterator, NamedTuple
 
-from fsspec.spec import AbstractBufferedFile
-
-from gristmill.manifests.storage import Store
+from gristmill.manifests.storage import Store, sized_readline
 
 RAW_SNIPPET = 500  # bytes of a bad record kept in quarantine, enough to find and fix it
 PIECE = 1 << 14  # compressed bytes read from a file at a time: what a damaged stream loses at most before the damage
@@ -199,9 +197,7 @@ def open_stream(f, uri: str):
     for ext, kind in ((".gz", "gz"), (".zst", "zst")):
         if uri.endswith(ext):
             return io.BufferedReader(_Decompressed(f, kind), buffer_size=1 << 20)
-    if isinstance(f, AbstractBufferedFile):  # an object store's file: its readline takes no size limit
-        return io.BufferedReader(f, buffer_size=1 << 20)
-    return f
+    return sized_readline(f, buffer_size=1 << 20)  # bounded_lines reads lines by size, from any store
 
 
 def _damage(position: int, e: OSError, offset: int | None, what: str, raw: bytes = b"") -> dict:

@@ -217,3 +217,17 @@ def test_a_disabled_decontaminate_section_may_name_missing_eval_files(prepare_di
     assert not load_job(write(prepare_dir / "off.yaml", PREPARE + section.format(on="false"))).decontaminate.enabled
     with pytest.raises(ConfigError, match=r"decontaminate.eval_sets\[0\].path: expected an existing eval file, got '.*missing.jsonl'"):
         load_job(write(prepare_dir / "on.yaml", PREPARE + section.format(on="true")))
+
+
+@pytest.mark.parametrize("path", ["s3://bucket/key", "file:///abs/x", "memory://x", "gmsim:///abs/x", "simplecache::s3://b/k",
+                                  "hdfs://host/p", "data:text/plain,hi", "rel/dir", "/abs/dir", "", "C://windows/x",
+                                  "c:\\data\\x", "a://one-letter", "://x", "dir/s3://x", "x:y", "./s3:/x", "DATA:x"])
+def test_the_job_files_url_test_is_the_storage_modules(path):
+    """gristmill.config (a leaf: it imports no part and no fsspec) reads a URL by itself, to leave URLs
+    unresolved against the job file's folder; it must answer as the storage module, which asks fsspec."""
+    from fsspec.core import split_protocol
+
+    from gristmill import config
+    from gristmill.manifests import storage
+
+    assert config._is_url(path) == storage.is_url(path) == (split_protocol(path)[0] is not None)

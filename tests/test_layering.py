@@ -12,7 +12,9 @@ held in strings, e.g. a ``python -c`` probe):
   stages share (file formats, sections, what one hands the next) lives at the pipeline level;
 * nothing but the storage module (manifests/storage.py) looks inside a URL: no ``"://" in path``,
   ``split("://")`` or ``startswith("file://")`` elsewhere; callers ask a ``Store`` or the module's
-  ``is_url`` / ``split_url`` / ``local_path``;
+  ``is_url`` / ``split_url`` / ``local_path`` (one argued exception: the leaf gristmill/config.py's ``_is_url``);
+* nothing but the storage module imports fsspec or a filesystem library (s3fs, gcsfs, adlfs,
+  pyarrow.fs), lazily or not: storage is reached through ``Store.from_url``, with the owner's options;
 * ``gristmill serve`` starts without torch: nothing its modules import when imported (module level, at
   any depth) imports torch; torch is imported inside the functions that make tensors (loader/tensors.py).
 """
@@ -102,7 +104,9 @@ def _walk(tree: ast.AST, into_functions: bool):
 @functools.cache
 def imports(path: pathlib.Path, module_level: bool = False) -> list[str]:
     """Every module the file imports, at module level or inside a function, or in code held in a
-    string; relative imports resolved, and ``from P import m`` also names ``P.m`` (a submodule or not).
+    string; relative imports resolved, and ``from P import m`` also names ``P.m`` (gristmill's when it is
+    a submodule; any other package's always: ``from pyarrow import fs`` names ``pyarrow.fs``);
+    ``importlib.import_module("x")`` and ``__import__("x")`` with a constant name count too.
     ``module_level``: only what importing the file imports (no function bodies, no strings)."""
     me = module_name(path) if path.is_relative_to(ROOT) and path.parts[len(ROOT.parts)] in _package_dirs() else None
     package = me if me and _is_package(path) else (me.rpartition(".")[0] if me else None)
@@ -119,10 +123,26 @@ def imports(path: pathlib.Path, module_level: bool = False) -> list[str]:
                     mod = ".".join(base + ([node.module] if node.module else []))
                 else:
                     mod = node.module
+                if mod.split(".")[0] != "gristmill":  # another package's: m may be a submodule (pyarrow.fs)
+                    names += [mod, *(f"{mod}.{a.name}" for a in node.names)]
+                    continue
                 # `from P import m` imports the module P.m when there is one; otherwise names in P
                 subs = [f"{mod}.{a.name}" for a in node.names if f"{mod}.{a.name}" in _known_modules()]
                 names += subs if len(subs) == len(node.names) else [mod, *subs]
+            elif name := _dynamic_import(node):
+                names.append(name)
     return names
+
+
+def _dynamic_import(node: ast.AST) -> str | None:
+    """The module ``importlib.import_module("x")`` or ``__import__("x")`` names, when it is a constant
+    absolute name (a relative or computed one, as the loader's lazy exports, is left to the other rules)."""
+    if not (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str) and not node.args[0].value.startswith(".")):
+        return None
+    func = node.func
+    called = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
+    return node.args[0].value if called in ("import_module", "__import__") else None
 
 
 def _python_files(*dirs: str) -> list[pathlib.Path]:
@@ -392,8 +412,21 @@ def url_checks(source: str) -> list[int]:
             and (node.value == "://" or node.value.startswith("file://")))
 
 
+CONFIG = ROOT / "gristmill" / "config.py"
+
+
+def _function_lines(path: pathlib.Path, name: str) -> range:
+    (fn,) = [n for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.FunctionDef) and n.name == name]
+    return range(fn.lineno, fn.end_lineno + 1)
+
+
 def test_only_the_storage_module_looks_inside_a_url():
-    found = [f"{f.relative_to(ROOT)}:{n}" for f in _gristmill_files() if f != STORAGE for n in url_checks(f.read_text())]
+    """One argued exception: gristmill/config.py's ``_is_url``. The job file's paths are resolved by the leaf
+    every part imports, which may import no part (nor fsspec); tests/test_config.py holds it to
+    ``storage.is_url``'s answers."""
+    allowed = _function_lines(CONFIG, "_is_url")
+    found = [f"{f.relative_to(ROOT)}:{n}" for f in _gristmill_files() if f != STORAGE for n in url_checks(f.read_text())
+             if not (f == CONFIG and n in allowed)]
     assert not found, f"URL checks outside manifests/storage.py (ask a Store, or storage.is_url/split_url): {found}"
 
 
@@ -403,19 +436,41 @@ def test_the_url_scan_sees_checks_and_lets_addresses_be_built():
     assert url_checks(source) == [1, 2, 3]
 
 
-# Modules that still import fsspec beside manifests/storage.py (issue 41: side doors to close, each through a Store).
-# gristmill/config.py is a leaf (it may not import the storage module) and loader/simstore.py is an fsspec
-# backend itself; the others predate the rule. A module not listed here that imports fsspec fails the test
-# below; one listed that no longer does fails it too, so the list only shrinks.
-FSSPEC_IMPORTERS = {"gristmill/config.py", "loader/simstore.py", "pipeline/readers.py", "loader/fetch.py"}
+# fsspec and the filesystems beneath it: a module opening any of them reaches storage without the options
+# its owner resolved (the serve catalog did), and past the commit protocol of manifests/storage.py.
+FILESYSTEM_LIBRARIES = ("fsspec", "s3fs", "gcsfs", "adlfs", "pyarrow.fs")
+
+
+def filesystem_imports(path: pathlib.Path) -> list[str]:
+    """What of FILESYSTEM_LIBRARIES the file imports, at any depth (a lazy import in a function, code in
+    a string, ``importlib.import_module``)."""
+    return sorted({n for n in imports(path) for lib in FILESYSTEM_LIBRARIES if n == lib or n.startswith(lib + ".")})
 
 
 def test_only_the_storage_module_opens_fsspec():
-    """Storage is reached through manifests/storage.py (``Store.from_url``); the serve catalog opened fsspec
-    itself, so its stores could not be given options the way every other reader is."""
-    found = {str(f.relative_to(ROOT)) for f in _gristmill_files() if f != STORAGE
-             and any(m == "fsspec" or m.startswith("fsspec.") for m in imports(f))}
-    assert not found - FSSPEC_IMPORTERS, f"fsspec opened outside manifests/storage.py (use Store.from_url): " \
-                                         f"{sorted(found - FSSPEC_IMPORTERS)}"
-    assert not FSSPEC_IMPORTERS - found, f"no longer import fsspec: drop them from FSSPEC_IMPORTERS: " \
-                                         f"{sorted(FSSPEC_IMPORTERS - found)}"
+    """Storage is reached through manifests/storage.py (``Store.from_url``), with no module excepted: the
+    serve catalog opened fsspec itself, so its stores could not be given options the way every other
+    reader is; the shard fetcher, the readers and the job file did too. What they needed of fsspec is
+    the storage module's (``Store.read``, ``sized_readline``, ``is_url``; the simulated remote of the
+    tests and the loader bench, an fsspec filesystem, is defined there)."""
+    found = {str(f.relative_to(ROOT)): hits for f in _gristmill_files() if f != STORAGE if (hits := filesystem_imports(f))}
+    assert found == {}, f"fsspec opened outside manifests/storage.py (use Store.from_url): {found}"
+    assert "fsspec.core" in filesystem_imports(STORAGE)  # the scan reads the module that does open it
+
+
+def test_the_fsspec_scan_sees_every_way_in(tmp_path):
+    """Each way a module could reach a filesystem library is seen: lazily in a function, ``from``, a
+    submodule by ``from P import m``, code in a string, ``importlib.import_module`` and ``__import__``."""
+    ways = {"def f():\n    import fsspec\n": ["fsspec"],
+            "def f():\n    from fsspec.core import url_to_fs\n": ["fsspec.core", "fsspec.core.url_to_fs"],
+            "from pyarrow import fs\n": ["pyarrow.fs"],
+            "import s3fs as s\n": ["s3fs"],
+            'CODE = "import gcsfs; print(1)"\n': ["gcsfs"],
+            'import importlib\ndef f():\n    return importlib.import_module("fsspec.implementations.local")\n':
+                ["fsspec.implementations.local"],
+            'def f():\n    return __import__("adlfs")\n': ["adlfs"],
+            "import fsspecial\nfrom pyarrow import parquet\n": []}
+    for i, (code, want) in enumerate(ways.items()):
+        probe = tmp_path / f"probe{i}.py"
+        probe.write_text(code)
+        assert filesystem_imports(probe) == want, code

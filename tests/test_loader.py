@@ -11,10 +11,10 @@ from helpers import build_dataset, flip_byte
 from gristmill.loader import (Batches, CacheTooSmallError, Caching, Loader, Sampling, ShardFetchError, Source, Threads,
                               samples_at)
 from gristmill.loader.options import sections
-from gristmill.loader.simstore import register, simulated_url
+from gristmill.manifests.storage import register_simulated_store, simulated_url
 from gristmill.manifests import HashMismatchError, join, read_rows
 
-register()  # gmsim://: importing the loader registers nothing (test_importing_the_loader_registers_no_simulated_store)
+register_simulated_store()  # gmsim://: importing the loader registers nothing (test_importing_the_loader_registers_no_simulated_store)
 
 
 @pytest.fixture(scope="module")
@@ -373,8 +373,8 @@ def test_reads_a_dataset_published_to_memory_fs(tmp_path):
 CHILD = """
 import json, sys
 from gristmill.loader import Caching, Loader, Sampling, Source
-from gristmill.loader.simstore import register
-register()
+from gristmill.manifests.storage import register_simulated_store
+register_simulated_store()
 url, cache, rank = sys.argv[1], sys.argv[2], int(sys.argv[3])
 total = 0
 with Loader(url, Sampling(rank=rank, world_size=2, global_batch=8), source=Source(storage_options={"latency_s": 0.05}),
@@ -425,8 +425,8 @@ def test_importing_the_loader_registers_no_simulated_store():
              "import gristmill.loader\n"
              "from gristmill.loader import Loader\n"
              "assert 'gmsim' not in registry and 'gmsim' not in known_implementations\n"
-             "from gristmill.loader.simstore import register\n"
-             "register()\n"
+             "from gristmill.manifests.storage import register_simulated_store\n"
+             "register_simulated_store()\n"
              "assert 'gmsim' in registry\n"
              "print('ok')\n")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)

@@ -428,3 +428,18 @@ def test_storage_options_are_not_the_jobs_content(tmp_path):
     assert secret.content_dict() == plain.content_dict() and "SECRET" not in str(secret.content_dict())
     assert "'storage_options':" not in str(secret.content_dict())  # no key of that name at any depth
     assert run_key(secret, plan_inputs(secret)) == run_key(plain, plan_inputs(plain))
+
+
+def test_a_stores_file_reads_lines_by_size(where):
+    """A line reader asks ``readline(size)`` (pipeline/readers.py's bounded_lines): fsspec's object-store
+    files take no size (they would read a 4 GiB line whole), so ``sized_readline`` wraps them."""
+    store = Store.from_url(where)
+    path = f"{where}/lines.jsonl"
+    store.put(path, b"x" * 100_000 + b"\nshort\n")
+    with store.fs.open(store.path(path), "rb") as f:
+        lines = storage.sized_readline(f)
+        assert lines.readline(10) == b"x" * 10
+        assert (lines is f) == store.is_local  # a local file's readline takes a size: left as it is
+        if not store.is_local:
+            with pytest.raises(TypeError):
+                f.readline(10)

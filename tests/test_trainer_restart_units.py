@@ -95,3 +95,35 @@ def test_the_straggler_rule_names_a_rank_slower_than_the_median_for_several_wind
 
 def s_close(a: float, b: float) -> bool:
     return abs(a - b) < 1e-9
+
+
+@pytest.mark.parametrize("end, want", [(None, ["barrier", "destroy"]), ("interrupted", ["barrier", "destroy"]),
+                                       ("error", ["destroy"])])
+def test_the_ranks_leave_together_after_a_run_they_all_ended(monkeypatch, tmp_path, end, want):
+    """`gristmill train` ends the process group with every rank at once (a barrier, then destroy) when
+    the run ended alike on every rank (done, or a stop agreed at a record): gloo's threads outlive
+    destroy_process_group, and a rank leaving while its peer is still inside gloo aborted now and then
+    (issue 40). After an error a peer may be gone: no barrier, which would wait for it."""
+    import signal
+
+    import gristmill.trainer.train
+    from gristmill.cli.train import main
+    from gristmill.trainer.errors import Interrupted
+
+    calls = []
+
+    def fake_train(cfg, **kw):
+        calls.append("train")
+        if end == "interrupted":
+            raise Interrupted(signal.SIGTERM, 3, None)
+        if end == "error":
+            raise TrainingError("the loader ran out of training data at step 3")
+
+    monkeypatch.setattr(gristmill.trainer.train, "train", fake_train)
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
+    monkeypatch.setattr(dist, "barrier", lambda *a, **k: calls.append("barrier"))
+    monkeypatch.setattr(dist, "destroy_process_group", lambda *a, **k: calls.append("destroy"))
+    rc = main(["configs/train-tiny.yaml", "--set", f"run.dir={tmp_path}"])
+    assert calls == ["train", *want]
+    assert rc == {None: 0, "interrupted": 128 + signal.SIGTERM}[end] if end != "error" else rc != 0

@@ -38,15 +38,31 @@ def _train(args, hooks=None) -> int:
     from gristmill.trainer.train import train
 
     logging.getLogger("gristmill.trainer").setLevel(logging.INFO)
+    together = False  # every rank ended the run after the same step: they may wait for each other to leave
     try:
         train(cfg, stop_after_step=args.stop_after_step, allow_manifest_change=args.allow_manifest_change, hooks=hooks)
-    except Interrupted as e:
+        together = True
+    except Interrupted as e:  # the stop was agreed in a train record's gather: every rank raises it at that step
+        together = True
         print(f"gristmill train: {e}", file=sys.stderr)
         return e.exit_code
     finally:
         if dist.is_initialized():
-            dist.destroy_process_group()
+            leave(dist, together)
     return 0
+
+
+def leave(dist, together: bool) -> None:
+    """End the process group; after a run every rank ended at the same step, all ranks at once (a barrier
+    first). destroy_process_group does not stop gloo's threads here: torch's own caches keep the trainer's
+    device mesh, and so the backend, alive, and its worker and socket threads live on into the
+    interpreter's shutdown. A rank that exits while its peer is still inside gloo tears those down under
+    it, which aborted the rank probes of tests/test_trainer_init.py now and then ("terminate called
+    without an active exception") until they left together (issue 40). After an error a peer may be
+    gone or stuck: no barrier then, the group is only destroyed."""
+    if together and dist.get_world_size() > 1:
+        dist.barrier()
+    dist.destroy_process_group()
 
 
 def main(argv: list[str] | None = None, hooks=None) -> int:
