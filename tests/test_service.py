@@ -276,7 +276,7 @@ def test_a_version_published_after_the_start_and_an_unknown_hash(data, tmp_path)
         with pytest.raises(flight.FlightServerError, match="bad request: ticket is not a JSON request"):
             client.do_get(flight.Ticket(b"\xff\x00garbage")).read_all()
         with pytest.raises(flight.FlightServerError, match="unknown manifest"):
-            client.do_get(flight.Ticket(json.dumps({"manifest_sha256": "1" * 64}).encode())).read_all()
+            client.do_get(flight.Ticket(json.dumps({"manifest_sha256": "1" * 64, "version": 2}).encode())).read_all()
         for pub in (early, late, early):  # the server keeps serving, evicting and reopening its one entry
             with Loader(pub.url, Sampling(global_batch=B, seed=3), caching=Caching(dir=str(tmp_path / "ref"))) as ref:
                 same(next(iter(ref)), first_batch(pub.url, srv.url))
@@ -359,10 +359,10 @@ def test_a_stream_waiting_on_a_cold_shard_does_not_hold_up_one_reading_another(d
         assert got[i] == [int(shard_of[i]) + 1, int(row_of[i])]
 
 
-def test_a_request_is_assembled_in_groups_of_steps_and_sent_a_step_a_record_batch(data, tmp_path, monkeypatch):
+def test_a_request_is_assembled_and_sent_in_groups_of_steps(data, tmp_path, monkeypatch):
     """The server's stream (in this process, no gRPC): steps assembled a group at a time (here 3 of rank 1's,
-    so 10 steps are groups of 3, 3, 3, 1) and sliced back into one record batch a step, each the in-process
-    Loader's batch, document positions included."""
+    so 10 steps are groups of 3, 3, 3, 1), each group one record batch (protocol 2) whose metadata names its
+    steps and whose rows, step by step, are the in-process Loader's batches, document positions included."""
     from gristmill.loader.service import server as S
     from gristmill.loader.service.protocol import Request
 
@@ -378,14 +378,134 @@ def test_a_request_is_assembled_in_groups_of_steps_and_sent_a_step_a_record_batc
         srv.admission.enter("here", stream.cost)
         assert stream.steps_at_once == 3
         got = list(stream.record_batches())
-        assert len(got) == 10 and srv.stats.snapshot(0)["steps"] == 10
-        for step, ((rb, meta), w) in enumerate(zip(got, want), start=2):
-            assert json.loads(meta) == {"step": step} and rb.num_rows == B // W
-            assert np.array_equal(rb.column("indices").to_numpy(), w["indices"].numpy())
-            tokens = rb.column("tokens").flatten().to_numpy().reshape(rb.num_rows, -1)  # a slice: flatten, not values
-            assert tokens.dtype == w["tokens"].numpy().dtype and np.array_equal(tokens, w["tokens"].numpy())
-            pos = rb.column("position_ids").flatten().to_numpy().reshape(rb.num_rows, -1)
-            assert np.array_equal(pos, w["position_ids"].numpy())
+        assert [json.loads(meta) for _, meta in got] == [{"first_step": s, "steps": n} for s, n in
+                                                          ((2, 3), (5, 3), (8, 3), (11, 1))]
+        assert srv.stats.snapshot(0)["steps"] == 10 and stream.bytes == 10 * stream.step_bytes
+        local = B // W
+        rows = {k: np.concatenate([rb.column(k).flatten().to_numpy().reshape(rb.num_rows, -1) for rb, _ in got])
+                for k in ("tokens", "position_ids")}
+        indices = np.concatenate([rb.column("indices").to_numpy() for rb, _ in got])
+        for k, w in enumerate(want):
+            part = slice(k * local, (k + 1) * local)
+            assert np.array_equal(indices[part], w["indices"].numpy())
+            assert rows["tokens"].dtype == w["tokens"].numpy().dtype
+            assert np.array_equal(rows["tokens"][part], w["tokens"].numpy())
+            assert np.array_equal(rows["position_ids"][part], w["position_ids"].numpy())
         ref.close()
     finally:
         srv.shutdown()
+
+
+def _groups(rb, local: int):
+    """A record batch's rows as a list of its steps' (each ``local`` rows)."""
+    return [rb.slice(k, local) for k in range(0, rb.num_rows, local)]
+
+
+def _group(steps, first: int):
+    """Steps' record batches as one group record batch of protocol 2, with its metadata."""
+    import pyarrow as pa
+    from gristmill.loader.service.protocol import group_metadata
+
+    return pa.Table.from_batches(steps).combine_chunks().to_batches()[0], group_metadata(first, len(steps))
+
+
+# (name, tamper(list of (record batch, metadata)) -> the same, what the client says). Each group holds 2 steps of
+# 2 rows (local batch); the reply asks steps 1..6.
+_TAMPERED = [
+    ("groups-swapped", lambda g: [g[1], g[0], g[2]], "expected the group of steps from 1"),
+    ("a-group-missing", lambda g: [g[0], g[2]], "expected the group of steps from 3"),
+    ("the-last-group-missing", lambda g: g[:2], "stream ended at step 5, before step 6"),
+    ("a-group-repeated", lambda g: [g[0], g[0], g[1], g[2]], "expected the group of steps from 3"),
+    ("a-group-too-many", lambda g: [*g, g[2]], "more than the 6 steps"),
+    ("steps-swapped-inside-a-group", lambda g: [g[0], _group(_groups(g[1][0], 2)[::-1], 3), g[2]],
+     "step 3: the rows' global indices are not 28..29"),
+    ("a-step-of-another-group", lambda g: [g[0], _group(_groups(g[0][0], 2), 3), g[2]],
+     "step 3: the rows' global indices are not 28..29"),
+    ("rows-swapped-inside-a-step", lambda g: [g[0], g[1], (g[2][0].take([1, 0, 2, 3]), g[2][1])],
+     "step 5: the rows' global indices are not 44..45"),
+    ("half-a-step", lambda g: [(g[0][0].slice(0, 3), g[0][1]), g[1], g[2]], "with 3 rows"),
+    ("metadata-of-fewer-steps", lambda g: [(g[0][0], b'{"first_step": 1, "steps": 1}'), g[1], g[2]],
+     "with 4 rows, expected the group of steps from 1"),
+    ("metadata-of-protocol-1", lambda g: [(g[0][0], b'{"step": 1}'), g[1], g[2]], "got b'{\"step\": 1}'"),
+]
+
+
+@pytest.fixture(scope="module")
+def tampering(data, tmp_path_factory):
+    """A Flight server answering a request with the real server's record batches (GristmillServer's _Stream, in
+    this process) in groups of 2 steps, passed through ``server.tamper`` first."""
+    import pyarrow as pa
+    from gristmill.loader.service import server as S
+    from gristmill.loader.service.protocol import Request
+
+    real = S.GristmillServer(S.ServeConfig((data["store"],), port=0,
+                                           cache_dir=str(tmp_path_factory.mktemp("tamper") / "c")))
+
+    class Tampering(flight.FlightServerBase):
+        tamper = staticmethod(lambda groups: groups)
+
+        def do_get(self, context, ticket):
+            req = Request.decode(ticket.ticket)
+            stream = S._Stream(real, real._acquire(req), req, "tamper")
+            stream.steps_at_once = 2
+            real.admission.enter("tamper", stream.cost)
+            groups = [(rb, meta) for rb, meta in stream.record_batches()]
+            stream.finish("done")
+            return flight.GeneratorStream(stream.schema, [(rb, pa.py_buffer(m)) for rb, m in self.tamper(groups)])
+
+    server = Tampering("grpc://127.0.0.1:0")
+    threading.Thread(target=server.serve, daemon=True).start()
+    yield server
+    server.shutdown()
+    real.shutdown()
+
+
+@pytest.mark.parametrize("tamper, expect", [pytest.param(t, e, id=i) for i, t, e in _TAMPERED])
+def test_a_reply_with_steps_out_of_order_missing_or_partial_is_refused(data, tampering, tmp_path, tamper, expect):
+    """Protocol 2 (a record batch a group of steps): the client refuses any reply whose groups or rows are not the
+    steps it asked for, in order, each whole, and names the first that is not (it then asks another endpoint);
+    the same reply untampered is the in-process Loader's batches."""
+    from gristmill.loader.service.client import ReplyMismatch
+
+    ld = loaders(data["toy"], tmp_path / "c", [f"grpc://127.0.0.1:{tampering.port}"])[2]
+    ref = loaders(data["toy"], tmp_path / "ref")[2]
+    try:
+        req = ld.remote.request(1, 6)
+        url = ld.remote.endpoints.urls[0]
+        tampering.tamper = staticmethod(lambda groups: groups)
+        got, _ = ld.remote._get(url, req)
+        want = take(ref, 7)[1:]
+        assert len(got) == 6
+        for g, w in zip(got, want):
+            same(g, w)
+        tampering.tamper = staticmethod(tamper)
+        with pytest.raises(ReplyMismatch) as info:
+            ld.remote._get(url, req)
+        assert expect in str(info.value) and "\n" not in str(info.value), str(info.value)
+    finally:
+        ld.close()
+        ref.close()
+
+
+def test_a_server_of_protocol_1_is_named_in_one_line(data, tmp_path):
+    """A gristmill serve from before protocol versions refuses the client's ``version`` field as unknown: the client
+    fails at once, in one line, saying to upgrade the server (a reply in the old framing is never read)."""
+    class OldServer(flight.FlightServerBase):
+        def do_get(self, context, ticket):
+            raise flight.FlightServerError("bad request: unknown field 'version'; fields: documents, global_batch, "
+                                           "manifest_sha256, order, rank, seed, split, start_step, steps, "
+                                           "window_shards, world_size")
+
+    old = OldServer("grpc://127.0.0.1:0")
+    threading.Thread(target=old.serve, daemon=True).start()
+    try:
+        ld = loaders(data["toy"], tmp_path / "c", [f"grpc://127.0.0.1:{old.port}"], service_deadline_s=30.0)[0]
+        t = time.monotonic()
+        with pytest.raises(ServiceError) as info:
+            next(iter(ld))
+        text = str(info.value)
+        assert "unknown field 'version'" in text and "older than this client" in text and "upgrade the server" in text
+        assert "\n" not in text and time.monotonic() - t < 10
+        ld.close()
+    finally:
+        old.shutdown()

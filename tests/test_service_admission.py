@@ -16,6 +16,7 @@ import torch
 from helpers import ServeProcess, build_synthetic
 from gristmill.loader import Batches, Caching, Loader, Sampling, Source
 from gristmill.loader.service.client import RANGES_IN_FLIGHT
+from gristmill.loader.service.protocol import PROTOCOL_VERSION
 
 TOKEN = "admission-test-token-41"
 AUTH = [(b"authorization", f"Bearer {TOKEN}".encode())]
@@ -125,9 +126,9 @@ def test_every_server_killed_and_one_back_later_costs_no_client_its_run(data, tm
             s.kill()
         killed_at = {r: n for r, n in progress.items()}
         time.sleep(OUTAGE_S)
-        # what a rank may hold when the servers die: one range's steps being consumed (``ready``) and
-        # RANGES_IN_FLIGHT ranges received or in flight, 2 steps each (a bound of 4 failed once in CI)
-        held = (RANGES_IN_FLIGHT + 1) * 2
+        # what a rank holds: the rest of its range (1 step of 2) and RANGES_IN_FLIGHT whole ranges of 2 steps,
+        # plus the step a rank may have taken but not yet counted in ``progress`` (a bound of 4 failed once in CI)
+        held = 1 + RANGES_IN_FLIGHT * 2 + 1
         assert all(progress[r] - killed_at[r] <= held for r in progress), "ranks read on with every server down?"
         servers[0] = serve(data, tmp_path, listen=f"127.0.0.1:{ports[0]}", name="c0")
         for t in threads:
@@ -159,7 +160,8 @@ def test_clients_told_busy_back_off_and_are_served(data, tmp_path):
 def _reader(url: str, data, client: str, start_step: int):
     c = flight.FlightClient(url)
     opts = flight.FlightCallOptions(headers=[*AUTH, (b"gristmill-client", client.encode())], timeout=30)
-    ticket = json.dumps({"manifest_sha256": data["sha"], **LONG, "start_step": start_step}).encode()
+    ticket = json.dumps({"manifest_sha256": data["sha"], "version": PROTOCOL_VERSION, **LONG,
+                         "start_step": start_step}).encode()
     return c, c.do_get(flight.Ticket(ticket), opts)
 
 
@@ -376,6 +378,7 @@ def test_serve_passes_its_storage_options_to_the_store(data, tmp_path):
                                                        "--cache-dir", str(tmp_path / "c"))) as srv:
         assert srv.url and "(1 manifests" in srv.output(), srv.output()[-1000:]
         c = flight.FlightClient(srv.url)
-        ticket = json.dumps({"manifest_sha256": data["sha"], "global_batch": 4, "steps": 2}).encode()
+        ticket = json.dumps({"manifest_sha256": data["sha"], "version": PROTOCOL_VERSION, "global_batch": 4,
+                             "steps": 2}).encode()
         assert c.do_get(flight.Ticket(ticket)).read_all().num_rows == 8
         c.close()

@@ -31,6 +31,7 @@ import pytest
 import torch
 
 from helpers import ServeProcess, build_synthetic
+from gristmill.loader.service.protocol import PROTOCOL_VERSION
 
 TOKEN = "hostile-test-token-7f3a"
 AUTH = flight.FlightCallOptions(headers=[(b"authorization", f"Bearer {TOKEN}".encode())], timeout=30)
@@ -132,7 +133,7 @@ def client(served) -> flight.FlightClient:
 
 
 def ticket(served, **fields) -> bytes:
-    return json.dumps({"manifest_sha256": served.sha, **fields}).encode()
+    return json.dumps({"manifest_sha256": served.sha, "version": PROTOCOL_VERSION, **fields}).encode()
 
 
 def refused(call, expect: str, kind=flight.FlightError) -> str:
@@ -203,6 +204,10 @@ _BAD = [
     ("unknown-field", {"evil": 1}, "unknown field"),
     ("unknown-long-field", {"x" * 3000: 1}, "unknown field"),
     ("missing-hash", {"manifest_sha256": None, "_drop": "manifest_sha256"}, "manifest_sha256: missing"),
+    # a client from before protocol versions (a record batch a step), and one of another version
+    ("missing-version", {"_drop": "version"}, "version: missing: a client older than this server"),
+    ("version-1", {"version": 1}, f"version: protocol 1, this server speaks protocol {PROTOCOL_VERSION}"),
+    ("version-string", {"version": "2"}, "version: expected int"),
     ("steps-string", {"steps": "5"}, "steps: expected int"),
     ("steps-float", {"steps": 5.0}, "steps: expected int"),
     ("steps-bool", {"steps": True}, "steps: expected int"),
@@ -230,7 +235,7 @@ _BAD = [
 def _raw(served, spec) -> bytes:
     if isinstance(spec, bytes):
         return spec
-    fields = {"manifest_sha256": served.sha, **spec}
+    fields = {"manifest_sha256": served.sha, "version": PROTOCOL_VERSION, **spec}
     drop = fields.pop("_drop", None)
     if drop:
         fields.pop(drop)

@@ -9,8 +9,9 @@ protocol's row bound and a server's default reply bound allow), two ranges in fl
 or a reply that does not check out, the whole range is asked again of the next endpoint; after each round
 over all endpoints a backoff with jitter, until ``Source.service_deadline_s`` (a restart of every server
 shorter than that costs only the wait). A range's batches are handed over
-only once the whole range has arrived and been checked (manifest hash, request echo, step of
-each record batch, every row's global index), so no sample is lost, duplicated or reordered.
+only once the whole range has arrived and been checked (manifest hash, request echo, columns, the steps
+each record batch says it holds (protocol 2: a group of steps a record batch), every row's global index, once
+per reply and vectorised), so no sample is lost, duplicated or reordered.
 
 The batches are the in-process Loader's, bit for bit: ``tokens`` in ``token_dtype`` (widened
 from the shards' dtype here), ``input_ids`` / ``labels`` views, ``indices``, ``step`` and with
@@ -41,7 +42,7 @@ from gristmill.manifests.mixture import MixtureManifest, PublishedMixture, manif
 from ..documents import segments_to_batch
 from ..options import Source
 from .protocol import (CLIENT_HEADER, CLIENT_ID, DEFAULT_MAX_REPLY_BYTES, MAX_ROWS, MAX_STEPS, META_REQUEST, META_SHA,
-                       SHA256, TOKEN_ENV, Request, one_line, step_bytes)
+                       PROTOCOL_VERSION, SHA256, TOKEN_ENV, Request, group_metadata, one_line, reply_schema, step_bytes)
 
 log = logging.getLogger(__name__)
 
@@ -177,6 +178,10 @@ class ServiceBatches:
         self.ld = loader
         self.endpoints = Endpoints(loader.source)
         self.range_steps = range_steps(loader)
+        self.schema = reply_schema(loader.manifest, bool(loader.batches.documents))  # every reply's columns
+        # the manifest's hash, once: Manifest.sha256 hashes the whole manifest (every shard) on each call, which
+        # cost the consumer's thread ~3 us a sequence when it was computed a range
+        self.sha256 = loader.manifest.sha256
         self.pool = ThreadPoolExecutor(RANGES_IN_FLIGHT, thread_name_prefix="gristmill-service")
         self.stats = collections.Counter()  # bytes, requests, retries (updated under stats_lock)
         self.stats_lock = threading.Lock()
@@ -184,7 +189,7 @@ class ServiceBatches:
 
     def request(self, start_step: int, steps: int) -> Request:
         ld = self.ld
-        return Request(manifest_sha256=ld.manifest.sha256, split=ld.split, seed=ld.seed, order=ld.order_name,
+        return Request(manifest_sha256=self.sha256, split=ld.split, seed=ld.seed, order=ld.order_name,
                        window_shards=ld.window_shards, global_batch=ld.global_batch, rank=ld.rank,
                        world_size=ld.world_size, start_step=start_step, steps=steps,
                        documents=bool(ld.batches.documents))
@@ -211,7 +216,8 @@ class ServiceBatches:
                 return batches
             except (flight.FlightError, pa.ArrowException, ReplyMismatch, OSError) as e:
                 if _refused(e):  # the same request is refused everywhere: a client error, not a failure
-                    raise ServiceError(f"gristmill serve at {url}: {self.endpoints.describe(e, url)}") from e
+                    raise ServiceError(f"gristmill serve at {url}: {self.endpoints.describe(e, url)}"
+                                       f"{_older_server(e)}") from e
                 errors[url] = self.endpoints.describe(e, url)
                 if self.endpoints.all_refuse_handshake():
                     raise ServiceError(f"steps {req.start_step}..{req.start_step + req.steps - 1}: "
@@ -238,62 +244,69 @@ class ServiceBatches:
                 raise ServiceError("the loader was closed while its service was unreachable")
 
     def _get(self, url: str, req: Request) -> tuple[list[dict], int]:
-        """The checked batches of one reply and its bytes."""
-        reader = self.endpoints.client(url).do_get(flight.Ticket(req.encode()), self.endpoints.options)
+        """The checked batches of one reply and its bytes. Its record batches (protocol 2: a group of consecutive
+        steps each) are framed-checked as they arrive: the group's app metadata names the next step and its row
+        count, and the groups together are the steps asked for, no more."""
+        ticket = req.encode()
+        reader = self.endpoints.client(url).do_get(flight.Ticket(ticket), self.endpoints.options)
         meta = reader.schema.metadata or {}
         self.endpoints.answered(url)
-        if meta.get(META_SHA) != req.manifest_sha256.encode() or meta.get(META_REQUEST) != req.encode():
+        if meta.get(META_SHA) != req.manifest_sha256.encode() or meta.get(META_REQUEST) != ticket:
             raise ReplyMismatch(f"reply for manifest {meta.get(META_SHA, b'?')[:64].decode(errors='replace')}, "
                                 f"not the request's {req.manifest_sha256}")
-        chunks = []
+        if not reader.schema.remove_metadata().equals(self.schema):
+            raise ReplyMismatch(f"reply columns {one_line(reader.schema.remove_metadata())}..., not the manifest's "
+                                f"{one_line(self.schema)}...")
+        groups, step, end, local = [], req.start_step, req.start_step + req.steps, req.local_batch
         try:
-            for step in range(req.start_step, req.start_step + req.steps):
+            while step < end:
                 try:
-                    chunks.append(reader.read_chunk())
+                    chunk = reader.read_chunk()
                 except StopIteration:
-                    raise ReplyMismatch(f"stream ended at step {step}, before step {req.start_step + req.steps - 1}") from None
+                    raise ReplyMismatch(f"stream ended at step {step}, before step {end - 1}") from None
+                rows = chunk.data.num_rows
+                got = chunk.app_metadata.to_pybytes() if chunk.app_metadata is not None else b""
+                n = rows // local
+                if got != group_metadata(step, n) or rows != n * local or not 1 <= n <= end - step:
+                    raise ReplyMismatch(f"got {got[:60]!r} with {rows} rows, expected the group of steps from {step} "
+                                        f"(at most {end - step}, {local} rows each)")
+                groups.append(chunk.data)
+                step += n
             try:  # the end of the stream: the server has finished (and freed) it
                 reader.read_chunk()
             except StopIteration:
-                return self._batches(req, chunks), sum(c.data.nbytes for c in chunks)
+                return self._batches(req, groups), sum(g.nbytes for g in groups)
             raise ReplyMismatch(f"more than the {req.steps} steps asked for")
         except BaseException:
             reader.cancel()  # the server frees the stream now, not when this reader is collected
             raise
 
-    def _batches(self, req: Request, chunks: list) -> list[dict]:
+    def _batches(self, req: Request, groups: list[pa.RecordBatch]) -> list[dict]:
         """A reply's record batches as the in-process Loader's batch dicts, checked against the request once per
-        reply (vectorised): each step's app metadata and row count, every row's global index, the tokens' dtype.
-        The reply's tokens are copied once into one buffer of ``token_dtype`` (``new_batch``: pinned with
-        ``pin_memory``) and each step's batch is a view of it: no per-step allocation."""
+        reply (vectorised): every row's global index (so its step and place), no nulls. The reply's tokens are
+        copied once, a record batch at a time, into one buffer of ``token_dtype`` (``new_batch``: pinned with
+        ``pin_memory``); each step's arrays are views of it, split in one call per array, not sliced a step at a
+        time."""
         ld, local, n, start = self.ld, req.local_batch, req.steps, req.start_step
-        steps = range(start, start + n)
-        got = [c.app_metadata.to_pybytes() if c.app_metadata is not None else b"" for c in chunks]
-        if got != [b'{"step": %d}' % s for s in steps] or any(c.data.num_rows != local for c in chunks):
-            k = next(k for k, c in enumerate(chunks) if got[k] != b'{"step": %d}' % steps[k] or c.data.num_rows != local)
-            raise ReplyMismatch(f"got {got[k][:40]!r} with {chunks[k].data.num_rows} rows, expected step {steps[k]} "
-                                f"with {local}")
-        indices = np.concatenate([c.data.column(1).to_numpy() for c in chunks]).reshape(n, local)
+        if any(col.null_count for g in groups for col in g.columns):
+            raise ReplyMismatch(f"steps {start}..{start + n - 1}: a reply with null values")
+        indices = np.concatenate([g.column(1).to_numpy() for g in groups]).reshape(n, local)
         want = (np.arange(start, start + n, dtype=np.int64) * req.global_batch + req.rank * local)[:, None] + np.arange(local)
         if not np.array_equal(indices, want):
             k = int(np.flatnonzero((indices != want).any(axis=1))[0])
-            raise ReplyMismatch(f"step {steps[k]}: the rows' global indices are not {want[k, 0]}..{want[k, -1]}")
-        stored_dtype = chunks[0].data.schema.field("tokens").type.value_type.to_pandas_dtype()
-        if np.dtype(stored_dtype) != np.dtype(ld.manifest.token_dtype):
-            raise ReplyMismatch(f"tokens of dtype {np.dtype(stored_dtype)}, the manifest's are {ld.manifest.token_dtype}")
-        row_tokens = ld.manifest.row_tokens
+            raise ReplyMismatch(f"step {start + k}: the rows' global indices are not {want[k, 0]}..{want[k, -1]}")
         whole, buf = ld.new_batch(indices.reshape(-1), start)
-        for k, c in enumerate(chunks):  # one copy a step into the reply's buffer (widened to token_dtype)
-            buf[k * local:(k + 1) * local] = c.data.column(0).values.to_numpy().reshape(local, row_tokens)
-        out = []
-        for k, step in enumerate(steps):
-            tokens = whole["tokens"][k * local:(k + 1) * local]
-            batch = {"tokens": tokens, "input_ids": tokens[:, :-1], "labels": tokens[:, 1:],
-                     "indices": whole["indices"][k * local:(k + 1) * local], "step": step}
-            if req.documents:
-                pos = chunks[k].data.column(2).values.to_numpy().reshape(local, row_tokens - 1)
-                batch.update(segments_to_batch(pos == 0))
-            out.append(batch)
+        row = 0
+        for g in groups:  # one copy a record batch into the reply's buffer (widened to token_dtype)
+            buf[row:row + g.num_rows] = _rows(g.column(0))
+            row += g.num_rows
+        views = {k: _split(whole[k], local) for k in ("tokens", "input_ids", "labels", "indices")}
+        out = [{"tokens": views["tokens"][k], "input_ids": views["input_ids"][k], "labels": views["labels"][k],
+                "indices": views["indices"][k], "step": start + k} for k in range(n)]
+        if req.documents:
+            is_start = np.concatenate([_rows(g.column(2)) == 0 for g in groups])
+            for k, batch in enumerate(out):
+                batch.update(segments_to_batch(is_start[k * local:(k + 1) * local], ld.numpy))
         return out
 
     def close(self) -> None:
@@ -348,6 +361,18 @@ class _ServicePipeline:
         self.ready.clear()
 
 
+def _rows(column: pa.FixedSizeListArray) -> np.ndarray:
+    """A fixed-size-list column's values as a ``(rows, width)`` numpy view (no copy)."""
+    return column.flatten().to_numpy().reshape(len(column), column.type.list_size)
+
+
+def _split(x, rows: int) -> list:
+    """``x``'s consecutive blocks of ``rows`` rows, as views (a torch tensor's or a numpy array's)."""
+    if isinstance(x, np.ndarray):
+        return np.split(x, range(rows, len(x), rows))
+    return x.split(rows)
+
+
 def range_steps(ld) -> int:
     """Steps a request: ``Source.service_steps_per_request``, lowered so a reply stays within ``RANGE_BYTES``
     (what the client holds stays bounded), the protocol's row bound and a server's default reply bound
@@ -356,6 +381,14 @@ def range_steps(ld) -> int:
     size = step_bytes(ld.manifest, local, bool(ld.batches.documents))
     fit = min(MAX_STEPS, MAX_ROWS // local, min(RANGE_BYTES, DEFAULT_MAX_REPLY_BYTES) // size)
     return max(1, min(ld.source.service_steps_per_request, fit))
+
+
+def _older_server(e: Exception) -> str:
+    """What a server from before protocol versions (it refuses the ``version`` field as unknown) needs."""
+    if "unknown field 'version'" not in str(e):
+        return ""
+    return (f" (a gristmill serve older than this client: it speaks protocol 1, this client {PROTOCOL_VERSION}; "
+            f"upgrade the server)")
 
 
 def _refused(e: Exception) -> bool:

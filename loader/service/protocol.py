@@ -8,13 +8,22 @@ another endpoint.
 **Request** (:class:`Request`): the JSON object of its fields, UTF-8, as the Flight ``Ticket``
 of a ``do_get``. It asks for ``steps`` consecutive steps from ``start_step`` of one rank.
 Everything is checked (:meth:`Request.decode`): unknown or missing fields, types, bounds, the
-ticket's size; a bad one is a :class:`ProtocolError` (a ``UsageError``) of one line.
+ticket's size; a bad one is a :class:`ProtocolError` (a ``UsageError``) of one line. Its
+``version`` is the protocol's (:data:`PROTOCOL_VERSION`); a request of another version, or of none
+(a client from before versions: protocol 1, a record batch a step), is refused in one line naming
+both versions, never answered in a framing the client would misread. A server from before versions
+refuses a versioned request as an unknown field; the client says which side to upgrade.
 
-**Reply**: an Arrow stream, one record batch per step, in step order, each with the
-app-metadata ``{"step": s}`` (JSON). Columns:
+**Reply** (protocol 2): an Arrow stream of record batches, each a group of consecutive steps (the
+server's assembled chunk: as many steps as fit its assembly bounds, at least one), in step order,
+together exactly the ``steps`` asked for. Each carries the app-metadata
+``{"first_step": s, "steps": n}`` (:func:`group_metadata`) and its ``n * local_batch`` rows, step
+``s``'s first, then ``s + 1``'s...; the client checks the groups' framing once per record batch,
+every row's global index (and so its step) once per reply, vectorised, and slices each step's batch
+as views. Columns (:func:`reply_schema`):
 
 - ``tokens``: ``FixedSizeList<uint16|uint32>[seq_len + 1]``, the rows as stored (the shards'
-  dtype; the client widens to its ``token_dtype``);
+  dtype; the client widens to its ``token_dtype`` when it asks for a wider one);
 - ``indices``: ``int64``, each row's global sample index;
 - ``position_ids``: ``FixedSizeList<int32>[seq_len]``, only when ``documents``: each input
   token's offset in its segment; ``cu_seqlens`` and ``max_seqlen`` follow from
@@ -32,11 +41,14 @@ import re
 from dataclasses import asdict, dataclass, fields
 
 import numpy as np
+import pyarrow as pa
 
 from gristmill.errors import UsageError
 
 from ..order import DEFAULT_WINDOW_SHARDS, ORDERS
 
+# 1: a record batch a step (no version field); 2: a record batch a group of steps, ``{"first_step", "steps"}``
+PROTOCOL_VERSION = 2
 MAX_TICKET_BYTES = 4096  # a request's JSON is ~300 bytes
 MAX_GLOBAL_BATCH = 1 << 24  # as trainer/config.py's MAX_BATCH
 MAX_STEPS = 1024  # steps per request
@@ -78,6 +90,7 @@ class Request:
     start_step: int = 0
     steps: int = 1
     documents: bool = False
+    version: int = PROTOCOL_VERSION
 
     def __post_init__(self):
         for f in fields(self):
@@ -85,6 +98,9 @@ class Request:
             want = {"str": str, "int": int, "bool": bool}[f.type]
             if type(value) is not want:  # noqa: E721 - exact: a bool is not an int here, nor an int a bool
                 _fail(f"{f.name}: expected {f.type}, got {type(value).__name__}")
+        _check(self.version == PROTOCOL_VERSION,
+               f"version: protocol {self.version}, this server speaks protocol {PROTOCOL_VERSION}; run one gristmill "
+               f"release on both sides (upgrade the older)")
         _check(SHA256.fullmatch(self.manifest_sha256), "manifest_sha256: expected 64 lowercase hex digits")
         _check(SPLIT.fullmatch(self.split), "split: expected 1-64 characters of [A-Za-z0-9_.-]")
         _check(self.order in ORDERS, f"order: expected one of {', '.join(ORDERS)}, got {self.order[:32]!r}")
@@ -119,6 +135,8 @@ class Request:
         unknown = sorted(set(d) - known)
         _check(not unknown, f"unknown field {', '.join(repr(k[:32]) for k in unknown[:3])}; fields: {', '.join(sorted(known))}")
         _check("manifest_sha256" in d, "manifest_sha256: missing")
+        _check("version" in d, f"version: missing: a client older than this server (protocol 1, a record batch a step); "
+                               f"this server speaks protocol {PROTOCOL_VERSION}: upgrade the client's gristmill")
         return cls(**d)
 
 
@@ -151,8 +169,22 @@ def one_line(e: BaseException) -> str:
     return text[0] if text else type(e).__name__
 
 
+def group_metadata(first_step: int, steps: int) -> bytes:
+    """A reply record batch's app metadata: the group of ``steps`` steps from ``first_step`` it holds."""
+    return b'{"first_step": %d, "steps": %d}' % (first_step, steps)
+
+
+def reply_schema(manifest, documents: bool) -> pa.Schema:
+    """A reply's columns (without its metadata): what the server sends and the client checks a reply against."""
+    columns = [("tokens", pa.list_(pa.from_numpy_dtype(np.dtype(manifest.token_dtype)), manifest.row_tokens)),
+               ("indices", pa.int64())]
+    if documents:
+        columns.append(("position_ids", pa.list_(pa.int32(), manifest.seq_len)))
+    return pa.schema(columns)
+
+
 def step_bytes(manifest, local_batch: int, documents: bool) -> int:
-    """The bytes of one reply record batch: tokens as stored, int64 indices, int32 position ids with documents."""
+    """The bytes of one step of a reply: tokens as stored, int64 indices, int32 position ids with documents."""
     row = manifest.row_tokens * np.dtype(manifest.token_dtype).itemsize + 8 + (4 * manifest.seq_len if documents else 0)
     return local_batch * row
 

@@ -7,7 +7,8 @@ document boundaries and its view of the node-local ``ShardCache``, verified down
 eviction included) in an LRU of ``max_open`` entries, and answers rank ``r``'s step ``s`` with
 ``Loader.rows_at_many`` (the one assembly of a step; a request's steps planned in one vectorised
 call, up to ``ASSEMBLE_BYTES`` and ``ASSEMBLE_ROWS`` of steps assembled at a time when gRPC asks for
-the next record batch, each step sent as a zero-copy slice), in the shards' own token dtype. Its loaders make
+the next record batch, each such group sent as one record batch: protocol 2, protocol.py), in the
+shards' own token dtype. Its loaders make
 numpy arrays (``Batches(numpy=True)``): the server never imports torch (docs/service.md, "A server without torch").
 
 Transport: a ``grpcio`` server speaking Arrow Flight's protobuf service (wire.py), so gRPC refuses a request
@@ -52,7 +53,7 @@ from .admission import Admission, Busy, Idle
 from .catalog import Catalog, UnknownManifest
 from .config import ServeConfig, is_loopback  # noqa: F401  (ServeConfig lives beside, checked before the import)
 from .protocol import (CLIENT_HEADER, CLIENT_ID, META_REQUEST, META_SHA, SHA256, TOKEN_ENV, ProtocolError, Request,
-                       json_object, one_line, reply_bytes, step_bytes)
+                       group_metadata, json_object, one_line, reply_bytes, reply_schema, step_bytes)
 from .wire import MAX_REQUEST_BYTES, SERVICE, VERBS, fields, flight_data, message
 
 log = logging.getLogger(__name__)
@@ -409,20 +410,17 @@ class _Stream:
         self.step, self.bytes, self.t0, self.done, self.admitted = req.start_step, 0, time.perf_counter(), False, False
         self.lock = threading.Lock()
         m = entry.loader.manifest
-        fields_ = [("tokens", pa.list_(pa.from_numpy_dtype(np.dtype(m.token_dtype)), m.row_tokens)), ("indices", pa.int64())]
-        if req.documents:
-            fields_.append(("position_ids", pa.list_(pa.int32(), m.seq_len)))
-        self.schema = pa.schema(fields_, metadata={META_SHA: req.manifest_sha256.encode(), META_REQUEST: req.encode()})
+        self.schema = reply_schema(m, req.documents).with_metadata({META_SHA: req.manifest_sha256.encode(),
+                                                                    META_REQUEST: req.encode()})
         self.session = (client, req.manifest_sha256, req.split, req.rank, req.world_size)
         self.batches = None  # Loader.rows_at_many over the request's steps, made on the first step (in gRPC's thread)
         self.step_bytes = step_bytes(m, req.local_batch, req.documents)
         self.steps_at_once = max(1, min(req.steps, ASSEMBLE_BYTES // self.step_bytes, ASSEMBLE_ROWS // req.local_batch))
         self.cost = server.admission.cost(self.steps_at_once * self.step_bytes)  # its chunk: what it holds at most
-        self.ready: collections.deque[pa.RecordBatch] = collections.deque()  # this chunk's steps not sent yet
         self.waiting_since: float | None = None  # when it last handed a message to its reader (Idle's clock)
 
     def messages(self, context):
-        """The reply's FlightData messages: the schema, then a record batch a step. gRPC resumes this generator
+        """The reply's FlightData messages: the schema, then a record batch a group of steps. gRPC resumes this generator
         when its reader has room; ``waiting_since`` is set while it is suspended there. A step that fails
         ends the call with its one line (gRPC UNKNOWN: a ``FlightServerError``)."""
         try:
@@ -439,19 +437,19 @@ class _Stream:
             context.abort(grpc.StatusCode.UNKNOWN, str(e))
 
     def record_batches(self):
-        """(record batch, app metadata ``{"step": s}``) of each step, in step order."""
+        """(record batch, app metadata ``{"first_step": s, "steps": n}``) of each group of ``steps_at_once`` steps
+        (the last one fewer), in step order."""
         end = self.req.start_step + self.req.steps
         while self.step < end and not self.done:
-            if not self.ready:
-                self._assemble()
-            rb = self.ready.popleft()
-            self.bytes += self.step_bytes
-            meta = b'{"step": %d}' % self.step
-            self.step += 1
+            rb = self._assemble()
+            n = rb.num_rows // self.req.local_batch
+            meta = group_metadata(self.step, n)
+            self.bytes += n * self.step_bytes
+            self.step += n
             yield rb, meta
 
-    def _assemble(self) -> None:
-        """The next ``steps_at_once`` steps, assembled in one go and sliced into a record batch a step (no copy)."""
+    def _assemble(self) -> pa.RecordBatch:
+        """The next ``steps_at_once`` steps, assembled in one go: one record batch."""
         req, t = self.req, time.perf_counter()
         try:
             if self.batches is None:
@@ -467,12 +465,12 @@ class _Stream:
             raise _Failed(f"internal error: {one_line(e)}") from None
         rb = to_record_batch(batch, self.schema)
         n = rb.num_rows // req.local_batch
-        self.ready.extend(rb.slice(k * req.local_batch, req.local_batch) for k in range(n))
         stats = self.server.stats
         with stats.lock:
             stats.latencies.append((time.perf_counter() - t) / n)
             stats.counts.update(steps=n, bytes=n * self.step_bytes, cache_hits=metrics["cache_hits"],
                                 cache_misses=metrics["cache_misses"], bytes_downloaded=metrics["bytes_downloaded"])
+        return rb
 
     def finish(self, how: str) -> None:
         """Free the admission and the entry, once (the generator's end or gRPC's callback when the call ends);
@@ -482,7 +480,6 @@ class _Stream:
                 return
             self.done = True
         self.batches = None  # the rest of the plan
-        self.ready.clear()
         server = self.server
         server.idle.remove(self)
         server.admission.leave(self.client, self.cost)
