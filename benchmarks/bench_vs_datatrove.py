@@ -294,6 +294,7 @@ def gristmill_job(clean: str, run_dir: str, tokenizer: str, num_cpus: int, seed:
         "extract": {"min_chars": 1, "max_chars": MAX_CHARS},
         "language": {"allowed": [LANG], "threshold": LANG_THRESHOLD},
         "exact_dedup": {"enabled": True},
+        "pii": {"enabled": False},  # datatrove's job redacts nothing (gristmill's default is on; runs before 12-06 had it)
         "fuzzy_dedup": {"threshold": THRESHOLD, "ngram": NGRAM, "num_perm": 128, **lsh, "seed": seed},
         "split": {"validation_fraction": 0.0},
         "tokenizer": {"path": tokenizer, "eos_token": EOS},
