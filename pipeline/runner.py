@@ -288,7 +288,7 @@ class Runner:
             names = self.wd.listdir(self.wd.logs(step))
         except FileNotFoundError:
             return 0
-        return sum(1 for n in names if ".attempt-" in n and not n.endswith(".attempt-1"))
+        return sum(1 for n in names if (a := WorkDir.attempt_of(n)) is not None and a[1] > 1)
 
     def _execute(self, step: str, todo: list[dict], fn):  # yields (item, stats) as tasks finish
         raise NotImplementedError

@@ -350,6 +350,14 @@ class WorkDir:
         of the worker that ran it (``record_attempt``)."""
         return self._path("logs", step, f"{name}.attempt-{n}")
 
+    @staticmethod
+    def attempt_of(filename: str) -> tuple[str, int] | None:
+        """(first task, attempt number) of an attempt file's name, None for any other name in a
+        step's logs: a task's log, or the temp file of an attempt a killed worker was creating
+        (``<name>.attempt-1.tmp-…``: counted as an attempt, it read as a retry)."""
+        first, sep, n = filename.rpartition(".attempt-")
+        return (first, int(n)) if sep and first and n.isdigit() else None
+
     # -- task markers -------------------------------------------------------------------------
     def marker(self, step: str, name: str) -> str:
         return self._path("_done", step, f"{name}.json")

@@ -208,7 +208,9 @@ def uncommitted_batches(work: str) -> list[tuple[WorkDir, str, str, int]]:
     for run in sorted(glob.glob(work)):
         wd = WorkDir(run)
         for path in sorted(glob.glob(os.path.join(wd.logs("*"), "*.attempt-*"))):
-            step, first = os.path.basename(os.path.dirname(path)), os.path.basename(path).rsplit(".attempt-", 1)[0]
+            if (attempt := WorkDir.attempt_of(os.path.basename(path))) is None:
+                continue  # an attempt file being created (its temp)
+            step, first = os.path.basename(os.path.dirname(path)), attempt[0]
             if committed(wd, step, first):
                 continue
             try:

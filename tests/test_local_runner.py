@@ -148,6 +148,23 @@ def test_an_items_exception_is_one_task_error_not_retried(tmp_path):
     runner.close()
 
 
+def test_an_attempt_file_a_killed_worker_was_creating_is_no_retry(tmp_path):
+    """A worker killed between writing an attempt file's temp and linking it into place (the driver's
+    kill after another task failed, or the OOM killer) leaves ``<name>.attempt-1.tmp-…``: the retry
+    count reads attempt numbers, so it is not a retry (it read as one, and a CI run failed on it)."""
+    wd = WorkDir(str(tmp_path / "w"))
+    os.makedirs(wd.logs("step"))
+    open(wd.attempt("step", "t9", 1) + ".tmp-0123456789ab", "w").close()
+    runner = LocalRunner(wd, num_workers=1)
+    try:
+        runner.run("step", [{"name": f"t{i}", "i": i} for i in range(3)], _slow_square)
+    finally:
+        runner.close()
+    assert runner.retries == {}
+    assert WorkDir.attempt_of("t9.attempt-12") == ("t9", 12)
+    assert [WorkDir.attempt_of(n) for n in ("t9.attempt-1.tmp-0123456789ab", "t9.log", ".attempt-2")] == [None] * 3
+
+
 DRIVER = textwrap.dedent("""
     import os, sys, time
     from gristmill.pipeline.runners.local import LocalRunner
