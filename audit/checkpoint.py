@@ -12,7 +12,7 @@ the trainer's full check (file hashes, and the data position copy inside the DCP
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gristmill.errors import GristmillError
 from gristmill.manifests import ManifestNotFoundError, Published
@@ -51,6 +51,8 @@ class Checkpoint:
     world_sizes: tuple[tuple[int, int | None], ...]  # (last step, world size) per segment of the run; None: unknown
     meta: dict
     skips: tuple[dict, ...] = ()  # samples no update came from: rewinds past a spike, bad steps (trainer/skips.py)
+    # how its store was opened (credentials, an endpoint): never part of what the checkpoint is
+    storage_options: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def first_step(self) -> int:
@@ -58,12 +60,13 @@ class Checkpoint:
         return 1 + max((int(c["step"]) for c in self.manifest_changes), default=0)
 
 
-def _store(path: str) -> tuple[Store, str]:
-    """The store a checkpoint path or URL is on, and the path as that store names it (local: absolute)."""
+def _store(path: str, storage_options: dict | None = None) -> tuple[Store, str]:
+    """The store a checkpoint path or URL is on (opened with ``storage_options``), and the path as
+    that store names it (local: absolute)."""
     local = local_path(path)
     if local is not None:
         return LOCAL, os.path.abspath(local)
-    return Store.from_url(path), path.rstrip("/")
+    return Store.from_url(path, **(storage_options or {})), path.rstrip("/")
 
 
 def _listdir(store: Store, path: str) -> list[str]:
@@ -73,10 +76,11 @@ def _listdir(store: Store, path: str) -> list[str]:
         return []
 
 
-def find_checkpoint(path: str) -> str:
+def find_checkpoint(path: str, storage_options: dict | None = None) -> str:
     """A checkpoint directory from a step dir, its meta.json, a run dir or a checkpoint dir (newest
-    committed checkpoint), on a local disk or any store (``s3://bucket/run/checkpoints``)."""
-    store, path = _store(path)
+    committed checkpoint), on a local disk or any store (``s3://bucket/run/checkpoints``, opened
+    with ``storage_options``)."""
+    store, path = _store(path, storage_options)
     if os.path.basename(path) == META_FILE:
         return os.path.dirname(path)
     if store.exists(store.join(path, META_FILE)):
@@ -91,11 +95,11 @@ def find_checkpoint(path: str) -> str:
                                   f"checkpoints/step-<N>/{META_FILE}; check the path")
 
 
-def read_checkpoint(path: str) -> Checkpoint:
-    """Read a checkpoint's meta.json (layout: docs/trainer.md). A missing, inconsistent or edited
-    field is a CheckpointError naming it."""
-    ckpt_dir = find_checkpoint(path)
-    store = _store(ckpt_dir)[0]
+def read_checkpoint(path: str, storage_options: dict | None = None) -> Checkpoint:
+    """Read a checkpoint's meta.json (layout: docs/trainer.md), its store opened with ``storage_options``.
+    A missing, inconsistent or edited field is a CheckpointError naming it."""
+    ckpt_dir = find_checkpoint(path, storage_options)
+    store = _store(ckpt_dir, storage_options)[0]
     meta = read_meta(ckpt_dir, store)
     loader = meta["loader"]
     return Checkpoint(
@@ -114,6 +118,7 @@ def read_checkpoint(path: str) -> Checkpoint:
         world_sizes=world_size_segments(ckpt_dir, meta, store),
         meta=meta,
         skips=tuple(meta.get("skips") or ()),
+        storage_options=dict(storage_options or {}),
     )
 
 
@@ -185,6 +190,6 @@ def verify_files(ckpt: Checkpoint) -> None:
     meta.json is refused too. The DCP metadata is read only through the restricted unpickler."""
     from gristmill.trainer.checkpoint import verify, verify_copy
 
-    problems = verify(ckpt.path) if local_path(ckpt.path) is not None else verify_copy(ckpt.path)
+    problems = verify(ckpt.path) if local_path(ckpt.path) is not None else verify_copy(ckpt.path, ckpt.storage_options)
     if problems:
         raise CheckpointError(f"checkpoint {ckpt.path} does not verify: " + "; ".join(problems[:5]))

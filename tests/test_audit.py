@@ -239,3 +239,31 @@ def test_ranks_follow_a_resume_at_another_world_size(run, tmp_path):
     shutil.rmtree(first)  # pruned: the world size of steps 1-5 is no longer known, and not guessed
     used = consumed(published.manifest, read_checkpoint(second))
     assert used.rank.tolist() == [-1] * 40 + [(i % B) // 2 for i in range(40, 80)]
+
+
+def test_a_checkpoint_store_that_opens_only_with_its_options(run, capsys):
+    """`audit` and `report` open a checkpoint dir on a store with --storage-option (the stores a command
+    reads): a store that opens only with its ticket refuses them without it and answers with it."""
+    import uuid
+
+    from test_storage import _ticketed
+
+    from gristmill.manifests.storage import FsspecStore, Store
+
+    published, ckpt_dir = run
+    _ticketed("gmckpt", "ok")
+    try:
+        url = f"gmckpt://run-{uuid.uuid4().hex[:8]}/checkpoints"
+        store = Store.from_url(url, ticket="ok")
+        for name in os.listdir(ckpt_dir):
+            store.put(f"{url}/{os.path.basename(ckpt_dir)}/{name}", open(os.path.join(ckpt_dir, name), "rb").read())
+        with pytest.raises(PermissionError, match="gmckpt"):
+            main(["audit", "seen", url, "--json"])
+        capsys.readouterr()
+        assert main(["audit", "seen", url, "--json", "--storage-option", "ticket=ok"]) == 0
+        assert json.loads(capsys.readouterr().out)["samples"] == 160
+        assert main(["report", url, "--text", "--storage-option", "ticket=ok"]) == 0
+        page = capsys.readouterr().out
+        assert published.manifest.sha256 in page and "160" in page.replace(",", "")  # the audit's summary is in
+    finally:
+        FsspecStore.kinds.pop("gmckpt", None)

@@ -401,6 +401,12 @@ def test_a_prepare_reaches_inputs_eval_sets_and_its_store_only_through_their_opt
     assert [e.name for e in pub.manifest.eval_sets][0] == "qa"
     assert pub.manifest.stats["stages"]["decontaminate"]["removed"] == {"contaminated": 1}
     assert write_data_card(result, quiet=True, storage_options=SECRETS["output"]) == f"{result.run_dir}/report.html"
+    # `gristmill report` reads the version through --storage-option (without it: the store's own refusal)
+    from gristmill import cli
+
+    with pytest.raises(PermissionError, match="gmout"):
+        cli.main(["report", pub.url, "--text"])
+    assert cli.main(["report", pub.url, "--text", "--storage-option", "ticket=out-SECRET-3"]) == 0
     published = [out.read(p) for p in out.fs.find(out.path(pub.url))]
     run_files = [open(os.path.join(d, f), "rb").read() for d, _, fs in os.walk(result.run_dir) for f in fs]
     assert any(b'"manifest_sha256"' in b for b in run_files) and any(b'"config"' in b for b in published)

@@ -476,15 +476,15 @@ def verify(path: str, actual: dict[str, dict] | None = None) -> list[str]:
     return problems
 
 
-def verify_copy(url: str) -> list[str]:
-    """:func:`verify` of a committed checkpoint on any store (``s3://.../step-<N>``): its meta.json and the
-    files it lists are downloaded to a temporary directory first (the DCP metadata is read only there,
-    through the restricted unpickler, like any other)."""
+def verify_copy(url: str, storage_options: dict | None = None) -> list[str]:
+    """:func:`verify` of a committed checkpoint on any store (``s3://.../step-<N>``, opened with
+    ``storage_options``): its meta.json and the files it lists are downloaded to a temporary directory
+    first (the DCP metadata is read only there, through the restricted unpickler, like any other)."""
     parent, name = url.rstrip("/").rsplit("/", 1)
     m = STEP_DIR.match(name)
     if not m:
         return [f"{url}: not a step-<N> checkpoint directory"]
-    store, step = CheckpointStore(parent), int(m.group(1))
+    store, step = CheckpointStore(parent, storage_options), int(m.group(1))
     with tempfile.TemporaryDirectory(prefix="gristmill-verify-") as tmp:
         try:
             meta_bytes = store.read_meta_bytes(step)

@@ -60,7 +60,7 @@ def _open(args):
     from gristmill.audit.checkpoint import open_manifest, read_checkpoint, verify_files
     from gristmill.audit.consumed import consumed, parse_steps
 
-    ckpt = read_checkpoint(args.checkpoint)
+    ckpt = read_checkpoint(args.checkpoint, storage_options(args))
     if args.verify_checkpoint:
         verify_files(ckpt)
     from gristmill.manifests.mixture import is_mixture

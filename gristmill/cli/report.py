@@ -17,6 +17,7 @@ def register(sub) -> None:
     p.add_argument("--out", help="the HTML file to write (default: report.html in the run dir; for a dataset whose "
                                  "run dir is not found, <dataset>-v<N>.html here)")
     p.add_argument("--text", action="store_true", help="print the page's tables as plain text instead of writing HTML")
+    add_storage_option_arguments(p, of="the target's stores (a version's; a run's checkpoints and data)")
     add_storage_option_arguments(p, "work-dir-option", "the --work-dir (the job's work_dir_options)")
     p.set_defaults(handler=_report)
 
@@ -27,7 +28,8 @@ def _report(args) -> int:
     from gristmill.report.page import EXTRA_HINT, render_text, write_page
 
     options = storage_options(args, "work-dir-option")
-    page, default_out = build_report(args.target, work_dir=args.work_dir, work_dir_options=options)
+    page, default_out = build_report(args.target, work_dir=args.work_dir, work_dir_options=options,
+                                     storage_options=storage_options(args))
     if args.text:
         sys.stdout.write(render_text(page))
         return 0

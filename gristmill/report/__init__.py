@@ -22,16 +22,19 @@ log = logging.getLogger("gristmill.report")
 HTML_FILE = "report.html"
 
 
-def build_report(target: str, *, work_dir: str | None = None, work_dir_options: dict | None = None) -> tuple[Page, str]:
-    """(page, default output path) for a training run dir or a dataset version URL; ``work_dir_options``:
-    the storage options of ``work_dir`` (the job's: its credentials may be nowhere else)."""
+def build_report(target: str, *, work_dir: str | None = None, work_dir_options: dict | None = None,
+                 storage_options: dict | None = None) -> tuple[Page, str]:
+    """(page, default output path) for a training run dir or a dataset version URL; ``storage_options``:
+    the stores it reads (the version's, a run's checkpoints and data: credentials, an endpoint);
+    ``work_dir_options``: the storage options of ``work_dir`` (the job's: its credentials may be
+    nowhere else)."""
     from .training import is_run_dir, run_page
 
-    if is_run_dir(target):  # a local run dir, or a checkpoint dir on a store (the page is written here)
-        return run_page(target), os.path.join(target if local_path(target) is not None else ".", HTML_FILE)
+    if is_run_dir(target, storage_options):  # a local run dir, or a checkpoint dir on a store (the page is written here)
+        return run_page(target, storage_options), os.path.join(target if local_path(target) is not None else ".", HTML_FILE)
     from .dataset import build
 
-    page, run_dir = build(target, work_dir, work_dir_options)
+    page, run_dir = build(target, work_dir, work_dir_options, storage_options)
     if run_dir:
         return page, os.path.join(run_dir, HTML_FILE)
     title = page.title.replace(" ", "-")

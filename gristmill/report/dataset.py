@@ -59,10 +59,11 @@ def dataset_page(published: Published, run_dir: str | None = None, searched: str
     return page
 
 
-def build(url: str, work_dir: str | None = None, work_dir_options: dict | None = None) -> tuple[Page, str | None]:
-    """The page of the dataset version at ``url`` and the run dir it was made in (None: not found),
-    the work dir read with ``work_dir_options``."""
-    published = load_manifest(url)
+def build(url: str, work_dir: str | None = None, work_dir_options: dict | None = None,
+          storage_options: dict | None = None) -> tuple[Page, str | None]:
+    """The page of the dataset version at ``url`` (read with ``storage_options``) and the run dir it
+    was made in (None: not found), the work dir read with ``work_dir_options``."""
+    published = load_manifest(url, **(storage_options or {}))
     sha = published.manifest.sha256
     run_dir = find_run_dir(work_dir, sha, work_dir_options) if work_dir else None
     older = older_run_dir(work_dir, sha, work_dir_options) if work_dir and not run_dir else None

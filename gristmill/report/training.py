@@ -21,29 +21,29 @@ from .page import Figure, Note, Page, Table, plot
 METRICS_FILE = "metrics.jsonl"
 
 
-def locate(target: str) -> tuple[Store, str, str]:
+def locate(target: str, options: dict | None = None) -> tuple[Store, str, str]:
     """(store, metrics.jsonl, checkpoint dir) of a run: a local run dir (``<run>/metrics.jsonl``,
-    ``<run>/checkpoints``), or a checkpoint dir on any store (``s3://bucket/run/checkpoints``), beside
-    which the trainer uploads the run's logs."""
+    ``<run>/checkpoints``), or a checkpoint dir on any store (``s3://bucket/run/checkpoints``, opened
+    with the storage ``options``), beside which the trainer uploads the run's logs."""
     local = local_path(target)
     if local is not None:
         return LocalStore(), os.path.join(local, METRICS_FILE), os.path.join(local, "checkpoints")
-    store = Store.from_url(target)
+    store = Store.from_url(target, **(options or {}))
     target = target.rstrip("/")
     return store, store.join(target, METRICS_FILE), target
 
 
-def is_run_dir(path: str) -> bool:
-    store, metrics, ckpts = locate(path)
+def is_run_dir(path: str, options: dict | None = None) -> bool:
+    store, metrics, ckpts = locate(path, options)
     if store.is_local:
         return os.path.isdir(path) and (os.path.exists(metrics) or os.path.isdir(ckpts))
     return store.exists(metrics) or store.isdir(ckpts)
 
 
-def read_metrics(run_dir: str) -> dict[str, list[dict]]:
+def read_metrics(run_dir: str, options: dict | None = None) -> dict[str, list[dict]]:
     """Records by kind; a resumed run appends, so the last record of a (kind, step) wins."""
     last: dict[tuple[str, int], dict] = {}
-    store, path, _ = locate(run_dir)
+    store, path, _ = locate(run_dir, options)
     try:
         lines = store.read(path).decode().splitlines()
     except FileNotFoundError:
@@ -62,11 +62,11 @@ def read_metrics(run_dir: str) -> dict[str, list[dict]]:
     return out
 
 
-def checkpoints(run_dir: str) -> list[dict]:
+def checkpoints(run_dir: str, options: dict | None = None) -> list[dict]:
     """Every committed checkpoint's meta.json (trainer.meta's reader), by step."""
     from gristmill.trainer.meta import META_FILE, STEP_DIR, read_meta
 
-    store, _, root = locate(run_dir)
+    store, _, root = locate(run_dir, options)
     try:
         names = store.listdir(root)
     except (FileNotFoundError, NotADirectoryError):
@@ -76,27 +76,29 @@ def checkpoints(run_dir: str) -> list[dict]:
     return sorted(out, key=lambda m: m["step"])
 
 
-def seen(run_dir: str) -> tuple[dict | None, str | None]:
-    """The audit's summary for the newest checkpoint (``gristmill audit seen --json``), or why not."""
+def seen(run_dir: str, options: dict | None = None) -> tuple[dict | None, str | None]:
+    """The audit's summary for the newest checkpoint (``gristmill audit seen --json``), or why not;
+    the checkpoint's and the data's stores opened with the storage ``options``."""
     from gristmill.audit import audit_seen, consumed, open_manifest, parse_steps, read_checkpoint
     from gristmill.errors import GristmillError
 
     try:
-        ckpt = read_checkpoint(run_dir)
-        published = open_manifest(ckpt)
+        ckpt = read_checkpoint(run_dir, options)
+        published = open_manifest(ckpt, storage_options=options)
         steps = parse_steps(None, ckpt)
         return audit_seen(published, consumed(published.manifest, ckpt, steps), steps).summary, None
     except GristmillError as e:
         return None, str(e)
 
 
-def run_page(run_dir: str) -> Page:
-    if not is_run_dir(run_dir):
+def run_page(run_dir: str, options: dict | None = None) -> Page:
+    """The page of a training run, its stores (checkpoints, data) opened with the storage ``options``."""
+    if not is_run_dir(run_dir, options):
         raise UsageError(f"{run_dir}: not a training run dir (no {METRICS_FILE} nor checkpoints/)")
-    rec = read_metrics(run_dir)
+    rec = read_metrics(run_dir, options)
     train, evals, saves = rec["train"], rec["eval"], rec["checkpoint"]
-    metas = checkpoints(run_dir)
-    summary, why = seen(run_dir)
+    metas = checkpoints(run_dir, options)
+    summary, why = seen(run_dir, options)
     last = train[-1] if train else {}
     where = os.path.abspath(run_dir) if local_path(run_dir) is not None else run_dir
     page = Page(title=f"training run {os.path.basename(where.rstrip('/'))}",
@@ -114,7 +116,7 @@ def run_page(run_dir: str) -> Page:
     speed_section(page, timed)
     ranks_section(page, timed, rec.get("straggler", []))
     checkpoint_section(page, saves, metas, timed)
-    spikes_section(page, rec.get("spike", []), run_dir)
+    spikes_section(page, rec.get("spike", []), run_dir, options)
     seen_section(page, summary, why)
     return page
 
@@ -256,7 +258,7 @@ def cadence_note(last: dict, saves: list[dict], step_s: float | None) -> Note:
     return Note(f"{text}; {used}.")
 
 
-def spikes_section(page: Page, spikes: list[dict], run_dir: str) -> None:
+def spikes_section(page: Page, spikes: list[dict], run_dir: str, options: dict | None = None) -> None:
     """The loss spikes the trainer's detector logged (spikes: section) and, from the newest checkpoint,
     the documents of each spike's window (``gristmill audit steps``), skipped ones flagged."""
     if not spikes:
@@ -269,8 +271,8 @@ def spikes_section(page: Page, spikes: list[dict], run_dir: str) -> None:
     sec.add(Table(["step", "metric", "value", "running mean", "spreads above", "action"],
                   [[r["step"], r["metric"], r["value"], r["mean"], round(r["z"], 1), r["action"]] for r in spikes]))
     try:
-        ckpt = read_checkpoint(run_dir)
-        published = open_manifest(ckpt)
+        ckpt = read_checkpoint(run_dir, options)
+        published = open_manifest(ckpt, storage_options=options)
     except GristmillError as e:
         sec.add(Note(f"The audit could not list the spikes' documents: {e}", missing=True))
         return
