@@ -5,7 +5,8 @@ Faults: ``nan_loss@N`` makes step N's loss NaN (the step must be skipped); ``han
 blocks the step-N save after meta.json is written and before the rename that commits it, after
 writing the marker file ``<run_dir>/HANGING-hang_before_commit-N`` (the test then kill -9s it);
 ``stall_upload@N`` stalls the step-N upload of the last rank (``$WORLD_SIZE - 1``) before its first file,
-after writing ``<run_dir>/HANGING-stall_upload-N``: training goes on, the step is never committed.
+after writing ``<run_dir>/HANGING-stall_upload-N``: training goes on, the step is never committed;
+``slow_upload@N`` delays it by ``SLOW_UPLOAD_S`` instead: the step is committed late.
 Markers assume the default ``checkpoint.local_dir`` (``<run_dir>/checkpoints``).
 
 Under torchrun, faults of one rank (rank 1), in the first round only (TORCHELASTIC_RESTART_COUNT 0,
@@ -29,7 +30,8 @@ import time
 from gristmill.cli.train import main
 from gristmill.trainer.hooks import Hooks
 
-FAULTS = ("nan_loss", "hang_before_commit", "hang", "pid", "slow_data", "stall_upload")
+FAULTS = ("nan_loss", "hang_before_commit", "hang", "pid", "slow_data", "stall_upload", "slow_upload")
+SLOW_UPLOAD_S = 5.0
 COUNTED = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter_tensor", "broadcast", "barrier",
            "all_gather_object", "reduce_scatter", "all_to_all_single")
 
@@ -69,8 +71,11 @@ def hooks(faults: dict[str, set[int]], marker_dir: str, counter=None) -> Hooks:
             hang("hang_before_commit", step, local_dir)
 
     def upload(step, rank, rel, local_dir):
-        if step in faults["stall_upload"] and rank == int(os.environ.get("WORLD_SIZE", 1)) - 1:
-            hang("stall_upload", step, local_dir)
+        if rank == int(os.environ.get("WORLD_SIZE", 1)) - 1:
+            if step in faults["stall_upload"]:
+                hang("stall_upload", step, local_dir)
+            if step in faults["slow_upload"]:
+                time.sleep(SLOW_UPLOAD_S)
 
     def data(step):
         if counter is not None:

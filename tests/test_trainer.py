@@ -202,10 +202,13 @@ def test_mismatched_manifest_is_refused_unless_overridden(reference, tmp_path):
 
 
 def test_non_finite_steps_are_skipped_then_stop_the_run(data, tmp_path):
-    # Step 2 alone is skipped and training recovers; steps 4, 5, 6 in a row stop the run.
+    # Step 2 alone is skipped and training recovers; steps 4, 5, 6 in a row stop the run. The step-3
+    # save's upload is still running then (slow_upload): the stop commits it first, the checkpoint its
+    # message says to resume from (the process exited without it, and CI once failed on a slow machine).
     run_dir = str(tmp_path / "nan")
     failed = train(data, run_dir, "optimizer.max_bad_steps=3", "eval.every=0", "checkpoint.every=3",
-                   faults=["nan_loss@2", "nan_loss@4", "nan_loss@5", "nan_loss@6"], check=False, log_samples=False)
+                   faults=["nan_loss@2", "nan_loss@4", "nan_loss@5", "nan_loss@6", "slow_upload@3"], check=False,
+                   log_samples=False)
     assert failed.returncode == 2
     assert not os.path.exists(os.path.join(run_dir, "samples.jsonl"))  # opt-in: no per-step gather by default
     assert "3 consecutive steps (up to step 6)" in failed.stderr and "max_bad_steps=3" in failed.stderr

@@ -9,6 +9,7 @@ One optimizer step n (1-based) consumes the loader's step n-1, i.e. the global s
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -26,7 +27,7 @@ from .cadence import describe as describe_cadence
 from .checkpoint import Checkpointer, library_versions, set_rng_state
 from .checkpoint_store import RUN_FILES
 from .config import TrainConfig
-from .errors import Interrupted, TrainingError
+from .errors import CheckpointError, Interrupted, TrainingError
 from .evaluate import evaluate
 from .hooks import Hooks
 from .meta import data_fields, new_meta, run_record
@@ -180,7 +181,7 @@ class Trainer:
         pending: list[tuple] = []  # (step, lr, loss, grad norm, finite, next index) not yet read on the host
         it = self.batches(step=start_step, end_step=end_step)
         self.model.train()
-        with StopSignals() as stop:
+        with StopSignals() as stop, self.saves_committed_on_stop():
             step = start_step
             while step < end_step:
                 step += 1
@@ -244,6 +245,22 @@ class Trainer:
                 "resumed_from": self.resumed_from}
 
     # -- pieces of the loop ---------------------------------------------------------------------
+    @contextlib.contextmanager
+    def saves_committed_on_stop(self):
+        """A stop every rank decides alike (bad steps, a spike's ``stop``, the data's end) first commits
+        the save in flight: its message says to resume from the last checkpoint, which a process
+        exiting mid-upload would leave uncommitted. (An interrupt waits for it itself; any other
+        error, a lost rank's, may mean a commit that can never finish.)"""
+        try:
+            yield
+        except TrainingError as e:
+            if not isinstance(e, Interrupted):
+                try:
+                    self.checkpointer.wait()
+                except CheckpointError as ce:  # the stop's own message stays the error; this one is logged
+                    log.error("%s", ce)
+            raise
+
     def batches(self, step: int, end_step: int):
         """The loader's batches after ``step``, up to ``end_step``'s: its end set there, so no batch past the
         run's end is fetched (a served loader asks for ranges of steps ahead; issue 41)."""
