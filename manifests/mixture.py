@@ -19,6 +19,7 @@ import math
 import posixpath
 from dataclasses import asdict, dataclass, field, replace
 from fractions import Fraction
+from functools import cached_property
 from typing import Any
 
 from .errors import ManifestError, SchemaVersionError
@@ -136,8 +137,9 @@ class MixtureManifest(VersionedDocument):
             del d["split_overlaps"]  # a mixture without overlaps hashes as before the field existed
         return d
 
-    @property
+    @cached_property
     def sha256(self) -> str:
+        """Computed once, as a dataset manifest's (never changed in place)."""
         return content_sha256(self.to_dict())
 
     # -- parsing --------------------------------------------------------------------------

@@ -180,9 +180,6 @@ class ServiceBatches:
         self.endpoints = Endpoints(loader.source)
         self.range_steps = range_steps(loader)
         self.schema = reply_schema(loader.manifest, bool(loader.batches.documents))  # every reply's columns
-        # the manifest's hash, once: Manifest.sha256 hashes the whole manifest (every shard) on each call, which
-        # cost the consumer's thread ~3 us a sequence when it was computed a range
-        self.sha256 = loader.manifest.sha256
         self.pool = ThreadPoolExecutor(RANGES_IN_FLIGHT, thread_name_prefix="gristmill-service")
         self.stats = collections.Counter()  # bytes, requests, retries (updated under stats_lock)
         self.stats_lock = threading.Lock()
@@ -190,7 +187,7 @@ class ServiceBatches:
 
     def request(self, start_step: int, steps: int) -> Request:
         ld = self.ld
-        return Request(manifest_sha256=self.sha256, split=ld.split, seed=ld.seed, order=ld.order_name,
+        return Request(manifest_sha256=ld.manifest.sha256, split=ld.split, seed=ld.seed, order=ld.order_name,
                        window_shards=ld.window_shards, global_batch=ld.global_batch, rank=ld.rank,
                        world_size=ld.world_size, start_step=start_step, steps=steps,
                        documents=bool(ld.batches.documents))
