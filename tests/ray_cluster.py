@@ -245,13 +245,20 @@ def kill_mid_stage(cluster: Cluster, what: str, work: str, *, after: str | None 
                 i = workers[pid]
                 victim = pid if what == "worker" else raylet(cluster.procs[i])
                 title = _cmdline(victim)[:200]
+                if what == "node":
+                    # The node is lost with the batch in flight: its worker dies with its raylet, as on
+                    # a dead machine. (A worker outlives its raylet for a moment, and one that finished
+                    # its batch then delivered the result straight to the driver: no retry, and CI once
+                    # failed so. A worker stopped instead of killed hangs the job: the driver waits for
+                    # its reply.) One that had just committed may have delivered it: "committed" says so.
+                    os.kill(pid, signal.SIGKILL)
                 os.kill(victim, signal.SIGKILL)
                 # A worker killed the moment after it committed may have delivered its result: strike
-                # another. (A node's raylet is struck once; its workers die with it, their results
-                # undelivered.)
-                if what == "node" or not committed(wd, step, first):
+                # another. (A node's raylet is struck once.)
+                done = committed(wd, step, first)
+                if what == "node" or not done:
                     return {"what": what, "pid": victim, "node": i, "victim": title, "task_pid": pid,
-                            "batch": f"{step}/{first}"}
+                            "batch": f"{step}/{first}", "committed": done}
                 break
         time.sleep(0.005)
     raise RuntimeError(f"no pipeline task ran on {'the second node' if what == 'node' else 'any node'} "

@@ -185,7 +185,8 @@ def test_lost_worker_or_node_is_retried_not_fatal(tmp_path, fault_reference, wha
     report = run_report(out)
     assert report["manifest_sha256"] == reference["manifest_sha256"], "a retried task changed the published bytes"
     assert report["accounting"] == reference["accounting"] and report["accounting"]["balanced"]
-    assert retries(report) >= 1 and retries(reference) == 0, \
+    # (a node's batch committed the instant before the kill may have been delivered: then nothing to retry)
+    assert (retries(report) >= 1 or killed["committed"]) and retries(reference) == 0, \
         f"report.json does not count the retried task: {report.get('retries')} (uninterrupted: {reference.get('retries')})"
     published = ManifestStore(os.path.join(out, "store")).load("faults")
     assert verify_published(published) == []
