@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -76,8 +77,14 @@ def test_s3_checkpoints_survive_kill_9_mid_upload_and_resume_anywhere(data, s3, 
     #    until the step-10 save waits for that upload; then every process is killed with SIGKILL.
     killed = str(tmp_path / "killed")
     proc = run(data, killed, f"checkpoint.dir={ckpt}", faults=["stall_upload@8"], popen=True)
-    kill_at_marker(proc, os.path.join(killed, "HANGING-stall_upload-8"), "the step-8 upload")
     store = CheckpointStore(ckpt)
+    # rank 0's own step-8 upload runs on beside rank 1's stall, and ends before its step-10 save: wait
+    # for its manifest, the state this kill is about (killed at rank 1's marker alone, CI once caught it early)
+    deadline = time.monotonic() + 120
+    while not store.store.exists(store.step_url(8) + "/rank-0.json"):  # (the Store drops s3fs's listing cache)
+        assert proc.poll() is None and time.monotonic() < deadline, "rank 0's step-8 manifest never reached the store"
+        time.sleep(0.1)
+    kill_at_marker(proc, os.path.join(killed, "HANGING-stall_upload-8"), "the step-8 upload")
     assert store.committed() == [4, 6]  # keep: 2; step-8 was cut short
     step8 = {os.path.basename(p) for p in S3FileSystem().ls(store.step_url(8).removeprefix("s3://"))}
     assert "rank-0.json" in step8 and "meta.json" not in step8 and "__1_0.distcp" not in step8
