@@ -201,6 +201,10 @@ class GristmillServer:
         self._grpc = grpc.server(ThreadPoolExecutor(workers, thread_name_prefix="gristmill-serve"),
                                  maximum_concurrent_rpcs=workers, options=[
                                      ("grpc.max_receive_message_length", MAX_REQUEST_BYTES),
+                                     # no receive window grown by bandwidth probing: requests are tiny, and a
+                                     # grown window let 8 unauthenticated 128 MiB requests buffer up to ~190 MB
+                                     # before their length was refused (the replies' window is the client's)
+                                     ("grpc.http2.bdp_probe", 0),
                                      ("grpc.max_send_message_length", -1),
                                      ("grpc.so_reuseport", 0)])  # a port in use is an error, not a shared port
         self._grpc.add_generic_rpc_handlers([self._handlers()])
