@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zlib
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -70,7 +71,7 @@ def rewrite(doc: str, script: str) -> str:
         return doc
     out = []
     for i, tok in enumerate(doc.split(" ")):
-        h = hash_word(tok)
+        h = zlib.crc32(tok.encode())
         if script == "latin":
             out.append(tok.translate(_LATIN) if h % 4 == 0 else tok)
         else:
@@ -78,12 +79,6 @@ def rewrite(doc: str, script: str) -> str:
             ending = _ENDINGS[(h + i) % len(_ENDINGS)] if core.isalpha() else ""
             out.append(core.translate(_CYRILLIC) + ending + tok[len(core):])
     return " ".join(out)
-
-
-def hash_word(tok: str) -> int:
-    import zlib
-
-    return zlib.crc32(tok.encode())
 
 
 def main() -> None:

@@ -60,14 +60,15 @@ def _open(args):
     from gristmill.audit.checkpoint import open_manifest, read_checkpoint, verify_files
     from gristmill.audit.consumed import consumed, parse_steps
 
-    ckpt = read_checkpoint(args.checkpoint, storage_options(args))
+    options = storage_options(args)  # the checkpoint's store and the data's
+    ckpt = read_checkpoint(args.checkpoint, options)
     if args.verify_checkpoint:
         verify_files(ckpt)
     from gristmill.manifests.mixture import is_mixture
 
     from gristmill.audit.mixture import consumed_components
 
-    published = open_manifest(ckpt, args.manifest, storage_options(args))
+    published = open_manifest(ckpt, args.manifest, options)
     steps = parse_steps(args.steps, ckpt)
     if is_mixture(published):  # one Consumed per component (audit/mixture.py)
         return ckpt, published, steps, consumed_components(published, ckpt, steps)

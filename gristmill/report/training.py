@@ -76,15 +76,29 @@ def checkpoints(run_dir: str, options: dict | None = None) -> list[dict]:
     return sorted(out, key=lambda m: m["step"])
 
 
-def seen(run_dir: str, options: dict | None = None) -> tuple[dict | None, str | None]:
-    """The audit's summary for the newest checkpoint (``gristmill audit seen --json``), or why not;
-    the checkpoint's and the data's stores opened with the storage ``options``."""
-    from gristmill.audit import audit_seen, consumed, open_manifest, parse_steps, read_checkpoint
+def newest_checkpoint(run_dir: str, options: dict | None = None) -> tuple[tuple | None, str | None]:
+    """((newest checkpoint, its data), None) as the audit opens them, or (None, why not); the
+    checkpoint's and the data's stores opened with the storage ``options``. Read once a page: the
+    summary and the spikes' documents both start from it."""
+    from gristmill.audit import open_manifest, read_checkpoint
     from gristmill.errors import GristmillError
 
     try:
         ckpt = read_checkpoint(run_dir, options)
-        published = open_manifest(ckpt, storage_options=options)
+        return (ckpt, open_manifest(ckpt, storage_options=options)), None
+    except GristmillError as e:
+        return None, str(e)
+
+
+def seen(opened: tuple | None, why: str | None) -> tuple[dict | None, str | None]:
+    """The audit's summary for the newest checkpoint (``gristmill audit seen --json``), or why not."""
+    from gristmill.audit import audit_seen, consumed, parse_steps
+    from gristmill.errors import GristmillError
+
+    if opened is None:
+        return None, why
+    ckpt, published = opened
+    try:
         steps = parse_steps(None, ckpt)
         return audit_seen(published, consumed(published.manifest, ckpt, steps), steps).summary, None
     except GristmillError as e:
@@ -98,7 +112,8 @@ def run_page(run_dir: str, options: dict | None = None) -> Page:
     rec = read_metrics(run_dir, options)
     train, evals, saves = rec["train"], rec["eval"], rec["checkpoint"]
     metas = checkpoints(run_dir, options)
-    summary, why = seen(run_dir, options)
+    opened, why_not = newest_checkpoint(run_dir, options)
+    summary, why = seen(opened, why_not)
     last = train[-1] if train else {}
     where = os.path.abspath(run_dir) if local_path(run_dir) is not None else run_dir
     page = Page(title=f"training run {os.path.basename(where.rstrip('/'))}",
@@ -116,7 +131,7 @@ def run_page(run_dir: str, options: dict | None = None) -> Page:
     speed_section(page, timed)
     ranks_section(page, timed, rec.get("straggler", []))
     checkpoint_section(page, saves, metas, timed)
-    spikes_section(page, rec.get("spike", []), run_dir, options)
+    spikes_section(page, rec.get("spike", []), run_dir, opened, why_not)
     seen_section(page, summary, why)
     return page
 
@@ -258,24 +273,21 @@ def cadence_note(last: dict, saves: list[dict], step_s: float | None) -> Note:
     return Note(f"{text}; {used}.")
 
 
-def spikes_section(page: Page, spikes: list[dict], run_dir: str, options: dict | None = None) -> None:
-    """The loss spikes the trainer's detector logged (spikes: section) and, from the newest checkpoint,
-    the documents of each spike's window (``gristmill audit steps``), skipped ones flagged."""
+def spikes_section(page: Page, spikes: list[dict], run_dir: str, opened: tuple | None, why: str | None) -> None:
+    """The loss spikes the trainer's detector logged (spikes: section) and, from the newest checkpoint
+    (``newest_checkpoint``), the documents of each spike's window (``gristmill audit steps``), skipped
+    ones flagged."""
     if not spikes:
         return
-    from gristmill.audit import open_manifest, read_checkpoint
     from gristmill.audit.steps import audit_steps
-    from gristmill.errors import GristmillError
 
     sec = page.section("spikes", "Loss spikes and the documents behind them")
     sec.add(Table(["step", "metric", "value", "running mean", "spreads above", "action"],
                   [[r["step"], r["metric"], r["value"], r["mean"], round(r["z"], 1), r["action"]] for r in spikes]))
-    try:
-        ckpt = read_checkpoint(run_dir, options)
-        published = open_manifest(ckpt, storage_options=options)
-    except GristmillError as e:
-        sec.add(Note(f"The audit could not list the spikes' documents: {e}", missing=True))
+    if opened is None:
+        sec.add(Note(f"The audit could not list the spikes' documents: {why}", missing=True))
         return
+    ckpt, published = opened
     for r in spikes[:5]:
         window = (max(ckpt.first_step, r["step"] - 2), r["step"])
         if window[1] > ckpt.step:
